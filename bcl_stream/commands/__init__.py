@@ -1,0 +1,1 @@
+"""Subcommands of ``bcl-stream`` (see ``bcl_stream.cli``)."""

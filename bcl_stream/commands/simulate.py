@@ -1,0 +1,90 @@
+"""``bcl-stream simulate``: score every strategy on a file of record lengths."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bcl_stream.cost import resolve
+from bcl_stream.sim import STRATEGIES, SimConfig, schedules, simulate
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("simulate", help="simulate balance of every strategy on record lengths")
+    p.add_argument("--lengths", required=True, help="1-D .npy of integer token counts")
+    p.add_argument("--ranks", type=int, default=8)
+    p.add_argument("--ranks-per-node", type=int, default=8)
+    p.add_argument("--pack-size", type=int, default=8, help="records per pack B")
+    p.add_argument("--window", type=int, default=16, help="packs per rank per window W")
+    p.add_argument("--grad-accum", type=int, default=4, help="micro-batches per optimizer step G")
+    p.add_argument("--cost-model", default="llama3-8b", help="preset name or cost-model JSON")
+    p.add_argument("--max-tokens", type=int, default=None, help="memory cap / MFFD bin capacity M")
+    p.add_argument("--sync", choices=["microbatch", "step"], default="microbatch")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument("--overhead", type=float, default=0.0, help="fixed cost per micro-batch")
+    p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    p.add_argument("--plot", type=Path, default=None, help="PNG of per-step cost across ranks")
+    p.set_defaults(run=run)
+
+
+def load_lengths(path: str) -> np.ndarray:
+    try:
+        lengths = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--lengths {path}: cannot load a .npy array ({exc})") from None
+    if lengths.ndim != 1 or not np.issubdtype(lengths.dtype, np.integer):
+        raise ValueError(
+            f"--lengths {path}: need a 1-D integer array, got {lengths.dtype} {lengths.shape}"
+        )
+    if lengths.size == 0:
+        raise ValueError(f"--lengths {path}: the array is empty")
+    return lengths
+
+
+def run(args: argparse.Namespace) -> int:
+    lengths = load_lengths(args.lengths)
+    model = resolve(args.cost_model)
+    config = SimConfig(
+        ranks=args.ranks,
+        ranks_per_node=args.ranks_per_node,
+        pack_size=args.pack_size,
+        window=args.window,
+        grad_accum=args.grad_accum,
+        max_tokens=args.max_tokens,
+        sync=args.sync,
+        seed=args.seed,
+        epoch=args.epoch,
+        overhead=args.overhead,
+    )
+    names = tuple(s for s in args.strategies.split(",") if s)
+    planned = schedules(lengths, model, config, names)
+    results = simulate(lengths, model, config, names)
+    if args.plot is not None:
+        from bcl_stream.plots import plot_step_costs
+
+        plot_step_costs({name: s.pack_costs for name, s in planned.items()}, args.plot)
+    if args.json:
+        settings = {key: getattr(config, key) for key in SimConfig.__slots__}
+        payload = {
+            "config": {**settings, "cost_model": model.to_dict(), "records": int(lengths.size)},
+            "strategies": {name: m.to_dict() for name, m in results.items()},
+        }
+        print(json.dumps(payload))
+        return 0
+    base = results.get("sequential")
+    print(
+        f"{'strategy':<14}{'efficiency':>11}{'cv_ranks':>10}{'cv_time':>9}{'speedup':>9}{'packs':>7}{'left':>7}"
+    )
+    for name, m in results.items():
+        speed = base.time / m.time if base and m.time else float("nan")
+        print(
+            f"{name:<14}{m.efficiency:>11.3f}{m.cv_ranks:>10.3f}{m.cv_time:>9.3f}"
+            f"{speed:>9.3f}{m.packs_per_rank:>7}{m.records_left:>7}"
+        )
+    return 0

@@ -1,0 +1,238 @@
+"""Batch Cost Lookahead: the epoch's stream order -> exactly-B-record packs for every rank.
+
+Scopes (DESIGN.md): ``rank`` balances each rank's own window (the paper's BCL; a rank reads
+only its contiguous share of the stream); ``node`` plans one window jointly for the ranks of a
+node; ``world`` for all ranks. Every rank computes the same plan without communication: the
+inputs are the replicated cost index and (seed, epoch).
+
+Pack count: every rank gets ``n_packs = min over groups of len(group stream) // (B * G)``
+packs (G = ranks per planning group), computable from the index alone, so ranks never
+disagree and collectives never hang. Records not emitted come back in ``Plan.remainder``
+keyed by reason.
+
+Order of packs inside a window (``pack_order``): ``desc`` (heaviest first) aligns the residual
+imbalance of independent windows across ranks, so rank 0's slightly heavy pack runs beside
+rank 1's slightly heavy pack; ``stream`` keeps partition order; tools/bench_balance.py measures
+the difference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from bcl_stream.errors import PlanError
+from bcl_stream.planner.partition import ALGORITHMS, partition
+
+SCOPES = ("rank", "node", "world")
+PACK_ORDERS = ("desc", "stream")
+REASON_TOO_LONG = "longer_than_max_tokens"
+REASON_TAIL = "epoch_tail"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanConfig:
+    """Everything besides data and (seed, epoch) that decides a plan."""
+
+    world_size: int
+    """Number of data-parallel ranks R."""
+    pack_size: int
+    """Records per pack B: the trainer's record-count contract."""
+    window: int
+    """Packs per rank planned together W: a rank buffers W*B records (times G for wider scopes)."""
+    ranks_per_node: int = 1
+    """Ranks per node; must divide ``world_size``."""
+    scope: str = "rank"
+    """``rank`` | ``node`` | ``world``: which ranks are balanced jointly."""
+    max_tokens: int | None = None
+    """Memory cap M: max tokens per pack. Records longer than M go to the remainder."""
+    algorithm: str = "lpt"
+    """Partition algorithm (``bcl_stream.planner.partition.ALGORITHMS``)."""
+    refine: int = 8
+    """Swap-refinement iterations after the partition (0 disables)."""
+    pack_order: str = "desc"
+    """Order of the packs inside a window: ``desc`` or ``stream``."""
+
+    def __post_init__(self) -> None:
+        for name in ("world_size", "pack_size", "window", "ranks_per_node"):
+            value = getattr(self, name)
+            if not isinstance(value, int | np.integer) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.world_size % self.ranks_per_node:
+            raise ValueError(
+                f"ranks_per_node={self.ranks_per_node} does not divide world_size={self.world_size}"
+            )
+        if self.scope not in SCOPES:
+            raise ValueError(f"scope must be one of {SCOPES}, got {self.scope!r}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1 or None, got {self.max_tokens!r}")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(
+                f"algorithm must be one of {sorted(ALGORITHMS)}, got {self.algorithm!r}"
+            )
+        if self.refine < 0:
+            raise ValueError(f"refine must be >= 0, got {self.refine}")
+        if self.pack_order not in PACK_ORDERS:
+            raise ValueError(f"pack_order must be one of {PACK_ORDERS}, got {self.pack_order!r}")
+
+    @property
+    def group_size(self) -> int:
+        """Ranks planned jointly: 1, ranks_per_node or world_size."""
+        return {"rank": 1, "node": self.ranks_per_node, "world": self.world_size}[self.scope]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One epoch's packs for every rank, plus what was left out and why."""
+
+    packs: npt.NDArray[np.int64]
+    """(world_size, n_packs, pack_size) global sample ids."""
+    remainder: dict[str, npt.NDArray[np.int64]] = field(default_factory=dict)
+    """Sample ids not emitted this epoch, keyed by reason."""
+
+    @property
+    def n_packs(self) -> int:
+        """Packs per rank (identical on every rank)."""
+        return int(self.packs.shape[1])
+
+    @property
+    def records_used(self) -> int:
+        return int(self.packs.size)
+
+    @property
+    def records_left(self) -> int:
+        return int(sum(ids.size for ids in self.remainder.values()))
+
+    def remainder_counts(self) -> dict[str, int]:
+        """Reason -> count, for reports."""
+        return {reason: int(ids.size) for reason, ids in self.remainder.items() if ids.size}
+
+
+def validate_costs(costs: npt.NDArray[np.floating], name: str = "costs") -> npt.NDArray[np.float64]:
+    """Costs as float64, refusing NaN, infinities and negative values with the first bad index."""
+    arr = np.asarray(costs, dtype=np.float64)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    bad = ~np.isfinite(arr) | (arr < 0)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{name} must be finite and >= 0; {name}[{first}] = {arr[first]!r}")
+    return arr
+
+
+def _split_groups(
+    order: npt.NDArray[np.int64], n_groups: int, per_group: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Contiguous chunks of the stream, each truncated to ``per_group``; the rest is the tail."""
+    chunks = np.array_split(order, n_groups)
+    used = np.stack([chunk[:per_group] for chunk in chunks])
+    tail = np.concatenate([chunk[per_group:] for chunk in chunks])
+    return used, tail
+
+
+def _repair_token_cap(
+    packs: npt.NDArray[np.int64], tokens: npt.NDArray[np.int64], max_tokens: int
+) -> None:
+    """Swap records in place until every pack of every window holds <= max_tokens tokens."""
+    pack_tokens = tokens[packs].sum(axis=2)
+    for w in np.flatnonzero((pack_tokens > max_tokens).any(axis=1)):
+        window = packs[w]
+        for _ in range(window.size):
+            load = tokens[window].sum(axis=1)
+            over = int(load.argmax())
+            if load[over] <= max_tokens:
+                break
+            roomy = int(load.argmin())
+            i = int(tokens[window[over]].argmax())
+            j = int(tokens[window[roomy]].argmin())
+            gain = int(tokens[window[over, i]]) - int(tokens[window[roomy, j]])
+            if gain <= 0 or load[roomy] + gain > max_tokens:
+                break
+            window[over, i], window[roomy, j] = window[roomy, j], window[over, i]
+        load = tokens[window].sum(axis=1)
+        if load.max() > max_tokens:
+            raise PlanError(
+                f"cannot fit {window.shape[1]} records per pack under max_tokens={max_tokens}: a "
+                f"window's packs need at least {int(load.max())} tokens in one pack. Lower "
+                "pack_size, raise max_tokens, or cap record length at preprocessing "
+                "(--max-record-tokens)."
+            )
+
+
+def _plan_windows(
+    streams: npt.NDArray[np.int64],
+    costs: npt.NDArray[np.float64],
+    tokens: npt.NDArray[np.int64] | None,
+    packs_per_rank: int,
+    config: PlanConfig,
+) -> npt.NDArray[np.int64]:
+    """Partition same-sized windows of every group at once. Output (groups, windows, G*p, B)."""
+    n_groups = streams.shape[0]
+    group, size = config.group_size, config.pack_size
+    per_window = packs_per_rank * group * size
+    windows = streams.reshape(-1, per_window)
+    assign = partition(costs[windows], packs_per_rank * group, config.algorithm, config.refine)
+    packs = np.take_along_axis(windows, assign.reshape(windows.shape[0], -1), axis=1)
+    packs = packs.reshape(windows.shape[0], packs_per_rank * group, size)
+    if config.max_tokens is not None and tokens is not None:
+        _repair_token_cap(packs, tokens, config.max_tokens)
+    if config.pack_order == "desc":
+        load = costs[packs].sum(axis=2)
+        by_load = np.argsort(-load, axis=1, kind="stable")
+        packs = np.take_along_axis(packs, by_load[:, :, None], axis=1)
+    return packs.reshape(n_groups, -1, packs_per_rank * group, size)
+
+
+def plan_epoch(
+    costs: npt.NDArray[np.floating],
+    order: npt.NDArray[np.integer],
+    config: PlanConfig,
+    tokens: npt.NDArray[np.integer] | None = None,
+) -> Plan:
+    """Plan one epoch. ``order``: sample ids in stream order (``epoch_order``); ``costs`` and
+    ``tokens`` are indexed by sample id. ``tokens`` is required when ``config.max_tokens`` is set.
+    Output: ``Plan.packs`` of shape (world_size, n_packs, pack_size).
+    """
+    cost = validate_costs(costs)
+    ids = np.asarray(order, dtype=np.int64)
+    if ids.ndim != 1:
+        raise ValueError(f"order must be 1-D, got shape {ids.shape}")
+    if ids.size and (ids.min() < 0 or ids.max() >= cost.size):
+        raise ValueError(
+            f"order holds sample ids outside [0, {cost.size}): min {ids.min()}, max {ids.max()}"
+        )
+    tok: npt.NDArray[np.int64] | None = None
+    remainder: dict[str, npt.NDArray[np.int64]] = {}
+    if config.max_tokens is not None:
+        if tokens is None:
+            raise ValueError("tokens are required when max_tokens is set")
+        tok = np.asarray(tokens, dtype=np.int64)
+        if tok.shape != cost.shape:
+            raise ValueError(f"tokens shape {tok.shape} differs from costs shape {cost.shape}")
+        too_long = tok[ids] > config.max_tokens
+        remainder[REASON_TOO_LONG] = ids[too_long]
+        ids = ids[~too_long]
+
+    group, size, window = config.group_size, config.pack_size, config.window
+    n_groups = config.world_size // group
+    shortest = ids.size // n_groups
+    n_packs = shortest // (group * size)
+    streams, tail = _split_groups(ids, n_groups, n_packs * group * size)
+    remainder[REASON_TAIL] = tail
+
+    out = np.empty((config.world_size, n_packs, size), dtype=np.int64)
+    n_full, last = divmod(n_packs, window)
+    spans = [(0, n_full, window)] if n_full else []
+    if last:
+        spans.append((n_full * window, 1, last))
+    for first_pack, n_windows, per_rank in spans:
+        start = first_pack * group * size
+        chunk = streams[:, start : start + n_windows * per_rank * group * size]
+        planned = _plan_windows(chunk, cost, tok, per_rank, config)  # (groups, win, G*p, B)
+        # Step t of a window takes sorted packs t*G .. t*G+G-1, one per rank of the group.
+        planned = planned.reshape(n_groups, n_windows, per_rank, group, size)
+        by_rank = planned.transpose(0, 3, 1, 2, 4).reshape(config.world_size, -1, size)
+        out[:, first_pack : first_pack + n_windows * per_rank] = by_rank
+    return Plan(out, remainder)

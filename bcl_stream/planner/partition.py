@@ -1,0 +1,116 @@
+"""Equal-cardinality balanced partition: split each window of m*B records into m packs of B.
+
+One algorithm per function, each batched over independent windows (one row per rank, node or
+the world), because scope ``rank`` with 1024 ranks plans 1024 windows at once and a Python
+loop per window would be the bottleneck.
+
+``lpt_rounds`` (the default) is Longest Processing Time with a cardinality constraint, done in
+B rounds: records sorted by decreasing cost; round j hands its m records (the j-th largest
+slice) to the m packs, the largest record to the currently lightest pack. Every pack gets
+exactly one record per round, so cardinality holds by construction, and each round is one
+``argsort`` over m pack loads: O(m*B*log m) per window, fully vectorized. The imbalance left
+is bounded by the spread of the last (smallest) round, which on SFT length distributions is
+tiny. ``refine_swaps`` then polishes the heaviest and lightest packs by exchanging one record
+pair per iteration. ``snake`` (boustrophedon dealing of sorted records) is kept for
+comparison: cheaper still, clearly worse on heavy tails (see tools/bench_balance.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import numpy.typing as npt
+
+Assignment = npt.NDArray[np.int64]
+"""(n_windows, m, B): for each window, the positions (into that window's row) of each pack."""
+
+
+def _check(costs: npt.NDArray[np.float64], n_packs: int) -> int:
+    if costs.ndim != 2:
+        raise ValueError(f"costs must be 2-D (windows, records), got shape {costs.shape}")
+    if n_packs < 1:
+        raise ValueError(f"n_packs must be >= 1, got {n_packs}")
+    if costs.shape[1] % n_packs:
+        raise ValueError(
+            f"window of {costs.shape[1]} records does not split into {n_packs} equal packs"
+        )
+    return costs.shape[1] // n_packs
+
+
+def lpt_rounds(costs: npt.NDArray[np.float64], n_packs: int) -> Assignment:
+    """Greedy LPT with cardinality B, in rounds. Output shape (n_windows, n_packs, B)."""
+    pack_size = _check(costs, n_packs)
+    n_windows = costs.shape[0]
+    rows = np.arange(n_windows)[:, None]
+    by_cost = np.argsort(-costs, axis=1, kind="stable")
+    out = np.empty((n_windows, n_packs, pack_size), dtype=np.int64)
+    loads = np.zeros((n_windows, n_packs), dtype=np.float64)
+    for j in range(pack_size):
+        items = by_cost[:, j * n_packs : (j + 1) * n_packs]  # descending within the round
+        lightest_first = np.argsort(loads, axis=1, kind="stable")
+        out[rows, lightest_first, j] = items
+        loads[rows, lightest_first] += costs[rows, items]
+    return out
+
+
+def snake(costs: npt.NDArray[np.float64], n_packs: int) -> Assignment:
+    """Boustrophedon dealing of records sorted by decreasing cost. Output (n_windows, n_packs, B)."""
+    pack_size = _check(costs, n_packs)
+    by_cost = np.argsort(-costs, axis=1, kind="stable")
+    dealt = by_cost.reshape(costs.shape[0], pack_size, n_packs).copy()
+    dealt[:, 1::2, :] = dealt[:, 1::2, ::-1]
+    return np.ascontiguousarray(dealt.transpose(0, 2, 1))
+
+
+def refine_swaps(
+    costs: npt.NDArray[np.float64], assignment: Assignment, iterations: int = 8
+) -> Assignment:
+    """Exchange one record between the heaviest and the lightest pack of each window, per iteration.
+
+    The exchange chosen brings both packs closest to their mean; windows where no exchange
+    lowers the spread are left alone. Output has the same shape as ``assignment``.
+    """
+    out = assignment.copy()
+    n_windows, n_packs, pack_size = out.shape
+    if n_packs < 2:
+        return out
+    rows = np.arange(n_windows)
+    for _ in range(iterations):
+        pack_costs = np.take_along_axis(costs[:, None, :], out.reshape(n_windows, 1, -1), axis=2)
+        pack_costs = pack_costs.reshape(n_windows, n_packs, pack_size)
+        loads = pack_costs.sum(axis=2)
+        heavy, light = loads.argmax(axis=1), loads.argmin(axis=1)
+        gap = loads[rows, heavy] - loads[rows, light]
+        delta = pack_costs[rows, heavy][:, :, None] - pack_costs[rows, light][:, None, :]
+        # New spread between the two packs after swapping (i, j): |gap - 2*delta|.
+        spread = np.abs(gap[:, None, None] - 2.0 * delta).reshape(n_windows, -1)
+        best = spread.argmin(axis=1)
+        improves = spread[rows, best] < gap - 1e-9 * np.maximum(gap, 1.0)
+        if not improves.any():
+            break
+        i, j = np.divmod(best, pack_size)
+        w = rows[improves]
+        hi, lo = heavy[improves], light[improves]
+        a, b = out[w, hi, i[improves]].copy(), out[w, lo, j[improves]].copy()
+        out[w, hi, i[improves]] = b
+        out[w, lo, j[improves]] = a
+    return out
+
+
+ALGORITHMS: dict[str, Callable[[npt.NDArray[np.float64], int], Assignment]] = {
+    "lpt": lpt_rounds,
+    "snake": snake,
+}
+
+
+def partition(
+    costs: npt.NDArray[np.float64], n_packs: int, algorithm: str = "lpt", refine: int = 8
+) -> Assignment:
+    """Run a registered algorithm, then ``refine`` swap iterations. Output (n_windows, n_packs, B)."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(
+            f"unknown partition algorithm {algorithm!r}; choose one of {sorted(ALGORITHMS)}"
+        )
+    out = ALGORITHMS[algorithm](costs, n_packs)
+    return refine_swaps(costs, out, refine) if refine > 0 else out

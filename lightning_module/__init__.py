@@ -1,0 +1,1 @@
+"""Lightning integration for bcl-stream: DataModule, collate, TinyGPT, CLI entry, callbacks."""

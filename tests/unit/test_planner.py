@@ -1,0 +1,228 @@
+"""Planner invariants: exact pack size, equal pack counts, each record at most once, remainder
+accounting, determinism by (seed, epoch), the memory cap, and argument errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bcl_stream.errors import PlanError
+from bcl_stream.planner import PlanConfig, epoch_order, plan_epoch, pooled_mffd, sequential
+from bcl_stream.planner.bcl import REASON_TAIL, REASON_TOO_LONG
+from bcl_stream.planner.mffd import mffd
+from bcl_stream.planner.partition import lpt_rounds, partition, snake
+
+
+def lengths(n: int, seed: int = 0) -> np.ndarray:
+    return np.minimum(np.random.default_rng(seed).lognormal(6.0, 1.0, n).astype(np.int64) + 1, 8192)
+
+
+def check_accounting(plan, n: int) -> None:
+    emitted = plan.packs.ravel()
+    left = np.concatenate([ids for ids in plan.remainder.values()] or [np.empty(0, np.int64)])
+    assert sorted(np.concatenate([emitted, left]).tolist()) == list(range(n))
+
+
+configs = st.builds(
+    lambda nodes, rpn, b, w, scope, algo, order: PlanConfig(
+        world_size=nodes * rpn,
+        ranks_per_node=rpn,
+        pack_size=b,
+        window=w,
+        scope=scope,
+        algorithm=algo,
+        pack_order=order,
+    ),
+    st.integers(1, 3),
+    st.integers(1, 4),
+    st.integers(1, 9),
+    st.integers(1, 6),
+    st.sampled_from(["rank", "node", "world"]),
+    st.sampled_from(["lpt", "snake"]),
+    st.sampled_from(["desc", "stream"]),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(config=configs, n=st.integers(0, 700), seed=st.integers(0, 2**16), epoch=st.integers(0, 5))
+def test_plan_invariants(config: PlanConfig, n: int, seed: int, epoch: int) -> None:
+    tok = lengths(n, seed)
+    order = epoch_order([n], seed, epoch)
+    plan = plan_epoch(tok.astype(np.float64), order, config, tok)
+    assert plan.packs.shape[0] == config.world_size
+    assert plan.packs.shape[2] == config.pack_size
+    check_accounting(plan, n)
+    # Only an epoch tail smaller than one step of every group is left over.
+    group = config.group_size
+    n_groups = config.world_size // group
+    assert plan.records_left < n_groups * (group * config.pack_size + 1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    n=st.integers(0, 2000),
+    shards=st.integers(1, 9),
+    seed=st.integers(0, 99),
+    epoch=st.integers(0, 9),
+)
+def test_epoch_order_is_a_deterministic_permutation(
+    n: int, shards: int, seed: int, epoch: int
+) -> None:
+    counts = np.full(shards, n // shards)
+    counts[0] += n - counts.sum()
+    order = epoch_order(counts, seed, epoch, block=64)
+    assert sorted(order.tolist()) == list(range(n))
+    assert np.array_equal(order, epoch_order(counts, seed, epoch, block=64))
+
+
+def test_epochs_and_seeds_change_the_plan() -> None:
+    tok = lengths(4096)
+    config = PlanConfig(world_size=4, pack_size=8, window=4)
+    plans = [
+        plan_epoch(tok.astype(float), epoch_order([4096], seed, epoch), config).packs
+        for seed, epoch in [(0, 0), (0, 1), (1, 0)]
+    ]
+    assert not np.array_equal(plans[0], plans[1])
+    assert not np.array_equal(plans[0], plans[2])
+    again = plan_epoch(tok.astype(float), epoch_order([4096], 0, 0), config).packs
+    assert np.array_equal(plans[0], again)
+
+
+@pytest.mark.parametrize("scope", ["rank", "node", "world"])
+def test_wider_scopes_balance_better_than_sequential(scope: str) -> None:
+    tok = lengths(20000)
+    order = epoch_order([tok.size], 0, 0)
+    config = PlanConfig(world_size=8, ranks_per_node=4, pack_size=8, window=16, scope=scope)
+    cost = tok.astype(float) ** 1.2
+
+    def efficiency(packs: np.ndarray) -> float:
+        c = cost[packs].sum(axis=2)
+        return float(c.mean(axis=0).sum() / c.max(axis=0).sum())
+
+    bcl = efficiency(plan_epoch(cost, order, config).packs)
+    seq = efficiency(sequential(order, 8, 8).packs)
+    assert bcl > seq + 0.1
+
+
+def test_scope_world_balances_every_step_tightly() -> None:
+    tok = lengths(8 * 8 * 64)
+    cost = tok.astype(float)
+    plan = plan_epoch(
+        cost,
+        epoch_order([tok.size], 3, 0),
+        PlanConfig(world_size=8, pack_size=8, window=64, scope="world"),
+    )
+    c = cost[plan.packs].sum(axis=2)
+    assert (c.max(axis=0) / c.mean(axis=0)).max() < 1.05
+
+
+def test_memory_cap_excludes_outliers_and_bounds_every_pack() -> None:
+    tok = lengths(5000, seed=1)
+    tok[:7] = 30000
+    cap = 12000
+    config = PlanConfig(world_size=4, pack_size=4, window=8, max_tokens=25000, scope="rank")
+    plan = plan_epoch(tok.astype(float), epoch_order([tok.size], 0, 0), config, tok)
+    assert sorted(plan.remainder[REASON_TOO_LONG].tolist()) == list(range(7))
+    check_accounting(plan, tok.size)
+    tok[:7] = 100
+    capped = PlanConfig(world_size=4, pack_size=4, window=8, max_tokens=cap)
+    plan = plan_epoch(tok.astype(float) ** 2, epoch_order([tok.size], 0, 0), capped, tok)
+    assert tok[plan.packs].sum(axis=2).max() <= cap
+    check_accounting(plan, tok.size)
+
+
+def test_memory_cap_that_cannot_be_met_raises_plan_error() -> None:
+    tok = np.full(64, 100)
+    config = PlanConfig(world_size=1, pack_size=8, window=8, max_tokens=500)
+    with pytest.raises(PlanError, match="max_tokens=500"):
+        plan_epoch(tok.astype(float), np.arange(64), config, tok)
+
+
+def test_remainder_reason_is_epoch_tail() -> None:
+    plan = plan_epoch(np.ones(100), np.arange(100), PlanConfig(world_size=3, pack_size=8, window=2))
+    assert plan.n_packs == 4
+    assert plan.remainder_counts() == {REASON_TAIL: 4}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"pack_size": 0}, "pack_size"),
+        ({"window": 0}, "window"),
+        ({"world_size": 0}, "world_size"),
+        ({"world_size": 6, "ranks_per_node": 4}, "ranks_per_node=4 does not divide world_size=6"),
+        ({"scope": "galaxy"}, "scope"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"algorithm": "magic"}, "algorithm"),
+    ],
+)
+def test_bad_config_raises_value_error_naming_the_argument(kwargs: dict, match: str) -> None:
+    base = {"world_size": 2, "pack_size": 2, "window": 2}
+    with pytest.raises(ValueError, match=match):
+        PlanConfig(**{**base, **kwargs})
+
+
+@pytest.mark.parametrize("bad", [np.nan, -1.0, np.inf])
+def test_bad_costs_raise_value_error_naming_the_index(bad: float) -> None:
+    costs = np.ones(10)
+    costs[3] = bad
+    with pytest.raises(ValueError, match=r"costs\[3\]"):
+        plan_epoch(costs, np.arange(10), PlanConfig(world_size=1, pack_size=2, window=1))
+
+
+def test_empty_input_gives_an_empty_plan() -> None:
+    plan = plan_epoch(np.ones(0), np.arange(0), PlanConfig(world_size=2, pack_size=2, window=2))
+    assert plan.packs.shape == (2, 0, 2)
+    assert plan.records_left == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    windows=st.integers(1, 4), m=st.integers(1, 12), b=st.integers(1, 8), seed=st.integers(0, 999)
+)
+@pytest.mark.parametrize("algorithm", [lpt_rounds, snake])
+def test_partition_is_a_permutation_of_each_window(
+    algorithm, windows: int, m: int, b: int, seed: int
+) -> None:
+    costs = np.random.default_rng(seed).exponential(size=(windows, m * b))
+    out = algorithm(costs, m)
+    assert out.shape == (windows, m, b)
+    for w in range(windows):
+        assert sorted(out[w].ravel().tolist()) == list(range(m * b))
+    refined = partition(costs, m, "lpt", refine=8)
+    for w in range(windows):
+        assert sorted(refined[w].ravel().tolist()) == list(range(m * b))
+
+
+def test_refinement_never_worsens_the_spread() -> None:
+    costs = np.random.default_rng(0).pareto(1.5, size=(50, 256))
+    raw = lpt_rounds(costs, 32)
+    refined = partition(costs, 32, "lpt", refine=16)
+
+    def spread(a: np.ndarray) -> np.ndarray:
+        loads = np.take_along_axis(costs, a.reshape(50, -1), axis=1).reshape(a.shape).sum(axis=2)
+        return loads.max(axis=1) - loads.min(axis=1)
+
+    assert np.all(spread(refined) <= spread(raw) + 1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(1, 100), min_size=0, max_size=80), capacity=st.integers(100, 300))
+def test_mffd_packs_every_item_once_within_capacity(sizes: list[int], capacity: int) -> None:
+    arr = np.array(sizes, dtype=np.int64)
+    bins = mffd(arr, capacity)
+    assert sorted(i for b in bins for i in b) == list(range(len(sizes)))
+    assert all(arr[b].sum() <= capacity for b in bins)
+    # MFFD's bound: at most 71/60 OPT + 1 bins, and OPT >= ceil(sum / capacity).
+    assert len(bins) <= 71 / 60 * max(1, -(-arr.sum() // capacity)) * 2 + 1
+
+
+def test_pooled_mffd_gives_every_rank_the_same_bin_count_and_loses_nothing() -> None:
+    tok = lengths(3000)
+    order = epoch_order([tok.size], 0, 0)
+    bins, left = pooled_mffd(order, tok, 8, 8, 4, capacity=int(8 * tok.mean()) + 8192)
+    assert len({len(b) for b in bins}) == 1
+    ids = np.concatenate([np.concatenate(b) for b in bins] + list(left.values()))
+    assert sorted(ids.tolist()) == list(range(tok.size))
