@@ -1,0 +1,1 @@
+"""Dataset formats: costed writers and plan-following readers for MDS and WebDataset."""
