@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.errors import PlanError
+from bcl_stream.planner.carry import hold_back
 from bcl_stream.planner.partition import ALGORITHMS, partition
 
 SCOPES = ("rank", "node", "world")
@@ -54,6 +55,10 @@ class PlanConfig:
     """Swap-refinement iterations after the partition (0 disables)."""
     pack_order: str = "desc"
     """Order of the packs inside a window: ``desc`` or ``stream``."""
+    carry: int | None = None
+    """Records per rank read beyond the window and possibly held back one window to steer the
+    window's total cost to the epoch mean (``planner/carry.py``). None: W*B/4; 0 disables.
+    Buffer per rank = W*B + carry records."""
 
     def __post_init__(self) -> None:
         for name in ("world_size", "pack_size", "window", "ranks_per_node"):
@@ -76,6 +81,15 @@ class PlanConfig:
             raise ValueError(f"refine must be >= 0, got {self.refine}")
         if self.pack_order not in PACK_ORDERS:
             raise ValueError(f"pack_order must be one of {PACK_ORDERS}, got {self.pack_order!r}")
+        if self.carry is not None and not 0 <= self.carry < self.window * self.pack_size:
+            raise ValueError(
+                f"carry must be in [0, window*pack_size={self.window * self.pack_size}), got {self.carry!r}"
+            )
+
+    @property
+    def carry_records(self) -> int:
+        """Records per rank of lookahead actually used (resolves the None default)."""
+        return self.window * self.pack_size // 4 if self.carry is None else self.carry
 
     @property
     def group_size(self) -> int:
@@ -185,6 +199,70 @@ def _plan_windows(
     return packs.reshape(n_groups, -1, packs_per_rank * group, size)
 
 
+def _place(
+    planned: npt.NDArray[np.int64], config: PlanConfig, first_pack: int, out: npt.NDArray[np.int64]
+) -> None:
+    """Write (groups, windows, G*p, B) sorted packs into ``out`` (ranks, packs, B).
+
+    Step t of a window takes packs t*G .. t*G+G-1, one per rank of the group, so packs of
+    similar cost run in the same step.
+    """
+    n_groups, n_windows, group_packs, size = planned.shape
+    group = config.group_size
+    per_rank = group_packs // group
+    grid = planned.reshape(n_groups, n_windows, per_rank, group, size)
+    by_rank = grid.transpose(0, 3, 1, 2, 4).reshape(config.world_size, -1, size)
+    out[:, first_pack : first_pack + n_windows * per_rank] = by_rank
+
+
+def _plan_batched(
+    streams: npt.NDArray[np.int64],
+    cost: npt.NDArray[np.float64],
+    tok: npt.NDArray[np.int64] | None,
+    n_packs: int,
+    config: PlanConfig,
+    out: npt.NDArray[np.int64],
+) -> None:
+    """No carry: windows are independent, so all full windows are planned in one call."""
+    group, size, window = config.group_size, config.pack_size, config.window
+    n_full, last = divmod(n_packs, window)
+    spans = [(0, n_full, window)] if n_full else []
+    if last:
+        spans.append((n_full * window, 1, last))
+    for first_pack, n_windows, per_rank in spans:
+        start = first_pack * group * size
+        chunk = streams[:, start : start + n_windows * per_rank * group * size]
+        _place(_plan_windows(chunk, cost, tok, per_rank, config), config, first_pack, out)
+
+
+def _plan_with_carry(
+    streams: npt.NDArray[np.int64],
+    cost: npt.NDArray[np.float64],
+    tok: npt.NDArray[np.int64] | None,
+    n_packs: int,
+    config: PlanConfig,
+    target_mean: float,
+    out: npt.NDArray[np.int64],
+) -> None:
+    """Windows in sequence (each depends on the previous carry), vectorized over groups."""
+    group, size = config.group_size, config.pack_size
+    lookahead = config.carry_records * group
+    total = streams.shape[1]
+    carried = np.empty((streams.shape[0], 0), dtype=np.int64)
+    emitted = read = 0
+    for first_pack in range(0, n_packs, config.window):
+        per_rank = min(config.window, n_packs - first_pack)
+        count = per_rank * group * size
+        read_to = min(emitted + count + lookahead, total)
+        new = streams[:, read:read_to]
+        hold = read_to - (emitted + count)
+        carried_cost = cost[carried].sum(axis=1)
+        emit_new, held = hold_back(new, carried_cost, cost, hold, target_mean * count)
+        window_ids = np.concatenate([carried, emit_new], axis=1)
+        _place(_plan_windows(window_ids, cost, tok, per_rank, config), config, first_pack, out)
+        carried, read, emitted = held, read_to, emitted + count
+
+
 def plan_epoch(
     costs: npt.NDArray[np.floating],
     order: npt.NDArray[np.integer],
@@ -215,7 +293,7 @@ def plan_epoch(
         remainder[REASON_TOO_LONG] = ids[too_long]
         ids = ids[~too_long]
 
-    group, size, window = config.group_size, config.pack_size, config.window
+    group, size = config.group_size, config.pack_size
     n_groups = config.world_size // group
     shortest = ids.size // n_groups
     n_packs = shortest // (group * size)
@@ -223,16 +301,9 @@ def plan_epoch(
     remainder[REASON_TAIL] = tail
 
     out = np.empty((config.world_size, n_packs, size), dtype=np.int64)
-    n_full, last = divmod(n_packs, window)
-    spans = [(0, n_full, window)] if n_full else []
-    if last:
-        spans.append((n_full * window, 1, last))
-    for first_pack, n_windows, per_rank in spans:
-        start = first_pack * group * size
-        chunk = streams[:, start : start + n_windows * per_rank * group * size]
-        planned = _plan_windows(chunk, cost, tok, per_rank, config)  # (groups, win, G*p, B)
-        # Step t of a window takes sorted packs t*G .. t*G+G-1, one per rank of the group.
-        planned = planned.reshape(n_groups, n_windows, per_rank, group, size)
-        by_rank = planned.transpose(0, 3, 1, 2, 4).reshape(config.world_size, -1, size)
-        out[:, first_pack : first_pack + n_windows * per_rank] = by_rank
+    if config.carry_records == 0:
+        _plan_batched(streams, cost, tok, n_packs, config, out)
+    else:
+        target = float(cost[streams].mean()) if streams.size else 0.0
+        _plan_with_carry(streams, cost, tok, n_packs, config, target, out)
     return Plan(out, remainder)

@@ -26,7 +26,7 @@ def check_accounting(plan, n: int) -> None:
 
 
 configs = st.builds(
-    lambda nodes, rpn, b, w, scope, algo, order: PlanConfig(
+    lambda nodes, rpn, b, w, scope, algo, order, carry: PlanConfig(
         world_size=nodes * rpn,
         ranks_per_node=rpn,
         pack_size=b,
@@ -34,6 +34,7 @@ configs = st.builds(
         scope=scope,
         algorithm=algo,
         pack_order=order,
+        carry=None if carry is None else carry % (w * b),
     ),
     st.integers(1, 3),
     st.integers(1, 4),
@@ -42,6 +43,7 @@ configs = st.builds(
     st.sampled_from(["rank", "node", "world"]),
     st.sampled_from(["lpt", "snake"]),
     st.sampled_from(["desc", "stream"]),
+    st.one_of(st.none(), st.integers(0, 100)),
 )
 
 
@@ -226,3 +228,37 @@ def test_pooled_mffd_gives_every_rank_the_same_bin_count_and_loses_nothing() -> 
     assert len({len(b) for b in bins}) == 1
     ids = np.concatenate([np.concatenate(b) for b in bins] + list(left.values()))
     assert sorted(ids.tolist()) == list(range(tok.size))
+
+
+@settings(max_examples=100, deadline=None)
+@given(rows=st.integers(1, 5), m=st.integers(1, 40), data=st.data())
+def test_hold_back_splits_each_row_exactly(rows: int, m: int, data) -> None:
+    from bcl_stream.planner.carry import hold_back
+
+    hold = data.draw(st.integers(0, m))
+    costs = np.random.default_rng(m).exponential(size=rows * m)
+    new = np.arange(rows * m, dtype=np.int64).reshape(rows, m)
+    emitted, held = hold_back(
+        new, np.zeros(rows), costs, hold, target=float(costs.sum() / rows / 2)
+    )
+    assert emitted.shape == (rows, m - hold) and held.shape == (rows, hold)
+    for r in range(rows):
+        assert sorted(np.concatenate([emitted[r], held[r]]).tolist()) == new[r].tolist()
+
+
+def test_carry_over_brings_rank_windows_closer_than_no_carry() -> None:
+    tok = lengths(40000, seed=5)
+    cost = tok.astype(float) ** 1.3
+    order = epoch_order([tok.size], 0, 0)
+
+    def cv_ranks(carry: int) -> float:
+        config = PlanConfig(world_size=8, pack_size=8, window=16, carry=carry)
+        c = cost[plan_epoch(cost, order, config).packs].sum(axis=2)
+        return float((c.std(axis=0) / c.mean(axis=0)).mean())
+
+    assert cv_ranks(32) < 0.8 * cv_ranks(0)
+
+
+def test_carry_must_be_smaller_than_the_window() -> None:
+    with pytest.raises(ValueError, match="carry must be in"):
+        PlanConfig(world_size=1, pack_size=2, window=2, carry=4)
