@@ -1,0 +1,249 @@
+"""Dataset layout on local disk: which format, which shards, how many records each, complete?
+
+Readers, ``annotate`` and ``inspect`` all need the same three answers before they touch a
+payload, so they live here, with no streaming or webdataset import (both are slow to import
+and neither is needed to read a tar header or ``index.json``).
+
+Completion markers, in the order writers produce them:
+
+- MDS: shards, then ``bcl_costs.npy`` + ``bcl_index.json``, then ``index.json`` last (stock
+  readers take ``index.json`` as "dataset complete"). ``index.json`` carries one top-level
+  pointer key, ``"bcl_index": "bcl_index.json"``.
+- WebDataset: shards (``*.tar``), then ``bcl_costs.npy``, then ``bcl_index.json`` last: for WDS
+  our index is the shard list, so its absence means the write did not finish (or the dataset
+  was written by someone else and needs ``bcl-stream annotate``).
+
+Counting WDS records needs the tar headers only: :func:`tar_record_counts` walks them with
+``tarfile`` (which seeks over member payloads of an uncompressed tar), so checking a 1 GB shard
+reads a few hundred kB.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from bcl_stream.errors import CostIndexError, DatasetError
+from bcl_stream.index import COSTS_NPY, INDEX_JSON, CostIndex, ShardEntry, read_index
+
+MDS_INDEX = "index.json"
+POINTER_KEY = "bcl_index"
+"""The one top-level key we add to MDS ``index.json`` (stock readers ignore top-level extras)."""
+WDS_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+
+Format = Literal["mds", "wds"]
+
+
+def _incomplete(root: Path, what: str) -> DatasetError:
+    return DatasetError(
+        f"incomplete dataset: {root}: {what}. The write was interrupted or is still running; "
+        "re-run preprocess with --overwrite."
+    )
+
+
+def wds_shards_on_disk(root: Path) -> list[str]:
+    """Tar shard names in ``root`` (sorted: the order ``ShardWriter``'s numbering gives)."""
+    return sorted(p.name for p in root.iterdir() if p.is_file() and p.name.endswith(WDS_SUFFIXES))
+
+
+def detect_format(local_dir: str | os.PathLike[str]) -> Format:
+    """``"mds"`` or ``"wds"`` for a local dataset directory.
+
+    Our ``bcl_index.json`` decides when present; otherwise ``index.json`` means MDS and tar
+    files mean WebDataset. Anything else is a :class:`DatasetError`.
+    """
+    root = Path(local_dir)
+    if not root.is_dir():
+        raise DatasetError(f"{root}: no such dataset directory")
+    meta = root / INDEX_JSON
+    if meta.is_file():
+        try:
+            fmt = json.loads(meta.read_text()).get("format")
+        except (OSError, ValueError, AttributeError):
+            fmt = None
+        if fmt in ("mds", "wds"):
+            return "mds" if fmt == "mds" else "wds"
+    if (root / MDS_INDEX).is_file() or any(p.suffix == ".mds" for p in root.iterdir()):
+        return "mds"
+    if wds_shards_on_disk(root):
+        return "wds"
+    raise DatasetError(
+        f"{root}: not a dataset (no index.json, no .mds shards, no .tar shards). "
+        "Point at the directory that preprocess wrote."
+    )
+
+
+def read_mds_index(root: Path) -> dict[str, Any]:
+    """Parsed MDS ``index.json``; a missing one means the write never finished."""
+    path = root / MDS_INDEX
+    if not path.is_file():
+        raise _incomplete(root, "MDS shards but no index.json")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DatasetError(
+            f"{path}: unreadable index.json ({exc}); re-run preprocess with --overwrite"
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("shards"), list):
+        raise DatasetError(f"{path}: not an MDS index (no 'shards' list)")
+    return data
+
+
+def mds_shard_entries(root: Path) -> list[ShardEntry]:
+    """Shards and sample counts as MDS ``index.json`` lists them (raw basename as the name)."""
+    entries = []
+    for i, shard in enumerate(read_mds_index(root)["shards"]):
+        try:
+            entries.append(ShardEntry(shard["raw_data"]["basename"], int(shard["samples"])))
+        except (KeyError, TypeError, ValueError):
+            raise DatasetError(f"{root / MDS_INDEX}: shard entry {i} is malformed") from None
+    return entries
+
+
+def tar_record_counts(path: Path) -> int:
+    """Records in one WebDataset tar: distinct keys (member name up to the first dot)."""
+    keys: set[str] = set()
+    try:
+        with tarfile.open(path) as tar:
+            for member in tar:
+                if member.isfile():
+                    base = member.name.rsplit("/", 1)[-1]
+                    prefix = member.name[: len(member.name) - len(base)]
+                    keys.add(prefix + base.split(".", 1)[0])
+    except (OSError, tarfile.TarError) as exc:
+        raise DatasetError(f"{path}: unreadable tar shard ({exc})") from None
+    return len(keys)
+
+
+def _mds_problems(root: Path, index: CostIndex) -> list[str]:
+    problems: list[str] = []
+    try:
+        data = read_mds_index(root)
+        actual = mds_shard_entries(root)
+    except DatasetError as exc:
+        return [str(exc)]
+    if [s.name for s in actual] != [s.name for s in index.shards]:
+        problems.append(
+            f"shard list differs: index.json has {len(actual)} shards, "
+            f"{INDEX_JSON} has {len(index.shards)} (first names {actual[:1]} vs {index.shards[:1]})"
+        )
+    for got, want in zip(actual, index.shards, strict=False):
+        if got.name == want.name and got.samples != want.samples:
+            problems.append(
+                f"shard {got.name}: index.json says {got.samples} samples, "
+                f"{INDEX_JSON} says {want.samples}"
+            )
+    for shard in data["shards"]:
+        names = [shard.get(k, {}).get("basename") for k in ("raw_data", "zip_data") if shard.get(k)]
+        if not any((root / n).is_file() for n in names if n):
+            problems.append(f"shard file missing: {' or '.join(str(n) for n in names)}")
+    if data.get(POINTER_KEY) not in (None, INDEX_JSON):
+        problems.append(f"index.json points to {data.get(POINTER_KEY)!r}, expected {INDEX_JSON!r}")
+    return problems
+
+
+def _wds_problems(root: Path, index: CostIndex) -> list[str]:
+    problems: list[str] = []
+    on_disk = set(wds_shards_on_disk(root))
+    for shard in index.shards:
+        path = root / shard.name
+        if not path.is_file():
+            problems.append(f"shard file missing: {shard.name}")
+            continue
+        try:
+            count = tar_record_counts(path)
+        except DatasetError as exc:
+            problems.append(str(exc))
+            continue
+        if count != shard.samples:
+            problems.append(
+                f"shard {shard.name}: holds {count} records, {INDEX_JSON} says {shard.samples}"
+            )
+    extra = sorted(on_disk - {s.name for s in index.shards})
+    if extra:
+        problems.append(f"shards not in {INDEX_JSON}: {', '.join(extra[:5])}")
+    return problems
+
+
+def check_integrity(local_dir: str | os.PathLike[str], index: CostIndex) -> list[str]:
+    """Problems (empty if none) between a cost index and the shards on disk.
+
+    Checks the index's hash against ``bcl_index.json`` when that file is present, the format,
+    the shard list and per-shard record counts (MDS: ``index.json`` counts and shard file
+    presence; WDS: tar member keys counted per shard).
+    """
+    root = Path(local_dir)
+    problems: list[str] = []
+    try:
+        fmt = detect_format(root)
+    except DatasetError as exc:
+        return [str(exc)]
+    if fmt != index.format:
+        problems.append(f"the cost index is for {index.format}, the directory holds {fmt}")
+    meta = root / INDEX_JSON
+    if meta.is_file():
+        try:
+            stored = json.loads(meta.read_text()).get("sha256")
+        except (OSError, ValueError, AttributeError):
+            stored = None
+        if stored != index.content_hash():
+            problems.append(
+                f"{INDEX_JSON} hash {str(stored)[:12]} does not match the cost array "
+                f"({index.content_hash()[:12]}): {COSTS_NPY} was changed or replaced"
+            )
+    problems += _mds_problems(root, index) if fmt == "mds" else _wds_problems(root, index)
+    return problems
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """A complete, costed local dataset: where, which format, its cost index."""
+
+    root: Path
+    format: Format
+    index: CostIndex
+
+    @property
+    def shards(self) -> tuple[ShardEntry, ...]:
+        return self.index.shards
+
+
+def open_layout(
+    local_dir: str | os.PathLike[str], *, verify: bool = True, check: bool = False
+) -> Layout:
+    """Open a finished dataset, refusing incomplete ones with a :class:`DatasetError`.
+
+    ``verify`` rechecks the cost array's hash; ``check`` also runs :func:`check_integrity`
+    (reads every tar header for WDS) and raises on the first problems found.
+    """
+    root = Path(local_dir)
+    fmt = detect_format(root)
+    if fmt == "mds":
+        read_mds_index(root)  # raises "incomplete" without index.json
+    elif not (root / INDEX_JSON).is_file():
+        raise _incomplete(
+            root,
+            f"tar shards but no {INDEX_JSON} (if this WebDataset was written by another tool, "
+            f"run `bcl-stream annotate {root}` instead)",
+        )
+    try:
+        index = read_index(root, verify=verify)
+    except CostIndexError:
+        if not (root / INDEX_JSON).is_file():
+            raise CostIndexError(
+                f"{root}: complete MDS dataset without a cost index; "
+                f"run `bcl-stream annotate {root}`"
+            ) from None
+        raise
+    if check:
+        problems = check_integrity(root, index)
+        if problems:
+            raise DatasetError(
+                f"{root}: cost index does not match the shards: {'; '.join(problems[:5])}. "
+                f"Re-run `bcl-stream annotate {root}` or preprocess with --overwrite."
+            )
+    return Layout(root, fmt, index)
