@@ -1,0 +1,119 @@
+"""Collate one pack (exactly B records) into a TinyGPT batch, padded or packed.
+
+Why two layouts: ``collate_padded`` is what any trainer accepts, but it computes on B*max(L)
+tokens, so a pack's cost depends on its longest record; ``collate_packed`` (varlen, one row
+with ``cu_seqlens``) computes on sum(L) tokens and attention per record, which is what the
+per-record cost model c(L) = a*L + b*L^2 + k describes (flash-attn varlen on GPUs).
+
+Input: ``pack`` is a list of B dicts, each with ``"input_ids"`` (1-D integer np.ndarray, the
+record's token ids, uint32 in our shards) and ``"sample_id"`` (int, the global sample id).
+
+Output (both layouts): ``input_ids``, ``labels`` (already shifted: ``labels[t]`` is the next
+token of the same record, -100 where there is none), ``sample_ids`` (LongTensor (B,)) and
+``tokens`` (LongTensor (B,), the tokens fed per record) so loggers can audit every record, and
+``truncated_tokens`` (LongTensor (B,), tokens cut by ``max_seq_len``; all 0 without it).
+Padded adds ``attention_mask`` (B, T); packed adds ``cu_seqlens`` (B+1,) and ``position_ids``.
+
+Truncation is explicit: with ``max_seq_len=N`` a record keeps its first N tokens and the cut
+is reported in ``truncated_tokens``; without it nothing is cut (TinyGPT raises on a record
+longer than its ``max_seq_len``, naming the sample id).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from bcl_stream.errors import DatasetError
+
+IGNORE_INDEX = -100
+
+
+def _records(
+    pack: Sequence[Mapping[str, Any]], max_seq_len: int | None
+) -> tuple[list[Tensor], list[int], list[int]]:
+    """Validated token tensors (int64), sample ids, and tokens cut per record."""
+    if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 1):
+        raise ValueError(f"max_seq_len must be an integer >= 1 or None, got {max_seq_len!r}")
+    if len(pack) == 0:
+        raise ValueError("cannot collate an empty pack (a pack holds exactly B >= 1 records)")
+    ids: list[Tensor] = []
+    sample_ids: list[int] = []
+    cut: list[int] = []
+    for position, record in enumerate(pack):
+        if "input_ids" not in record or "sample_id" not in record:
+            raise DatasetError(
+                f"record {position} of the pack has keys {sorted(record)}; collate needs "
+                "'input_ids' and 'sample_id' (read the dataset with the bcl-stream readers)"
+            )
+        sample_id = int(record["sample_id"])
+        arr = np.asarray(record["input_ids"])
+        if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+            raise DatasetError(
+                f"sample {sample_id}: input_ids must be a 1-D integer array, got "
+                f"{arr.dtype} {arr.shape}; re-run preprocessing on this dataset"
+            )
+        keep = arr if max_seq_len is None else arr[:max_seq_len]
+        ids.append(torch.from_numpy(keep.astype(np.int64)))
+        sample_ids.append(sample_id)
+        cut.append(int(arr.size - keep.size))
+    return ids, sample_ids, cut
+
+
+def _shifted(ids: Tensor) -> Tensor:
+    """Next-token targets of one record: ids[1:], then -100 for the last position."""
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    labels[:-1] = ids[1:]
+    return labels
+
+
+def _audit(ids: list[Tensor], sample_ids: list[int], cut: list[int]) -> dict[str, Tensor]:
+    return {
+        "sample_ids": torch.tensor(sample_ids, dtype=torch.long),
+        "tokens": torch.tensor([t.numel() for t in ids], dtype=torch.long),
+        "truncated_tokens": torch.tensor(cut, dtype=torch.long),
+    }
+
+
+def collate_padded(
+    pack: Sequence[Mapping[str, Any]], max_seq_len: int | None = None
+) -> dict[str, Tensor]:
+    """Right-padded (B, T) batch, T = the longest record of the pack (at least 1)."""
+    ids, sample_ids, cut = _records(pack, max_seq_len)
+    width = max(1, max(t.numel() for t in ids))
+    input_ids = torch.zeros(len(ids), width, dtype=torch.long)
+    labels = torch.full((len(ids), width), IGNORE_INDEX, dtype=torch.long)
+    mask = torch.zeros(len(ids), width, dtype=torch.long)
+    for row, t in enumerate(ids):
+        n = t.numel()
+        input_ids[row, :n] = t
+        labels[row, :n] = _shifted(t)
+        mask[row, :n] = 1
+    return {
+        "input_ids": input_ids,
+        "attention_mask": mask,
+        "labels": labels,
+        **_audit(ids, sample_ids, cut),
+    }
+
+
+def collate_packed(
+    pack: Sequence[Mapping[str, Any]], max_seq_len: int | None = None
+) -> dict[str, Tensor]:
+    """One (1, sum L) row; ``cu_seqlens`` (B+1,) marks record boundaries (int32, as flash-attn)."""
+    ids, sample_ids, cut = _records(pack, max_seq_len)
+    lengths = torch.tensor([t.numel() for t in ids], dtype=torch.int32)
+    cu_seqlens = torch.zeros(len(ids) + 1, dtype=torch.int32)
+    cu_seqlens[1:] = torch.cumsum(lengths, dim=0)
+    positions = [torch.arange(t.numel(), dtype=torch.long) for t in ids]
+    return {
+        "input_ids": torch.cat(ids)[None, :],
+        "cu_seqlens": cu_seqlens,
+        "position_ids": torch.cat(positions)[None, :],
+        "labels": torch.cat([_shifted(t) for t in ids])[None, :],
+        **_audit(ids, sample_ids, cut),
+    }
