@@ -1,0 +1,163 @@
+"""A costed MDS writer: streaming's ``MDSWriter`` plus the cost index, written in the safe order.
+
+Why a subclass and not a wrapper: ``MDSWriter`` already owns shard rollover, compression,
+hashing and background uploads; we only need (1) the token count of each record as it is
+written and (2) a different ending. The ending is the one override, ``_write_index``
+(streaming 0.13 is pinned exactly, so the private hook is stable):
+
+1. wait for every shard upload to finish (stock streaming only waits for the queue to drain,
+   so ``index.json`` can overtake the last shard);
+2. write ``bcl_costs.npy`` + ``bcl_index.json`` and upload them;
+3. write ``index.json`` with one top-level pointer key and upload it last.
+
+Readers take ``index.json`` as "dataset complete", so a dataset is never visible without its
+costs. Leaving the ``with`` block by an exception writes no index at all (the stock writer
+would finish the dataset anyway), so an interrupted write stays detectably incomplete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from array import array
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+from streaming import MDSWriter
+
+from bcl_stream.cost import CostModel, resolve
+from bcl_stream.errors import DatasetError
+from bcl_stream.formats.layout import MDS_INDEX, POINTER_KEY
+from bcl_stream.index import COSTS_NPY, INDEX_JSON, CostIndex, ShardEntry, write_index
+from bcl_stream.remote import upload
+
+DEFAULT_COLUMNS = {"input_ids": "ndarray:uint32"}
+
+
+def as_token_array(value: Any, where: str) -> np.ndarray:
+    """``value`` as a 1-D uint32 array, refusing silent wrap-around of ids outside uint32."""
+    arr = np.asarray(value)
+    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
+        raise ValueError(
+            f"{where}: input_ids must be a 1-D integer array, got {arr.dtype} {arr.shape}"
+        )
+    if arr.dtype != np.uint32:
+        if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(np.uint32).max):
+            raise ValueError(f"{where}: token ids outside uint32 range [{arr.min()}, {arr.max()}]")
+        arr = arr.astype(np.uint32)
+    return arr
+
+
+class CostedMDSWriter(MDSWriter):
+    """``MDSWriter`` that also records each record's token count and writes the cost index.
+
+    ``out`` is a local directory, a remote URL (``s3://...``) or a ``(local, remote)`` pair as
+    for ``MDSWriter``. ``columns`` defaults to ``{"input_ids": "ndarray:uint32"}``; the token
+    count of a record is ``len(sample[tokens_field])`` unless ``write(sample, tokens=n)`` says.
+    """
+
+    def __init__(
+        self,
+        out: str | tuple[str, str],
+        *,
+        cost_model: CostModel | str,
+        columns: Mapping[str, str] | None = None,
+        tokens_field: str | None = "input_ids",
+        extra: Mapping[str, Any] | None = None,
+        compression: str | None = None,
+        size_limit: int | str | None = 1 << 26,
+        keep_local: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        self.cost_model = resolve(cost_model)
+        self.tokens_field = tokens_field
+        self.extra: dict[str, Any] = dict(extra or {})
+        self._tokens = array("I")
+        self._index: CostIndex | None = None
+        cols = dict(columns or DEFAULT_COLUMNS)
+        if tokens_field is not None and tokens_field not in cols:
+            raise ValueError(
+                f"tokens_field {tokens_field!r} is not a column ({sorted(cols)}); "
+                "add it to columns or pass tokens_field=None and write(sample, tokens=n)"
+            )
+        super().__init__(
+            columns=cols,
+            out=out,
+            keep_local=keep_local,
+            compression=compression,
+            size_limit=size_limit,
+            **kwargs,
+        )
+
+    def write(self, sample: dict[str, Any], tokens: int | None = None) -> None:
+        """Write one record; ``tokens`` overrides the count taken from ``tokens_field``."""
+        if tokens is None:
+            if self.tokens_field is None:
+                raise ValueError("write() needs tokens=n when the writer has no tokens_field")
+            where = f"record {len(self._tokens)}"
+            ids = as_token_array(sample[self.tokens_field], where)
+            if self.columns.get(self.tokens_field) == "ndarray:uint32":
+                sample = {**sample, self.tokens_field: ids}
+            tokens = int(ids.size)
+        if tokens < 0:
+            raise ValueError(f"record {len(self._tokens)}: token count {tokens} < 0")
+        super().write(sample)
+        self._tokens.append(tokens)
+
+    def _shard_entries(self) -> list[ShardEntry]:
+        return [ShardEntry(s["raw_data"]["basename"], int(s["samples"])) for s in self.shards]
+
+    def _write_index(self) -> None:
+        if self.new_samples:
+            raise RuntimeError("internal error: not every sample was flushed before the index")
+        self.executor.shutdown(wait=True)  # every shard is uploaded before any index
+        if self.event.is_set():
+            raise DatasetError(
+                f"uploading shards to {self.remote} failed (see the log above); the dataset is "
+                "incomplete: re-run with --overwrite"
+            )
+        index = CostIndex.build(
+            np.frombuffer(self._tokens, dtype=np.uint32),
+            self.cost_model,
+            self._shard_entries(),
+            "mds",
+            self.extra,
+        )
+        write_index(self.local, index)
+        if self.remote:
+            for name in (COSTS_NPY, INDEX_JSON):
+                upload(os.path.join(self.local, name), self.remote, name)
+        path = os.path.join(self.local, MDS_INDEX)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(
+                {"version": 2, "shards": self.shards, POINTER_KEY: INDEX_JSON}, fh, sort_keys=True
+            )
+        os.replace(tmp, path)
+        if self.remote:
+            upload(path, self.remote, MDS_INDEX)
+        self._index = index
+
+    def finish(self) -> CostIndex:  # type: ignore[override]
+        """Flush, write the cost index then ``index.json``; output: the cost index."""
+        if self._index is None:
+            super().finish()
+        assert self._index is not None
+        return self._index
+
+    def abort(self) -> None:
+        """Stop without writing any index: the output stays visibly incomplete."""
+        self.cancel_future_jobs()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.finish()
+        else:
+            self.abort()

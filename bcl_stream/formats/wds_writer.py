@@ -1,0 +1,162 @@
+"""A costed WebDataset writer: ``webdataset.ShardWriter`` plus the cost index.
+
+Each record becomes one tar sample: ``<key>.input_ids.npy`` (the token ids, ``np.save``
+bytes, decoded by stock ``.decode()``) and ``<key>.json`` with ``{"source", "tokens", ...}``.
+Keys are the global sample id, zero-padded (no dots: WebDataset groups members by the prefix
+before the first dot).
+
+WebDataset has no index of its own, so ``bcl_index.json`` (written last, after
+``bcl_costs.npy``) is the shard list and the completion marker. Per-shard counts come from the
+``post`` hook ``ShardWriter`` calls as each shard closes. Remote outputs (``s3://``) are staged
+in a local directory; each shard is uploaded as soon as it closes, the sidecar after all of
+them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import webdataset as wds
+
+from bcl_stream.cost import CostModel, resolve
+from bcl_stream.formats.mds_writer import as_token_array
+from bcl_stream.index import COSTS_NPY, INDEX_JSON, CostIndex, ShardEntry, write_index
+from bcl_stream.remote import is_remote, upload
+
+SHARD_PATTERN = "shard-%06d.tar"
+
+
+def npy_bytes(arr: np.ndarray) -> bytes:
+    """``np.save`` bytes (what stock ``webdataset`` decodes for a ``.npy`` member)."""
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    return buf.getvalue()
+
+
+class CostedWDSWriter:
+    """Write token-id records as WebDataset shards plus the cost index.
+
+    ``out``: a local directory or a remote URL. ``maxcount``/``maxsize`` are passed to
+    ``ShardWriter``; ``compress=True`` writes gzip shards (``.tar.gz``). Use as a context
+    manager or call :meth:`finish`.
+    """
+
+    def __init__(
+        self,
+        out: str,
+        *,
+        cost_model: CostModel | str,
+        maxcount: int = 10_000,
+        maxsize: float = 1 << 28,
+        compress: bool = False,
+        tokens_field: str = "input_ids",
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        if maxcount < 1:
+            raise ValueError(f"maxcount must be >= 1, got {maxcount}")
+        self.cost_model = resolve(cost_model)
+        self.tokens_field = tokens_field
+        self.extra: dict[str, Any] = dict(extra or {})
+        self.remote = out if is_remote(out) else None
+        self.local = Path(tempfile.mkdtemp(prefix="bcl_wds_")) if self.remote else Path(out)
+        self.local.mkdir(parents=True, exist_ok=True)
+        self.shards: list[ShardEntry] = []
+        self._tokens: list[int] = []
+        self._in_shard = 0
+        self._index: CostIndex | None = None
+        pattern = SHARD_PATTERN + (".gz" if compress else "")
+        self._writer = wds.ShardWriter(
+            str(self.local / pattern),
+            maxcount=maxcount,
+            maxsize=maxsize,
+            post=self._closed,
+            verbose=0,
+        )
+
+    def _closed(self, fname: str) -> None:
+        name = os.path.basename(fname)
+        self.shards.append(ShardEntry(name, self._in_shard))
+        self._in_shard = 0
+        if self.remote:
+            upload(fname, self.remote, name)
+            os.remove(fname)
+
+    def write(self, sample: dict[str, Any], tokens: int | None = None) -> None:
+        """Write one record: ``sample[tokens_field]`` (ids) plus JSON-able extras.
+
+        Keys holding a dot (``"txt"`` style members such as ``"meta.txt"``) pass through as
+        members; every other key goes into the ``json`` member.
+        """
+        n = len(self._tokens)
+        member: dict[str, Any] = {"__key__": f"{n:010d}"}
+        meta: dict[str, Any] = {}
+        for key, value in sample.items():
+            if key == self.tokens_field:
+                ids = as_token_array(value, f"record {n}")
+                member[f"{key}.npy"] = npy_bytes(ids)
+                tokens = int(ids.size) if tokens is None else tokens
+            elif key == "__key__":
+                raise ValueError("record keys are assigned by the writer (global sample id)")
+            elif "." in key:
+                member[key] = value
+            else:
+                meta[key] = value
+        if tokens is None:
+            raise ValueError(f"record {n}: no {self.tokens_field!r} and no tokens=n given")
+        meta["tokens"] = int(tokens)
+        member["json"] = json.dumps(meta).encode()
+        self._writer.write(member)
+        self._in_shard += 1
+        self._tokens.append(int(tokens))
+
+    def finish(self) -> CostIndex:
+        """Close the last shard, write (and upload) the cost index last; output: the index."""
+        if self._index is not None:
+            return self._index
+        self._writer.close()
+        index = CostIndex.build(
+            np.asarray(self._tokens, dtype=np.uint32),
+            self.cost_model,
+            self.shards,
+            "wds",
+            self.extra,
+        )
+        write_index(self.local, index)
+        if self.remote:
+            for name in (COSTS_NPY, INDEX_JSON):
+                upload(self.local / name, self.remote, name)
+            shutil.rmtree(self.local, ignore_errors=True)
+        self._index = index
+        return index
+
+    def abort(self) -> None:
+        """Close the open shard without writing an index: the output stays incomplete."""
+        tar = getattr(self._writer, "tarstream", None)
+        if tar is not None:
+            tar.close()
+            self._writer.tarstream = None
+        if self.remote:
+            shutil.rmtree(self.local, ignore_errors=True)
+
+    def __enter__(self) -> CostedWDSWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.finish()
+        else:
+            self.abort()
