@@ -1,0 +1,209 @@
+"""The simulator's metrics are DESIGN.md's definitions exactly (hand-computed tiny matrices), every
+strategy accounts for every record, and ``bcl-stream simulate`` behaves as documented."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bcl_stream.cli import main
+from bcl_stream.cost import get_preset
+from bcl_stream.sim import STRATEGIES, Metrics, SimConfig, metrics_from_costs, schedules, simulate
+
+# Two ranks, two packs. Per step: mean_r = [2, 2], max_r = [3, 2], std_r = [1, 0].
+# Per rank: rank 0 [1, 2] (mean 1.5, std 0.5), rank 1 [3, 2] (mean 2.5, std 0.5).
+C = np.array([[1.0, 2.0], [3.0, 2.0]])
+
+
+def test_metrics_match_the_hand_computed_definitions() -> None:
+    m = metrics_from_costs(C, records_used=10, records_left=3)
+    assert m.efficiency == pytest.approx(4 / 5)
+    assert m.cv_ranks == pytest.approx((1 / 2 + 0 / 2) / 2)
+    assert m.cv_time == pytest.approx((0.5 / 1.5 + 0.5 / 2.5) / 2)
+    assert m.time == pytest.approx(5.0)
+    assert (m.packs_per_rank, m.records_used, m.records_left) == (2, 10, 3)
+
+
+def test_overhead_is_added_to_every_microbatch() -> None:
+    m = metrics_from_costs(C, 0, 0, overhead=1.0)  # [[2, 3], [4, 3]]
+    assert m.time == pytest.approx(4 + 3)
+    assert m.efficiency == pytest.approx((3 + 3) / 7)
+    assert m.cv_ranks == pytest.approx((1 / 3 + 0) / 2)
+
+
+def test_step_sync_sums_the_microbatches_of_each_step_and_drops_a_partial_step() -> None:
+    three = np.array([[1.0, 2.0, 50.0], [3.0, 2.0, 0.0]])  # pack 3 is a partial step (G=2)
+    m = metrics_from_costs(three, 0, 0, microbatches_per_step=2, sync="step")
+    # One step: rank sums [3, 5].
+    assert m.time == pytest.approx(5.0)
+    assert m.efficiency == pytest.approx(4 / 5)
+    assert m.cv_ranks == pytest.approx(1 / 4)
+    assert m.cv_time == pytest.approx(0.0)
+    assert m.packs_per_rank == 3
+    micro = metrics_from_costs(three, 0, 0, microbatches_per_step=2, sync="microbatch")
+    assert micro.time == pytest.approx(3 + 2 + 50)
+
+
+def test_perfect_balance_scores_one_and_zero_cv() -> None:
+    m = metrics_from_costs(np.full((4, 6), 7.0), 0, 0)
+    assert (m.efficiency, m.cv_ranks, m.cv_time) == (pytest.approx(1.0), 0.0, 0.0)
+
+
+def test_no_packs_gives_nan_metrics_and_zero_time() -> None:
+    m = metrics_from_costs(np.zeros((2, 0)), 0, 5)
+    assert np.isnan(m.efficiency) and np.isnan(m.cv_ranks) and m.time == 0.0
+
+
+def test_bad_sync_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="sync"):
+        metrics_from_costs(C, 0, 0, sync="epoch")
+
+
+def _lengths(n: int = 3000, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.minimum(rng.lognormal(6.0, 1.0, n).astype(np.int64) + 1, 8192)
+
+
+@pytest.mark.parametrize("ranks_per_node", [8, 4])
+def test_every_strategy_accounts_for_every_record_and_its_cost(ranks_per_node: int) -> None:
+    tok = _lengths()
+    model = get_preset("llama3-8b")
+    config = SimConfig(ranks=8, ranks_per_node=ranks_per_node, window=4)
+    total = float(model.cost(tok).sum())
+    planned = schedules(tok, model, config)
+    assert tuple(planned) == STRATEGIES
+    for name, s in planned.items():
+        assert s.records_used + s.records_left == tok.size, name
+        assert s.pack_costs.shape[0] == 8, name
+        assert s.pack_costs.sum() <= total * (1 + 1e-12), name
+    # BCL and sequential emit exactly B records per pack; so the used cost is that of B*packs.
+    for name in ("sequential", "bcl-rank", "bcl-node", "bcl-world"):
+        assert planned[name].records_used == planned[name].pack_costs.size * config.pack_size
+
+
+def test_simulate_scores_the_schedules_with_the_same_metrics() -> None:
+    tok = _lengths()
+    model = get_preset("llama3-8b")
+    config = SimConfig(window=4, sync="step", overhead=1e9)
+    planned = schedules(tok, model, config)
+    scored = simulate(tok, model, config)
+    for name, s in planned.items():
+        expected = metrics_from_costs(
+            s.pack_costs,
+            s.records_used,
+            s.records_left,
+            overhead=1e9,
+            microbatches_per_step=config.grad_accum,
+            sync="step",
+        )
+        assert scored[name] == expected
+
+
+def test_unknown_strategy_and_bad_tokens_are_value_errors() -> None:
+    model = get_preset("tokens")
+    with pytest.raises(ValueError, match="unknown strategy"):
+        schedules(_lengths(100), model, SimConfig(), ("magic",))
+    with pytest.raises(ValueError, match=">= 0"):
+        schedules(np.array([5, -1, 3]), model, SimConfig())
+    with pytest.raises(ValueError, match="non-empty"):
+        schedules(np.array([], dtype=np.int64), model, SimConfig())
+
+
+@pytest.fixture
+def lengths_file(tmp_path: Path) -> Path:
+    path = tmp_path / "lengths.npy"
+    np.save(path, _lengths(2048, seed=1))
+    return path
+
+
+def test_cli_json_prints_exactly_one_object_with_the_documented_keys(
+    lengths_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["simulate", "--lengths", str(lengths_file), "--window", "4", "--json"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    payload = json.loads(out)  # raises if anything but one JSON document was printed
+    assert out.strip().count("\n") == 0
+    assert set(payload) == {"config", "strategies"}
+    assert set(payload["strategies"]) == set(STRATEGIES)
+    fields = {f.name for f in dataclasses.fields(Metrics)}
+    for metrics in payload["strategies"].values():
+        assert set(metrics) == fields
+    config = payload["config"]
+    assert set(SimConfig.__slots__) | {"cost_model", "records"} == set(config)
+    assert config["records"] == 2048 and config["window"] == 4
+    assert config["cost_model"]["name"] == "llama3-8b"
+    direct = simulate(np.load(lengths_file), get_preset("llama3-8b"), SimConfig(window=4))
+    for name, m in direct.items():
+        assert payload["strategies"][name] == pytest.approx(m.to_dict())
+
+
+def test_cli_strategies_flag_limits_the_output(
+    lengths_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["simulate", "--lengths", str(lengths_file), "--strategies", "sequential,bcl-world"]
+    assert main([*args, "--json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["strategies"]) == {"sequential", "bcl-world"}
+
+
+def test_cli_table_lists_every_strategy(
+    lengths_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["simulate", "--lengths", str(lengths_file)]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0].split()[0] == "strategy"
+    assert [row.split()[0] for row in rows[1:]] == list(STRATEGIES)
+
+
+def test_cli_plot_writes_a_png(lengths_file: Path, tmp_path: Path) -> None:
+    png = tmp_path / "sub" / "steps.png"
+    assert main(["simulate", "--lengths", str(lengths_file), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _bad_inputs(tmp_path: Path) -> dict[str, Path]:
+    text = tmp_path / "text.npy"
+    text.write_text("not numpy")
+    floats, matrix, empty = tmp_path / "f.npy", tmp_path / "m.npy", tmp_path / "e.npy"
+    np.save(floats, np.array([1.5, 2.0]))
+    np.save(matrix, np.ones((2, 2), dtype=np.int64))
+    np.save(empty, np.array([], dtype=np.int64))
+    return {
+        "missing": tmp_path / "nope.npy",
+        "text": text,
+        "floats": floats,
+        "matrix": matrix,
+        "empty": empty,
+    }
+
+
+@pytest.mark.parametrize("case", ["missing", "text", "floats", "matrix", "empty"])
+def test_cli_bad_lengths_file_is_a_clear_error_with_exit_code_2(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _bad_inputs(tmp_path)[case]
+    assert main(["simulate", "--lengths", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("bcl-stream simulate: error:")
+    assert str(path) in captured.err
+    assert captured.err.count("\n") == 1
+
+
+def test_cli_bad_lengths_as_a_real_process_has_no_traceback(tmp_path: Path) -> None:
+    path = _bad_inputs(tmp_path)["text"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bcl_stream.cli", "simulate", "--lengths", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert f"--lengths {path}" in proc.stderr
