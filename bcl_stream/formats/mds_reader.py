@@ -1,0 +1,171 @@
+"""MDS reader: the plan's packs, read through a stock Mosaic ``StreamingDataset``.
+
+Why random access: streaming's own iteration order (``_get_work``) is its partition and
+shuffle, which we replace with the plan. ``StreamingDataset.get_item`` keeps everything else of
+streaming: the download of a missing shard (any remote it supports, ``s3://`` included), the
+shared cache and its eviction (``cache_limit``), and cross-worker coordination of downloads.
+The dataset is built with ``shuffle=False`` so its sample ids are the global write order,
+which is what the plan and the cost index use.
+
+Prefetch: for a remote dataset a background thread downloads the next ``prefetch`` shards the
+plan will touch (``prepare_shard``), so a rank does not stall on S3 at each shard boundary.
+
+Streaming traps to respect (the caller's job, once per process): set env ``RANK``,
+``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE`` before building under a DDP launcher, call
+``streaming.base.util.clean_stale_shared_memory()`` once per job before any dataset exists,
+and keep one live dataset per local cache directory when ``remote`` is set.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from bcl_stream.errors import DatasetError
+from bcl_stream.formats.reader_base import Pack, PlanDataset
+from bcl_stream.plan_source import ReaderConfig
+from bcl_stream.remote import is_remote, open_cost_index
+
+
+class _Prefetcher:
+    """Downloads shards ahead of the reader, at most ``depth`` shards beyond the current one."""
+
+    def __init__(self, dataset: Any, shards: list[int], depth: int) -> None:
+        self._dataset, self._shards, self._depth = dataset, shards, depth
+        self._position = 0
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True, name="bcl-mds-prefetch")
+        self._thread.start()
+
+    def advance(self, position: int) -> None:
+        """The reader now needs ``self._shards[position]``."""
+        with self._cond:
+            self._position = position
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        for i, shard in enumerate(self._shards):
+            with self._cond:
+                while not self._stop and i > self._position + self._depth:
+                    self._cond.wait()
+                if self._stop:
+                    return
+            try:
+                self._dataset.prepare_shard(int(shard), blocking=False)
+            except Exception:  # the reader's own get_item retries and reports the error
+                return
+
+
+class MDSPackDataset(PlanDataset):
+    """One rank's packs of an MDS dataset (local directory or ``s3://...``), in plan order.
+
+    ``location``: the dataset root (holding ``index.json`` and the cost index). ``cache_dir``:
+    required for remote datasets; streaming's ``local`` directory. Extra keyword arguments go
+    to ``StreamingDataset`` (for example ``cache_limit`` or ``download_timeout``).
+    """
+
+    def __init__(
+        self,
+        location: str | os.PathLike[str],
+        config: ReaderConfig,
+        rank: int | None = None,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        prefetch: int = 2,
+        **streaming_kwargs: Any,
+    ) -> None:
+        from streaming import StreamingDataset
+
+        location = str(location)
+        index, local_root = open_cost_index(location, cache_dir)
+        if index.format != "mds":
+            raise DatasetError(
+                f"{location}: the cost index says format {index.format!r}; use the reader for "
+                f"that format (WDSPackDataset for 'wds')"
+            )
+        super().__init__(index, config, rank)
+        self.location = location
+        self.prefetch = prefetch
+        self.remote = is_remote(location)
+        kwargs: dict[str, Any] = {"shuffle": False, "batch_size": config.pack_size}
+        kwargs.update(streaming_kwargs)
+        if self.remote:
+            kwargs.update(remote=location, local=str(local_root))
+        else:
+            kwargs.update(local=str(Path(location.removeprefix("file://"))))
+        try:
+            self.streaming = StreamingDataset(**kwargs)
+        except (FileNotFoundError, ValueError, TypeError, KeyError) as exc:
+            raise DatasetError(
+                f"{location}: Mosaic StreamingDataset cannot open it ({type(exc).__name__}: "
+                f"{exc}). Check that index.json and the shards exist and are readable."
+            ) from None
+        self._check_layout()
+        offsets = np.asarray(self.streaming.sample_offset_per_shard, dtype=np.int64)
+        self._shard_starts = offsets
+
+    def _check_layout(self) -> None:
+        """The streaming index and our cost index must describe the same records."""
+        counts = [int(c) for c in self.streaming.samples_per_shard]
+        if counts != self.index.shard_counts:
+            first = next(
+                (
+                    i
+                    for i, (a, b) in enumerate(zip(counts, self.index.shard_counts, strict=False))
+                    if a != b
+                ),
+                min(len(counts), len(self.index.shard_counts)),
+            )
+            raise DatasetError(
+                f"{self.location}: index.json and bcl_index.json disagree at shard {first} "
+                f"(index.json: {len(counts)} shards, {sum(counts)} records; cost index: "
+                f"{len(self.index.shards)} shards, {len(self.index)} records). The cost index "
+                "belongs to other shards: rebuild it with `bcl-stream annotate`."
+            )
+
+    def shard_of(self, sample_ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Shard id of each global sample id."""
+        return np.searchsorted(self._shard_starts, sample_ids, side="right") - 1
+
+    def _get(self, sample_id: int) -> dict[str, Any]:
+        try:
+            record = self.streaming.get_item(sample_id)
+        except (RuntimeError, OSError, ValueError) as exc:
+            shard = int(self.shard_of(np.array([sample_id]))[0])
+            raise DatasetError(
+                f"{self.location}: cannot read record {sample_id} (shard {shard}, "
+                f"{self.index.shards[shard].name}): {type(exc).__name__}: {exc}. Check the "
+                "shard file and the remote, then resume from the last checkpoint."
+            ) from None
+        return {**record, "sample_id": sample_id}
+
+    def _read_packs(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
+        prefetcher = None
+        if self.remote and self.prefetch > 0:
+            shard_seq = self.shard_of(packs.ravel())
+            first = np.unique(shard_seq, return_index=True)[1]
+            order = shard_seq[np.sort(first)]
+            position_of = {int(s): i for i, s in enumerate(order)}
+            prefetcher = _Prefetcher(self.streaming, [int(s) for s in order], self.prefetch)
+        try:
+            for row in packs:
+                if prefetcher is not None:
+                    seen = max(position_of[int(s)] for s in self.shard_of(row))
+                    prefetcher.advance(seen)
+                yield [self._get(int(sid)) for sid in row]
+        finally:
+            if prefetcher is not None:
+                prefetcher.close()

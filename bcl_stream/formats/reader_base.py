@@ -1,0 +1,120 @@
+"""What the MDS and WebDataset readers share: a torch IterableDataset that yields one rank's
+packs of the epoch plan, from a cursor, split over DataLoader workers.
+
+Cursor passing: the main process writes (epoch, first pack) into a ``share_memory_()`` tensor
+before each ``iter()``. Persistent workers keep their dataset copy forever, so plain attributes
+set later in the main process never reach them; the shared tensor does.
+
+Worker split: worker w of K yields packs start+w, start+w+K, ...; torch's DataLoader takes one
+item from each worker in turn, which restores the plan order for any K (and K=0).
+
+A subclass implements :meth:`PlanDataset._read_packs` (sample ids -> record dicts).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from bcl_stream.index import CostIndex
+from bcl_stream.plan_source import EpochPlan, ReaderConfig, Segment, epoch_plan
+
+Sample = dict[str, Any]
+Pack = list[Sample]
+
+
+def detect_rank() -> int:
+    """This process's data-parallel rank: torch.distributed if initialised, else env RANK."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return int(torch.distributed.get_rank())
+    return int(os.environ.get("RANK", "0"))
+
+
+class PlanDataset(IterableDataset[Pack]):
+    """Yields rank ``rank``'s packs (lists of exactly ``pack_size`` sample dicts) in plan order.
+
+    Each sample dict holds at least ``sample_id`` (global index in write order) and the
+    record's columns (``input_ids`` as a numpy array for datasets bcl-stream writes).
+    ``len()`` is the number of packs per rank in the current epoch, equal on every rank.
+    """
+
+    def __init__(self, index: CostIndex, config: ReaderConfig, rank: int | None = None) -> None:
+        super().__init__()
+        self.index = index
+        self.config = config
+        self.rank = detect_rank() if rank is None else int(rank)
+        if not 0 <= self.rank < config.world_size:
+            raise ValueError(f"rank must be in [0, {config.world_size}), got {self.rank}")
+        self.fingerprint = index.fingerprint()
+        self.segments: tuple[Segment, ...] = ()
+        # (epoch, first pack), shared with worker processes, persistent ones included.
+        self._cursor = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self._plan: EpochPlan | None = None
+        self._plan_segments: tuple[Segment, ...] = ()
+
+    # -- cursor ---------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return int(self._cursor[0])
+
+    @property
+    def start(self) -> int:
+        return int(self._cursor[1])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its first pack (new epochs reshuffle by (seed, epoch))."""
+        self.set_cursor(epoch, 0, ())
+
+    def set_cursor(self, epoch: int, start: int, segments: tuple[Segment, ...] = ()) -> None:
+        """Yield from pack ``start`` of ``epoch`` on the next ``iter()``."""
+        if epoch < 0 or start < 0:
+            raise ValueError(f"epoch and start must be >= 0, got {epoch}, {start}")
+        self.segments = tuple(segments)
+        self._cursor[0] = epoch
+        self._cursor[1] = start
+
+    # -- plan -----------------------------------------------------------------------------
+    def plan(
+        self, epoch: int | None = None, segments: tuple[Segment, ...] | None = None
+    ) -> EpochPlan:
+        """The plan of ``epoch`` with elastic ``segments`` (default: the current cursor's)."""
+        if epoch is None:
+            epoch = self.epoch
+        if segments is None:
+            segments = self.segments if epoch == self.epoch else ()
+        cached = self._plan
+        if cached is not None and cached.epoch == epoch and self._plan_segments == segments:
+            return cached
+        self._plan = epoch_plan(self.index, self.config, epoch, segments)
+        self._plan_segments = segments
+        return self._plan
+
+    def rank_packs(self) -> npt.NDArray[np.int64]:
+        """(n_packs, pack_size) sample ids this rank yields in the current epoch."""
+        return self.plan().rank_packs(self.rank)
+
+    def __len__(self) -> int:
+        return self.plan().n_packs
+
+    def remainder_counts(self) -> dict[str, int]:
+        """Records of the current epoch no rank yields, by reason (same on every rank)."""
+        return self.plan().remainder_counts()
+
+    # -- iteration ------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Pack]:
+        packs = self.rank_packs()
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        mine = packs[self.start + worker :: workers]
+        if mine.shape[0]:
+            yield from self._read_packs(mine)
+
+    def _read_packs(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
+        """Yield one list of sample dicts per row of ``packs`` (global sample ids), in order."""
+        raise NotImplementedError

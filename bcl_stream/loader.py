@@ -1,0 +1,141 @@
+"""``PackLoader``: a torch DataLoader over a plan-following dataset, with an exact cursor.
+
+Why a DataLoader subclass: Lightning (and Fabric) save ``state_dict()`` of the object
+``train_dataloader()`` returns, and call ``load_state_dict()`` BEFORE ``iter()``. The loader,
+not the dataset, is the place that sees which packs actually reached the trainer: it counts
+packs in the main process as its iterator yields them, so worker prefetch never inflates the
+count. The state is the cursor of :mod:`bcl_stream.state` and is the same on every rank.
+
+Epochs: an iterator that runs to the end completes the epoch, and the next ``iter()`` starts
+the next one (new order by (seed, epoch)); an iterator dropped mid-epoch leaves the cursor
+where it stopped. ``set_epoch(e)`` with another epoch restarts at pack 0 of ``e``. A state saved
+after the last pack of an epoch is (epoch + 1, 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from bcl_stream.errors import StateError
+from bcl_stream.formats.reader_base import Pack, PlanDataset
+from bcl_stream.plan_source import Segment
+from bcl_stream.state import Cursor, resolve_state
+
+
+def identity_collate(pack: Pack) -> Pack:
+    """The default collate: a pack stays a list of sample dicts (module level: picklable)."""
+    return pack
+
+
+class PackLoader(DataLoader):
+    """Yields the dataset's packs (through ``collate_fn``) with an exact ``len()`` and a
+    resumable ``state_dict()``. ``allow_resize=False`` refuses states saved under another world
+    size instead of re-planning the rest of their epoch.
+    """
+
+    def __init__(
+        self,
+        dataset: PlanDataset,
+        *,
+        num_workers: int = 0,
+        persistent_workers: bool = False,
+        collate_fn: Callable[[Pack], Any] | None = None,
+        allow_resize: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(dataset, PlanDataset):
+            raise ValueError(
+                f"PackLoader needs a plan-following dataset (MDSPackDataset, WDSPackDataset), "
+                f"got {type(dataset).__name__}"
+            )
+        super().__init__(
+            dataset,
+            batch_size=None,
+            num_workers=num_workers,
+            persistent_workers=persistent_workers,
+            collate_fn=collate_fn or identity_collate,
+            **kwargs,
+        )
+        self.allow_resize = allow_resize
+        self._epoch = dataset.epoch
+        self._consumed = dataset.start
+        self._segments: tuple[Segment, ...] = dataset.segments
+
+    @property
+    def plan_dataset(self) -> PlanDataset:
+        return self.dataset  # type: ignore[return-value]
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def packs_consumed(self) -> int:
+        return self._consumed
+
+    def _n_packs(self, epoch: int, segments: tuple[Segment, ...]) -> int:
+        return self.plan_dataset.plan(epoch, segments).n_packs
+
+    def __len__(self) -> int:
+        """Packs per rank in the current epoch (identical on every rank)."""
+        return self._n_packs(self._epoch, self._segments)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Move to ``epoch`` (from pack 0) unless the cursor is already in it."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if epoch != self._epoch:
+            self._epoch, self._consumed, self._segments = epoch, 0, ()
+
+    def _normalized(self) -> tuple[int, int, tuple[Segment, ...]]:
+        if self._consumed >= len(self):
+            return self._epoch + 1, 0, ()
+        return self._epoch, self._consumed, self._segments
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self._epoch, self._consumed, self._segments = self._normalized()
+        dataset = self.plan_dataset
+        if dataset.segments != self._segments and getattr(self, "_iterator", None) is not None:
+            # Persistent workers hold the old segments in their dataset copy: restart them.
+            self._iterator = None
+        dataset.set_cursor(self._epoch, self._consumed, self._segments)
+        return self._count(super().__iter__())
+
+    def _count(self, packs: Iterator[Any]) -> Iterator[Any]:
+        for pack in packs:
+            self._consumed += 1
+            yield pack
+
+    def state_dict(self) -> dict[str, Any]:
+        """The cursor (JSON-friendly; the same on every rank)."""
+        epoch, consumed, segments = self._normalized()
+        dataset = self.plan_dataset
+        return Cursor(epoch, consumed, dataset.fingerprint, dataset.config, segments).to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from a cursor (validated; a changed world size re-plans the rest of its epoch)."""
+        dataset = self.plan_dataset
+        cursor = resolve_state(
+            state,
+            fingerprint=dataset.fingerprint,
+            config=dataset.config,
+            allow_resize=self.allow_resize,
+        )
+        try:
+            n_packs = self._n_packs(cursor.epoch, cursor.segments)
+        except ValueError as exc:
+            raise StateError(f"reader state does not fit this dataset's plan: {exc}") from None
+        if cursor.packs_consumed > n_packs:
+            raise StateError(
+                f"reader state says {cursor.packs_consumed} packs consumed in epoch "
+                f"{cursor.epoch}, but this plan has {n_packs} per rank; it was saved on other "
+                "data or another configuration."
+            )
+        self._epoch, self._consumed, self._segments = (
+            cursor.epoch,
+            cursor.packs_consumed,
+            cursor.segments,
+        )

@@ -1,0 +1,201 @@
+"""The plan both readers follow: (cost index, reader config, epoch) -> every rank's packs.
+
+MDS and WebDataset readers, the ``plan`` command and the state validation all call
+:func:`epoch_plan`, so what a loader yields is by construction what ``bcl-stream plan`` prints.
+A plan for 1M records takes about a second to compute, so it is cached per process (a small
+LRU keyed by the data fingerprint, the config, the epoch and any elastic segments): each
+DataLoader worker computes it once per epoch.
+
+Elastic resume: a checkpoint taken after ``k`` packs under world size R, resumed under R',
+records the old plan as a :class:`Segment`. The records of the first ``k`` packs of every old
+rank are consumed; the rest of the epoch's order is re-planned for R'. Segments chain, so a
+second change of world size in the same epoch works the same way.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from bcl_stream.cost import resolve
+from bcl_stream.index import CostIndex
+from bcl_stream.planner import Plan, PlanConfig, epoch_order, plan_epoch
+from bcl_stream.planner.order import DEFAULT_BLOCK
+
+REASON_CONSUMED = "consumed_before_resize"
+CACHE_SIZE = 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReaderConfig:
+    """Everything besides the data, the rank and the epoch that decides what a reader yields."""
+
+    world_size: int
+    """Data-parallel ranks R."""
+    pack_size: int
+    """Records per pack B."""
+    window: int
+    """Packs per rank planned together W."""
+    ranks_per_node: int = 1
+    """Ranks per node (scope ``node`` balances these jointly)."""
+    scope: str = "rank"
+    """``rank`` | ``node`` | ``world``."""
+    seed: int = 0
+    """Shuffle seed; the epoch order is a pure function of (seed, epoch)."""
+    shuffle: bool = True
+    """False keeps the write order (useful for debugging and benchmarks)."""
+    block: int = DEFAULT_BLOCK
+    """Records shuffled together after the shard shuffle (bounds the WebDataset buffer)."""
+    max_tokens: int | None = None
+    """Memory cap M per pack; longer records go to the remainder."""
+    algorithm: str = "lpt"
+    """Partition algorithm of the planner."""
+    refine: int = 8
+    """Swap-refinement iterations of the planner."""
+    pack_order: str = "desc"
+    """Order of packs inside a window: ``desc`` or ``stream``."""
+    carry: int | None = None
+    """Records carried between windows by the planner (None: its default W*B/4; 0: none)."""
+    cost_model: str | None = None
+    """Preset name or JSON path to recompute costs from tokens; None uses the stored costs."""
+
+    def __post_init__(self) -> None:
+        self.plan_config()  # validates every planner field with its own message
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if not isinstance(self.block, int) or self.block < 1:
+            raise ValueError(f"block must be an integer >= 1, got {self.block!r}")
+
+    def plan_config(self) -> PlanConfig:
+        """The planner's view of this config."""
+        return PlanConfig(
+            world_size=self.world_size,
+            pack_size=self.pack_size,
+            window=self.window,
+            ranks_per_node=self.ranks_per_node,
+            scope=self.scope,
+            max_tokens=self.max_tokens,
+            algorithm=self.algorithm,
+            refine=self.refine,
+            pack_order=self.pack_order,
+            carry=self.carry,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form (stored in reader states)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ReaderConfig:
+        """Inverse of :meth:`to_dict`; unknown keys are an error."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"reader config has unknown keys {sorted(unknown)}")
+        return cls(**data)
+
+    def resized(self, world_size: int, ranks_per_node: int) -> ReaderConfig:
+        """The same config under another world size (elastic resume)."""
+        return replace(self, world_size=world_size, ranks_per_node=ranks_per_node)
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """An earlier plan of the current epoch, cut after ``packs_consumed`` packs per rank."""
+
+    world_size: int
+    ranks_per_node: int
+    packs_consumed: int
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class EpochPlan:
+    """One epoch's plan plus the records consumed by earlier segments (elastic resume)."""
+
+    plan: Plan
+    """Packs of shape (world_size, n_packs, pack_size) and the remainder by reason."""
+    epoch: int
+    consumed: npt.NDArray[np.int64] = field(default_factory=lambda: np.empty(0, np.int64))
+    """Sample ids consumed under earlier world sizes this epoch (not in ``plan``)."""
+
+    @property
+    def n_packs(self) -> int:
+        """Packs per rank, identical on every rank."""
+        return self.plan.n_packs
+
+    def rank_packs(self, rank: int) -> npt.NDArray[np.int64]:
+        """(n_packs, pack_size) sample ids of one rank."""
+        if not 0 <= rank < self.plan.packs.shape[0]:
+            raise ValueError(f"rank must be in [0, {self.plan.packs.shape[0]}), got {rank}")
+        return self.plan.packs[rank]
+
+    def remainder_counts(self) -> dict[str, int]:
+        """Reason -> count of records this plan does not yield (consumed ones included)."""
+        counts = self.plan.remainder_counts()
+        if self.consumed.size:
+            counts[REASON_CONSUMED] = int(self.consumed.size)
+        return counts
+
+
+_CACHE: OrderedDict[tuple[Any, ...], EpochPlan] = OrderedDict()
+
+
+def _costs(index: CostIndex, config: ReaderConfig) -> npt.NDArray[np.float64]:
+    model = None if config.cost_model is None else resolve(config.cost_model)
+    return index.costs(model)
+
+
+def _plan_one(
+    index: CostIndex,
+    config: ReaderConfig,
+    epoch: int,
+    exclude: npt.NDArray[np.int64],
+) -> Plan:
+    order = epoch_order(
+        index.shard_counts, config.seed, epoch, block=config.block, shuffle=config.shuffle
+    )
+    if exclude.size:
+        order = order[~np.isin(order, exclude)]
+    return plan_epoch(
+        _costs(index, config), order, config.plan_config(), index.tokens.astype(np.int64)
+    )
+
+
+def epoch_plan(
+    index: CostIndex,
+    config: ReaderConfig,
+    epoch: int,
+    segments: tuple[Segment, ...] = (),
+) -> EpochPlan:
+    """The plan every rank follows in ``epoch`` (cached). ``segments``: earlier world sizes
+    of this epoch, oldest first, each with the packs per rank consumed under it.
+    """
+    if epoch < 0:
+        raise ValueError(f"epoch must be >= 0, got {epoch}")
+    key = (index.fingerprint(), config, epoch, segments)
+    hit = _CACHE.get(key)
+    if hit is not None:
+        _CACHE.move_to_end(key)
+        return hit
+    consumed = np.empty(0, dtype=np.int64)
+    for seg in segments:
+        old = config.resized(seg.world_size, seg.ranks_per_node)
+        old_plan = _plan_one(index, old, epoch, consumed)
+        if not 0 <= seg.packs_consumed <= old_plan.n_packs:
+            raise ValueError(
+                f"segment consumed {seg.packs_consumed} packs but its plan has {old_plan.n_packs}"
+            )
+        taken = old_plan.packs[:, : seg.packs_consumed].ravel()
+        consumed = np.sort(np.concatenate([consumed, taken]))
+    result = EpochPlan(_plan_one(index, config, epoch, consumed), epoch, consumed)
+    _CACHE[key] = result
+    while len(_CACHE) > CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return result

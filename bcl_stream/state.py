@@ -1,0 +1,122 @@
+"""Reader state: a cursor into the epoch plan, identical on every rank.
+
+Lightning writes rank 0's loader state only and hands it to every rank on resume, so the
+state holds nothing rank-specific: ``{version, epoch, packs_consumed, fingerprint, config,
+segments}``. Resume recomputes the plan (a pure function of data, config, seed and epoch) and
+skips the consumed packs; no buffer is pickled, so a state is a few hundred bytes of JSON.
+
+:func:`resolve_state` checks a saved state against the data and config it is loaded into.
+Anything that would make the replayed plan differ (other data, pack size, seed, ...) is a
+:class:`~bcl_stream.errors.StateError` naming the field, both values and what to do. A changed
+world size (or ranks per node) is an elastic resume: the old plan becomes a
+:class:`~bcl_stream.plan_source.Segment` and the rest of the epoch is re-planned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bcl_stream.errors import StateError
+from bcl_stream.plan_source import ReaderConfig, Segment
+
+STATE_VERSION = 1
+KEY_VERSION = "version"
+KEY_EPOCH = "epoch"
+KEY_CONSUMED = "packs_consumed"
+KEY_FINGERPRINT = "fingerprint"
+KEY_CONFIG = "config"
+KEY_SEGMENTS = "segments"
+RESIZABLE = ("world_size", "ranks_per_node")
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """Where every rank stands: ``packs_consumed`` packs of ``epoch`` (per rank)."""
+
+    epoch: int
+    packs_consumed: int
+    fingerprint: str
+    config: ReaderConfig
+    segments: tuple[Segment, ...] = ()
+    """Earlier world sizes of this epoch (elastic resume), oldest first."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-friendly state a loader's ``state_dict()`` returns."""
+        return {
+            KEY_VERSION: STATE_VERSION,
+            KEY_EPOCH: self.epoch,
+            KEY_CONSUMED: self.packs_consumed,
+            KEY_FINGERPRINT: self.fingerprint,
+            KEY_CONFIG: self.config.to_dict(),
+            KEY_SEGMENTS: [s.to_dict() for s in self.segments],
+        }
+
+
+def _need(state: dict[str, Any], key: str, kind: type) -> Any:
+    if key not in state:
+        raise StateError(f"reader state has no {key!r} (keys: {sorted(state)}); not a bcl state")
+    value = state[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise StateError(
+            f"reader state {key!r} must be {kind.__name__}, got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def parse_state(state: Any) -> Cursor:
+    """A saved state as a :class:`Cursor`, checking its structure (not yet its fit)."""
+    if not isinstance(state, dict):
+        raise StateError(f"reader state must be a dict, got {type(state).__name__}")
+    version = _need(state, KEY_VERSION, int)
+    if version != STATE_VERSION:
+        raise StateError(
+            f"reader state version {version} is not supported (this reader writes "
+            f"{STATE_VERSION}); resume with the bcl-stream release that wrote it"
+        )
+    epoch = _need(state, KEY_EPOCH, int)
+    consumed = _need(state, KEY_CONSUMED, int)
+    if epoch < 0 or consumed < 0:
+        raise StateError(f"reader state has negative epoch={epoch} or packs_consumed={consumed}")
+    try:
+        config = ReaderConfig.from_dict(_need(state, KEY_CONFIG, dict))
+        segments = tuple(Segment(**s) for s in _need(state, KEY_SEGMENTS, list))
+    except (TypeError, ValueError) as exc:
+        raise StateError(f"reader state has an invalid config or segment list: {exc}") from None
+    return Cursor(epoch, consumed, _need(state, KEY_FINGERPRINT, str), config, segments)
+
+
+def resolve_state(
+    state: Any, *, fingerprint: str, config: ReaderConfig, allow_resize: bool = True
+) -> Cursor:
+    """The cursor to resume from under ``config`` on data with ``fingerprint``.
+
+    Output: a cursor whose ``config`` is ``config``. Same world size: the saved cursor. A
+    different world size: the saved plan appended to ``segments`` and ``packs_consumed=0``.
+    Raises StateError naming the first mismatch.
+    """
+    saved = parse_state(state)
+    if saved.fingerprint != fingerprint:
+        raise StateError(
+            f"reader state was saved on other data (fingerprint {saved.fingerprint}, this "
+            f"dataset {fingerprint}): the shards or the cost index changed. Resume on the "
+            "original dataset, or start a fresh run without the loader state."
+        )
+    old, new = saved.config.to_dict(), config.to_dict()
+    for name in old:
+        if name not in RESIZABLE and old[name] != new[name]:
+            raise StateError(
+                f"reader state was saved with {name}={old[name]!r} but the loader has "
+                f"{name}={new[name]!r}; the replayed plan would differ. Use {name}={old[name]!r} "
+                "to resume, or start a fresh run without the loader state."
+            )
+    if all(old[n] == new[n] for n in RESIZABLE):
+        return Cursor(saved.epoch, saved.packs_consumed, fingerprint, config, saved.segments)
+    if not allow_resize:
+        changes = ", ".join(f"{n} {old[n]} -> {new[n]}" for n in RESIZABLE if old[n] != new[n])
+        raise StateError(
+            f"reader state was saved with another layout ({changes}) and elastic resume is "
+            "disabled for this reader; resume with the original layout."
+        )
+    segment = Segment(saved.config.world_size, saved.config.ranks_per_node, saved.packs_consumed)
+    return Cursor(saved.epoch, 0, fingerprint, config, (*saved.segments, segment))

@@ -1,0 +1,108 @@
+"""Shared fixtures: tiny costed datasets (MDS and WebDataset) and a loopback S3 server.
+
+Records are built so a test can check what it read: record ``i`` has ``input_ids`` filled
+with the value ``i`` and a length drawn from a skewed distribution (so plans are not trivial).
+Datasets are small (hundreds of records, several shards) to keep the suite fast.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+def record_lengths(n: int, seed: int = 0, max_len: int = 96) -> np.ndarray:
+    """Skewed lengths in [1, max_len]: many short records, a few long ones."""
+    rng = np.random.default_rng(seed)
+    return np.clip(rng.lognormal(2.5, 0.8, n).astype(np.int64), 1, max_len)
+
+
+def records(n: int, seed: int = 0) -> Iterator[dict[str, np.ndarray]]:
+    """Record i: ``input_ids`` = [i] * L_i (uint32)."""
+    for i, length in enumerate(record_lengths(n, seed)):
+        yield {"input_ids": np.full(int(length), i, dtype=np.uint32)}
+
+
+def write_mds(out: str | Path, n: int, *, seed: int = 0, size_limit: int = 4096) -> None:
+    """A costed MDS dataset of ``n`` records (shards of about ``size_limit`` bytes)."""
+    from bcl_stream.formats.mds_writer import CostedMDSWriter
+
+    with CostedMDSWriter(str(out), cost_model="tokens", size_limit=size_limit) as writer:
+        for record in records(n, seed):
+            writer.write(record)
+
+
+def write_wds(out: str | Path, n: int, *, seed: int = 0, maxcount: int = 37) -> None:
+    """A costed WebDataset dataset of ``n`` records, ``maxcount`` records per shard."""
+    from bcl_stream.formats.wds_writer import CostedWDSWriter
+
+    with CostedWDSWriter(str(out), cost_model="tokens", maxcount=maxcount) as writer:
+        for record in records(n, seed):
+            writer.write(record)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _clean_streaming_shared_memory() -> None:
+    """streaming leaves shared memory behind on abnormal exits; clear it once per session."""
+    from streaming.base.util import clean_stale_shared_memory
+
+    clean_stale_shared_memory()
+
+
+@pytest.fixture(scope="session")
+def mds_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 300-record MDS dataset (about a dozen shards)."""
+    root = tmp_path_factory.mktemp("mds") / "ds"
+    write_mds(root, 300)
+    return root
+
+
+@pytest.fixture(scope="session")
+def wds_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 300-record WebDataset dataset (9 shards of 37 records, the last shorter)."""
+    root = tmp_path_factory.mktemp("wds") / "ds"
+    write_wds(root, 300)
+    return root
+
+
+@pytest.fixture(scope="session")
+def moto_s3() -> Iterator[Callable[[str], str]]:
+    """A moto S3 server on 127.0.0.1; yields ``make_bucket(name) -> "s3://name"``.
+
+    Sets ``S3_ENDPOINT_URL`` and dummy credentials for the session (streaming's S3 client and
+    boto3 both read them).
+    """
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    env = {
+        "S3_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+
+    def make_bucket(name: str) -> str:
+        client.create_bucket(Bucket=name)
+        return f"s3://{name}"
+
+    try:
+        yield make_bucket
+    finally:
+        server.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
