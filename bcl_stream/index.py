@@ -224,7 +224,7 @@ def read_index(directory: str | os.PathLike[str], *, verify: bool = True) -> Cos
         raise _fail(npy, "the cost array is missing although bcl_index.json names it")
     try:
         records = np.load(npy, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
+    except Exception as exc:  # numpy parses the header with ast/tokenize: many error types
         raise _fail(npy, f"unreadable cost array ({exc})") from None
     if records.dtype != COST_DTYPE or records.ndim != 1:
         raise _fail(
