@@ -1,0 +1,251 @@
+"""WebDataset reader: composable generator stages plus a ready plan-following dataset.
+
+Stages (typed, ``def stage(src, ...)`` style, usable inside a stock ``wds.DataPipeline``):
+
+- :func:`tar_samples`: shards -> (sample id, raw members) read sequentially. A record the plan
+  does not need is skipped from its tar header alone: the payload is neither decoded nor read
+  (tarfile seeks over it on a local file), which is what makes resume cheap.
+- :func:`decode_sample`: raw members -> a sample dict (``input_ids`` as numpy, ``json`` parsed).
+- :func:`follow_plan` / :func:`bcl_packs`: samples -> packs of exactly B records, in plan order,
+  held in a bounded buffer. ``bcl_packs`` computes the rank-local BCL plan itself from the cost
+  index, so every rank yields the same number of packs without talking to the others. Samples
+  written by ``CostedWDSWriter`` carry their global id as ``__key__``, so ``bcl_packs`` also works
+  after stock ``wds.tarfile_to_samples() + wds.decode()``.
+
+Scope ``rank`` only: a rank reads the contiguous share of the epoch order that scope ``rank``
+gives it, i.e. about ``share / shard_size + 2`` shards, in the order its packs first need them.
+Buffer: records needed later than the current pack wait in memory, about ``block + W*B +
+carry`` records at most for the default order (``ReaderConfig.block`` bounds it).
+
+Workers: worker w of K yields packs start+w, start+w+K, ...; each worker scans its rank's
+shards but reads and decodes only its own records.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from collections.abc import Callable, Container, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from bcl_stream.errors import DatasetError
+from bcl_stream.formats.reader_base import Pack, PlanDataset, Sample
+from bcl_stream.index import CostIndex
+from bcl_stream.plan_source import ReaderConfig, Segment, epoch_plan
+from bcl_stream.remote import download, is_remote, join, open_cost_index
+
+Raw = dict[str, bytes]
+
+
+def _split_name(fname: str) -> tuple[str, str]:
+    """WebDataset's rule: the key is the name up to the first dot (in the base name)."""
+    directory, base = os.path.split(fname)
+    key, _, suffix = base.partition(".")
+    return os.path.join(directory, key), suffix.lower()
+
+
+def tar_samples(
+    shards: Iterable[tuple[str, Path, int, int]], wanted: Container[int]
+) -> Iterator[tuple[int, str, Raw]]:
+    """Shards (name, local path, first sample id, record count) -> (sample id, key, members)
+    for the records in ``wanted``; the others are skipped without reading their payload.
+    """
+    for name, path, first, count in shards:
+        ordinal = -1
+        key: str | None = None
+        members: Raw = {}
+        try:
+            with tarfile.open(path, mode="r:*") as tar:
+                for info in tar:
+                    if not info.isreg():
+                        continue
+                    member_key, suffix = _split_name(info.name)
+                    if member_key != key:
+                        if key is not None and first + ordinal in wanted:
+                            yield first + ordinal, key, members
+                        key, ordinal, members = member_key, ordinal + 1, {}
+                        _check_key(name, key, first + ordinal)
+                    if first + ordinal in wanted:
+                        handle = tar.extractfile(info)
+                        members[suffix] = handle.read() if handle else b""
+                if key is not None and first + ordinal in wanted:
+                    yield first + ordinal, key, members
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise DatasetError(
+                f"{name}: unreadable tar shard ({type(exc).__name__}: {exc}) at record "
+                f"{first + max(ordinal, 0)}. Re-download or rewrite the shard."
+            ) from None
+        if ordinal + 1 != count:
+            raise DatasetError(
+                f"{name}: holds {ordinal + 1} records but the cost index says {count}. The shard "
+                "was changed after the cost index was written: rebuild it with `bcl-stream annotate`."
+            )
+
+
+def _check_key(shard: str, key: str, sample_id: int) -> None:
+    base = os.path.basename(key)
+    if base.isdigit() and int(base) != sample_id:
+        raise DatasetError(
+            f"{shard}: record key {base!r} is not the expected global sample id {sample_id}; "
+            "the shard order differs from the cost index (shards renamed or reordered?)."
+        )
+
+
+def decode_sample(sample_id: int, key: str, members: Raw) -> Sample:
+    """Raw tar members -> ``{"sample_id", "__key__", "input_ids": ndarray, "json": dict, ...}``."""
+    out: Sample = {"sample_id": sample_id, "__key__": key}
+    for suffix, data in members.items():
+        try:
+            if suffix.endswith("npy"):
+                out[suffix[: -len(".npy")] or "npy"] = np.load(io.BytesIO(data), allow_pickle=False)
+            elif suffix == "json" or suffix.endswith(".json"):
+                out[suffix] = json.loads(data)
+            elif suffix in ("txt", "text") or suffix.endswith(".txt"):
+                out[suffix] = data.decode("utf-8")
+            else:
+                out[suffix] = data
+        except (ValueError, UnicodeDecodeError, OSError) as exc:
+            raise DatasetError(
+                f"record {sample_id} (key {key!r}): member .{suffix} cannot be decoded "
+                f"({type(exc).__name__}: {exc}). Rewrite the record or drop it at preprocessing."
+            ) from None
+    return out
+
+
+def _sample_id(sample: Sample) -> int:
+    if "sample_id" in sample:
+        return int(sample["sample_id"])
+    key = os.path.basename(str(sample.get("__key__", "")))
+    if not key.isdigit():
+        raise DatasetError(
+            f"sample with key {sample.get('__key__')!r} has no 'sample_id' and its key is not a "
+            "global sample id; write the dataset with CostedWDSWriter or add sample ids upstream."
+        )
+    return int(key)
+
+
+def follow_plan(src: Iterable[Sample], packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
+    """Samples (any order) -> the rows of ``packs`` as lists of samples, in row order.
+
+    A sample waits in the buffer until its pack is next and complete; samples no pack needs
+    are dropped. If ``src`` ends before every pack is complete, a DatasetError names the
+    missing records.
+    """
+    slot: dict[int, int] = {int(sid): row for row, ids in enumerate(packs) for sid in ids}
+    buffer: dict[int, Sample] = {}
+    row = 0
+    n_rows = packs.shape[0]
+    for sample in src:
+        if row >= n_rows:
+            return
+        sid = _sample_id(sample)
+        if sid not in slot:
+            continue
+        buffer[sid] = sample
+        while row < n_rows and all(int(i) in buffer for i in packs[row]):
+            yield [buffer.pop(int(i)) for i in packs[row]]
+            row += 1
+    if row < n_rows:
+        missing = [int(i) for r in packs[row:] for i in r if int(i) not in buffer]
+        raise DatasetError(
+            f"the shards ended before pack {row} of {n_rows}: {len(missing)} planned records "
+            f"never arrived (first: {missing[:5]}). The shards do not match the cost index."
+        )
+
+
+def bcl_packs(
+    src: Iterable[Sample],
+    *,
+    index: CostIndex,
+    config: ReaderConfig,
+    rank: int,
+    epoch: int = 0,
+    start: int = 0,
+    step: int = 1,
+    segments: tuple[Segment, ...] = (),
+) -> Iterator[Pack]:
+    """Pipeline stage: rank ``rank``'s balanced packs of ``epoch`` (packs start, start+step, ...)."""
+    packs = epoch_plan(index, config, epoch, segments).rank_packs(rank)
+    return follow_plan(src, packs[start::step])
+
+
+class WDSPackDataset(PlanDataset):
+    """One rank's packs of a costed WebDataset dataset (local directory or ``s3://``).
+
+    Remote shards are downloaded to ``cache_dir`` (streaming's downloader, with retries), up
+    to ``prefetch`` shards ahead of the one being read, and kept there.
+    """
+
+    def __init__(
+        self,
+        location: str | os.PathLike[str],
+        config: ReaderConfig,
+        rank: int | None = None,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        prefetch: int = 2,
+    ) -> None:
+        if config.scope != "rank":
+            raise ValueError(
+                f"the WebDataset reader supports scope 'rank' only (got {config.scope!r}): it "
+                "reads shards sequentially; use MDS for scopes 'node' and 'world'"
+            )
+        location = str(location)
+        index, local_root = open_cost_index(location, cache_dir)
+        if index.format != "wds":
+            raise DatasetError(
+                f"{location}: the cost index says format {index.format!r}; use MDSPackDataset"
+            )
+        super().__init__(index, config, rank)
+        self.location = location
+        self.remote = is_remote(location)
+        self.root = local_root
+        self.prefetch = prefetch
+        counts = np.asarray(index.shard_counts, dtype=np.int64)
+        self._shard_starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+
+    def _shard_sequence(self, packs: npt.NDArray[np.int64]) -> list[int]:
+        """Shards holding the packs' records, in the order the packs first need them."""
+        shard_of = np.searchsorted(self._shard_starts, packs.ravel(), side="right") - 1
+        first = np.unique(shard_of, return_index=True)[1]
+        return [int(s) for s in shard_of[np.sort(first)]]
+
+    def _local_shards(self, shards: list[int]) -> Iterator[tuple[str, Path, int, int]]:
+        entries = self.index.shards
+        if not self.remote:
+            for s in shards:
+                yield (
+                    entries[s].name,
+                    self.root / entries[s].name,
+                    int(self._shard_starts[s]),
+                    (entries[s].samples),
+                )
+            return
+        fetch: Callable[[int], Path] = self._fetch
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending: dict[int, Future[Path]] = {}
+            for i, s in enumerate(shards):
+                for ahead in shards[i : i + 1 + self.prefetch]:
+                    if ahead not in pending:
+                        pending[ahead] = pool.submit(fetch, ahead)
+                path = pending.pop(s).result()
+                yield entries[s].name, path, int(self._shard_starts[s]), entries[s].samples
+
+    def _fetch(self, shard: int) -> Path:
+        name = self.index.shards[shard].name
+        target = self.root / name
+        if not target.is_file():
+            download(join(self.location, name), target)
+        return target
+
+    def _read_packs(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
+        wanted = set(int(i) for i in packs.ravel())
+        raw = tar_samples(self._local_shards(self._shard_sequence(packs)), wanted)
+        decoded = (decode_sample(sid, key, members) for sid, key, members in raw)
+        yield from follow_plan(decoded, packs)
