@@ -45,14 +45,6 @@ def write_wds(out: str | Path, n: int, *, seed: int = 0, maxcount: int = 37) -> 
             writer.write(record)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _clean_streaming_shared_memory() -> None:
-    """streaming leaves shared memory behind on abnormal exits; clear it once per session."""
-    from streaming.base.util import clean_stale_shared_memory
-
-    clean_stale_shared_memory()
-
-
 @pytest.fixture(scope="session")
 def mds_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 300-record MDS dataset (about a dozen shards)."""

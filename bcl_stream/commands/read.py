@@ -1,0 +1,83 @@
+"""``bcl-stream read``: the sample ids rank r's real loader yields.
+
+Same code path as training: ``MDSPackDataset``/``WDSPackDataset`` + ``PackLoader`` with
+``--num-workers`` DataLoader workers. ``--start-after N`` reads N packs, takes the loader's
+``state_dict()`` through JSON, and resumes a fresh loader from it, as a restarted job would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from itertools import islice
+from typing import Any
+
+from bcl_stream.commands.plan import add_plan_options, cache_dir, config_from_args
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("read", help="print the packs rank r's loader yields (real reader)")
+    add_plan_options(p)
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--num-workers", type=int, default=0)
+    p.add_argument("--persistent-workers", action="store_true")
+    p.add_argument("--packs", type=int, default=None, help="stop after N packs (default: epoch)")
+    p.add_argument(
+        "--start-after", type=int, default=None, help="resume from a state saved after N packs"
+    )
+    p.set_defaults(run=run)
+
+
+def open_dataset(location: str, config: Any, rank: int, cache: str | None) -> Any:
+    """The reader for the dataset's format (from its cost index)."""
+    from bcl_stream.remote import is_remote, open_cost_index
+
+    index, _ = open_cost_index(location, cache)
+    if index.format == "wds":
+        from bcl_stream.formats.wds_reader import WDSPackDataset
+
+        return WDSPackDataset(location, config, rank, cache_dir=cache)
+    from bcl_stream.formats.mds_reader import MDSPackDataset
+
+    if is_remote(location):
+        # Stale shared memory of a crashed job blocks a remote dataset's cache dir.
+        from streaming.base.util import clean_stale_shared_memory
+
+        clean_stale_shared_memory()
+    return MDSPackDataset(location, config, rank, cache_dir=cache)
+
+
+def run(args: argparse.Namespace) -> int:
+    from bcl_stream.loader import PackLoader
+
+    for name in ("packs", "start_after", "num_workers"):
+        value = getattr(args, name)
+        if value is not None and value < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+    config = config_from_args(args)
+    dataset = open_dataset(args.location, config, args.rank, cache_dir(args))
+    dataset.set_epoch(args.epoch)
+
+    def loader() -> PackLoader:
+        persistent = args.persistent_workers and args.num_workers > 0
+        return PackLoader(dataset, num_workers=args.num_workers, persistent_workers=persistent)
+
+    first = loader()
+    if args.start_after:
+        it = iter(first)
+        taken = sum(1 for _ in islice(it, args.start_after))
+        if taken < args.start_after:
+            raise ValueError(
+                f"--start-after {args.start_after} is past the epoch end ({taken} packs per rank)"
+            )
+        state = json.loads(json.dumps(first.state_dict()))
+        del it
+        first = loader()
+        first.load_state_dict(state)
+    packs = [[int(s["sample_id"]) for s in pack] for pack in islice(first, args.packs)]
+    if args.json:
+        print(json.dumps({"rank": args.rank, "packs": packs}))
+    else:
+        for pack in packs:
+            print(" ".join(map(str, pack)))
+    return 0
