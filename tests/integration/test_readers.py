@@ -1,0 +1,150 @@
+"""Readers follow the plan: MDS (every scope) and WebDataset (scope rank), workers 0 and 2.
+
+Invariants, not examples: for every rank the loader yields exactly the plan's packs; over all
+ranks every record appears once, or in the reported remainder; every pack has exactly B
+records; every rank has the same ``len()``; the records read are the ones named.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bcl_stream.cli import main
+from bcl_stream.errors import DatasetError
+from bcl_stream.formats.mds_reader import MDSPackDataset
+from bcl_stream.formats.reader_base import PlanDataset
+from bcl_stream.formats.wds_reader import WDSPackDataset
+from bcl_stream.loader import PackLoader
+from bcl_stream.plan_source import ReaderConfig
+
+pytestmark = pytest.mark.slow
+
+
+def open_reader(fmt: str, root: Path, config: ReaderConfig, rank: int) -> PlanDataset:
+    if fmt == "mds":
+        return MDSPackDataset(root, config, rank)
+    return WDSPackDataset(root, config, rank)
+
+
+def read_ids(loader: PackLoader) -> list[list[int]]:
+    packs = []
+    for pack in loader:
+        for sample in pack:
+            # Record i was written as [i] * L_i: the reader returned the record it names.
+            assert np.all(sample["input_ids"] == sample["sample_id"])
+        packs.append([int(s["sample_id"]) for s in pack])
+    return packs
+
+
+CASES = [
+    ("mds", "rank", 0),
+    ("mds", "node", 2),
+    ("mds", "world", 0),
+    ("wds", "rank", 0),
+    ("wds", "rank", 2),
+]
+
+
+@pytest.mark.parametrize(("fmt", "scope", "workers"), CASES)
+def test_every_rank_yields_its_plan_and_records_are_used_once(
+    fmt: str, scope: str, workers: int, mds_dir: Path, wds_dir: Path
+) -> None:
+    root = mds_dir if fmt == "mds" else wds_dir
+    config = ReaderConfig(world_size=4, ranks_per_node=2, pack_size=3, window=4, scope=scope)
+    seen: list[int] = []
+    lengths = set()
+    for rank in range(config.world_size):
+        dataset = open_reader(fmt, root, config, rank)
+        dataset.set_epoch(1)
+        loader = PackLoader(dataset, num_workers=workers)
+        lengths.add(len(loader))
+        packs = read_ids(loader)
+        assert packs == dataset.plan(1).rank_packs(rank).tolist()
+        assert len(packs) == len(loader)
+        assert all(len(p) == config.pack_size for p in packs)
+        seen += [i for p in packs for i in p]
+    assert len(lengths) == 1
+    left = dataset.plan(1).plan.remainder
+    assert sum(dataset.remainder_counts().values()) == sum(ids.size for ids in left.values())
+    everything = seen + [int(i) for ids in left.values() for i in ids]
+    assert sorted(everything) == list(range(300))
+
+
+@pytest.mark.parametrize("fmt", ["mds", "wds"])
+def test_persistent_workers_follow_new_epochs(fmt: str, mds_dir: Path, wds_dir: Path) -> None:
+    root = mds_dir if fmt == "mds" else wds_dir
+    config = ReaderConfig(world_size=2, pack_size=4, window=3, seed=5)
+    dataset = open_reader(fmt, root, config, 1)
+    loader = PackLoader(dataset, num_workers=2, persistent_workers=True)
+    epochs = [read_ids(loader) for _ in range(3)]
+    for epoch, packs in enumerate(epochs):
+        assert packs == dataset.plan(epoch).rank_packs(1).tolist()
+    assert epochs[0] != epochs[1] != epochs[2]
+    assert loader.state_dict()["epoch"] == 3
+
+
+def test_set_epoch_restarts_and_len_is_exact(mds_dir: Path) -> None:
+    config = ReaderConfig(world_size=3, pack_size=5, window=2, seed=1)
+    loader = PackLoader(MDSPackDataset(mds_dir, config, 2))
+    it = iter(loader)
+    next(it)
+    loader.set_epoch(4)
+    packs = read_ids(loader)
+    assert packs == loader.plan_dataset.plan(4).rank_packs(2).tolist()
+    assert len(loader) == len(packs) == 300 // (3 * 5)
+
+
+def test_cli_read_equals_cli_plan(mds_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["--world-size", "2", "--pack-size", "4", "--window", "3", "--seed", "3"]
+    assert main(["plan", str(mds_dir), *common, "--scope", "world", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert [r["rank"] for r in plan["ranks"]] == [0, 1]
+    assert plan["remainder"]["count"] == 300 - 2 * len(plan["ranks"][0]["packs"]) * 4
+    assert plan["remainder"]["reason"] == "epoch_tail"
+    argv = ["read", str(mds_dir), *common, "--scope", "world", "--rank", "1", "--json"]
+    assert main([*argv, "--num-workers", "2"]) == 0
+    read = json.loads(capsys.readouterr().out)
+    assert read == {"rank": 1, "packs": plan["ranks"][1]["packs"]}
+    assert main([*argv, "--start-after", "7", "--packs", "5"]) == 0
+    resumed = json.loads(capsys.readouterr().out)
+    assert resumed["packs"] == plan["ranks"][1]["packs"][7:12]
+
+
+def test_cli_refuses_wds_wider_scopes(wds_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["read", str(wds_dir), "--world-size", "2", "--pack-size", "2", "--window", "2"]
+    assert main([*argv, "--rank", "0", "--scope", "node", "--ranks-per-node", "2"]) == 2
+    assert "scope 'rank' only" in capsys.readouterr().err
+
+
+def test_wds_shard_with_missing_records_is_reported(wds_dir: Path, tmp_path: Path) -> None:
+    import tarfile
+
+    broken = tmp_path / "ds"
+    shutil.copytree(wds_dir, broken)
+    shard = broken / "shard-000002.tar"
+    with tarfile.open(shard) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
+    with tarfile.open(shard, "w") as tar:
+        for member, data in members[:-2]:  # drop the last record's two members
+            import io
+
+            tar.addfile(member, io.BytesIO(data))
+    config = ReaderConfig(world_size=1, pack_size=2, window=2, shuffle=False)
+    with pytest.raises(DatasetError, match="shard-000002.tar: holds 36 records but the cost"):
+        read_ids(PackLoader(WDSPackDataset(broken, config, 0)))
+
+
+def test_mds_index_mismatch_is_reported(mds_dir: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(mds_dir, other)
+    meta = json.loads((other / "index.json").read_text())
+    meta["shards"] = meta["shards"][:-1]
+    (other / "index.json").write_text(json.dumps(meta))
+    config = ReaderConfig(world_size=1, pack_size=2, window=2)
+    with pytest.raises(DatasetError, match="index.json and bcl_index.json disagree"):
+        MDSPackDataset(other, config, 0)
