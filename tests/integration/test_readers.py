@@ -122,6 +122,7 @@ def test_cli_refuses_wds_wider_scopes(wds_dir: Path, capsys: pytest.CaptureFixtu
 
 
 def test_wds_shard_with_missing_records_is_reported(wds_dir: Path, tmp_path: Path) -> None:
+    import io
     import tarfile
 
     broken = tmp_path / "ds"
@@ -131,11 +132,9 @@ def test_wds_shard_with_missing_records_is_reported(wds_dir: Path, tmp_path: Pat
         members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
     with tarfile.open(shard, "w") as tar:
         for member, data in members[:-2]:  # drop the last record's two members
-            import io
-
             tar.addfile(member, io.BytesIO(data))
     config = ReaderConfig(world_size=1, pack_size=2, window=2, shuffle=False)
-    with pytest.raises(DatasetError, match="shard-000002.tar: holds 36 records but the cost"):
+    with pytest.raises(DatasetError, match=r"shard-000002\.tar: holds 36 records but the cost"):
         read_ids(PackLoader(WDSPackDataset(broken, config, 0)))
 
 
@@ -146,5 +145,5 @@ def test_mds_index_mismatch_is_reported(mds_dir: Path, tmp_path: Path) -> None:
     meta["shards"] = meta["shards"][:-1]
     (other / "index.json").write_text(json.dumps(meta))
     config = ReaderConfig(world_size=1, pack_size=2, window=2)
-    with pytest.raises(DatasetError, match="index.json and bcl_index.json disagree"):
+    with pytest.raises(DatasetError, match=r"index\.json and bcl_index\.json disagree"):
         MDSPackDataset(other, config, 0)
