@@ -1,0 +1,191 @@
+"""Resume equals the uninterrupted run: at every position of a small epoch, at the epoch end,
+and into the next epoch; for MDS and WebDataset, workers 0 and 2, persistent workers; plus
+elastic resume under another world size.
+
+``run_test_save_load_state`` is the one harness every stateful loader uses (the habit of
+pytorch/data's test utils): a loader factory in, the comparison done here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import pytest
+
+from bcl_stream.errors import StateError
+from bcl_stream.formats.mds_reader import MDSPackDataset
+from bcl_stream.formats.reader_base import PlanDataset
+from bcl_stream.formats.wds_reader import WDSPackDataset
+from bcl_stream.loader import PackLoader
+from bcl_stream.plan_source import ReaderConfig
+
+pytestmark = pytest.mark.slow
+
+
+class StatefulLoader(Protocol):
+    def __iter__(self) -> Iterator[Any]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def pack_key(pack: Any) -> tuple[int, ...]:
+    return tuple(int(s["sample_id"]) for s in pack)
+
+
+def _take(loader: StatefulLoader, count: int) -> list[list[tuple[int, ...]]]:
+    """``count`` packs as per-epoch chunks, without exhausting the last iterator (the way a
+    trainer checkpoints right after a batch, before it knows the epoch ended)."""
+    chunks: list[list[tuple[int, ...]]] = []
+    it: Iterator[Any] | None = None
+    while count > 0:
+        if it is None:
+            it, chunk = iter(loader), []
+            chunks.append(chunk)
+        try:
+            chunk.append(pack_key(next(it)))
+            count -= 1
+        except StopIteration:
+            it = None
+            if not chunk:
+                chunks.pop()
+    return chunks
+
+
+def run_test_save_load_state(
+    make_loader: Callable[[], StatefulLoader],
+    epochs: int = 2,
+    positions: Iterable[int] | None = None,
+) -> None:
+    """For each position k (default: every pack of the first epoch, its end, and a few into
+    the next), stop after k packs, save the state through JSON, resume a fresh loader, read to
+    the end of ``epochs`` epochs: packs and epoch boundaries equal the uninterrupted run.
+    """
+    reference_loader = make_loader()
+    reference = [[pack_key(p) for p in reference_loader] for _ in range(epochs)]
+    flat = [p for chunk in reference for p in chunk]
+    bounds = np.cumsum([len(c) for c in reference])
+    assert bounds[0] > 0, "the harness needs a non-empty first epoch"
+    if positions is None:
+        positions = [*range(int(bounds[0]) + 1), int(bounds[0]) + 1, int(bounds[0]) + 3]
+    for k in positions:
+        before: list[list[tuple[int, ...]]] = []
+        loader = make_loader()
+        if k:
+            first = make_loader()
+            before = _take(first, k)
+            state = json.loads(json.dumps(first.state_dict()))
+            del first
+            loader.load_state_dict(state)
+        done = sum(len(c) for c in before)
+        after: list[list[tuple[int, ...]]] = []
+        while done + sum(len(c) for c in after) < len(flat):
+            after.append([pack_key(p) for p in loader])
+            assert after[-1], f"resume after {k}: an empty epoch before the end"
+        got = [p for c in before + after for p in c]
+        assert got == flat, f"resume after {k} packs differs from the uninterrupted run"
+        # The resumed loader's epochs end where the reference's do.
+        ends = np.cumsum([len(c) for c in after]) + done
+        assert set(ends.tolist()) <= set(bounds.tolist()), f"resume after {k}: epoch bounds"
+
+
+_DATASETS: dict[tuple[str, Path, ReaderConfig, int], PlanDataset] = {}
+
+
+def _dataset(fmt: str, root: Path, config: ReaderConfig, rank: int) -> PlanDataset:
+    """A dataset at epoch 0, pack 0, as a restarted job builds it.
+
+    Reused across loaders: each StreamingDataset keeps ~40 shared-memory descriptors for the
+    life of the process, so a test that builds hundreds would run out of file descriptors.
+    """
+    key = (fmt, root, config, rank)
+    if key not in _DATASETS:
+        cls = MDSPackDataset if fmt == "mds" else WDSPackDataset
+        _DATASETS[key] = cls(root, config, rank)
+    dataset = _DATASETS[key]
+    dataset.set_epoch(0)
+    return dataset
+
+
+CONFIG = ReaderConfig(world_size=2, pack_size=4, window=3, seed=11)
+
+
+@pytest.mark.parametrize("fmt", ["mds", "wds"])
+def test_resume_at_every_position(fmt: str, mds_dir: Path, wds_dir: Path) -> None:
+    root = mds_dir if fmt == "mds" else wds_dir
+    run_test_save_load_state(lambda: PackLoader(_dataset(fmt, root, CONFIG, 1)))
+
+
+@pytest.mark.parametrize(("fmt", "persistent"), [("mds", False), ("wds", True)])
+def test_resume_with_workers(fmt: str, persistent: bool, mds_dir: Path, wds_dir: Path) -> None:
+    root = mds_dir if fmt == "mds" else wds_dir
+
+    def make() -> PackLoader:
+        dataset = _dataset(fmt, root, CONFIG, 0)
+        return PackLoader(dataset, num_workers=2, persistent_workers=persistent)
+
+    run_test_save_load_state(make, positions=[0, 1, 5, 36, 37, 38])
+
+
+def test_world_scope_resume(mds_dir: Path) -> None:
+    config = ReaderConfig(world_size=3, ranks_per_node=3, pack_size=2, window=5, scope="world")
+    run_test_save_load_state(
+        lambda: PackLoader(_dataset("mds", mds_dir, config, 2)), positions=[3, 49, 50, 51]
+    )
+
+
+def test_state_is_identical_on_every_rank(mds_dir: Path) -> None:
+    states = []
+    for rank in range(CONFIG.world_size):
+        loader = PackLoader(_dataset("mds", mds_dir, CONFIG, rank))
+        _take(loader, 6)
+        states.append(loader.state_dict())
+    assert states[0] == states[1]
+    assert states[0]["packs_consumed"] == 6
+
+
+def test_state_from_other_data_or_config_is_refused(mds_dir: Path, wds_dir: Path) -> None:
+    loader = PackLoader(MDSPackDataset(mds_dir, CONFIG, 0))
+    _take(loader, 2)
+    state = loader.state_dict()
+    with pytest.raises(StateError, match="saved on other data"):
+        PackLoader(WDSPackDataset(wds_dir, CONFIG, 0)).load_state_dict(state)
+    other = ReaderConfig.from_dict({**CONFIG.to_dict(), "seed": 12})
+    with pytest.raises(StateError, match="saved with seed=11 but the loader has seed=12"):
+        PackLoader(MDSPackDataset(mds_dir, other, 0)).load_state_dict(state)
+    with pytest.raises(StateError, match="this plan has 37 per rank"):
+        PackLoader(MDSPackDataset(mds_dir, CONFIG, 0)).load_state_dict(
+            {**state, "packs_consumed": 99}
+        )
+
+
+@pytest.mark.parametrize(("old", "new", "after"), [(2, 3, 10), (3, 2, 0), (4, 1, 1)])
+def test_elastic_resume_uses_every_record_once(
+    old: int, new: int, after: int, mds_dir: Path
+) -> None:
+    config = ReaderConfig(world_size=old, pack_size=4, window=3, seed=2)
+    consumed: list[int] = []
+    state: dict[str, Any] = {}
+    for rank in range(old):
+        loader = PackLoader(_dataset("mds", mds_dir, config, rank))
+        consumed += [i for p in _take(loader, after) for pack in p for i in pack]
+        state = json.loads(json.dumps(loader.state_dict()))
+    resized = config.resized(new, 1)
+    rest: list[int] = []
+    lengths = set()
+    for rank in range(new):
+        loader = PackLoader(_dataset("mds", mds_dir, resized, rank))
+        loader.load_state_dict(state)
+        lengths.add(len(loader))
+        rest += [int(s["sample_id"]) for p in loader for s in p]
+        assert loader.state_dict()["epoch"] == 1  # the elastic epoch ended; next is a full one
+        assert loader.state_dict()["segments"] == []
+    assert len(lengths) == 1
+    left = loader.plan_dataset.plan(0, loader.plan_dataset.segments).plan.remainder
+    tail = [int(i) for ids in left.values() for i in ids]
+    assert sorted(consumed + rest + tail) == list(range(300))
+    with pytest.raises(StateError, match="elastic resume is disabled"):
+        PackLoader(MDSPackDataset(mds_dir, resized, 0), allow_resize=False).load_state_dict(state)
