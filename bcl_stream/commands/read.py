@@ -30,7 +30,7 @@ def add_parser(sub: Any) -> None:
 
 def open_dataset(location: str, config: Any, rank: int, cache: str | None) -> Any:
     """The reader for the dataset's format (from its cost index)."""
-    from bcl_stream.remote import is_remote, open_cost_index
+    from bcl_stream.remote import open_cost_index
 
     index, _ = open_cost_index(location, cache)
     if index.format == "wds":
@@ -39,11 +39,6 @@ def open_dataset(location: str, config: Any, rank: int, cache: str | None) -> An
         return WDSPackDataset(location, config, rank, cache_dir=cache)
     from bcl_stream.formats.mds_reader import MDSPackDataset
 
-    if is_remote(location):
-        # Stale shared memory of a crashed job blocks a remote dataset's cache dir.
-        from streaming.base.util import clean_stale_shared_memory
-
-        clean_stale_shared_memory()
     return MDSPackDataset(location, config, rank, cache_dir=cache)
 
 

@@ -111,7 +111,10 @@ class MDSPackDataset(PlanDataset):
         except (FileNotFoundError, ValueError, TypeError, KeyError) as exc:
             raise DatasetError(
                 f"{location}: Mosaic StreamingDataset cannot open it ({type(exc).__name__}: "
-                f"{exc}). Check that index.json and the shards exist and are readable."
+                f"{exc}). Check that index.json and the shards exist and are readable; a "
+                "'Reused local directory' error means another live dataset (or a crashed job's "
+                "shared memory: call streaming.base.util.clean_stale_shared_memory() once at job "
+                "start) holds this cache_dir."
             ) from None
         self._check_layout()
         offsets = np.asarray(self.streaming.sample_offset_per_shard, dtype=np.int64)
