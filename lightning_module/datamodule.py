@@ -1,0 +1,294 @@
+"""``BCLDataModule``: balanced packs for Lightning (Trainer and Fabric), resumable exactly.
+
+What it adds on top of the readers (``MDSPackDataset`` / ``WDSPackDataset`` + ``PackLoader``):
+
+- **Rank setup for Mosaic Streaming.** Lightning's ``ddp`` launcher sets ``LOCAL_RANK``,
+  ``NODE_RANK`` and ``WORLD_SIZE`` but not ``RANK`` or ``LOCAL_WORLD_SIZE``; streaming reads
+  those three to name its shared memory, and without them two ranks collide
+  (``FileExistsError: '/0000NN_locals'``). :meth:`setup` sets them from the trainer before the
+  dataset exists.
+- **The cursor in two places.** Lightning saves the loader's ``state_dict()`` and restores it
+  before ``iter()``, except under bug #20550 (``configure_optimizers`` reading
+  ``trainer.estimated_stepping_batches`` with ``max_epochs`` set): then the loader state is
+  silently dropped and the run restarts the epoch. The DataModule's own ``state_dict`` is
+  restored in every case (before ``configure_optimizers``), so it carries the same cursor and
+  hands it to the loader it builds. Loading the same cursor twice is harmless.
+- **Collate.** Packs become padded (``input_ids``, ``attention_mask``, ``labels``) or packed
+  varlen (``input_ids``, ``cu_seqlens``, ``position_ids``, ``labels``) batches
+  (``lightning_module.collate``); the batch also carries ``sample_ids``, ``tokens`` and
+  ``est_cost`` (the pack's estimated cost) for ``PackLogger``.
+- **A ``sequential`` baseline through the same reader path** (``packing="sequential"``): the
+  next B records of the rank's share of the same epoch order, what a plain loader does. Only
+  the plan differs, so a measured difference between the two is the planner's doing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from bcl_stream.cost import resolve
+from bcl_stream.errors import StateError
+from bcl_stream.formats.reader_base import Pack, PlanDataset
+from bcl_stream.loader import PackLoader
+from bcl_stream.plan_source import EpochPlan, ReaderConfig, Segment
+from bcl_stream.planner import epoch_order, sequential
+from lightning_module.collate import collate_packed, collate_padded
+
+PACKINGS = ("bcl", "sequential")
+LAYOUTS = ("padded", "packed")
+KEY_READER = "reader"
+KEY_PACKING = "packing"
+
+
+@dataclass(frozen=True, slots=True)
+class PackCollate:
+    """Pack -> batch dict (module level and frozen: picklable for worker processes)."""
+
+    layout: str
+    costs: npt.NDArray[np.float64]
+    """Per-record estimated costs by global sample id (the planner's costs)."""
+    max_seq_len: int | None = None
+
+    def __call__(self, pack: Pack) -> dict[str, torch.Tensor]:
+        fn = collate_packed if self.layout == "packed" else collate_padded
+        batch = fn(pack, self.max_seq_len)
+        ids = batch["sample_ids"].numpy()
+        batch["est_cost"] = torch.tensor(float(self.costs[ids].sum()), dtype=torch.float64)
+        return batch
+
+
+class SequentialPlanner:
+    """The ``sequential`` baseline plan for a reader (installed as its ``plan``): the next B
+    records of the rank's share of the same epoch order. A module-level callable, so the
+    reader stays picklable for worker processes."""
+
+    def __init__(self, dataset: PlanDataset) -> None:
+        self.dataset = dataset
+        self._cached: EpochPlan | None = None
+
+    def __call__(
+        self, epoch: int | None = None, segments: tuple[Segment, ...] | None = None
+    ) -> EpochPlan:
+        if segments:
+            raise StateError(
+                "packing='sequential' cannot resume a state saved under another world size "
+                "(elastic resume is a BCL feature); resume with the original world size."
+            )
+        ds = self.dataset
+        epoch = ds.epoch if epoch is None else epoch
+        if self._cached is None or self._cached.epoch != epoch:
+            c = ds.config
+            order = epoch_order(
+                ds.index.shard_counts, c.seed, epoch, block=c.block, shuffle=c.shuffle
+            )
+            self._cached = EpochPlan(sequential(order, c.world_size, c.pack_size), epoch)
+        return self._cached
+
+
+def make_dataset(
+    format: str,
+    packing: str,
+    data: str,
+    config: ReaderConfig,
+    rank: int,
+    *,
+    cache_dir: str | None = None,
+) -> PlanDataset:
+    """The reader for ``format``; with ``packing='sequential'`` its plan is the baseline's.
+
+    Readers are imported here: ``streaming`` takes seconds to import.
+    """
+    dataset: PlanDataset
+    if format == "mds":
+        from bcl_stream.formats.mds_reader import MDSPackDataset
+
+        dataset = MDSPackDataset(data, config, rank, cache_dir=cache_dir)
+    else:
+        from bcl_stream.formats.wds_reader import WDSPackDataset
+
+        dataset = WDSPackDataset(data, config, rank, cache_dir=cache_dir)
+    if packing == "sequential":
+        setattr(dataset, "plan", SequentialPlanner(dataset))  # noqa: B010
+    return dataset
+
+
+def set_streaming_env(rank: int, world_size: int, local_world_size: int) -> None:
+    """Export what Mosaic Streaming reads to find its rank (see the module docstring)."""
+    os.environ["RANK"] = str(rank)
+    os.environ["WORLD_SIZE"] = str(world_size)
+    os.environ["LOCAL_WORLD_SIZE"] = str(local_world_size)
+    os.environ.setdefault("LOCAL_RANK", str(rank % local_world_size))
+
+
+def clean_stale_shared_memory_once() -> None:
+    """Remove shared memory leaked by killed streaming jobs; call once per job, in the process
+    that starts it, before any dataset exists. Skipped inside launched ranks (``LOCAL_RANK``
+    set): there it would open a process group of its own or race the other ranks."""
+    if "LOCAL_RANK" in os.environ or os.environ.get("SLURM_LOCALID", "0") != "0":
+        return
+    from streaming.base.util import clean_stale_shared_memory
+
+    clean_stale_shared_memory()
+
+
+class BCLDataModule(pl.LightningDataModule):
+    """Balanced, resumable training packs from a costed MDS or WebDataset dataset.
+
+    Args:
+        data: dataset root, a local directory or ``s3://bucket/prefix`` (what preprocess wrote).
+        format: ``mds`` or ``wds`` (WebDataset supports scope ``rank`` only).
+        pack_size: records per pack B (the trainer's batch size: the record-count contract).
+        window: packs per rank planned together W (buffer W*B records per rank).
+        scope: ``rank`` | ``node`` | ``world``: which ranks are balanced jointly.
+        packing: ``bcl`` (balanced) or ``sequential`` (the plain-loader baseline).
+        cost_model: preset name or cost-model JSON to recompute costs from the stored token
+            counts; None uses the costs written at preprocessing.
+        max_tokens: memory cap M per pack (records longer than M are reported, not yielded).
+        layout: ``padded`` or ``packed`` (varlen with ``cu_seqlens``).
+        max_seq_len: truncate records to this many tokens in collate (reported per batch).
+        num_workers, persistent_workers: DataLoader workers (any count gives the same packs).
+        seed: shuffle seed; the epoch order is a pure function of (seed, epoch).
+        shuffle: False keeps write order.
+        cache_dir: local cache for a remote dataset (required for ``s3://``).
+        ranks_per_node: ranks per node; None takes the trainer's devices per node.
+        allow_resize: resume a state saved under another world size (elastic) or refuse it.
+    """
+
+    def __init__(
+        self,
+        data: str,
+        *,
+        format: str = "mds",
+        pack_size: int = 8,
+        window: int = 16,
+        scope: str = "rank",
+        packing: str = "bcl",
+        cost_model: str | None = None,
+        max_tokens: int | None = None,
+        layout: str = "padded",
+        max_seq_len: int | None = None,
+        num_workers: int = 0,
+        persistent_workers: bool = False,
+        seed: int = 0,
+        shuffle: bool = True,
+        cache_dir: str | None = None,
+        ranks_per_node: int | None = None,
+        allow_resize: bool = True,
+    ) -> None:
+        super().__init__()
+        if format not in ("mds", "wds"):
+            raise ValueError(f"format must be 'mds' or 'wds', got {format!r}")
+        if packing not in PACKINGS:
+            raise ValueError(f"packing must be one of {PACKINGS}, got {packing!r}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        if persistent_workers and num_workers == 0:
+            raise ValueError("persistent_workers=True needs num_workers >= 1")
+        if cost_model is not None:
+            resolve(cost_model)  # fail now, with the preset list, not inside a worker
+        self.data, self.format, self.packing, self.layout = data, format, packing, layout
+        self.pack_size, self.window, self.scope = pack_size, window, scope
+        self.cost_model, self.max_tokens, self.max_seq_len = cost_model, max_tokens, max_seq_len
+        self.num_workers, self.persistent_workers = num_workers, persistent_workers
+        self.seed, self.shuffle, self.cache_dir = seed, shuffle, cache_dir
+        self.ranks_per_node, self.allow_resize = ranks_per_node, allow_resize
+        self.dataset: PlanDataset | None = None
+        self._loader: PackLoader | None = None
+        self._pending: dict[str, Any] | None = None
+
+    # -- building -------------------------------------------------------------------------
+    def _layout_from_trainer(self) -> tuple[int, int, int]:
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None:
+            return trainer.global_rank, trainer.world_size, max(1, trainer.num_devices)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            world = torch.distributed.get_world_size()
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+            return torch.distributed.get_rank(), world, local
+        return 0, 1, 1
+
+    def setup(self, stage: str | None = None) -> None:
+        """Build the dataset for this rank (Trainer: called by Lightning on every rank)."""
+        if self.dataset is None:
+            self.setup_for(*self._layout_from_trainer())
+
+    def setup_for(self, rank: int, world_size: int, ranks_per_node: int) -> None:
+        """Build the dataset for an explicit layout (Fabric scripts and tests call this)."""
+        local = self.ranks_per_node or ranks_per_node
+        set_streaming_env(rank, world_size, local)
+        config = ReaderConfig(
+            world_size=world_size,
+            pack_size=self.pack_size,
+            window=self.window,
+            ranks_per_node=local,
+            scope=self.scope,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            max_tokens=self.max_tokens,
+            cost_model=self.cost_model,
+        )
+        self.dataset = make_dataset(
+            self.format, self.packing, self.data, config, rank, cache_dir=self.cache_dir
+        )
+
+    def _require_dataset(self) -> PlanDataset:
+        if self.dataset is None:
+            raise RuntimeError("BCLDataModule: call setup() (or setup_for()) before using it")
+        return self.dataset
+
+    def collate(self) -> PackCollate:
+        """The collate function the loader uses (also handy for inspecting batches)."""
+        ds = self._require_dataset()
+        model = None if self.cost_model is None else resolve(self.cost_model)
+        return PackCollate(self.layout, ds.index.costs(model), self.max_seq_len)
+
+    def train_dataloader(self) -> PackLoader:
+        """One loader per DataModule: it owns the cursor, so a second call returns it again."""
+        if self._loader is None:
+            self._loader = PackLoader(
+                self._require_dataset(),
+                num_workers=self.num_workers,
+                persistent_workers=self.persistent_workers,
+                collate_fn=self.collate(),
+                allow_resize=self.allow_resize,
+            )
+        if self._pending is not None:
+            self._loader.load_state_dict(self._pending)
+            self._pending = None
+        return self._loader
+
+    def remainder_counts(self) -> dict[str, int]:
+        """Records of the current epoch no rank yields, by reason (the same on every rank)."""
+        return self._require_dataset().remainder_counts()
+
+    # -- state ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """``{"packing", "reader"}``: the loader's cursor (or the one waiting to be applied)."""
+        reader = self._loader.state_dict() if self._loader is not None else self._pending
+        return {KEY_PACKING: self.packing, KEY_READER: reader}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep the cursor for the loader; apply it now if the loader exists already."""
+        packing = state_dict.get(KEY_PACKING, self.packing)
+        if packing != self.packing:
+            raise StateError(
+                f"checkpoint was written with packing={packing!r} but this DataModule has "
+                f"packing={self.packing!r}; the replayed packs would differ. Use "
+                f"packing={packing!r} to resume, or start a fresh run."
+            )
+        reader = state_dict.get(KEY_READER)
+        if reader is None:
+            return
+        if self._loader is not None:
+            self._loader.load_state_dict(reader)
+        else:
+            self._pending = reader

@@ -1,0 +1,97 @@
+"""Shared by the Lightning/Fabric/DDP tests and their subprocess scripts: a tiny TinyGPT, a
+Trainer factory, and the comparison of pack logs (resumed output == uninterrupted output).
+
+Kept free of pytest so subprocess scripts can import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lightning_module.callbacks import PackLogger, read_pack_log
+from lightning_module.tinygpt import TinyGPTConfig
+
+# One thread per process: the test machine has 2 cores shared by several jobs, and torch's
+# default (all cores) makes a tiny step 50x slower under contention (measured 8 ms vs 0.5 s).
+torch.set_num_threads(1)
+
+
+def tiny_config() -> TinyGPTConfig:
+    """A TinyGPT small enough for a step in milliseconds on one CPU core."""
+    return TinyGPTConfig(
+        vocab_size=256, d_model=16, n_layers=1, n_heads=2, ffn_hidden=32, max_seq_len=128
+    )
+
+
+class SaveAtSteps(pl.Callback):
+    """Save ``dirpath/step={n}.ckpt`` after the batch that completes step n, for n in ``steps``
+    (the same ``trainer.save_checkpoint`` call ModelCheckpoint makes, without saving every step).
+    """
+
+    def __init__(self, dirpath: Path, steps: Sequence[int]) -> None:
+        self.dirpath, self.steps = Path(dirpath), set(steps)
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
+    ) -> None:
+        if trainer.global_step in self.steps:
+            trainer.save_checkpoint(self.dirpath / f"step={trainer.global_step}.ckpt")
+
+
+def make_trainer(
+    workdir: Path,
+    *,
+    max_epochs: int | None = None,
+    max_steps: int = -1,
+    checkpoint_every: int | None = None,
+    save_at: Sequence[int] = (),
+    log_dir: str = "logs",
+    callbacks: Sequence[pl.Callback] = (),
+    **kwargs: Any,
+) -> pl.Trainer:
+    """A quiet CPU trainer with a PackLogger (fresh log) and optional per-step checkpoints."""
+    cbs: list[pl.Callback] = [PackLogger(workdir / log_dir, fresh=True), *callbacks]
+    if save_at:
+        cbs.append(SaveAtSteps(workdir / "ckpt", save_at))
+    if checkpoint_every is not None:
+        cbs.append(
+            ModelCheckpoint(
+                dirpath=workdir / "ckpt",
+                filename="{step}",
+                every_n_train_steps=checkpoint_every,
+                save_top_k=-1,
+            )
+        )
+    kwargs.setdefault("accelerator", "cpu")
+    kwargs.setdefault("devices", 1)
+    return pl.Trainer(
+        max_epochs=max_epochs,
+        max_steps=max_steps,
+        logger=False,
+        enable_checkpointing=checkpoint_every is not None,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=cbs,
+        **kwargs,
+    )
+
+
+def pack_log(workdir: Path, rank: int = 0, log_dir: str = "logs") -> list[dict[str, Any]]:
+    return read_pack_log(workdir / log_dir / f"packs_rank{rank}.jsonl")
+
+
+def packs_by_step(log: list[dict[str, Any]]) -> list[tuple[int, int, list[int]]]:
+    """(step, epoch, sample_ids) per logged batch, in order."""
+    return [(line["step"], line["epoch"], line["sample_ids"]) for line in log]
+
+
+def tail_from(log: list[dict[str, Any]], step: int) -> list[tuple[int, int, list[int]]]:
+    """The uninterrupted run's batches from ``step`` on (what a resume at ``step`` must yield)."""
+    return [entry for entry in packs_by_step(log) if entry[0] >= step]
