@@ -119,12 +119,18 @@ def make_dataset(
     return dataset
 
 
-def set_streaming_env(rank: int, world_size: int, local_world_size: int) -> None:
-    """Export what Mosaic Streaming reads to find its rank (see the module docstring)."""
-    os.environ["RANK"] = str(rank)
-    os.environ["WORLD_SIZE"] = str(world_size)
+def set_streaming_env(local_world_size: int) -> None:
+    """Export what Mosaic Streaming reads to find this process (see the module docstring).
+
+    Only under an initialised process group, and from it: streaming must see the real process
+    layout. A single process that plans for a rank of a larger world (tests, inspection) keeps
+    streaming's defaults (rank 0 of 1) and the environment untouched.
+    """
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    os.environ["RANK"] = str(torch.distributed.get_rank())
+    os.environ["WORLD_SIZE"] = str(torch.distributed.get_world_size())
     os.environ["LOCAL_WORLD_SIZE"] = str(local_world_size)
-    os.environ.setdefault("LOCAL_RANK", str(rank % local_world_size))
 
 
 def clean_stale_shared_memory_once() -> None:
@@ -224,7 +230,7 @@ class BCLDataModule(pl.LightningDataModule):
     def setup_for(self, rank: int, world_size: int, ranks_per_node: int) -> None:
         """Build the dataset for an explicit layout (Fabric scripts and tests call this)."""
         local = self.ranks_per_node or ranks_per_node
-        set_streaming_env(rank, world_size, local)
+        set_streaming_env(local)
         config = ReaderConfig(
             world_size=world_size,
             pack_size=self.pack_size,

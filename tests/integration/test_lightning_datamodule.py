@@ -1,0 +1,159 @@
+"""BCLDataModule behaviour under Lightning: bug #20550, the sequential baseline, state checks.
+
+Lightning bug #20550: when ``configure_optimizers`` reads ``trainer.estimated_stepping_batches``
+and ``max_epochs`` is set, the loader state saved in the checkpoint is silently not restored.
+The DataModule carries the same cursor and hands it to the loader; the control case strips the
+DataModule's state from the checkpoint and shows the resumed run would then repeat packs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from lightning_scripts.harness import make_trainer, pack_log, packs_by_step, tail_from, tiny_config
+
+from bcl_stream.errors import StateError
+from bcl_stream.index import read_index
+from bcl_stream.planner import epoch_order, sequential
+from lightning_module.datamodule import BCLDataModule
+from lightning_module.tinygpt import TinyGPT
+
+pytestmark = pytest.mark.slow
+
+
+class ScheduledGPT(TinyGPT):
+    """Reads ``estimated_stepping_batches`` in ``configure_optimizers`` (triggers #20550)."""
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.AdamW(self.parameters(), lr=1e-3)
+        total = self.trainer.estimated_stepping_batches
+        sched = torch.optim.lr_scheduler.LinearLR(opt, 1.0, 0.1, total_iters=int(total))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def dm(root: Path, **kwargs: Any) -> BCLDataModule:
+    return BCLDataModule(str(root), **{"pack_size": 8, "window": 4, "seed": 1, **kwargs})
+
+
+def fit(workdir: Path, module: BCLDataModule, ckpt: Path | None = None, **kw: Any) -> None:
+    torch.manual_seed(0)
+    trainer = make_trainer(workdir, max_epochs=2, **kw)
+    trainer.fit(ScheduledGPT(tiny_config()), module, ckpt_path=ckpt)
+
+
+def test_estimated_stepping_batches_with_max_epochs_resumes_exactly(
+    mds_dir: Path, tmp_path: Path
+) -> None:
+    full = tmp_path / "full"
+    fit(full, dm(mds_dir), save_at=(10,))
+    log = pack_log(full)
+    ckpt = full / "ckpt" / "step=10.ckpt"
+    saved = torch.load(ckpt, weights_only=False)
+    assert saved["BCLDataModule"]["reader"]["packs_consumed"] == 10
+
+    resumed = tmp_path / "resumed"
+    fit(resumed, dm(mds_dir), ckpt=ckpt)
+    assert packs_by_step(pack_log(resumed)) == tail_from(log, 10)
+
+    # Control: without the DataModule's copy of the cursor, the bug restarts the epoch.
+    del saved["BCLDataModule"]
+    stripped = tmp_path / "stripped.ckpt"
+    torch.save(saved, stripped)
+    control = tmp_path / "control"
+    fit(control, dm(mds_dir), ckpt=stripped)
+    first = pack_log(control)[0]["sample_ids"]
+    assert first == log[0]["sample_ids"] != log[10]["sample_ids"], (
+        "Lightning restored the loader state by itself: #20550 may be fixed in this version"
+    )
+
+
+def test_sequential_packing_is_the_planner_baseline(mds_dir: Path) -> None:
+    index = read_index(mds_dir)
+    expected = sequential(epoch_order(index.shard_counts, 1, 0), 2, 8).packs
+    for rank in range(2):
+        module = dm(mds_dir, packing="sequential")
+        module.setup_for(rank, 2, 2)
+        got = [b["sample_ids"].tolist() for b in module.train_dataloader()]
+        assert got == expected[rank].tolist()
+        assert module.remainder_counts() == {"epoch_tail": 300 - expected.size}
+    bcl = dm(mds_dir)
+    bcl.setup_for(0, 2, 2)
+    bcl_ids = [b["sample_ids"].tolist() for b in bcl.train_dataloader()]
+    assert len(bcl_ids) == expected.shape[1]
+    assert bcl_ids != expected[0].tolist()
+
+
+def test_est_cost_is_the_pack_cost(mds_dir: Path) -> None:
+    module = dm(mds_dir, layout="packed")
+    module.setup_for(0, 1, 1)
+    costs = read_index(mds_dir).costs()
+    for batch in module.train_dataloader():
+        ids = batch["sample_ids"].numpy()
+        assert float(batch["est_cost"]) == pytest.approx(float(costs[ids].sum()))
+        assert int(batch["tokens"].sum()) == int(batch["cu_seqlens"][-1])
+
+
+def test_state_round_trip_and_refusals(mds_dir: Path, wds_dir: Path) -> None:
+    first = dm(mds_dir)
+    first.setup_for(0, 1, 1)
+    loader = first.train_dataloader()
+    it = iter(loader)
+    seen = [next(it)["sample_ids"].tolist() for _ in range(3)]
+    state = first.state_dict()
+    assert state["packing"] == "bcl" and state["reader"]["packs_consumed"] == 3
+
+    second = dm(mds_dir)
+    second.load_state_dict(state)  # before setup: kept until the loader exists
+    assert second.state_dict() == state
+    second.setup_for(0, 1, 1)
+    rest = [b["sample_ids"].tolist() for b in second.train_dataloader()]
+    full = [b["sample_ids"].tolist() for b in dm_loader(mds_dir)]
+    assert seen + rest == full
+
+    with pytest.raises(StateError, match="packing='bcl'"):
+        dm(mds_dir, packing="sequential").load_state_dict(state)
+    other = dm(wds_dir, format="wds")
+    other.setup_for(0, 1, 1)
+    other.train_dataloader()
+    with pytest.raises(StateError, match="other data"):
+        other.load_state_dict(state)
+    changed = dm(mds_dir, pack_size=4)
+    changed.setup_for(0, 1, 1)
+    changed.train_dataloader()
+    with pytest.raises(StateError, match="pack_size=8"):
+        changed.load_state_dict(state)
+
+
+def dm_loader(root: Path) -> Any:
+    module = dm(root)
+    module.setup_for(0, 1, 1)
+    return module.train_dataloader()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"format": "parquet"}, "format must be"),
+        ({"packing": "random"}, "packing must be"),
+        ({"layout": "ragged"}, "layout must be"),
+        ({"num_workers": 0, "persistent_workers": True}, "persistent_workers"),
+        ({"cost_model": "gpt-17"}, "unknown cost model"),
+    ],
+)
+def test_bad_arguments_are_value_errors(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        BCLDataModule("unused", **kwargs)
+
+
+def test_remainder_is_reported(mds_dir: Path) -> None:
+    module = dm(mds_dir, pack_size=1, max_tokens=50)
+    module.setup_for(0, 1, 1)
+    tokens = read_index(mds_dir).tokens
+    counts = module.remainder_counts()
+    assert counts["longer_than_max_tokens"] == int(np.sum(tokens > 50)) > 0
+    used = sum(b["sample_ids"].numel() for b in module.train_dataloader())
+    assert used + sum(counts.values()) == 300
