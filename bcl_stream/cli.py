@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from bcl_stream.errors import BCLStreamError
 
-COMMANDS = ["simulate", "plan", "read", "calibrate"]
+COMMANDS = ["simulate", "plan", "read", "calibrate", "preprocess", "annotate", "inspect"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,57 @@
+"""``bcl-stream inspect``: records, token/cost statistics, outliers and integrity of a dataset.
+
+Exit code 0 when the cost index matches the shards, 1 when it does not (or is missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("inspect", help="statistics and integrity of a costed dataset")
+    p.add_argument("directory", metavar="DIR", help="local MDS or WebDataset directory")
+    p.add_argument("--max-tokens", type=int, default=None, help="report records above this cap")
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="token/cost histogram")
+    p.set_defaults(run=run)
+
+
+def _text(report: dict[str, Any]) -> list[str]:
+    t, c = report["tokens"], report["cost"]
+    lines = [
+        f"{report['location']}: {report['format']} dataset, {report['records']} records in "
+        f"{report['shards']} shards",
+        f"tokens: total {t['total']:.0f}  mean {t['mean']:.1f}  p50 {t['p50']:.0f}  "
+        f"p99 {t['p99']:.0f}  max {t['max']:.0f}",
+        f"cost:   total {c['total']:.4g}  mean {c['mean']:.4g}  p99 {c['p99']:.4g}  "
+        f"max {c['max']:.4g}",
+        f"cost model: {json.dumps(report['cost_model'])}",
+    ]
+    out = report["outliers"]
+    if out["max_tokens"] is not None:
+        largest = ", ".join(f"#{o['record']} ({o['tokens']})" for o in out["largest"])
+        lines.append(f"outliers above {out['max_tokens']} tokens: {out['count']} {largest}")
+    pre = report.get("preprocess") or {}
+    if pre.get("skipped_bad"):
+        lines.append(f"skipped at preprocessing: {pre['skipped_bad']}")
+    lines.append("integrity: ok" if report["ok"] else "integrity: PROBLEMS")
+    lines += [f"  - {p}" for p in report["problems"]]
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    from bcl_stream.preprocess.inspection import inspect_dataset, plot_inspection
+
+    report = inspect_dataset(args.directory, max_tokens=args.max_tokens)
+    if args.plot and report["records"]:
+        from bcl_stream.formats.layout import open_layout
+
+        plot_inspection(open_layout(args.directory).index, args.plot, args.max_tokens)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print("\n".join(_text(report)))
+    return 0 if report["ok"] else 1

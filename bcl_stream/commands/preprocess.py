@@ -1,0 +1,71 @@
+"""``bcl-stream preprocess``: JSONL/Parquet -> tokenized, costed MDS or WebDataset shards."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from bcl_stream.preprocess.outliers import POLICIES
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("preprocess", help="tokenize JSONL/Parquet into costed MDS or WDS shards")
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="JSONL or Parquet files")
+    p.add_argument("--output", required=True, help="output directory or s3:// URL")
+    p.add_argument("--format", choices=["mds", "wds"], default="mds")
+    p.add_argument("--text-field", default="text", help="text field (else chat 'messages')")
+    p.add_argument("--tokenizer", default="cl100k", help="cl100k or a local tokenizer.json")
+    p.add_argument("--cost-model", default="llama3-8b", help="preset name or cost-model JSON")
+    p.add_argument("--max-record-tokens", type=int, default=None)
+    p.add_argument("--outliers", choices=POLICIES, default="error")
+    p.add_argument("--skip-bad", action="store_true", help="skip and count bad records")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument("--workers", type=int, default=2, help="tokenizer processes")
+    p.add_argument(
+        "--shard-size-limit", default="64mb", help="bytes per shard (MDS size_limit, WDS maxsize)"
+    )
+    p.add_argument("--compression", default=None, help="MDS: zstd, gz, ...; WDS: gz")
+    p.add_argument("--maxcount", type=int, default=10_000, help="WDS: records per shard")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(run=run)
+
+
+def parse_size(text: str) -> int:
+    """``"64mb"``, ``"1gb"``, ``"100000"`` -> bytes."""
+    units = {"kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "b": 1}
+    low = text.strip().lower()
+    for suffix, factor in units.items():
+        if low.endswith(suffix) and low[: -len(suffix)].strip().isdigit():
+            return int(low[: -len(suffix)]) * factor
+    if low.isdigit():
+        return int(low)
+    raise ValueError(f"--shard-size-limit {text!r}: expected bytes such as 67108864 or 64mb")
+
+
+def run(args: argparse.Namespace) -> int:
+    from bcl_stream.preprocess import preprocess
+
+    report = preprocess(
+        args.inputs,
+        args.output,
+        format=args.format,
+        text_field=args.text_field,
+        tokenizer=args.tokenizer,
+        cost_model=args.cost_model,
+        max_record_tokens=args.max_record_tokens,
+        outliers=args.outliers,
+        skip_bad=args.skip_bad,
+        overwrite=args.overwrite,
+        workers=args.workers,
+        shard_size_limit=parse_size(args.shard_size_limit),
+        compression=args.compression,
+        maxcount=args.maxcount,
+        progress=not args.no_progress,
+    )
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:
+        print("\n".join(report.lines()))
+    return 0

@@ -1,0 +1,13 @@
+"""Preprocessing: JSONL/Parquet records -> tokenized, costed MDS or WebDataset shards.
+
+Modules: ``sources`` (reading and parsing records), ``chat`` (the chat template),
+``tokenizers`` (cl100k offline or a local ``tokenizer.json``), ``outliers`` (the
+``--max-record-tokens`` policy), ``work`` (the tokenizing process pool), ``output`` (existing
+outputs and ``--overwrite``), ``pipeline`` (:func:`preprocess`). Worker processes import
+``work`` only, so this package's import stays light: the writers (and streaming) load inside
+:func:`preprocess`.
+"""
+
+from bcl_stream.preprocess.pipeline import PreprocessReport, preprocess
+
+__all__ = ["PreprocessReport", "preprocess"]

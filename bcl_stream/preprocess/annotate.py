@@ -1,0 +1,188 @@
+"""``annotate``: add a cost index to an existing MDS or WebDataset dataset, shards untouched.
+
+Token counts come from a token-id column/member (``tokens_field``: the count is its length)
+or from an integer length column (``length_field``). MDS samples are decoded with streaming's
+own reader (so every encoding it supports works); compressed-only shards are decompressed to
+a temporary file first. WebDataset tars are walked member by member in file order, which is
+the order stock ``webdataset`` yields without shuffling: ``<key>.<tokens_field>.npy`` gives
+ids, ``length_field`` is read from the ``json`` member or from a ``<key>.<length_field>``
+text member.
+
+Only ``bcl_costs.npy``, ``bcl_index.json`` and (MDS) the pointer key in ``index.json`` are
+written, in that order.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from bcl_stream.cost import CostModel, resolve
+from bcl_stream.errors import DatasetError
+from bcl_stream.formats.layout import (
+    MDS_INDEX,
+    POINTER_KEY,
+    detect_format,
+    mds_shard_entries,
+    read_mds_index,
+    wds_shards_on_disk,
+)
+from bcl_stream.index import INDEX_JSON, CostIndex, ShardEntry, write_index
+
+
+def _count(value: Any, where: str, as_length: bool) -> int:
+    if as_length:
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace").strip()
+        try:
+            n = int(value) if not isinstance(value, np.ndarray) else int(value.reshape(-1)[0])
+        except (TypeError, ValueError):
+            raise DatasetError(f"{where}: length {value!r} is not an integer") from None
+    else:
+        if not hasattr(value, "__len__"):
+            raise DatasetError(f"{where}: token field is a {type(value).__name__}, not a sequence")
+        n = len(value)
+    if n < 0:
+        raise DatasetError(f"{where}: negative length {n}")
+    return n
+
+
+def _mds_counts(root: Path, field: str, as_length: bool, bar: Any) -> list[int]:
+    from streaming.base.compression import decompress
+    from streaming.base.format import reader_from_json
+
+    counts: list[int] = []
+    data = read_mds_index(root)
+    for shard in data["shards"]:
+        raw = shard["raw_data"]["basename"]
+        with tempfile.TemporaryDirectory(prefix="bcl_annotate_") as tmp:
+            dirname = str(root)
+            if not (root / raw).is_file():
+                zip_info = shard.get("zip_data") or {}
+                zipped = root / str(zip_info.get("basename"))
+                if not zip_info or not zipped.is_file():
+                    raise DatasetError(f"{root}: shard file {raw} is missing")
+                Path(tmp, raw).write_bytes(decompress(shard["compression"], zipped.read_bytes()))
+                dirname = tmp
+            reader = reader_from_json(dirname, None, shard)
+            columns = shard.get("column_names", [])
+            if field not in columns:
+                raise DatasetError(
+                    f"{root / MDS_INDEX}: no column {field!r} (columns: {columns}); pass "
+                    "--tokens-field or --length-field with one of them"
+                )
+            for i in range(shard["samples"]):
+                sample = reader.get_item(i)
+                counts.append(_count(sample[field], f"{raw} sample {i}", as_length))
+                bar.update()
+    return counts
+
+
+def _wds_samples(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """(key, {extension: bytes}) per sample of one tar, grouping consecutive members by key."""
+    key: str | None = None
+    members: dict[str, bytes] = {}
+    with tarfile.open(path) as tar:
+        for info in tar:
+            if not info.isfile():
+                continue
+            base = info.name.rsplit("/", 1)[-1]
+            prefix = info.name[: len(info.name) - len(base)]
+            k, _, ext = base.partition(".")
+            k = prefix + k
+            if key is not None and k != key:
+                yield key, members
+                members = {}
+            key = k
+            fh = tar.extractfile(info)
+            members[ext] = fh.read() if fh else b""
+    if key is not None:
+        yield key, members
+
+
+def _wds_count(key: str, members: dict[str, bytes], field: str, as_length: bool, where: str) -> int:
+    if not as_length:
+        blob = members.get(f"{field}.npy")
+        if blob is None:
+            raise DatasetError(
+                f"{where} sample {key}: no member {field}.npy (members: {sorted(members)}); "
+                "pass --tokens-field NAME or --length-field NAME"
+            )
+        return int(np.load(io.BytesIO(blob), allow_pickle=False).size)
+    if field in members:
+        return _count(members[field], f"{where} sample {key}", True)
+    if "json" in members:
+        meta = json.loads(members["json"])
+        if isinstance(meta, dict) and field in meta:
+            return _count(meta[field], f"{where} sample {key}", True)
+    raise DatasetError(
+        f"{where} sample {key}: no {field!r} in its json member nor a .{field} member "
+        f"(members: {sorted(members)})"
+    )
+
+
+def _wds_counts(
+    root: Path, field: str, as_length: bool, bar: Any
+) -> tuple[list[int], list[ShardEntry]]:
+    counts: list[int] = []
+    shards: list[ShardEntry] = []
+    for name in wds_shards_on_disk(root):
+        before = len(counts)
+        try:
+            for key, members in _wds_samples(root / name):
+                counts.append(_wds_count(key, members, field, as_length, name))
+                bar.update()
+        except (OSError, tarfile.TarError) as exc:
+            raise DatasetError(f"{root / name}: unreadable tar shard ({exc})") from None
+        shards.append(ShardEntry(name, len(counts) - before))
+    return counts, shards
+
+
+def annotate(
+    directory: str | os.PathLike[str],
+    *,
+    tokens_field: str = "input_ids",
+    length_field: str | None = None,
+    cost_model: str | CostModel = "llama3-8b",
+    overwrite: bool = False,
+    progress: bool = True,
+) -> CostIndex:
+    """Write the cost index of a local dataset directory; output: the index written."""
+    root = Path(directory)
+    fmt = detect_format(root)
+    model = resolve(cost_model)
+    if (root / INDEX_JSON).is_file() and not overwrite:
+        raise DatasetError(
+            f"{root / INDEX_JSON} already exists; pass --overwrite to replace the cost index"
+        )
+    field, as_length = (length_field, True) if length_field else (tokens_field, False)
+    bar = tqdm(unit="rec", desc="annotate", disable=not progress, mininterval=0.5)
+    try:
+        if fmt == "mds":
+            shards = mds_shard_entries(root)
+            counts = _mds_counts(root, field, as_length, bar)
+        else:
+            counts, shards = _wds_counts(root, field, as_length, bar)
+    finally:
+        bar.close()
+    if not counts:
+        raise DatasetError(f"{root}: the dataset holds no records; nothing to annotate")
+    source = {"length_field": field} if as_length else {"tokens_field": field}
+    index = CostIndex.build(counts, model, shards, fmt, {"annotate": source})
+    write_index(root, index)
+    if fmt == "mds":
+        data = read_mds_index(root)
+        data[POINTER_KEY] = INDEX_JSON
+        tmp = root / (MDS_INDEX + ".tmp")
+        tmp.write_text(json.dumps(data, sort_keys=True))
+        os.replace(tmp, root / MDS_INDEX)
+    return index

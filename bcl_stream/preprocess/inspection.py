@@ -1,0 +1,104 @@
+"""``inspect``: what a dataset holds and whether its cost index still matches its shards.
+
+One dictionary (the ``--json`` output) with the record count, token and cost statistics,
+the cost model, outliers above a cap, the preprocessing report when there is one, and the
+integrity verdict (``ok`` plus a list of ``problems``). Nothing raises for a broken dataset:
+a broken dataset is exactly what ``inspect`` is for, so every failure becomes a problem line.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from bcl_stream.errors import BCLStreamError
+from bcl_stream.formats.layout import check_integrity, detect_format, open_layout
+from bcl_stream.index import CostIndex
+
+EMPTY_STATS = {"total": 0.0, "mean": 0.0, "p50": 0.0, "p99": 0.0, "max": 0.0}
+
+
+def _outliers(tokens: npt.NDArray[np.uint32], cap: int | None) -> dict[str, Any]:
+    if cap is None:
+        return {"max_tokens": None, "count": 0, "largest": []}
+    over = np.flatnonzero(tokens > cap)
+    top = over[np.argsort(tokens[over], kind="stable")[::-1][:5]]
+    return {
+        "max_tokens": cap,
+        "count": int(over.size),
+        "largest": [{"record": int(i), "tokens": int(tokens[i])} for i in top],
+    }
+
+
+def inspect_dataset(
+    directory: str | os.PathLike[str], *, max_tokens: int | None = None
+) -> dict[str, Any]:
+    """The inspection report of a local dataset directory (see the module docstring)."""
+    root = Path(directory)
+    report: dict[str, Any] = {
+        "location": str(root),
+        "format": None,
+        "records": 0,
+        "shards": 0,
+        "tokens": dict(EMPTY_STATS),
+        "cost": dict(EMPTY_STATS),
+        "cost_model": {},
+        "outliers": _outliers(np.zeros(0, np.uint32), max_tokens),
+        "preprocess": None,
+        "ok": False,
+        "problems": [],
+    }
+    try:
+        report["format"] = detect_format(root)
+        layout = open_layout(root, verify=True)
+    except BCLStreamError as exc:
+        report["problems"].append(str(exc))
+        return report
+    index: CostIndex = layout.index
+    summary = index.summary()
+    report.update(
+        records=len(index),
+        shards=len(index.shards),
+        tokens=summary["tokens"],
+        cost=summary["cost"],
+        cost_model=index.cost_model.to_dict(),
+        outliers=_outliers(index.tokens, max_tokens),
+        preprocess=index.extra.get("preprocess") or index.extra.get("annotate"),
+    )
+    report["problems"] = check_integrity(root, index)
+    report["ok"] = not report["problems"]
+    return report
+
+
+def plot_inspection(index: CostIndex, path: str | os.PathLike[str], cap: int | None) -> None:
+    """Token-count histogram and the share of total cost held by records up to each length."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tokens = index.tokens.astype(np.float64)
+    cost = index.costs()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    hi = max(float(tokens.max()), 2.0)
+    lo = max(float(tokens.min()), 1.0)
+    bins = np.logspace(np.log10(lo), np.log10(hi + 1), 60)
+    left.hist(np.maximum(tokens, 1), bins=bins, color="tab:blue")
+    left.set(xscale="log", yscale="log", xlabel="tokens per record", ylabel="records")
+    left.set_title(f"{len(index)} records, mean {tokens.mean():.0f} tokens")
+    order = np.argsort(tokens, kind="stable")
+    share = np.cumsum(cost[order]) / max(cost.sum(), 1e-300)
+    right.plot(tokens[order], share, color="tab:red")
+    right.set(xscale="log", xlabel="tokens per record", ylabel="cumulative share of cost")
+    right.set_title(f"cost model {index.cost_model.name}")
+    for ax in (left, right):
+        if cap is not None:
+            ax.axvline(cap, color="k", linestyle="--", label=f"cap {cap}")
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

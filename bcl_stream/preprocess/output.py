@@ -1,0 +1,90 @@
+"""Output locations: refuse to write over an existing dataset unless told, and never delete
+anything that does not look like one of ours.
+
+``--overwrite`` on a local directory removes it only when every entry is a dataset file
+(shards, ``index.json``, the cost index, temporaries): pointing ``--output`` at a home
+directory by mistake is refused, not obeyed. On S3 the completion markers (``index.json``,
+``bcl_index.json``) are deleted first, so a crash during the rewrite leaves a dataset readers
+refuse instead of an old index over new shards; stale shards with other names stay (no reader
+looks at them) and are listed in the warning.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from urllib.parse import urlparse
+
+from bcl_stream.errors import DatasetError
+from bcl_stream.formats.layout import MDS_INDEX
+from bcl_stream.index import INDEX_JSON
+from bcl_stream.remote import is_remote
+
+DATASET_FILE = re.compile(
+    r"^(index\.json|bcl_index\.json|bcl_costs\.npy|shard\.\d+\.mds(\.\w+)?|shard-\d+\.tar(\.gz)?"
+    r"|.*\.tmp)$"
+)
+
+
+def _refuse(output: str, found: list[str]) -> DatasetError:
+    shown = ", ".join(found[:5]) + (" ..." if len(found) > 5 else "")
+    return DatasetError(
+        f"output {output} already exists and is not empty ({shown}); "
+        "pass --overwrite to replace it, or choose another --output"
+    )
+
+
+def _remote_listing(output: str) -> list[str]:
+    from streaming.base.storage import CloudUploader
+
+    uploader = CloudUploader.get(output, keep_local=False, exist_ok=True)
+    try:
+        keys = uploader.list_objects() or []
+    finally:
+        shutil.rmtree(uploader.local, ignore_errors=True)
+    prefix = urlparse(output).path.strip("/")
+    return [k[len(prefix) :].lstrip("/") for k in keys]
+
+
+def _delete_remote(output: str, names: list[str]) -> None:
+    import boto3
+
+    from bcl_stream.remote import join
+
+    client = boto3.client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None)
+    for name in names:
+        url = urlparse(join(output, name))
+        client.delete_object(Bucket=url.netloc, Key=url.path.lstrip("/"))
+
+
+def prepare_output(output: str, *, overwrite: bool) -> None:
+    """Make ``output`` ready for a fresh write, or raise :class:`DatasetError`."""
+    if is_remote(output):
+        found = _remote_listing(output)
+        if not found:
+            return
+        if not overwrite:
+            raise _refuse(output, found)
+        if not output.startswith("s3://"):
+            raise DatasetError(f"--overwrite of {output}: only s3:// outputs can be cleared")
+        _delete_remote(output, [n for n in (MDS_INDEX, INDEX_JSON) if n in found])
+        return
+    root = Path(output.removeprefix("file://"))
+    if root.exists() and not root.is_dir():
+        raise DatasetError(f"output {root} is a file, not a directory")
+    if not root.is_dir():
+        return
+    found = sorted(p.name for p in root.iterdir())
+    if not found:
+        return
+    if not overwrite:
+        raise _refuse(str(root), found)
+    foreign = [n for n in found if not DATASET_FILE.match(n)]
+    if foreign:
+        raise DatasetError(
+            f"--overwrite refused: {root} holds files that are not part of a dataset "
+            f"({', '.join(foreign[:5])}); remove them yourself or choose another --output"
+        )
+    shutil.rmtree(root)

@@ -1,0 +1,188 @@
+"""``preprocess``: input files -> tokenized, costed shards (MDS or WebDataset).
+
+One pass, in input order: read raw records (main process), parse + tokenize (a pool of
+``workers`` processes, order kept), apply the bad-record and outlier policies (main), write
+(main). Every record read is either written or counted under a reason in the report, and the
+report is printed and stored in the cost index (``extra.preprocess``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tqdm import tqdm
+
+from bcl_stream.cost import CostModel, resolve
+from bcl_stream.errors import DatasetError
+from bcl_stream.preprocess.chat import TEMPLATE
+from bcl_stream.preprocess.outliers import OutlierPolicy
+from bcl_stream.preprocess.output import prepare_output
+from bcl_stream.preprocess.sources import Bad, check_inputs, read_records
+from bcl_stream.preprocess.tokenizers import load_tokenizer
+from bcl_stream.preprocess.work import tokenize_stream
+
+FORMATS = ("mds", "wds")
+SMALL_INPUT_BYTES = 4 << 20
+"""Below this much input, one process: spawning a tokenizer worker takes ~1-2 s here."""
+
+
+@dataclass(slots=True)
+class PreprocessReport:
+    """What preprocessing did, record by record accounted for."""
+
+    output: str
+    format: str
+    inputs: list[str]
+    tokenizer: str
+    cost_model: str
+    records_read: int = 0
+    records_written: int = 0
+    tokens_written: int = 0
+    bytes_read: int = 0
+    blank_lines: int = 0
+    skipped_bad: dict[str, int] = field(default_factory=dict)
+    """Bad records skipped under ``skip_bad``, by reason (malformed_json, missing_field, ...)."""
+    outliers: dict[str, Any] = field(default_factory=dict)
+    shards: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def lines(self) -> list[str]:
+        """Human-readable summary, one fact per line."""
+        rate = self.records_read / self.seconds if self.seconds else 0.0
+        out = [
+            f"wrote {self.records_written} records ({self.tokens_written} tokens) in "
+            f"{self.shards} {self.format} shards to {self.output}",
+            f"read {self.records_read} records, {self.bytes_read / 1e6:.1f} MB in "
+            f"{self.seconds:.1f} s ({rate:.0f} records/s)",
+        ]
+        if self.blank_lines:
+            out.append(f"blank lines ignored: {self.blank_lines}")
+        for reason, n in sorted(self.skipped_bad.items()):
+            out.append(f"skipped bad records ({reason}): {n}")
+        o = self.outliers
+        if o.get("max_record_tokens") is not None:
+            out.append(
+                f"outliers above {o['max_record_tokens']} tokens ({o['policy']}): "
+                f"truncated {o['truncated']}, dropped {o['dropped']}, "
+                f"tokens removed {o['tokens_removed']}"
+            )
+        return out
+
+
+def _bad_error(bad: Bad) -> DatasetError:
+    return DatasetError(
+        f"{bad.source}: {bad.message}. Fix the record, or pass --skip-bad to skip and count "
+        "such records."
+    )
+
+
+def _open_writer(
+    fmt: str,
+    output: str,
+    model: CostModel,
+    shard_size_limit: int | str | None,
+    compression: str | None,
+    maxcount: int,
+) -> Any:
+    if fmt == "mds":
+        from bcl_stream.formats.mds_writer import CostedMDSWriter
+
+        return CostedMDSWriter(
+            output,
+            cost_model=model,
+            columns={"input_ids": "ndarray:uint32", "source": "str"},
+            compression=compression,
+            size_limit=shard_size_limit,
+        )
+    from bcl_stream.formats.wds_writer import CostedWDSWriter
+
+    if compression not in (None, "gz", "gzip"):
+        raise ValueError(f"--compression {compression!r}: WebDataset shards support only gz")
+    size = float(shard_size_limit) if isinstance(shard_size_limit, int) else float(1 << 28)
+    return CostedWDSWriter(
+        output, cost_model=model, maxcount=maxcount, maxsize=size, compress=bool(compression)
+    )
+
+
+def preprocess(
+    inputs: list[str],
+    output: str,
+    *,
+    format: str = "mds",
+    text_field: str = "text",
+    tokenizer: str = "cl100k",
+    cost_model: str | CostModel = "llama3-8b",
+    max_record_tokens: int | None = None,
+    outliers: str = "error",
+    skip_bad: bool = False,
+    overwrite: bool = False,
+    workers: int = 2,
+    shard_size_limit: int | str | None = 1 << 26,
+    compression: str | None = None,
+    maxcount: int = 10_000,
+    progress: bool = True,
+) -> PreprocessReport:
+    """Tokenize ``inputs`` (JSONL/Parquet) into a costed dataset at ``output`` (dir or s3://).
+
+    Raises :class:`DatasetError` on the first bad record (unless ``skip_bad``), on an outlier
+    under ``outliers="error"``, on empty input and on an existing output (unless ``overwrite``).
+    """
+    if format not in FORMATS:
+        raise ValueError(f"--format must be one of {FORMATS}, got {format!r}")
+    model = resolve(cost_model)
+    policy = OutlierPolicy(max_record_tokens, outliers)
+    check_inputs(inputs)
+    if sum(os.path.getsize(p) for p in inputs) < SMALL_INPUT_BYTES:
+        workers = 1  # starting a worker (spawn, imports, tokenizer) costs more than it saves
+    tok_name = load_tokenizer(tokenizer).name  # fail fast, before any output exists
+    prepare_output(output, overwrite=overwrite)
+    report = PreprocessReport(output, format, list(inputs), tok_name, model.name)
+    counts: Counter[str] = Counter()
+    skipped: Counter[str] = Counter()
+    writer = _open_writer(format, output, model, shard_size_limit, compression, maxcount)
+    start = time.perf_counter()  # after the writer's import of streaming (seconds, one-off)
+    raws = read_records(inputs, counts)
+    bar = tqdm(unit="rec", desc="preprocess", disable=not progress, mininterval=0.5)
+    try:
+        for source, result in tokenize_stream(raws, tokenizer, text_field, workers=workers):
+            bar.update()
+            if isinstance(result, Bad):
+                if not skip_bad:
+                    raise _bad_error(result)
+                skipped[result.reason] += 1
+                continue
+            ids = policy.apply(source, result)
+            if ids is None:
+                continue
+            writer.write({"input_ids": ids, "source": source})
+            report.records_written += 1
+            report.tokens_written += int(ids.size)
+        if report.records_written == 0:
+            raise DatasetError(
+                f"no records to write: {counts['records_read']} read, "
+                f"{sum(skipped.values())} skipped as bad ({dict(skipped)}), {policy.dropped} "
+                "dropped as outliers. Check the inputs and --text-field."
+            )
+        report.records_read = counts["records_read"]
+        report.bytes_read = counts["bytes_read"]
+        report.blank_lines = counts["blank_lines"]
+        report.skipped_bad = dict(skipped)
+        report.outliers = policy.to_dict()
+        report.seconds = time.perf_counter() - start
+        writer.extra.update(preprocess=report.to_dict(), tokenizer=tok_name, chat_template=TEMPLATE)
+        index = writer.finish()
+        report.shards = len(index.shards)
+        report.seconds = time.perf_counter() - start
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        bar.close()
+    return report
