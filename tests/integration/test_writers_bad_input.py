@@ -1,0 +1,169 @@
+"""Bad input to ``preprocess`` and damaged datasets: each gets a clear, named error or report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bcl_stream.cli import main
+from bcl_stream.errors import CostIndexError, DatasetError
+from bcl_stream.formats.layout import check_integrity, open_layout
+from bcl_stream.index import COST_DTYPE, read_index
+from bcl_stream.preprocess import preprocess
+
+
+def _jsonl(path: Path, lines: list[bytes]) -> str:
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return str(path)
+
+
+GOOD = [json.dumps({"text": f"record number {i} " * (i + 1)}).encode() for i in range(12)]
+
+
+def test_malformed_json_names_file_and_line(tmp_path: Path) -> None:
+    src = _jsonl(tmp_path / "in.jsonl", [*GOOD[:4], b'{"text": "oops', *GOOD[4:]])
+    with pytest.raises(DatasetError, match=rf"{src}:5: malformed JSON.*--skip-bad"):
+        preprocess([src], str(tmp_path / "out"), progress=False)
+    assert not (tmp_path / "out" / "index.json").exists()
+
+
+def test_skip_bad_skips_counts_and_stores_the_count(tmp_path: Path) -> None:
+    lines = [*GOOD[:3], b"{not json", b'{"other": 1}', b'{"text": "\xff"}', *GOOD[3:]]
+    src = _jsonl(tmp_path / "in.jsonl", lines)
+    report = preprocess([src], str(tmp_path / "out"), skip_bad=True, progress=False)
+    expected = {"malformed_json": 1, "missing_field": 1, "undecodable": 1}
+    assert report.skipped_bad == expected
+    assert report.records_read == 15
+    assert report.records_written == 12
+    index = open_layout(tmp_path / "out").index
+    assert len(index) == 12
+    assert index.extra["preprocess"]["skipped_bad"] == expected
+    assert "skipped bad records (malformed_json): 1" in report.lines()
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        (b'{"body": "x"}', r":3: no 'text' field and no 'messages'.*--text-field"),
+        (b'{"text": "caf\xe9"}', r":3: not valid UTF-8 at byte 13"),
+        (b'{"text": ["a"]}', r":3: field 'text' is a list"),
+    ],
+)
+def test_bad_records_are_named(tmp_path: Path, line: bytes, match: str) -> None:
+    src = _jsonl(tmp_path / "in.jsonl", [*GOOD[:2], line])
+    with pytest.raises(DatasetError, match=match):
+        preprocess([src], str(tmp_path / "out"), progress=False)
+
+
+def test_empty_input_is_refused(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(DatasetError, match=r"empty\.jsonl: empty input"):
+        preprocess([str(empty)], str(tmp_path / "out"), progress=False)
+    bad_only = _jsonl(tmp_path / "bad.jsonl", [b"{", b"["])
+    with pytest.raises(DatasetError, match=r"no records to write: 2 read, 2 skipped"):
+        preprocess([bad_only], str(tmp_path / "out2"), skip_bad=True, progress=False)
+
+
+def test_outlier_error_and_drop(tmp_path: Path) -> None:
+    src = _jsonl(tmp_path / "in.jsonl", GOOD)
+    with pytest.raises(DatasetError, match=r"in\.jsonl:\d+: record has \d+ tokens, above"):
+        preprocess([src], str(tmp_path / "a"), max_record_tokens=20, progress=False)
+    report = preprocess(
+        [src], str(tmp_path / "b"), max_record_tokens=20, outliers="drop", progress=False
+    )
+    index = open_layout(tmp_path / "b").index
+    assert report.outliers["dropped"] > 0
+    assert len(index) == 12 - report.outliers["dropped"]
+    assert int(index.tokens.max()) <= 20
+
+
+def test_existing_output_is_refused_unless_overwrite(tmp_path: Path) -> None:
+    src = _jsonl(tmp_path / "in.jsonl", GOOD)
+    out = str(tmp_path / "out")
+    preprocess([src], out, progress=False)
+    with pytest.raises(DatasetError, match=r"already exists.*--overwrite"):
+        preprocess([src], out, format="wds", progress=False)
+    preprocess([src], out, format="wds", overwrite=True, progress=False)
+    assert open_layout(out).format == "wds"
+    assert not list(Path(out).glob("*.mds"))
+
+
+def test_cli_reports_errors_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = _jsonl(tmp_path / "in.jsonl", [b"{broken"])
+    assert main(["preprocess", src, "--output", str(tmp_path / "o"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bcl-stream preprocess: error: ") and "in.jsonl:1" in err
+    assert "Traceback" not in err
+
+
+@pytest.fixture
+def dataset(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
+    src = _jsonl(tmp_path / "in.jsonl", GOOD * 5)
+    out = tmp_path / "ds"
+    preprocess(
+        [src], str(out), format=request.param, progress=False, shard_size_limit=600, maxcount=7
+    )
+    assert check_integrity(out, read_index(out)) == []
+    return out
+
+
+@pytest.mark.parametrize("dataset", ["mds", "wds"], indirect=True)
+def test_missing_shard_is_detected_and_named(dataset: Path) -> None:
+    index = read_index(dataset)
+    victim = index.shards[1].name
+    (dataset / victim).unlink()
+    problems = check_integrity(dataset, index)
+    assert any(victim in p and "missing" in p for p in problems)
+    with pytest.raises(DatasetError, match=victim):
+        open_layout(dataset, check=True)
+
+
+@pytest.mark.parametrize("dataset", ["mds", "wds"], indirect=True)
+def test_changed_counts_are_detected_and_named(dataset: Path) -> None:
+    meta = json.loads((dataset / "bcl_index.json").read_text())
+    meta["shards"][0]["samples"] += 1
+    meta["shards"][1]["samples"] -= 1
+    (dataset / "bcl_index.json").write_text(json.dumps(meta))
+    index = read_index(dataset)
+    first, second = index.shards[0].name, index.shards[1].name
+    problems = check_integrity(dataset, index)
+    assert any(first in p for p in problems) and any(second in p for p in problems)
+
+
+@pytest.mark.parametrize("dataset", ["mds", "wds"], indirect=True)
+def test_replaced_cost_array_is_detected(dataset: Path) -> None:
+    records = np.load(dataset / "bcl_costs.npy")
+    records["tokens"][0] += 1
+    np.save(dataset / "bcl_costs.npy", records.astype(COST_DTYPE))
+    with pytest.raises(CostIndexError, match="content hash does not match"):
+        read_index(dataset)
+    problems = check_integrity(dataset, read_index(dataset, verify=False))
+    assert any("hash" in p for p in problems)
+
+
+def test_mds_index_json_with_other_counts_is_detected(tmp_path: Path) -> None:
+    src = _jsonl(tmp_path / "in.jsonl", GOOD * 3)
+    out = tmp_path / "ds"
+    preprocess([src], str(out), progress=False, shard_size_limit=600)
+    meta = json.loads((out / "index.json").read_text())
+    meta["shards"][0]["samples"] -= 1
+    (out / "index.json").write_text(json.dumps(meta))
+    problems = check_integrity(out, read_index(out))
+    assert problems == [
+        f"shard {meta['shards'][0]['raw_data']['basename']}: index.json says "
+        f"{meta['shards'][0]['samples']} samples, bcl_index.json says "
+        f"{meta['shards'][0]['samples'] + 1}"
+    ]
+
+
+def test_mds_without_cost_index_asks_for_annotate(tmp_path: Path) -> None:
+    src = _jsonl(tmp_path / "in.jsonl", GOOD)
+    out = tmp_path / "ds"
+    preprocess([src], str(out), progress=False)
+    (out / "bcl_index.json").unlink()
+    with pytest.raises(CostIndexError, match="annotate"):
+        open_layout(out)
