@@ -207,3 +207,37 @@ def test_cli_bad_lengths_as_a_real_process_has_no_traceback(tmp_path: Path) -> N
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert f"--lengths {path}" in proc.stderr
+
+
+def _load_bench():
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("bench_balance", root / "tools/bench_balance.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_speedup_is_time_per_unit_cost_and_cv_reduction_is_vs_sequential() -> None:
+    from bcl_stream.sim import Schedule
+
+    bench = _load_bench()
+    assert bench.ACCUM == 4
+    # sequential: per micro-batch T = 3+2+3+2 = 10 for 16 cost units; per step rank sums [6, 10].
+    seq = Schedule(np.array([[1.0, 2, 1, 2], [3, 2, 3, 2]]), 8, 0)
+    flat = Schedule(np.full((2, 4), 2.0), 8, 0)  # T = 8 for the same 16 units
+    half = Schedule(np.full((2, 4), 1.0), 4, 4)  # T = 4 for 8 units: same time per unit
+    base = {"sequential": seq}
+    for s in (flat, half):
+        scores = bench.score(s, base)
+        assert scores["speedup_vs_sequential"] == pytest.approx((10 / 16) / (4 / 8))
+        assert scores["speedup_vs_sequential_step"] == pytest.approx((10 / 16) / (4 / 8))
+        assert scores["cv_reduction"] == pytest.approx(1.0)
+        assert scores["efficiency"] == pytest.approx(1.0)
+    own = bench.score(seq, base)
+    assert own["speedup_vs_sequential"] == pytest.approx(1.0)
+    assert own["cv_reduction"] == pytest.approx(0.0)
+    assert own["efficiency"] == pytest.approx(16 / 2 / 10)
+    assert own["cv_ranks_step"] == pytest.approx(2 / 8)
