@@ -1,0 +1,179 @@
+"""Shard and record integrity checks: catch a damaged shard before its bytes become a record.
+
+Why this exists: Mosaic's MDS reader trusts the shard file. Measured on streaming 0.13 with a
+300-record dataset: a flipped byte in a record's payload is read back silently as a wrong
+token; a flipped byte in the offset table or a truncated file surfaces as ``IndexError``,
+``ValueError: buffer size must be a multiple of element size`` or a reshape error from deep
+inside ``streaming/base/format``; none names the problem. Three cheap layers fix that:
+
+1. :func:`mds_shard_problem` checks a shard file against its ``index.json`` entry before the
+   first read: present, size equal to the recorded ``bytes`` (truncation), header sample count
+   and offset table consistent (structural damage), and the content hash when the writer
+   recorded one (``hashes=["xxh64"]``; the only layer that sees a flipped payload byte).
+   Cost: one read of the shard (a few ms per 64 MB with xxh64), once per shard per process.
+2. :meth:`ShardVerifier.check_record` compares a decoded record's token count with the cost
+   index: a different length means the shard and the index disagree (an index from another
+   dataset, or damage that slipped past 1 in a hash-less shard).
+3. :func:`verify_mds` runs 1 over a whole dataset (with a progress bar) for ``inspect``-style
+   checks before a long job.
+
+Every problem is a :class:`~bcl_stream.errors.DatasetError` naming the file, what is wrong
+and what to do. Nothing here imports streaming unless a content hash must be computed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from bcl_stream.errors import DatasetError
+from bcl_stream.formats.layout import read_mds_index
+from bcl_stream.index import CostIndex
+
+FIX = (
+    "Re-download or re-copy the dataset (for a remote dataset, delete the local cache copy), "
+    "or re-run `bcl-stream preprocess --overwrite`; then resume from the last checkpoint."
+)
+
+
+def _digest(algo: str, data: bytes) -> str:
+    if algo in hashlib.algorithms_available:
+        return hashlib.new(algo, data).hexdigest()
+    from streaming.base.hashing import get_hash  # xxh* algorithms
+
+    return str(get_hash(algo, data))
+
+
+def _header_problem(data: bytes, samples: int) -> str | None:
+    """MDS layout: uint32 sample count, uint32 offsets[count + 1], the shard's JSON config, then
+    the payloads; offsets are absolute and the last one is the file size."""
+    if len(data) < 4:
+        return f"only {len(data)} bytes, too short for an MDS header"
+    count = int(np.frombuffer(data[:4], dtype="<u4")[0])
+    if count != samples:
+        return f"header says {count} samples, index.json says {samples}"
+    end = 4 + 4 * (count + 1)
+    if len(data) < end:
+        return f"offset table cut off ({len(data)} bytes, header needs {end})"
+    offsets = np.frombuffer(data[4:end], dtype="<u4").astype(np.int64)
+    if offsets[0] < end or np.any(np.diff(offsets) < 0) or offsets[-1] != len(data):
+        return "offset table is inconsistent (damaged header)"
+    return None
+
+
+def mds_shard_problem(
+    root: str | os.PathLike[str], entry: Mapping[str, Any], *, check_hash: bool = True
+) -> str | None:
+    """What is wrong with one MDS shard file (``None`` if nothing), from its index.json entry.
+
+    Compressed shards (``zip_data``) are checked for size and hash only: their header is
+    inside the compressed stream.
+    """
+    raw = entry.get("raw_data") or {}
+    zipped = entry.get("zip_data")
+    info = zipped or raw
+    name = info.get("basename")
+    if not isinstance(name, str):
+        return "index.json entry has no shard basename"
+    path = Path(root) / name
+    if not path.is_file():
+        return f"{name}: shard file missing"
+    size = path.stat().st_size
+    want = info.get("bytes")
+    if isinstance(want, int) and size != want:
+        kind = "truncated" if size < want else "longer than written"
+        return f"{name}: {kind}: {size} bytes on disk, index.json says {want}"
+    data = path.read_bytes()
+    if not zipped:
+        problem = _header_problem(data, int(entry.get("samples", -1)))
+        if problem:
+            return f"{name}: {problem}"
+    hashes = info.get("hashes") or {}
+    if check_hash:
+        for algo, expected in sorted(hashes.items()):
+            if _digest(algo, data) != expected:
+                return f"{name}: {algo} content hash differs from index.json (corrupted bytes)"
+    return None
+
+
+def _error(location: str | os.PathLike[str], problem: str) -> DatasetError:
+    return DatasetError(f"{location}: damaged shard: {problem}. {FIX}")
+
+
+class ShardVerifier:
+    """Checks each MDS shard of one dataset once per process, on first use, plus records.
+
+    ``root``: the local directory holding the shard files (a remote dataset's cache dir).
+    ``location``: how errors name the dataset (its URL for a remote one).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        index: CostIndex,
+        *,
+        location: str | None = None,
+        check_hash: bool = True,
+    ) -> None:
+        self.root = Path(root)
+        self.location = location or str(root)
+        self.index = index
+        self.check_hash = check_hash
+        self._entries: list[dict[str, Any]] | None = None
+        self._verified: set[int] = set()
+
+    def entries(self) -> list[dict[str, Any]]:
+        if self._entries is None:
+            self._entries = list(read_mds_index(self.root)["shards"])
+        return self._entries
+
+    def problem(self, shard: int) -> str | None:
+        """What is wrong with shard ``shard`` now (``None`` if nothing); not cached."""
+        entries = self.entries()
+        if not 0 <= shard < len(entries):
+            return f"shard {shard} is not in index.json ({len(entries)} shards)"
+        return mds_shard_problem(self.root, entries[shard], check_hash=self.check_hash)
+
+    def check_shard(self, shard: int) -> None:
+        """Raise :class:`DatasetError` if shard ``shard`` is damaged (checked once)."""
+        if shard in self._verified:
+            return
+        problem = self.problem(shard)
+        if problem:
+            raise _error(self.location, problem)
+        self._verified.add(shard)
+
+    def check_record(
+        self, sample_id: int, record: Mapping[str, Any], field: str = "input_ids"
+    ) -> None:
+        """Raise if the decoded record's token count differs from the cost index's."""
+        if field not in record:
+            return
+        got = len(record[field])
+        want = int(self.index.tokens[sample_id])
+        if got != want:
+            raise DatasetError(
+                f"{self.location}: record {sample_id} has {got} tokens but the cost index says "
+                f"{want}: the shards and bcl_index.json do not belong together (or a shard is "
+                "damaged). Rebuild the cost index with `bcl-stream annotate`, or re-copy the "
+                "dataset."
+            )
+
+
+def verify_mds(
+    root: str | os.PathLike[str], *, check_hash: bool = True, progress: bool = False
+) -> list[str]:
+    """Every damaged shard of a local MDS dataset, one line each (empty: all good)."""
+    entries = read_mds_index(Path(root))["shards"]
+    problems = []
+    for entry in tqdm(entries, desc="verify", unit="shard", disable=not progress):
+        problem = mds_shard_problem(root, entry, check_hash=check_hash)
+        if problem:
+            problems.append(problem)
+    return problems
