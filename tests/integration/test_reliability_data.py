@@ -202,12 +202,12 @@ def test_writer_interrupted_by_an_exception_leaves_a_refused_dataset(tmp_path: P
     from bcl_stream.formats.mds_writer import CostedMDSWriter
 
     root = tmp_path / "ds"
-    with pytest.raises(KeyboardInterrupt):
-        with CostedMDSWriter(str(root), cost_model="tokens", size_limit=4096) as writer:
-            for i, record in enumerate(records(300)):
-                if i == 200:
-                    raise KeyboardInterrupt
-                writer.write(record)
+    writer = CostedMDSWriter(str(root), cost_model="tokens", size_limit=4096)
+    with pytest.raises(KeyboardInterrupt), writer:
+        for i, record in enumerate(records(300)):
+            if i == 200:
+                raise KeyboardInterrupt
+            writer.write(record)
     assert not (root / "index.json").exists()
     with pytest.raises(BCLStreamError, match=r"incomplete dataset.*--overwrite"):
         MDSPackDataset(root, CONFIG, 0)
