@@ -187,13 +187,19 @@ def _plan_windows(
     group, size = config.group_size, config.pack_size
     per_window = packs_per_rank * group * size
     windows = streams.reshape(-1, per_window)
-    assign = partition(costs[windows], packs_per_rank * group, config.algorithm, config.refine)
-    packs = np.take_along_axis(windows, assign.reshape(windows.shape[0], -1), axis=1)
+    window_costs = costs[windows]
+    assign = partition(window_costs, packs_per_rank * group, config.algorithm, config.refine)
+    flat = assign.reshape(windows.shape[0], -1)
+    packs = np.take_along_axis(windows, flat, axis=1)
     packs = packs.reshape(windows.shape[0], packs_per_rank * group, size)
-    if config.max_tokens is not None and tokens is not None:
-        _repair_token_cap(packs, tokens, config.max_tokens)
+    repaired = config.max_tokens is not None and tokens is not None
+    if repaired:
+        _repair_token_cap(packs, tokens, config.max_tokens)  # type: ignore[arg-type]
     if config.pack_order == "desc":
-        load = costs[packs].sum(axis=2)
+        if repaired:  # the repair may have moved records: loads from the ids
+            load = costs[packs].sum(axis=2)
+        else:
+            load = np.take_along_axis(window_costs, flat, axis=1).reshape(packs.shape).sum(axis=2)
         by_load = np.argsort(-load, axis=1, kind="stable")
         packs = np.take_along_axis(packs, by_load[:, :, None], axis=1)
     return packs.reshape(n_groups, -1, packs_per_rank * group, size)
@@ -235,6 +241,36 @@ def _plan_batched(
         _place(_plan_windows(chunk, cost, tok, per_rank, config), config, first_pack, out)
 
 
+def _carry_runs(
+    n_packs: int, total: int, config: PlanConfig
+) -> list[tuple[int, int, int, int, int]]:
+    """Windows grouped into runs of identical shape: (first_pack, n_windows, per_rank, read_from, hold).
+
+    Window k emits ``count`` records: its carry-in plus new records; it reads up to
+    ``lookahead`` records beyond what it emits and holds back the excess (drains at the end).
+    Windows join a run only when their carry-in, fresh reads and hold all match the run's.
+    """
+    group, size = config.group_size, config.pack_size
+    lookahead = config.carry_records * group
+    runs: list[tuple[int, int, int, int, int]] = []
+    steady: list[bool] = []  # the run's windows each carry in exactly what they hold back
+    emitted = read = carried = 0
+    for first_pack in range(0, n_packs, config.window):
+        per_rank = min(config.window, n_packs - first_pack)
+        count = per_rank * group * size
+        read_to = min(emitted + count + lookahead, total)
+        hold = read_to - (emitted + count)
+        is_steady = carried == hold
+        if runs and steady[-1] and is_steady and runs[-1][2] == per_rank and runs[-1][4] == hold:
+            p0, n, pr, r0, h = runs[-1]
+            runs[-1] = (p0, n + 1, pr, r0, h)
+        else:
+            runs.append((first_pack, 1, per_rank, read, hold))
+            steady.append(is_steady)
+        emitted, read, carried = emitted + count, read_to, hold
+    return runs
+
+
 def _plan_with_carry(
     streams: npt.NDArray[np.int64],
     cost: npt.NDArray[np.float64],
@@ -244,23 +280,21 @@ def _plan_with_carry(
     target_mean: float,
     out: npt.NDArray[np.int64],
 ) -> None:
-    """Windows in sequence (each depends on the previous carry), vectorized over groups."""
+    """Carry-over windows, batched over groups and over runs of same-shaped windows."""
     group, size = config.group_size, config.pack_size
-    lookahead = config.carry_records * group
-    total = streams.shape[1]
-    carried = np.empty((streams.shape[0], 0), dtype=np.int64)
-    emitted = read = 0
-    for first_pack in range(0, n_packs, config.window):
-        per_rank = min(config.window, n_packs - first_pack)
+    n_groups = streams.shape[0]
+    carried = np.empty((n_groups, 0), dtype=np.int64)
+    for first_pack, n_windows, per_rank, read_from, hold in _carry_runs(
+        n_packs, streams.shape[1], config
+    ):
         count = per_rank * group * size
-        read_to = min(emitted + count + lookahead, total)
-        new = streams[:, read:read_to]
-        hold = read_to - (emitted + count)
-        carried_cost = cost[carried].sum(axis=1)
-        emit_new, held = hold_back(new, carried_cost, cost, hold, target_mean * count)
-        window_ids = np.concatenate([carried, emit_new], axis=1)
-        _place(_plan_windows(window_ids, cost, tok, per_rank, config), config, first_pack, out)
-        carried, read, emitted = held, read_to, emitted + count
+        fresh = count - carried.shape[1] + hold
+        new = streams[:, read_from : read_from + n_windows * fresh].reshape(
+            n_groups, n_windows, fresh
+        )
+        windows, carried = hold_back(new, carried, cost, hold, target_mean * count)
+        planned = _plan_windows(windows.reshape(n_groups, -1), cost, tok, per_rank, config)
+        _place(planned, config, first_pack, out)
 
 
 def plan_epoch(

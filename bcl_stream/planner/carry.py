@@ -23,32 +23,51 @@ import numpy.typing as npt
 
 def hold_back(
     new: npt.NDArray[np.int64],
-    carried_cost: npt.NDArray[np.float64],
+    carried_in: npt.NDArray[np.int64],
     costs: npt.NDArray[np.float64],
     hold: int,
     target: float,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Split each row of ``new`` into (emitted, held) with ``hold`` held records per row.
+    """Select held-back records for a run of consecutive windows of every row (rank or group).
 
-    ``carried_cost`` is the cost already committed to each row's window (the carry-in);
-    ``target`` is the desired total cost of each row's emitted window. Output shapes
-    (rows, m - hold) and (rows, hold).
+    ``new`` (rows, n, m): the records each window reads fresh; ``carried_in`` (rows, h): what
+    the window before the run held back (h == hold unless n == 1); ``target``: desired total
+    cost of each emitted window. Window j emits its carry-in plus the m - hold new records not
+    held. Output: (windows (rows, n, h + m - hold) sample ids, carry-out (rows, hold)).
+
+    Only the choice of the run start is sequential (it depends on the previous window's
+    carry); sorting and prefix sums are batched over every window of the run.
     """
-    rows, m = new.shape
+    rows, n, m = new.shape
     if not 0 <= hold <= m:
         raise ValueError(f"hold must be in [0, {m}], got {hold}")
+    if n > 1 and carried_in.shape[1] != hold:
+        raise ValueError(
+            f"a run of {n} windows needs a carry-in of {hold}, got {carried_in.shape[1]}"
+        )
     if hold == 0:
-        return new, np.empty((rows, 0), dtype=np.int64)
+        windows = np.concatenate([carried_in[:, None, :], new], axis=2) if n == 1 else new
+        return windows, np.empty((rows, 0), dtype=np.int64)
     new_cost = costs[new]
-    by_cost = np.argsort(new_cost, axis=1, kind="stable")
-    sorted_ids = np.take_along_axis(new, by_cost, axis=1)
-    sorted_cost = np.take_along_axis(new_cost, by_cost, axis=1)
-    surplus = carried_cost + sorted_cost.sum(axis=1) - target
-    prefix = np.concatenate([np.zeros((rows, 1)), np.cumsum(sorted_cost, axis=1)], axis=1)
-    run_sums = prefix[:, hold:] - prefix[:, :-hold]  # (rows, m - hold + 1)
-    start = np.abs(run_sums - surplus[:, None]).argmin(axis=1)
-    position = np.arange(m)[None, :]
-    held_mask = (position >= start[:, None]) & (position < start[:, None] + hold)
-    held = sorted_ids[held_mask].reshape(rows, hold)
-    emitted = sorted_ids[~held_mask].reshape(rows, m - hold)
-    return emitted, held
+    by_cost = np.argsort(new_cost, axis=2, kind="stable")
+    sorted_ids = np.take_along_axis(new, by_cost, axis=2)
+    sorted_cost = np.take_along_axis(new_cost, by_cost, axis=2)
+    prefix = np.concatenate([np.zeros((rows, n, 1)), np.cumsum(sorted_cost, axis=2)], axis=2)
+    run_sums = prefix[:, :, hold:] - prefix[:, :, : m - hold + 1]  # ascending in the start
+    totals = prefix[:, :, -1]
+    starts = np.empty((rows, n), dtype=np.int64)
+    carried_cost = costs[carried_in].sum(axis=1)
+    every_row = np.arange(rows)
+    for j in range(n):
+        surplus = carried_cost + totals[:, j] - target
+        start = np.abs(run_sums[:, j] - surplus[:, None]).argmin(axis=1)
+        starts[:, j] = start
+        carried_cost = run_sums[every_row, j, start]
+    position = np.arange(m)[None, None, :]
+    held_mask = (position >= starts[:, :, None]) & (position < starts[:, :, None] + hold)
+    held = sorted_ids[held_mask].reshape(rows, n, hold)
+    emitted = sorted_ids[~held_mask].reshape(rows, n, m - hold)
+    if n == 1:
+        return np.concatenate([carried_in, emitted[:, 0]], axis=1)[:, None, :], held[:, -1]
+    carry_ins = np.concatenate([carried_in[:, None, :], held[:, :-1]], axis=1)
+    return np.concatenate([carry_ins, emitted], axis=2), held[:, -1]

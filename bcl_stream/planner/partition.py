@@ -69,32 +69,38 @@ def refine_swaps(
     """Exchange one record between the heaviest and the lightest pack of each window, per iteration.
 
     The exchange chosen brings both packs closest to their mean; windows where no exchange
-    lowers the spread are left alone. Output has the same shape as ``assignment``.
+    lowers the spread are left alone. Pack costs are gathered once and updated in place per
+    swap. Output has the same shape as ``assignment``.
     """
     out = assignment.copy()
     n_windows, n_packs, pack_size = out.shape
-    if n_packs < 2:
+    if n_packs < 2 or iterations < 1:
         return out
-    rows = np.arange(n_windows)
+    pack_costs = np.take_along_axis(costs, out.reshape(n_windows, -1), axis=1)
+    pack_costs = pack_costs.reshape(n_windows, n_packs, pack_size)
+    loads = pack_costs.sum(axis=2)
+    active = np.arange(n_windows)
     for _ in range(iterations):
-        pack_costs = np.take_along_axis(costs[:, None, :], out.reshape(n_windows, 1, -1), axis=2)
-        pack_costs = pack_costs.reshape(n_windows, n_packs, pack_size)
-        loads = pack_costs.sum(axis=2)
-        heavy, light = loads.argmax(axis=1), loads.argmin(axis=1)
-        gap = loads[rows, heavy] - loads[rows, light]
-        delta = pack_costs[rows, heavy][:, :, None] - pack_costs[rows, light][:, None, :]
+        heavy, light = loads[active].argmax(axis=1), loads[active].argmin(axis=1)
+        gap = loads[active, heavy] - loads[active, light]
+        delta = pack_costs[active, heavy][:, :, None] - pack_costs[active, light][:, None, :]
         # New spread between the two packs after swapping (i, j): |gap - 2*delta|.
-        spread = np.abs(gap[:, None, None] - 2.0 * delta).reshape(n_windows, -1)
+        spread = np.abs(gap[:, None, None] - 2.0 * delta).reshape(active.size, -1)
         best = spread.argmin(axis=1)
-        improves = spread[rows, best] < gap - 1e-9 * np.maximum(gap, 1.0)
+        improves = spread[np.arange(active.size), best] < gap - 1e-9 * np.maximum(gap, 1.0)
         if not improves.any():
             break
-        i, j = np.divmod(best, pack_size)
-        w = rows[improves]
-        hi, lo = heavy[improves], light[improves]
-        a, b = out[w, hi, i[improves]].copy(), out[w, lo, j[improves]].copy()
-        out[w, hi, i[improves]] = b
-        out[w, lo, j[improves]] = a
+        i, j = np.divmod(best[improves], pack_size)
+        w, hi, lo = active[improves], heavy[improves], light[improves]
+        moved = pack_costs[w, hi, i] - pack_costs[w, lo, j]
+        out[w, hi, i], out[w, lo, j] = out[w, lo, j].copy(), out[w, hi, i].copy()
+        pack_costs[w, hi, i], pack_costs[w, lo, j] = (
+            pack_costs[w, lo, j].copy(),
+            pack_costs[w, hi, i].copy(),
+        )
+        loads[w, hi] -= moved
+        loads[w, lo] += moved
+        active = w  # windows with no improving swap are done
     return out
 
 

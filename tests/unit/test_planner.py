@@ -231,19 +231,21 @@ def test_pooled_mffd_gives_every_rank_the_same_bin_count_and_loses_nothing() -> 
 
 
 @settings(max_examples=100, deadline=None)
-@given(rows=st.integers(1, 5), m=st.integers(1, 40), data=st.data())
-def test_hold_back_splits_each_row_exactly(rows: int, m: int, data) -> None:
+@given(rows=st.integers(1, 5), n=st.integers(1, 4), m=st.integers(1, 40), data=st.data())
+def test_hold_back_emits_carry_in_and_new_records_exactly_once(
+    rows: int, n: int, m: int, data
+) -> None:
     from bcl_stream.planner.carry import hold_back
 
     hold = data.draw(st.integers(0, m))
-    costs = np.random.default_rng(m).exponential(size=rows * m)
-    new = np.arange(rows * m, dtype=np.int64).reshape(rows, m)
-    emitted, held = hold_back(
-        new, np.zeros(rows), costs, hold, target=float(costs.sum() / rows / 2)
-    )
-    assert emitted.shape == (rows, m - hold) and held.shape == (rows, hold)
+    carry_in = hold if n > 1 else data.draw(st.integers(0, 5))
+    costs = np.random.default_rng(m).exponential(size=rows * (n * m + carry_in))
+    ids = np.arange(costs.size, dtype=np.int64).reshape(rows, -1)
+    carried, new = ids[:, :carry_in], ids[:, carry_in:].reshape(rows, n, m)
+    windows, out = hold_back(new, carried, costs, hold, target=float(costs.mean() * m))
+    assert windows.shape == (rows, n, carry_in + m - hold) and out.shape == (rows, hold)
     for r in range(rows):
-        assert sorted(np.concatenate([emitted[r], held[r]]).tolist()) == new[r].tolist()
+        assert sorted(np.concatenate([windows[r].ravel(), out[r]]).tolist()) == ids[r].tolist()
 
 
 def test_carry_over_brings_rank_windows_closer_than_no_carry() -> None:
