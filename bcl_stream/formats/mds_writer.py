@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from array import array
 from collections.abc import Mapping
 from types import TracebackType
@@ -150,6 +151,8 @@ class CostedMDSWriter(MDSWriter):
     def abort(self) -> None:
         """Stop without writing any index: the output stays visibly incomplete."""
         self.cancel_future_jobs()
+        if self.remote and not self.keep_local:
+            shutil.rmtree(self.local, ignore_errors=True)
 
     def __exit__(
         self,
