@@ -1,1 +1,23 @@
-"""Lightning integration for bcl-stream: DataModule, collate, TinyGPT, CLI entry, callbacks."""
+"""Lightning integration for bcl-stream: DataModule, collate, TinyGPT, CLI entry, callbacks.
+
+``BCLDataModule`` and ``PackLogger`` are the public pieces; ``python -m lightning_module fit
+--config configs/cpu_demo.yaml`` is the command line. Importing this package imports
+Lightning and torch (not streaming: the readers load when a dataset is built).
+"""
+
+from lightning_module.callbacks import PackLogger, read_pack_log
+from lightning_module.datamodule import (
+    BCLDataModule,
+    PackCollate,
+    SequentialPlanner,
+    clean_stale_shared_memory_once,
+)
+
+__all__ = [
+    "BCLDataModule",
+    "PackCollate",
+    "PackLogger",
+    "SequentialPlanner",
+    "clean_stale_shared_memory_once",
+    "read_pack_log",
+]
