@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+
 from bcl_stream.errors import CostIndexError, DatasetError
 from bcl_stream.index import COSTS_NPY, INDEX_JSON, CostIndex, ShardEntry, read_index
 
@@ -36,6 +38,7 @@ POINTER_KEY = "bcl_index"
 WDS_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 
 Format = Literal["mds", "wds"]
+_UINT32 = np.dtype(np.uint32)
 
 
 def _incomplete(root: Path, what: str) -> DatasetError:
@@ -247,3 +250,20 @@ def open_layout(
                 f"Re-run `bcl-stream annotate {root}` or preprocess with --overwrite."
             )
     return Layout(root, fmt, index)
+
+
+def as_token_array(value: Any, where: str | int) -> np.ndarray:
+    """``value`` as a 1-D uint32 array, refusing silent wrap-around of ids outside uint32."""
+    if type(value) is np.ndarray and value.dtype == _UINT32 and value.ndim == 1:
+        return value  # the common case, kept to a few attribute reads per record
+    where = f"record {where}" if isinstance(where, int) else where
+    arr = np.asarray(value)
+    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
+        raise ValueError(
+            f"{where}: input_ids must be a 1-D integer array, got {arr.dtype} {arr.shape}"
+        )
+    if arr.dtype != np.uint32:
+        if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(np.uint32).max):
+            raise ValueError(f"{where}: token ids outside uint32 range [{arr.min()}, {arr.max()}]")
+        arr = arr.astype(np.uint32)
+    return arr

@@ -30,25 +30,11 @@ from streaming import MDSWriter
 
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.layout import MDS_INDEX, POINTER_KEY
+from bcl_stream.formats.layout import MDS_INDEX, POINTER_KEY, as_token_array
 from bcl_stream.index import COSTS_NPY, INDEX_JSON, CostIndex, ShardEntry, write_index
 from bcl_stream.remote import upload
 
 DEFAULT_COLUMNS = {"input_ids": "ndarray:uint32"}
-
-
-def as_token_array(value: Any, where: str) -> np.ndarray:
-    """``value`` as a 1-D uint32 array, refusing silent wrap-around of ids outside uint32."""
-    arr = np.asarray(value)
-    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
-        raise ValueError(
-            f"{where}: input_ids must be a 1-D integer array, got {arr.dtype} {arr.shape}"
-        )
-    if arr.dtype != np.uint32:
-        if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(np.uint32).max):
-            raise ValueError(f"{where}: token ids outside uint32 range [{arr.min()}, {arr.max()}]")
-        arr = arr.astype(np.uint32)
-    return arr
 
 
 class CostedMDSWriter(MDSWriter):
@@ -97,11 +83,11 @@ class CostedMDSWriter(MDSWriter):
         if tokens is None:
             if self.tokens_field is None:
                 raise ValueError("write() needs tokens=n when the writer has no tokens_field")
-            where = f"record {len(self._tokens)}"
-            ids = as_token_array(sample[self.tokens_field], where)
-            if self.columns.get(self.tokens_field) == "ndarray:uint32":
+            value = sample[self.tokens_field]
+            ids = as_token_array(value, len(self._tokens))
+            if ids is not value and self.columns.get(self.tokens_field) == "ndarray:uint32":
                 sample = {**sample, self.tokens_field: ids}
-            tokens = int(ids.size)
+            tokens = ids.size
         if tokens < 0:
             raise ValueError(f"record {len(self._tokens)}: token count {tokens} < 0")
         super().write(sample)

@@ -28,7 +28,7 @@ import numpy as np
 import webdataset as wds
 
 from bcl_stream.cost import CostModel, resolve
-from bcl_stream.formats.mds_writer import as_token_array
+from bcl_stream.formats.layout import as_token_array
 from bcl_stream.index import COSTS_NPY, INDEX_JSON, CostIndex, ShardEntry, write_index
 from bcl_stream.remote import is_remote, upload
 
@@ -101,7 +101,7 @@ class CostedWDSWriter:
         meta: dict[str, Any] = {}
         for key, value in sample.items():
             if key == self.tokens_field:
-                ids = as_token_array(value, f"record {n}")
+                ids = as_token_array(value, n)
                 member[f"{key}.npy"] = npy_bytes(ids)
                 tokens = int(ids.size) if tokens is None else tokens
             elif key == "__key__":

@@ -1,0 +1,297 @@
+"""Benchmark: preprocessing throughput, costed-writer overhead, cost-index size and load time.
+
+Three measurements, written to ``results/bench_write.json`` (+ ``results/bench_write.png``):
+
+1. ``preprocess``: end-to-end ``bcl_stream.preprocess.preprocess`` on a real chat corpus (the
+   stdlib corpus from ``tools/corpora.py``: docstrings and source code as chat records), MDS and
+   WDS, with 1 and 2 tokenizer workers: records/s and input MB/s.
+2. ``writer_overhead``: the same tokenized records written by stock ``MDSWriter`` and by
+   ``CostedMDSWriter`` (and stock ``ShardWriter`` vs ``CostedWDSWriter``), tokenization
+   excluded. Runs alternate and the median of ``--repeats`` is kept (the machine is shared).
+   Target: ratio <= 1.10. The pipeline-level ratio (preprocess time minus the time to tokenize
+   the same texts, over the plain writer's time) is reported too: it also contains reading and
+   JSON parsing, which a plain writer fed in-memory records does not do.
+3. ``index``: ``bcl_costs.npy`` / ``bcl_index.json`` size and ``read_index`` time (with and
+   without the SHA-256 check) for 1M and 10M records. Target: well under a second.
+
+Usage::
+
+    python tools/bench_write.py [--records 20000] [--repeats 5] [--index-sizes 1000000,10000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+from bcl_stream.cost import resolve  # noqa: E402
+from bcl_stream.index import CostIndex, ShardEntry, read_index, write_index  # noqa: E402
+
+
+def corpus(path: Path, limit: int) -> int:
+    """The stdlib chat corpus (cached by the corpora tool's own builder)."""
+    from corpora import build_stdlib_corpus
+
+    if not path.is_file():
+        build_stdlib_corpus(path, limit=limit)
+    return sum(1 for _ in path.open("rb"))
+
+
+def bench_preprocess(src: Path, work: Path) -> list[dict[str, Any]]:
+    from bcl_stream.preprocess import pipeline, preprocess
+
+    pipeline.SMALL_INPUT_BYTES = 0  # measure the pool even on a small corpus
+    size = src.stat().st_size
+    rows = []
+    for fmt in ("mds", "wds"):
+        for workers in (1, 2):
+            out = work / f"pre_{fmt}_{workers}"
+            start = time.perf_counter()
+            report = preprocess(
+                [str(src)], str(out), format=fmt, workers=workers, overwrite=True, progress=False
+            )
+            wall = time.perf_counter() - start
+            rows.append(
+                {
+                    "format": fmt,
+                    "workers": workers,
+                    "records": report.records_written,
+                    "tokens": report.tokens_written,
+                    "seconds_wall": wall,
+                    "seconds_pipeline": report.seconds,
+                    "records_per_s": report.records_written / report.seconds,
+                    "mb_per_s": size / 1e6 / report.seconds,
+                    "tokens_per_s": report.tokens_written / report.seconds,
+                }
+            )
+            shutil.rmtree(out, ignore_errors=True)
+    return rows
+
+
+def tokenized(src: Path) -> tuple[list[np.ndarray], list[str], float, float]:
+    """Records as the pipeline writes them; output: (ids, sources, parse s, tokenize s)."""
+    from bcl_stream.preprocess.sources import record_text
+    from bcl_stream.preprocess.tokenizers import load_tokenizer
+
+    tok = load_tokenizer("cl100k")
+    start = time.perf_counter()
+    texts, sources = [], []
+    with src.open("rb") as fh:
+        for i, line in enumerate(fh, start=1):
+            text = record_text(f"{src}:{i}", line, "text")
+            assert isinstance(text, str)
+            texts.append(text)
+            sources.append(f"{src}:{i}")
+    parse = time.perf_counter() - start
+    start = time.perf_counter()
+    ids = [tok.ids(t) for t in texts]
+    return ids, sources, parse, time.perf_counter() - start
+
+
+def _timed(fn: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def bench_writers(
+    ids: list[np.ndarray], sources: list[str], work: Path, repeats: int
+) -> dict[str, Any]:
+    import webdataset as wds
+    from streaming import MDSWriter
+
+    from bcl_stream.formats.mds_writer import CostedMDSWriter
+    from bcl_stream.formats.wds_writer import CostedWDSWriter, npy_bytes
+
+    cols = {"input_ids": "ndarray:uint32", "source": "str"}
+
+    def plain_mds() -> None:
+        out = work / "plain_mds"
+        with MDSWriter(out=str(out), columns=cols, size_limit=1 << 26) as w:
+            for a, s in zip(ids, sources, strict=True):
+                w.write({"input_ids": a, "source": s})
+        shutil.rmtree(out)
+
+    def costed_mds() -> None:
+        out = work / "costed_mds"
+        with CostedMDSWriter(str(out), cost_model="llama3-8b", columns=cols) as w:
+            for a, s in zip(ids, sources, strict=True):
+                w.write({"input_ids": a, "source": s})
+        shutil.rmtree(out)
+
+    def plain_wds() -> None:
+        out = work / "plain_wds"
+        out.mkdir()
+        with wds.ShardWriter(str(out / "shard-%06d.tar"), maxcount=10_000, verbose=0) as w:
+            for i, (a, s) in enumerate(zip(ids, sources, strict=True)):
+                meta = json.dumps({"source": s, "tokens": len(a)}).encode()
+                w.write({"__key__": f"{i:010d}", "input_ids.npy": npy_bytes(a), "json": meta})
+        shutil.rmtree(out)
+
+    def costed_wds() -> None:
+        out = work / "costed_wds"
+        with CostedWDSWriter(str(out), cost_model="llama3-8b", maxcount=10_000) as w:
+            for a, s in zip(ids, sources, strict=True):
+                w.write({"input_ids": a, "source": s})
+        shutil.rmtree(out)
+
+    runs: dict[str, list[float]] = {k: [] for k in ("mds", "costed_mds", "wds", "costed_wds")}
+    for _ in tqdm(range(repeats), desc="writers", unit="round"):
+        runs["mds"].append(_timed(plain_mds))
+        runs["costed_mds"].append(_timed(costed_mds))
+        runs["wds"].append(_timed(plain_wds))
+        runs["costed_wds"].append(_timed(costed_wds))
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    return {
+        "records": len(ids),
+        "repeats": repeats,
+        "seconds_median": med,
+        "seconds_all": runs,
+        "ratio_mds": med["costed_mds"] / med["mds"],
+        "ratio_wds": med["costed_wds"] / med["wds"],
+        "target_ratio": 1.10,
+    }
+
+
+def bench_index(sizes: list[int], work: Path, repeats: int) -> list[dict[str, Any]]:
+    rows = []
+    model = resolve("llama3-8b")
+    rng = np.random.default_rng(0)
+    for n in sizes:
+        tokens = np.clip(rng.lognormal(6.0, 1.0, n), 1, 32768).astype(np.uint32)
+        shards = [
+            ShardEntry(f"shard.{i:05d}.mds", len(c))
+            for i, c in enumerate(np.array_split(tokens, max(1, n // 20_000)))
+        ]
+        start = time.perf_counter()
+        index = CostIndex.build(tokens, model, shards, "mds")
+        build = time.perf_counter() - start
+        root = work / f"index_{n}"
+        start = time.perf_counter()
+        meta, npy = write_index(root, index)
+        write = time.perf_counter() - start
+        verified = [_timed(lambda r=root: read_index(r, verify=True)) for _ in range(repeats)]
+        fast = [_timed(lambda r=root: read_index(r, verify=False)) for _ in range(repeats)]
+        rows.append(
+            {
+                "records": n,
+                "shards": len(shards),
+                "npy_bytes": npy.stat().st_size,
+                "json_bytes": meta.stat().st_size,
+                "build_s": build,
+                "write_s": write,
+                "load_verified_s_median": statistics.median(verified),
+                "load_unverified_s_median": statistics.median(fast),
+                "load_verified_s_all": verified,
+            }
+        )
+        shutil.rmtree(root)
+    return rows
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    w = result["writer_overhead"]["seconds_median"]
+    names = list(w)
+    left.bar(names, [w[k] for k in names], color=["tab:gray", "tab:blue"] * 2)
+    left.set_ylabel("seconds (median)")
+    r = result["writer_overhead"]
+    left.set_title(
+        f"{r['records']} records: costed/plain MDS {r['ratio_mds']:.3f}, WDS {r['ratio_wds']:.3f}"
+    )
+    rows = result["index"]
+    xs = [row["records"] for row in rows]
+    right.plot(xs, [row["load_verified_s_median"] for row in rows], "o-", label="load + sha256")
+    right.plot(xs, [row["load_unverified_s_median"] for row in rows], "s-", label="load")
+    right.set(xscale="log", yscale="log", xlabel="records", ylabel="seconds")
+    right.set_title("cost index load time")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=20_000, help="corpus records (stdlib)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--index-sizes", default="1000000,10000000")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_write.json")
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="bench_write_"))
+    try:
+        src = work / "stdlib_chat.jsonl"
+        n = corpus(src, args.records)
+        print(f"corpus: {n} records, {src.stat().st_size / 1e6:.1f} MB", file=sys.stderr)
+        pre = bench_preprocess(src, work)
+        ids, sources, parse_s, tok_s = tokenized(src)
+        writers = bench_writers(ids, sources, work, args.repeats)
+        one = next(r for r in pre if r["format"] == "mds" and r["workers"] == 1)
+        plain = writers["seconds_median"]["mds"]
+        writers["pipeline"] = {
+            "preprocess_mds_1worker_s": one["seconds_pipeline"],
+            "parse_s": parse_s,
+            "tokenize_s": tok_s,
+            "ratio_excluding_tokenization": (one["seconds_pipeline"] - tok_s) / plain,
+            "ratio_excluding_tokenization_and_parsing": (one["seconds_pipeline"] - tok_s - parse_s)
+            / plain,
+        }
+        sizes = [int(s) for s in args.index_sizes.split(",") if s]
+        result = {
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "note": "shared 2-core machine; medians of alternating runs",
+            },
+            "corpus": {"records": n, "bytes": src.stat().st_size, "source": "stdlib chat corpus"},
+            "preprocess": pre,
+            "writer_overhead": writers,
+            "index": bench_index(sizes, work, args.repeats),
+        }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, args.out.with_suffix(".png"))
+    w = result["writer_overhead"]
+    print(f"writer overhead: MDS {w['ratio_mds']:.3f}, WDS {w['ratio_wds']:.3f} (target <= 1.10)")
+    print(f"pipeline ratio excl. tokenization: {w['pipeline']['ratio_excluding_tokenization']:.3f}")
+    for row in pre:
+        print(
+            f"preprocess {row['format']} workers={row['workers']}: {row['records_per_s']:.0f} rec/s,"
+            f" {row['mb_per_s']:.2f} MB/s"
+        )
+    for row in result["index"]:
+        print(
+            f"index {row['records']}: npy {row['npy_bytes'] / 1e6:.1f} MB, load "
+            f"{row['load_verified_s_median'] * 1e3:.1f} ms (verified), "
+            f"{row['load_unverified_s_median'] * 1e3:.1f} ms"
+        )
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
