@@ -75,6 +75,8 @@ ABLATION = [
     for o in ("desc", "stream")
 ]
 Lengths = npt.NDArray[np.int64]
+HAS_CARRY = "carry" in PlanConfig.__slots__
+"""The planner's lookahead carry-over (planner/carry.py); benchmarked on and off when present."""
 
 
 def _sample(profile: Profile, n: int, seed: int) -> Lengths:
@@ -143,9 +145,13 @@ def run_scopes(
             for key, s in base.items():
                 acc.setdefault(key, []).append(score(s, base))
             for w in WINDOWS:
+                at_w = dataclasses.replace(sim, window=w)
                 for scope in SCOPES:
-                    s = bcl_schedule(tok, model, dataclasses.replace(sim, window=w), scope)
+                    s = bcl_schedule(tok, model, at_w, scope)
                     acc.setdefault(f"bcl-{scope}@{w}", []).append(score(s, base))
+                if HAS_CARRY:  # the paper's BCL: a window and nothing beyond it
+                    s = bcl_schedule(tok, model, at_w, "rank", carry=0)
+                    acc.setdefault(f"bcl-rank-nocarry@{w}", []).append(score(s, base))
         first = data[name](reps[0][0])
         prof: dict[str, Any] = {
             "records": int(first.size),
@@ -169,7 +175,7 @@ def run_ablation(
     """Partition algorithm x refine x pack order (x carry when the planner has it), one node:
     bcl-rank at W=32 and bcl-world at W=16, per profile, mean over repetitions."""
     variants = list(ABLATION)
-    if "carry" in PlanConfig.__slots__:
+    if HAS_CARRY:
         variants += [{**v, "carry": 0} for v in ABLATION[:1]]
     out = []
     for variant in tqdm(variants, desc="ablation", unit="variant"):
@@ -213,7 +219,7 @@ def run_throughput(n: int, repeat: int, quick: bool) -> dict[str, Any]:
     costs = get_preset(COST_MODEL).cost(tok)
     order = epoch_order([n], 0, 0)
     windows = (1, 4, 16, 64, 256, 512) if quick else (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-    carry_off = {"carry": 0} if "carry" in PlanConfig.__slots__ else None
+    carry_off = {"carry": 0} if HAS_CARRY else None
     grid: list[tuple[str, int, str, int, dict[str, int]]] = [
         ("window", 8, scope, w, {}) for scope in ("rank", "world") for w in windows
     ]
@@ -246,6 +252,10 @@ def summarize(scopes: dict[str, Any], throughput: dict[str, Any]) -> dict[str, A
     red = {w: [p["bcl-rank"][str(w)]["cv_reduction"] for p in one.values()] for w in WINDOWS}
     med = {w: float(np.median(v)) for w, v in red.items()}
     beats = [w for w in WINDOWS if med[w] > PAPER_BEST]
+    plain = {w: float(np.median([p["bcl-rank-nocarry"][str(w)]["cv_reduction"]
+                                 for p in one.values()]))
+             for w in WINDOWS} if HAS_CARRY else {}  # fmt: skip
+    beats_plain = [w for w in WINDOWS if plain.get(w, 0.0) > PAPER_BEST]
     eff = {name: p["bcl-world"]["16"]["efficiency"] for name, p in one.items()}
     ranked = sorted(eff, key=eff.__getitem__)
     median_profile = ranked[(len(ranked) - 1) // 2]
@@ -257,7 +267,10 @@ def summarize(scopes: dict[str, Any], throughput: dict[str, Any]) -> dict[str, A
         "cv_reduction_rank_median_by_window": {str(w): v for w, v in med.items()},
         "cv_reduction_rank_w32": {"value": med[32], "target": TARGETS["cv_reduction_rank_w32"],
                                   "met": med[32] >= TARGETS["cv_reduction_rank_w32"]},
-        "paper_best": {"value": PAPER_BEST, "smallest_window_beating": beats[0] if beats else None},
+        "cv_reduction_rank_nocarry_median_by_window": {str(w): v for w, v in plain.items()},
+        "paper_best": {"value": PAPER_BEST, "smallest_window_beating": beats[0] if beats else None,
+                       "smallest_window_beating_without_carry":
+                           beats_plain[0] if beats_plain else None},
         "efficiency_world_w16": {
             "median": float(np.median(list(eff.values()))), "median_profile": median_profile,
             "median_profile_value": eff[median_profile], "min": min(eff.values()),
@@ -317,6 +330,12 @@ def markdown(result: dict[str, Any]) -> str:
          f"{cv['value']:.1%}", f">= {cv['target']:.0%}", _yes(cv["met"])],
         ["smallest W whose median CV reduction beats the paper's best (82.8%)",
          f"W={beat}" if beat else "none up to W=64", "-", "-"],
+        *([["bcl-rank with carry off (a window and nothing beyond: the paper's BCL), W=32",
+            f"{s['cv_reduction_rank_nocarry_median_by_window']['32']:.1%}", ">= 80%",
+            _yes(s["cv_reduction_rank_nocarry_median_by_window"]["32"] >= 0.8)],
+           ["... smallest W beating 82.8% with carry off",
+            f"W={nc}" if (nc := s["paper_best"]["smallest_window_beating_without_carry"])
+            else "none up to W=64", "-", "-"]] if HAS_CARRY else []),
         [f"bcl-world balance efficiency, W=16, median corpus ({eff['median_profile']})",
          f"{eff['median']:.3f}", f">= {eff['target']}", _yes(eff["met"])],
         [f"bcl-world balance efficiency, W=16, worst corpus ({eff['min_profile']})",
@@ -377,11 +396,13 @@ def markdown(result: dict[str, Any]) -> str:
     for w in WINDOWS:
         red = {name: p["bcl-rank"][str(w)]["cv_reduction"] for name, p in one.items()}
         worst = min(red, key=red.__getitem__)
+        plain = (f"{_median_row(one, 'bcl-rank-nocarry', str(w))['cv_reduction']:.1%}"
+                 if HAS_CARRY else "-")  # fmt: skip
         rows.append([str(w), f"{np.median(list(red.values())):.1%}", f"{red[worst]:.1%} ({worst})",
-                     f"{_median_row(two, 'bcl-node', str(w))['cv_reduction']:.1%}",
+                     plain, f"{_median_row(two, 'bcl-node', str(w))['cv_reduction']:.1%}",
                      f"{_median_row(one, 'bcl-world', str(w))['cv_reduction']:.1%}"])  # fmt: skip
-    out.append(_table(["W", "bcl-rank", "bcl-rank worst corpus", "bcl-node (2 nodes)",
-                       "bcl-world"], rows))  # fmt: skip
+    out.append(_table(["W", "bcl-rank", "bcl-rank worst corpus", "bcl-rank carry off",
+                       "bcl-node (2 nodes)", "bcl-world"], rows))  # fmt: skip
     out.append("\n## Planner knobs (one node; median over corpora)\n")
     rows = [[v["variant"]["algorithm"], str(v["variant"]["refine"]), v["variant"]["pack_order"],
              "off" if v["variant"].get("carry") == 0 else "default",
@@ -425,9 +446,12 @@ def plots(result: dict[str, Any], out: Path, sample: Lengths, model: CostModel) 
     for p in one.values():
         ax.plot(WINDOWS, [p["bcl-rank"][str(w)]["cv_reduction"] for w in WINDOWS],
                 color="0.75", lw=0.8)  # fmt: skip
-    for strategy, profiles, label in [("bcl-rank", one, "bcl-rank (median)"),
-                                      ("bcl-node", two, "bcl-node, 2 nodes (median)"),
-                                      ("bcl-world", one, "bcl-world (median)")]:  # fmt: skip
+    curves = [("bcl-rank", one, "bcl-rank (median)"),
+              ("bcl-node", two, "bcl-node, 2 nodes (median)"),
+              ("bcl-world", one, "bcl-world (median)")]  # fmt: skip
+    if HAS_CARRY:
+        curves.insert(1, ("bcl-rank-nocarry", one, "bcl-rank, carry off (median)"))
+    for strategy, profiles, label in curves:
         ax.plot(WINDOWS, [_median_row(profiles, strategy, str(w))["cv_reduction"]
                           for w in WINDOWS], marker="o", lw=2, label=label)  # fmt: skip
     ax.axhline(PAPER_BEST, color="red", ls="--", lw=1, label="paper's best (82.8%)")
