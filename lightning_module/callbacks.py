@@ -47,6 +47,54 @@ def _as_float(value: Any) -> float:
     return float(value)
 
 
+class PackLogWriter:
+    """Appends the lines to one rank's file; shared by :class:`PackLogger` (Trainer) and
+    Fabric loops (``tools/train_fabric.py``), so both write the same format."""
+
+    def __init__(self, directory: str | os.PathLike[str], rank: int, *, fresh: bool = False):
+        self.path = Path(directory) / LOG_NAME.format(rank=rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.rank = rank
+        self._fh: IO[str] | None = open(self.path, "w" if fresh else "a", encoding="utf-8")  # noqa: SIM115
+
+    def write(
+        self,
+        *,
+        step: int,
+        epoch: int,
+        batch_idx: int,
+        batch: Any,
+        step_seconds: float,
+        forward_seconds: float,
+    ) -> None:
+        if self._fh is None:
+            raise ValueError(f"{self.path}: the pack log is closed")
+        if not isinstance(batch, dict) or "sample_ids" not in batch:
+            raise TypeError(
+                "the pack log needs dict batches with a 'sample_ids' entry (BCLDataModule's "
+                f"collate adds it); got {type(batch).__name__}"
+                + (f" with keys {sorted(batch)}" if isinstance(batch, dict) else "")
+            )
+        line = {
+            "step": step,
+            "epoch": epoch,
+            "batch_idx": batch_idx,
+            "rank": self.rank,
+            "sample_ids": _as_list(batch["sample_ids"]),
+            "tokens": int(_as_float(batch["tokens"])) if "tokens" in batch else None,
+            "est_cost": _as_float(batch["est_cost"]) if "est_cost" in batch else None,
+            "step_seconds": step_seconds,
+            "forward_seconds": forward_seconds,
+        }
+        self._fh.write(json.dumps(line) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
 class PackLogger(pl.Callback):
     """Write ``{step, rank, sample_ids, tokens, est_cost, step_seconds, ...}`` per batch.
 
@@ -60,7 +108,7 @@ class PackLogger(pl.Callback):
         super().__init__()
         self.directory = Path(directory)
         self.fresh = fresh
-        self._fh: IO[str] | None = None
+        self._writer: PackLogWriter | None = None
         self._t0 = 0.0
         self._forward = float("nan")
         self._step = 0
@@ -70,16 +118,13 @@ class PackLogger(pl.Callback):
         return self.directory / LOG_NAME.format(rank=rank)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage != "fit":
-            return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.path_for(trainer.global_rank)
-        self._fh = open(path, "w" if self.fresh else "a", encoding="utf-8")  # noqa: SIM115
+        if stage == "fit":
+            self._writer = PackLogWriter(self.directory, trainer.global_rank, fresh=self.fresh)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -102,27 +147,15 @@ class PackLogger(pl.Callback):
         batch_idx: int,
     ) -> None:
         seconds = time.perf_counter() - self._t0
-        if self._fh is None:
-            return
-        if not isinstance(batch, dict) or "sample_ids" not in batch:
-            raise TypeError(
-                "PackLogger needs dict batches with a 'sample_ids' entry (BCLDataModule's collate "
-                f"adds it); got {type(batch).__name__}"
-                + (f" with keys {sorted(batch)}" if isinstance(batch, dict) else "")
+        if self._writer is not None:
+            self._writer.write(
+                step=self._step,
+                epoch=int(trainer.current_epoch),
+                batch_idx=int(batch_idx),
+                batch=batch,
+                step_seconds=seconds,
+                forward_seconds=self._forward,
             )
-        line = {
-            "step": self._step,
-            "epoch": int(trainer.current_epoch),
-            "batch_idx": int(batch_idx),
-            "rank": int(trainer.global_rank),
-            "sample_ids": _as_list(batch["sample_ids"]),
-            "tokens": int(_as_float(batch["tokens"])) if "tokens" in batch else None,
-            "est_cost": _as_float(batch["est_cost"]) if "est_cost" in batch else None,
-            "step_seconds": seconds,
-            "forward_seconds": self._forward,
-        }
-        self._fh.write(json.dumps(line) + "\n")
-        self._fh.flush()
 
 
 def read_pack_log(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
