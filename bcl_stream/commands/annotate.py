@@ -8,7 +8,7 @@ from typing import Any
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("annotate", help="add a cost index to an existing dataset (no rewrite)")
-    p.add_argument("directory", metavar="DIR", help="local MDS or WebDataset directory")
+    p.add_argument("directory", metavar="DIR", help="MDS or WebDataset directory, or s3:// URL")
     p.add_argument("--tokens-field", default="input_ids", help="column/member of token ids")
     p.add_argument("--length-field", default=None, help="integer length column instead")
     p.add_argument("--cost-model", default="llama3-8b", help="preset name or cost-model JSON")

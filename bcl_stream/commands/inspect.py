@@ -12,7 +12,7 @@ from typing import Any
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("inspect", help="statistics and integrity of a costed dataset")
-    p.add_argument("directory", metavar="DIR", help="local MDS or WebDataset directory")
+    p.add_argument("directory", metavar="DIR", help="MDS or WebDataset directory, or s3:// URL")
     p.add_argument("--max-tokens", type=int, default=None, help="report records above this cap")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="token/cost histogram")
@@ -43,13 +43,9 @@ def _text(report: dict[str, Any]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bcl_stream.preprocess.inspection import inspect_dataset, plot_inspection
+    from bcl_stream.preprocess.inspection import inspect_dataset
 
-    report = inspect_dataset(args.directory, max_tokens=args.max_tokens)
-    if args.plot and report["records"]:
-        from bcl_stream.formats.layout import open_layout
-
-        plot_inspection(open_layout(args.directory).index, args.plot, args.max_tokens)
+    report = inspect_dataset(args.directory, max_tokens=args.max_tokens, plot=args.plot)
     if args.json:
         print(json.dumps(report))
     else:

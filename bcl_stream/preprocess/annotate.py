@@ -37,6 +37,7 @@ from bcl_stream.formats.layout import (
     wds_shards_on_disk,
 )
 from bcl_stream.index import INDEX_JSON, CostIndex, ShardEntry, write_index
+from bcl_stream.remote import is_remote
 
 
 def _count(value: Any, where: str, as_length: bool) -> int:
@@ -156,8 +157,34 @@ def annotate(
     overwrite: bool = False,
     progress: bool = True,
 ) -> CostIndex:
-    """Write the cost index of a local dataset directory; output: the index written."""
-    root = Path(directory)
+    """Write the cost index of a dataset directory or remote URL; output: the index written.
+
+    A remote dataset is downloaded whole to a temporary directory (see ``fetch``) and only the
+    cost index and the MDS ``index.json`` pointer are uploaded back.
+    """
+    if is_remote(directory):
+        from bcl_stream.preprocess.fetch import fetch_dataset, push_index
+
+        with tempfile.TemporaryDirectory(prefix="bcl_annotate_") as tmp:
+            root = fetch_dataset(str(directory), tmp, progress=progress)
+            index = _annotate_local(
+                root, tokens_field, length_field, cost_model, overwrite, progress
+            )
+            push_index(root, str(directory))
+            return index
+    return _annotate_local(
+        Path(directory), tokens_field, length_field, cost_model, overwrite, progress
+    )
+
+
+def _annotate_local(
+    root: Path,
+    tokens_field: str,
+    length_field: str | None,
+    cost_model: str | CostModel,
+    overwrite: bool,
+    progress: bool,
+) -> CostIndex:
     fmt = detect_format(root)
     model = resolve(cost_model)
     if (root / INDEX_JSON).is_file() and not overwrite:

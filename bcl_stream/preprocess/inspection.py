@@ -9,6 +9,7 @@ a broken dataset is exactly what ``inspect`` is for, so every failure becomes a 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import numpy.typing as npt
 from bcl_stream.errors import BCLStreamError
 from bcl_stream.formats.layout import check_integrity, detect_format, open_layout
 from bcl_stream.index import CostIndex
+from bcl_stream.remote import is_remote
 
 EMPTY_STATS = {"total": 0.0, "mean": 0.0, "p50": 0.0, "p99": 0.0, "max": 0.0}
 
@@ -34,13 +36,9 @@ def _outliers(tokens: npt.NDArray[np.uint32], cap: int | None) -> dict[str, Any]
     }
 
 
-def inspect_dataset(
-    directory: str | os.PathLike[str], *, max_tokens: int | None = None
-) -> dict[str, Any]:
-    """The inspection report of a local dataset directory (see the module docstring)."""
-    root = Path(directory)
-    report: dict[str, Any] = {
-        "location": str(root),
+def _empty(location: str, max_tokens: int | None) -> dict[str, Any]:
+    return {
+        "location": location,
         "format": None,
         "records": 0,
         "shards": 0,
@@ -52,6 +50,34 @@ def inspect_dataset(
         "ok": False,
         "problems": [],
     }
+
+
+def inspect_dataset(
+    directory: str | os.PathLike[str],
+    *,
+    max_tokens: int | None = None,
+    plot: str | os.PathLike[str] | None = None,
+) -> dict[str, Any]:
+    """The inspection report of a dataset directory or remote URL (see the module docstring);
+    ``plot``: also draw :func:`plot_inspection` there.
+
+    A remote dataset is downloaded whole to a temporary directory first (every tar is needed to
+    count its members).
+    """
+    if is_remote(directory):
+        from bcl_stream.preprocess.fetch import fetch_dataset
+
+        with tempfile.TemporaryDirectory(prefix="bcl_inspect_") as tmp:
+            try:
+                root = fetch_dataset(str(directory), tmp, progress=False)
+            except BCLStreamError as exc:
+                return {**_empty(str(directory), max_tokens), "problems": [str(exc)]}
+            report = inspect_dataset(root, max_tokens=max_tokens, plot=plot)
+            report["location"] = str(directory)
+            report["problems"] = [p.replace(str(root), str(directory)) for p in report["problems"]]
+            return report
+    root = Path(directory)
+    report = _empty(str(root), max_tokens)
     try:
         report["format"] = detect_format(root)
         layout = open_layout(root, verify=True)
@@ -71,6 +97,8 @@ def inspect_dataset(
     )
     report["problems"] = check_integrity(root, index)
     report["ok"] = not report["problems"]
+    if plot is not None and len(index):
+        plot_inspection(index, plot, max_tokens)
     return report
 
 

@@ -36,7 +36,8 @@ def _refuse(output: str, found: list[str]) -> DatasetError:
     )
 
 
-def _remote_listing(output: str) -> list[str]:
+def remote_listing(output: str) -> list[str]:
+    """Object names under a remote dataset location (relative to it)."""
     from streaming.base.storage import CloudUploader
 
     uploader = CloudUploader.get(output, keep_local=False, exist_ok=True)
@@ -62,7 +63,7 @@ def _delete_remote(output: str, names: list[str]) -> None:
 def prepare_output(output: str, *, overwrite: bool) -> None:
     """Make ``output`` ready for a fresh write, or raise :class:`DatasetError`."""
     if is_remote(output):
-        found = _remote_listing(output)
+        found = remote_listing(output)
         if not found:
             return
         if not overwrite:

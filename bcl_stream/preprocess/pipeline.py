@@ -49,6 +49,10 @@ class PreprocessReport:
     outliers: dict[str, Any] = field(default_factory=dict)
     shards: int = 0
     seconds: float = 0.0
+    seconds_parse: float = 0.0
+    """Time parsing records (JSON, UTF-8, chat template), summed over workers."""
+    seconds_tokenize: float = 0.0
+    """Time in the tokenizer, summed over workers."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -151,7 +155,9 @@ def preprocess(
     raws = read_records(inputs, counts)
     bar = tqdm(unit="rec", desc="preprocess", disable=not progress, mininterval=0.5)
     try:
-        for source, result in tokenize_stream(raws, tokenizer, text_field, workers=workers):
+        timing: dict[str, float] = {}
+        stream = tokenize_stream(raws, tokenizer, text_field, workers=workers, seconds=timing)
+        for source, result in stream:
             bar.update()
             if isinstance(result, Bad):
                 if not skip_bad:
@@ -176,6 +182,8 @@ def preprocess(
         report.skipped_bad = dict(skipped)
         report.outliers = policy.to_dict()
         report.seconds = time.perf_counter() - start
+        report.seconds_parse = timing["parse"]
+        report.seconds_tokenize = timing["tokenize"]
         writer.extra.update(preprocess=report.to_dict(), tokenizer=tok_name, chat_template=TEMPLATE)
         index = writer.finish()
         report.shards = len(index.shards)

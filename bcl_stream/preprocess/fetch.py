@@ -1,0 +1,51 @@
+"""Remote datasets for ``annotate`` and ``inspect``: copy down, work locally, push the index.
+
+Both commands need every shard (``annotate`` reads the token ids, ``inspect`` counts tar members),
+so a remote dataset is downloaded whole into a temporary directory with streaming's downloaders
+(``bcl_stream.remote.download``). ``annotate`` then uploads ``bcl_costs.npy``,
+``bcl_index.json`` and, for MDS, ``index.json`` with the pointer key, in that order.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tqdm import tqdm
+
+from bcl_stream.errors import DatasetError
+from bcl_stream.formats.layout import MDS_INDEX, WDS_SUFFIXES, read_mds_index
+from bcl_stream.index import COSTS_NPY, INDEX_JSON
+from bcl_stream.preprocess.output import remote_listing
+from bcl_stream.remote import download, join, upload
+
+
+def fetch_dataset(location: str, local: str | os.PathLike[str], *, progress: bool = True) -> Path:
+    """Download a remote MDS or WebDataset dataset (and its cost index, if any) into ``local``."""
+    root = Path(local)
+    names = set(remote_listing(location))
+    if not names:
+        raise DatasetError(f"{location}: no such dataset (nothing stored under it)")
+    wanted = [n for n in (INDEX_JSON, COSTS_NPY) if n in names]
+    if MDS_INDEX in names:
+        download(join(location, MDS_INDEX), root / MDS_INDEX)
+        for shard in read_mds_index(root)["shards"]:
+            raw, zipped = (
+                shard["raw_data"]["basename"],
+                (shard.get("zip_data") or {}).get("basename"),
+            )
+            wanted.append(raw if raw in names or not zipped else zipped)
+    else:
+        wanted += sorted(n for n in names if n.endswith(WDS_SUFFIXES) and "/" not in n)
+    for name in tqdm(wanted, desc="download", unit="file", disable=not progress):
+        if name in names:
+            download(join(location, name), root / name)
+    return root
+
+
+def push_index(root: Path, location: str) -> None:
+    """Upload the cost index, then (MDS) ``index.json``: the completion marker goes last."""
+    for name in (COSTS_NPY, INDEX_JSON):
+        upload(root / name, location, name)
+    if (root / MDS_INDEX).is_file():
+        upload(root / MDS_INDEX, location, MDS_INDEX)
