@@ -157,3 +157,18 @@ def test_remainder_is_reported(mds_dir: Path) -> None:
     assert counts["longer_than_max_tokens"] == int(np.sum(tokens > 50)) > 0
     used = sum(b["sample_ids"].numel() for b in module.train_dataloader())
     assert used + sum(counts.values()) == 300
+
+
+def test_s3_dataset_under_trainer(moto_s3: Any, tmp_path: Path) -> None:
+    """``s3://`` data (loopback moto server): the Trainer sees exactly the plan's packs."""
+    from tests.conftest import write_mds
+
+    remote = moto_s3("bcl-lightning") + "/train"
+    write_mds(remote, 120)
+    module = BCLDataModule(remote, pack_size=4, window=3, cache_dir=str(tmp_path / "cache"))
+    trainer = make_trainer(tmp_path, max_epochs=1)
+    trainer.fit(TinyGPT(tiny_config()), module)
+    plan = module.dataset.plan(0).rank_packs(0).tolist()  # type: ignore[union-attr]
+    assert [x["sample_ids"] for x in pack_log(tmp_path)] == plan
+    assert len(plan) == 30
+    assert any((tmp_path / "cache").glob("shard.*.mds"))  # shards came from S3
