@@ -68,7 +68,7 @@ LAYOUTS = {"1node": 8, "2node": 4}
 SCOPES = ("rank", "node", "world")
 PAPER_BEST = 0.828
 TARGETS = {"cv_reduction_rank_w32": 0.80, "efficiency_world_w16": 0.95, "records_per_s": 2e6}
-ABLATION = [
+ABLATION: list[dict[str, Any]] = [
     {"algorithm": a, "refine": r, "pack_order": o}
     for a in ("lpt", "snake")
     for r in (8, 0)
@@ -96,7 +96,10 @@ def corpora_for(n: int) -> dict[str, Callable[[int], Lengths]]:
 def bcl_schedule(
     tok: Lengths, model: CostModel, sim: SimConfig, scope: str, **overrides: Any
 ) -> Schedule:
-    """One BCL plan through the simulator's PlanConfig, with PlanConfig fields overridden."""
+    """One BCL plan through the simulator's PlanConfig, with PlanConfig fields overridden;
+    ``carry_fraction`` sets ``carry`` to that fraction of the window's W*B records."""
+    if "carry_fraction" in overrides:
+        overrides["carry"] = int(overrides.pop("carry_fraction") * sim.window * sim.pack_size)
     config = dataclasses.replace(plan_config(sim, scope), **overrides)
     costs = model.cost(tok)
     plan = plan_epoch(costs, epoch_order([tok.size], sim.seed, sim.epoch), config, tok)
@@ -176,7 +179,7 @@ def run_ablation(
     bcl-rank at W=32 and bcl-world at W=16, per profile, mean over repetitions."""
     variants = list(ABLATION)
     if HAS_CARRY:
-        variants += [{**v, "carry": 0} for v in ABLATION[:1]]
+        variants += [{**ABLATION[0], "carry_fraction": f} for f in (0.0, 0.125, 0.5)]
     out = []
     for variant in tqdm(variants, desc="ablation", unit="variant"):
         per_profile: dict[str, dict[str, float]] = {}
@@ -187,11 +190,14 @@ def run_ablation(
                 sim = SimConfig(ranks=RANKS, ranks_per_node=8, pack_size=PACK, grad_accum=ACCUM,
                                 seed=seed, epoch=epoch)  # fmt: skip
                 base = schedules(tok, model, sim, ("sequential",))
+                rank8 = score(bcl_schedule(tok, model, dataclasses.replace(sim, window=8),
+                                           "rank", **variant), base)  # fmt: skip
                 rank = score(bcl_schedule(tok, model, dataclasses.replace(sim, window=32),
                                           "rank", **variant), base)  # fmt: skip
                 world = score(bcl_schedule(tok, model, dataclasses.replace(sim, window=16),
                                            "world", **variant), base)  # fmt: skip
-                rows.append({"rank_w32_cv_reduction": rank["cv_reduction"],
+                rows.append({"rank_w8_cv_reduction": rank8["cv_reduction"],
+                             "rank_w32_cv_reduction": rank["cv_reduction"],
                              "rank_w32_efficiency": rank["efficiency"],
                              "world_w16_efficiency": world["efficiency"]})  # fmt: skip
             per_profile[name] = mean_dicts(rows)
@@ -405,11 +411,14 @@ def markdown(result: dict[str, Any]) -> str:
                        "bcl-node (2 nodes)", "bcl-world"], rows))  # fmt: skip
     out.append("\n## Planner knobs (one node; median over corpora)\n")
     rows = [[v["variant"]["algorithm"], str(v["variant"]["refine"]), v["variant"]["pack_order"],
-             "off" if v["variant"].get("carry") == 0 else "default",
+             f"{v['variant']['carry_fraction']:g} W*B" if "carry_fraction" in v["variant"]
+             else "default (W*B/4)" if HAS_CARRY else "-",
+             f"{v['median']['rank_w8_cv_reduction']:.1%}",
              f"{v['median']['rank_w32_cv_reduction']:.1%}",
              f"{v['median']['rank_w32_efficiency']:.4f}",
              f"{v['median']['world_w16_efficiency']:.4f}"] for v in result["ablation"]]  # fmt: skip
-    out.append(_table(["algorithm", "refine", "pack order", "carry", "rank W=32 CV red.",
+    out.append(_table(["algorithm", "refine", "pack order", "carry", "rank W=8 CV red.",
+                       "rank W=32 CV red.",
                        "rank W=32 E", "world W=16 E"], rows))  # fmt: skip
     tp_rows = result["throughput"]["rows"]
     if tp_rows:
