@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bcl_stream.cli import main
 from bcl_stream.cost import get_preset
@@ -63,6 +65,28 @@ def test_no_packs_gives_nan_metrics_and_zero_time() -> None:
 def test_bad_sync_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="sync"):
         metrics_from_costs(C, 0, 0, sync="epoch")
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    ranks=st.integers(1, 6),
+    packs=st.integers(1, 12),
+    scale=st.floats(0.01, 1e6),
+    seed=st.integers(0, 2**16),
+)
+def test_metric_invariants(ranks: int, packs: int, scale: float, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    c = rng.exponential(size=(ranks, packs)) + 1e-3
+    m = metrics_from_costs(c, 0, 0)
+    assert 0 < m.efficiency <= 1 + 1e-12
+    assert m.efficiency * m.time == pytest.approx(c.mean(axis=0).sum())
+    assert m.cv_ranks >= 0 and m.cv_time >= 0
+    # Costs in other units, ranks relabelled within each step: the same balance.
+    shuffled = rng.permuted(c, axis=0)
+    for other in (metrics_from_costs(c * scale, 0, 0), metrics_from_costs(shuffled, 0, 0)):
+        assert other.efficiency == pytest.approx(m.efficiency)
+        assert other.cv_ranks == pytest.approx(m.cv_ranks)
+    assert metrics_from_costs(shuffled, 0, 0).time == pytest.approx(m.time)
 
 
 def _lengths(n: int = 3000, seed: int = 0) -> np.ndarray:
