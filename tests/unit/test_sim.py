@@ -204,10 +204,11 @@ def _bad_inputs(tmp_path: Path) -> dict[str, Path]:
         "floats": floats,
         "matrix": matrix,
         "empty": empty,
+        "directory": tmp_path,
     }
 
 
-@pytest.mark.parametrize("case", ["missing", "text", "floats", "matrix", "empty"])
+@pytest.mark.parametrize("case", ["missing", "text", "floats", "matrix", "empty", "directory"])
 def test_cli_bad_lengths_file_is_a_clear_error_with_exit_code_2(
     case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
