@@ -9,6 +9,7 @@ so a remote dataset is downloaded whole into a temporary directory with streamin
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tqdm import tqdm
@@ -21,7 +22,10 @@ from bcl_stream.remote import download, join, upload
 
 
 def fetch_dataset(location: str, local: str | os.PathLike[str], *, progress: bool = True) -> Path:
-    """Download a remote MDS or WebDataset dataset (and its cost index, if any) into ``local``."""
+    """Download a remote MDS or WebDataset dataset (and its cost index, if any) into ``local``.
+
+    Missing shards are left missing (``inspect`` reports them), not an error here.
+    """
     root = Path(local)
     names = set(remote_listing(location))
     if not names:
@@ -37,9 +41,12 @@ def fetch_dataset(location: str, local: str | os.PathLike[str], *, progress: boo
             wanted.append(raw if raw in names or not zipped else zipped)
     else:
         wanted += sorted(n for n in names if n.endswith(WDS_SUFFIXES) and "/" not in n)
-    for name in tqdm(wanted, desc="download", unit="file", disable=not progress):
-        if name in names:
-            download(join(location, name), root / name)
+    wanted = [n for n in wanted if n in names]
+    # Each download builds its own client (~0.3 s here): overlap them.
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        jobs = [pool.submit(download, join(location, n), root / n) for n in wanted]
+        for job in tqdm(jobs, desc="download", unit="file", disable=not progress):
+            job.result()
     return root
 
 

@@ -126,3 +126,26 @@ def test_interrupted_s3_write_leaves_no_index(
         raise RuntimeError("stop")
     keys = _keys(remote)
     assert not keys & {"index.json", "bcl_index.json", "bcl_costs.npy"}
+
+
+def test_annotate_and_inspect_remote(
+    moto_s3: Callable[[str], str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from streaming import MDSWriter
+
+    from bcl_stream.cli import main
+
+    remote = moto_s3("bcl-w-annot") + "/ds"
+    lengths = [i % 17 + 1 for i in range(60)]
+    with MDSWriter(out=remote, columns={"input_ids": "ndarray:uint32"}, size_limit=1024) as w:
+        for n in lengths:
+            w.write({"input_ids": np.zeros(n, np.uint32)})
+    assert main(["inspect", remote, "--json"]) == 1
+    assert "annotate" in json.loads(capsys.readouterr().out)["problems"][0]
+    assert main(["annotate", remote, "--no-progress", "--cost-model", "tokens"]) == 0
+    capsys.readouterr()
+    assert {"bcl_costs.npy", "bcl_index.json", "index.json"} <= _keys(remote)
+    assert open_cost_index(remote, tmp_path / "idx")[0].tokens.tolist() == lengths
+    assert main(["inspect", remote, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["location"] == remote and report["records"] == 60
