@@ -32,6 +32,7 @@ import lightning.pytorch as pl
 import numpy as np
 import numpy.typing as npt
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 
 from bcl_stream.cost import resolve
 from bcl_stream.errors import StateError
@@ -266,6 +267,12 @@ class BCLDataModule(pl.LightningDataModule):
                 persistent_workers=self.persistent_workers,
                 collate_fn=self.collate(),
                 allow_resize=self.allow_resize,
+            )
+            ds = self._require_dataset()
+            rank_zero_info(
+                f"BCLDataModule: {self.packing} packing, {len(ds)} packs of {self.pack_size} "
+                f"records per rank per epoch on {ds.config.world_size} ranks; records of "
+                f"epoch {ds.epoch} not yielded, by reason: {ds.remainder_counts() or 'none'}"
             )
         if self._pending is not None:
             self._loader.load_state_dict(self._pending)

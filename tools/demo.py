@@ -164,10 +164,55 @@ def balance(logs: list[list[dict[str, Any]]]) -> dict[str, Any]:
     }
 
 
+def replay(
+    runs: dict[str, list[list[dict[str, Any]]]], model_cfg: dict[str, Any], steps: int
+) -> dict[str, Any]:
+    """Time every logged pack's forward+backward in this one process, strategies interleaved
+    step by step (which goes first alternates), so both see the same machine load; the DDP
+    runs ran minutes apart on a shared machine. Record lengths come from the cost index;
+    token values do not change compute. Output: per strategy, C[r, t] in seconds."""
+    import torch
+
+    from bcl_stream.index import read_index
+    from lightning_module.collate import collate_packed
+    from lightning_module.tinygpt import TinyGPT, TinyGPTConfig
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    tokens = read_index(WORK / "mds").tokens
+    model = TinyGPT(TinyGPTConfig(**model_cfg))
+
+    def seconds(ids: list[int]) -> float:
+        pack = [{"input_ids": np.zeros(int(tokens[i]), np.uint32), "sample_id": i} for i in ids]
+        batch = collate_packed(pack, model_cfg["max_seq_len"])
+        start = time.perf_counter()
+        model.loss(batch).backward()
+        elapsed = time.perf_counter() - start
+        model.zero_grad(set_to_none=True)
+        return elapsed
+
+    names = list(runs)
+    n = min(steps, *(len(logs[0]) for logs in runs.values()))
+    times = {name: np.zeros((len(runs[name]), n)) for name in names}
+    seconds(runs[names[0]][0][0]["sample_ids"])  # warm-up
+    for t in tqdm(range(n), desc="replay", unit="step", leave=False):
+        for name in names if t % 2 == 0 else names[::-1]:
+            for r, logs in enumerate(runs[name]):
+                times[name][r, t] = seconds(logs[t]["sample_ids"])
+    out: dict[str, Any] = {"steps": n}
+    for name, c in times.items():
+        m = metrics_from_costs(c, c.shape[1], 0)
+        out[name] = {"efficiency": m.efficiency, "time_seconds": m.time, "_matrix": c}
+    if len(names) == 2:
+        out["speedup"] = out[names[1]]["time_seconds"] / out[names[0]]["time_seconds"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1600, help="stdlib records to use")
     parser.add_argument("--stop-at", type=int, default=40, help="step of the interrupted run")
+    parser.add_argument("--replay-steps", type=int, default=100, help="steps timed in replay")
     args = parser.parse_args(argv)
     WORK.mkdir(parents=True, exist_ok=True)
     base = yaml.safe_load(BASE_CONFIG.read_text())
@@ -177,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         if cb["class_path"].endswith("ModelCheckpoint"):
             cb["init_args"].update(every, filename="{step}")
     timings: dict[str, float] = {}
-    stages = ["dataset", "bcl", "bcl-first", "bcl-resumed", "sequential"]
+    stages = ["dataset", "bcl", "bcl-first", "bcl-resumed", "sequential", "replay"]
     bar = tqdm(stages, desc="demo", unit="stage")
     t0 = time.perf_counter()
     for stage in bar:
@@ -194,8 +239,11 @@ def main(argv: list[str] | None = None) -> int:
             if not ckpt.is_file():
                 raise SystemExit(f"demo: the interrupted run wrote no checkpoint {ckpt}")
             fit(stage, run_config(stage, base, {}), "--ckpt_path", str(ckpt))
-        else:
+        elif stage == "sequential":
             fit(stage, run_config(stage, base, {"packing": "sequential"}))
+        else:
+            runs = {name: read_logs(name, world) for name in ("bcl", "sequential")}
+            replayed = replay(runs, base["model"]["init_args"]["config"], args.replay_steps)
         timings[stage] = time.perf_counter() - start
     bar.close()
 
@@ -208,12 +256,14 @@ def main(argv: list[str] | None = None) -> int:
         est, fwd = res.pop("_matrices")
         matrices[f"{name}: estimated cost"] = est
         matrices[f"{name}: measured forward seconds"] = fwd
+        matrices[f"{name}: replayed fwd+bwd seconds"] = replayed[name].pop("_matrix")
     png = plot_step_costs(matrices, OUT / "balance.png", max_steps=200)
     report = {
         "resume_identical": bool(resume["identical"]),
         "efficiency": {k: v["estimated"]["efficiency"] for k, v in results.items()},
         "measured_efficiency": {k: v["measured_forward"]["efficiency"] for k, v in results.items()},
         "measured_step_seconds": {k: v["measured_step_seconds_mean"] for k, v in results.items()},
+        "measured_replay": replayed,
         "resume": resume,
         "balance": results,
         "audit": {"bcl": audit(full), "sequential": audit(read_logs("sequential", world))},
@@ -229,7 +279,9 @@ def main(argv: list[str] | None = None) -> int:
             f"estimated from the cost index, measured from each rank's forward seconds (no "
             f"collective inside forward), first {WARMUP_STEPS} steps left out of measured "
             "figures; measured_step_seconds = mean over steps of the slowest rank's step wall "
-            "time (includes the all-reduce wait)."
+            "time (includes the all-reduce wait). measured_replay: every logged pack timed "
+            "again (forward+backward, one process, strategies interleaved per step so both see "
+            "the same machine load); time_seconds = sum_t max_r, speedup = sequential / bcl."
         ),
         "timings_seconds": {**timings, "total": time.perf_counter() - t0},
         "machine": {
@@ -246,6 +298,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{res['measured_forward']['efficiency']:11.3f}"
             f"{res['measured_step_seconds_mean']:9.3f}{res['steps']:7d}"
         )
+    print(
+        f"replay ({replayed['steps']} steps, fwd+bwd): efficiency bcl "
+        f"{replayed['bcl']['efficiency']:.3f} vs sequential "
+        f"{replayed['sequential']['efficiency']:.3f}; speedup {replayed.get('speedup', 0):.3f}"
+    )
     print(f"resume identical: {resume['identical']} ({resume['steps_compared']} rank-steps)")
     print(
         f"report: {OUT / 'report.json'}  plot: {png}  total {report['timings_seconds']['total']:.0f} s"

@@ -172,3 +172,17 @@ def test_s3_dataset_under_trainer(moto_s3: Any, tmp_path: Path) -> None:
     assert [x["sample_ids"] for x in pack_log(tmp_path)] == plan
     assert len(plan) == 30
     assert any((tmp_path / "cache").glob("shard.*.mds"))  # shards came from S3
+
+
+def test_pack_log_refuses_batches_without_sample_ids(tmp_path: Path) -> None:
+    from lightning_module.callbacks import PackLogWriter, read_pack_log
+
+    writer = PackLogWriter(tmp_path, rank=3, fresh=True)
+    kw = {"step": 0, "epoch": 0, "batch_idx": 0, "step_seconds": 0.1, "forward_seconds": 0.05}
+    with pytest.raises(TypeError, match="sample_ids"):
+        writer.write(batch={"input_ids": torch.zeros(2, 3)}, **kw)
+    writer.write(batch={"sample_ids": torch.tensor([4, 2]), "tokens": torch.tensor([3, 5])}, **kw)
+    writer.close()
+    (line,) = read_pack_log(tmp_path / "packs_rank3.jsonl")
+    assert line["sample_ids"] == [4, 2] and line["tokens"] == 8 and line["rank"] == 3
+    assert line["est_cost"] is None
