@@ -32,20 +32,9 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-def parse_size(text: str) -> int:
-    """``"64mb"``, ``"1gb"``, ``"100000"`` -> bytes."""
-    units = {"kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "b": 1}
-    low = text.strip().lower()
-    for suffix, factor in units.items():
-        if low.endswith(suffix) and low[: -len(suffix)].strip().isdigit():
-            return int(low[: -len(suffix)]) * factor
-    if low.isdigit():
-        return int(low)
-    raise ValueError(f"--shard-size-limit {text!r}: expected bytes such as 67108864 or 64mb")
-
-
 def run(args: argparse.Namespace) -> int:
     from bcl_stream.preprocess import preprocess
+    from bcl_stream.preprocess.pipeline import parse_size
 
     report = preprocess(
         args.inputs,

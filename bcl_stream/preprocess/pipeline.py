@@ -80,6 +80,18 @@ class PreprocessReport:
         return out
 
 
+def parse_size(text: str) -> int:
+    """``"64mb"``, ``"1gb"``, ``"100000"`` -> bytes."""
+    units = {"kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "b": 1}
+    low = text.strip().lower()
+    for suffix, factor in units.items():
+        if low.endswith(suffix) and low[: -len(suffix)].strip().isdigit():
+            return int(low[: -len(suffix)]) * factor
+    if low.isdigit():
+        return int(low)
+    raise ValueError(f"--shard-size-limit {text!r}: expected bytes such as 67108864 or 64mb")
+
+
 def _bad_error(bad: Bad) -> DatasetError:
     return DatasetError(
         f"{bad.source}: {bad.message}. Fix the record, or pass --skip-bad to skip and count "
@@ -109,7 +121,9 @@ def _open_writer(
 
     if compression not in (None, "gz", "gzip"):
         raise ValueError(f"--compression {compression!r}: WebDataset shards support only gz")
-    size = float(shard_size_limit) if isinstance(shard_size_limit, int) else float(1 << 28)
+    if isinstance(shard_size_limit, str):
+        shard_size_limit = parse_size(shard_size_limit)
+    size = float(shard_size_limit) if shard_size_limit else float(1 << 28)
     return CostedWDSWriter(
         output, cost_model=model, maxcount=maxcount, maxsize=size, compress=bool(compression)
     )
@@ -154,8 +168,9 @@ def preprocess(
     start = time.perf_counter()  # after the writer's import of streaming (seconds, one-off)
     raws = read_records(inputs, counts)
     bar = tqdm(unit="rec", desc="preprocess", disable=not progress, mininterval=0.5)
+    timing: dict[str, float] = {}
+    stream = None
     try:
-        timing: dict[str, float] = {}
         stream = tokenize_stream(raws, tokenizer, text_field, workers=workers, seconds=timing)
         for source, result in stream:
             bar.update()
@@ -193,4 +208,6 @@ def preprocess(
         raise
     finally:
         bar.close()
+        if stream is not None:
+            stream.close()  # stops the worker pool now, not when the generator is collected
     return report

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from multiprocessing import get_context
 from multiprocessing.pool import AsyncResult
 from typing import Any
@@ -67,7 +67,7 @@ def tokenize_stream(
     workers: int,
     chunk_size: int = 256,
     seconds: dict[str, float] | None = None,
-) -> Iterator[Result]:
+) -> Generator[Result, None, None]:
     """(source, ids or Bad) for every raw record, in input order.
 
     ``seconds`` (if given) accumulates ``parse`` and ``tokenize`` time summed over workers.

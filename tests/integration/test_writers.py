@@ -183,3 +183,26 @@ def test_two_workers_write_the_same_dataset_as_one(
     assert one.extra["preprocess"]["records_written"] == 700
     a, b = read_mds(tmp_path / "w1"), read_mds(tmp_path / "w2")
     assert all(np.array_equal(x["input_ids"], y["input_ids"]) for x, y in zip(a, b, strict=True))
+
+
+def test_preprocess_with_a_local_tokenizer_json(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "red": 1, "green": 2, "blue": 3}
+    hf = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    hf.pre_tokenizer = pre_tokenizers.Whitespace()
+    hf.save(str(tmp_path / "tokenizer.json"))
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["red blue", "green x red"]))
+    preprocess(
+        [str(src)],
+        str(tmp_path / "out"),
+        format="wds",
+        tokenizer=str(tmp_path / "tokenizer.json"),
+        shard_size_limit="1mb",
+        progress=False,
+    )
+    layout = open_layout(tmp_path / "out")
+    assert layout.index.tokens.tolist() == [2, 3]
+    assert layout.index.extra["tokenizer"] == str(tmp_path / "tokenizer.json")
+    assert [r["input_ids.npy"].tolist() for r in read_wds(tmp_path / "out")] == [[1, 3], [2, 0, 1]]

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bcl_stream.commands.preprocess import parse_size
 from bcl_stream.errors import DatasetError
 from bcl_stream.preprocess.chat import TEMPLATE, ChatFormatError, render_messages
 from bcl_stream.preprocess.outliers import OutlierPolicy
 from bcl_stream.preprocess.output import prepare_output
+from bcl_stream.preprocess.pipeline import parse_size
 from bcl_stream.preprocess.sources import Bad, check_inputs, read_records, record_text
 from bcl_stream.preprocess.tokenizers import load_tokenizer
 
