@@ -4,7 +4,7 @@ Stages (typed, ``def stage(src, ...)`` style, usable inside a stock ``wds.DataPi
 
 - :func:`tar_samples`: shards -> (sample id, raw members) read sequentially. A record the plan
   does not need is skipped from its tar header alone: the payload is neither decoded nor read
-  (tarfile seeks over it on a local file), which is what makes resume cheap.
+  (``tar_scan`` seeks over it), which is what makes resume and other ranks' records cheap.
 - :func:`decode_sample`: raw members -> a sample dict (``input_ids`` as numpy, ``json`` parsed).
 - :func:`follow_plan` / :func:`bcl_packs`: samples -> packs of exactly B records, in plan order,
   held in a bounded buffer. ``bcl_packs`` computes the rank-local BCL plan itself from the cost
@@ -36,6 +36,7 @@ import numpy.typing as npt
 
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.reader_base import Pack, PlanDataset, Sample
+from bcl_stream.formats.tar_scan import TarFormatError, tar_members
 from bcl_stream.index import CostIndex
 from bcl_stream.plan_source import ReaderConfig, Segment, epoch_plan
 from bcl_stream.remote import download, is_remote, join, open_cost_index
@@ -61,22 +62,18 @@ def tar_samples(
         key: str | None = None
         members: Raw = {}
         try:
-            with tarfile.open(path, mode="r:*") as tar:
-                for info in tar:
-                    if not info.isreg():
-                        continue
-                    member_key, suffix = _split_name(info.name)
-                    if member_key != key:
-                        if key is not None and first + ordinal in wanted:
-                            yield first + ordinal, key, members
-                        key, ordinal, members = member_key, ordinal + 1, {}
-                        _check_key(name, key, first + ordinal)
-                    if first + ordinal in wanted:
-                        handle = tar.extractfile(info)
-                        members[suffix] = handle.read() if handle else b""
-                if key is not None and first + ordinal in wanted:
-                    yield first + ordinal, key, members
-        except (tarfile.TarError, OSError, EOFError) as exc:
+            for member_name, read in tar_members(path):
+                member_key, suffix = _split_name(member_name)
+                if member_key != key:
+                    if key is not None and first + ordinal in wanted:
+                        yield first + ordinal, key, members
+                    key, ordinal, members = member_key, ordinal + 1, {}
+                    _check_key(name, key, first + ordinal)
+                if first + ordinal in wanted:
+                    members[suffix] = read()
+            if key is not None and first + ordinal in wanted:
+                yield first + ordinal, key, members
+        except (tarfile.TarError, TarFormatError, OSError, EOFError) as exc:
             raise DatasetError(
                 f"{name}: unreadable tar shard ({type(exc).__name__}: {exc}) at record "
                 f"{first + max(ordinal, 0)}. Re-download or rewrite the shard."

@@ -1,0 +1,115 @@
+"""Tar member scanning that can skip a member's payload without reading it.
+
+Why not ``tarfile``: on WebDataset shards (pax headers, two small members per record) Python's
+``tarfile`` spends most of its time building ``TarInfo`` objects; a reader that only needs the
+name and size of each member to decide whether to read it ran at 0.35-0.5x the records/s of
+stock ``webdataset`` iteration in tools/bench_loader.py. This scanner parses the 512-byte
+ustar header directly (GNU long names and pax ``path``/``size`` records included), verifies
+its checksum, and seeks over payloads nobody asked for. Compressed shards (``.tar.gz`` ...)
+cannot seek cheaply and go through ``tarfile``.
+"""
+
+from __future__ import annotations
+
+import tarfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+BLOCK = 512
+Member = tuple[str, Callable[[], bytes]]
+
+
+class TarFormatError(ValueError):
+    """A header that is not a valid tar header (corrupt or truncated shard)."""
+
+
+def _number(field: bytes) -> int:
+    if field and field[0] & 0x80:  # GNU base-256 for large values
+        return int.from_bytes(field[1:], "big")
+    text = field.split(b"\0", 1)[0].strip()
+    return int(text, 8) if text else 0
+
+
+def _pax(data: bytes) -> dict[str, str]:
+    out: dict[str, str] = {}
+    pos = 0
+    while pos < len(data):
+        space = data.index(b" ", pos)
+        length = int(data[pos:space])
+        key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
+        out[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+        pos += length
+    return out
+
+
+def _padded(size: int) -> int:
+    return (size + BLOCK - 1) // BLOCK * BLOCK
+
+
+def _scan(fh: BinaryIO) -> Iterator[Member]:
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    while True:
+        header = fh.read(BLOCK)
+        if len(header) < BLOCK or header == bytes(BLOCK):
+            return
+        stored = _number(header[148:156])
+        if stored != sum(header) - sum(header[148:156]) + 8 * 32:
+            raise TarFormatError(f"bad header checksum at byte {fh.tell() - BLOCK}")
+        kind = header[156:157]
+        size = _number(header[124:136])
+        start = fh.tell()
+        if kind in (b"x", b"L", b"g", b"K"):
+            data = fh.read(size)
+            if kind == b"x":
+                pax = _pax(data)
+            elif kind == b"L":
+                long_name = data.split(b"\0", 1)[0].decode("utf-8", "replace")
+            fh.seek(start + _padded(size))
+            continue
+        name = header[0:100].split(b"\0", 1)[0].decode("utf-8", "replace")
+        prefix = header[345:500].split(b"\0", 1)[0]
+        if prefix and header[257:263] == b"ustar\0":  # POSIX ustar (GNU reuses the field)
+            name = prefix.decode("utf-8", "replace") + "/" + name
+        name = pax.get("path", long_name or name)
+        size = int(pax.get("size", size))
+        long_name, pax = None, {}
+        if kind in (b"0", b"7") or (kind == b"\0" and not name.endswith("/")):
+
+            def read(at: int = start, n: int = size, member: str = name) -> bytes:
+                fh.seek(at)
+                data = fh.read(n)
+                if len(data) != n:
+                    raise TarFormatError(f"member {member!r} is truncated")
+                return data
+
+            yield name, read
+        fh.seek(start + _padded(size))
+
+
+def tar_members(path: Path) -> Iterator[Member]:
+    """(member name, read()) for each regular file of the tar at ``path``, in order.
+
+    ``read()`` returns the payload; a payload whose ``read`` is never called is never read.
+    Raises TarFormatError or tarfile.TarError on a corrupt shard.
+    """
+    with open(path, "rb") as fh:
+        magic = fh.read(2)
+        fh.seek(0)
+        if magic in (b"\x1f\x8b", b"BZ", b"\xfd7"):  # gzip, bzip2, xz: let tarfile decompress
+            yield from _tarfile_members(path)
+            return
+        yield from _scan(fh)
+
+
+def _tarfile_members(path: Path) -> Iterator[Member]:
+    with tarfile.open(path, mode="r:*") as tar:
+        for info in tar:
+            if info.isreg():
+
+                def read(member: tarfile.TarInfo = info) -> bytes:
+                    handle = tar.extractfile(member)
+                    return handle.read() if handle else b""
+
+                yield info.name, read

@@ -1,0 +1,80 @@
+"""Two real processes, gloo: each builds its rank's reader and loader, runs two epochs with a
+collective per pack (uneven pack counts would hang or fail), and rank 0 writes what every rank
+yielded plus their loader states as JSON.
+
+Usage: python gloo_readers.py MDS_DIR WDS_DIR PORT OUT_JSON (one job, both readers: process
+start-up dominates the run time). Output: {"mds": [per rank], "wds": [per rank]}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+WORLD = 2
+
+
+def run_reader(fmt: str, root: str) -> list[object]:
+    """Two epochs of this rank's loader; returns what every rank yielded (all_gather)."""
+    from bcl_stream.loader import PackLoader
+    from bcl_stream.plan_source import ReaderConfig
+
+    config = ReaderConfig(world_size=WORLD, pack_size=4, window=3, seed=9)
+    if fmt == "mds":
+        from bcl_stream.formats.mds_reader import MDSPackDataset
+
+        dataset = MDSPackDataset(root, config)  # rank from torch.distributed
+    else:
+        from bcl_stream.formats.wds_reader import WDSPackDataset
+
+        dataset = WDSPackDataset(root, config)
+    loader = PackLoader(dataset, num_workers=1)
+    epochs = []
+    states = []
+    for _ in range(2):
+        packs = []
+        for pack in loader:
+            step = torch.ones(1)
+            dist.all_reduce(step)  # one collective per micro-batch, as DDP does
+            assert int(step.item()) == WORLD
+            packs.append([int(s["sample_id"]) for s in pack])
+            if len(packs) == 5:
+                states.append(loader.state_dict())
+        epochs.append(packs)
+    gathered: list[object] = [None] * WORLD
+    mine = {"rank": dataset.rank, "len": len(loader), "epochs": epochs, "states": states}
+    dist.all_gather_object(gathered, mine)
+    return gathered
+
+
+def worker(rank: int, mds_root: str, wds_root: str, port: int, out: str) -> None:
+    # Streaming reads these; a DDP launcher would set them (NOTES: set before building).
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(WORLD),
+        LOCAL_WORLD_SIZE=str(WORLD),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=60))
+    result = {"mds": run_reader("mds", mds_root), "wds": run_reader("wds", wds_root)}
+    if rank == 0:
+        with open(out, "w") as fh:
+            json.dump(result, fh)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    mds_root, wds_root, port, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    from streaming.base.util import clean_stale_shared_memory
+
+    clean_stale_shared_memory()  # once per job, before any process group exists
+    mp.spawn(worker, args=(mds_root, wds_root, port, out), nprocs=WORLD, join=True)
