@@ -75,6 +75,8 @@ def build_dataset(records: int, model_cfg: dict[str, Any]) -> dict[str, Any]:
         progress=False,
     )
     out = report.to_dict()
+    out["output"] = str((WORK / "mds").relative_to(ROOT))  # no machine paths in the report
+    out["inputs"] = [str(corpus.relative_to(ROOT))]
     out["corpus_records"] = written
     return out
 
@@ -87,6 +89,7 @@ def run_config(name: str, base: dict[str, Any], data: dict[str, Any]) -> Path:
             cb["init_args"] = {"directory": str(WORK / name / "logs"), "fresh": True}
         if cb["class_path"].endswith("ModelCheckpoint"):
             cb["init_args"]["dirpath"] = str(WORK / name / "ckpt")
+    cfg["trainer"]["default_root_dir"] = str(WORK / name)
     cfg["data"].update(data, data=str(WORK / "mds"))
     path = WORK / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))

@@ -29,7 +29,9 @@ PACK, WINDOW, STOP = 8, 4, 7
 
 def write_config(tmp: Path, name: str, data: Path) -> Path:
     cfg = yaml.safe_load((ROOT / "configs" / "cpu_demo.yaml").read_text())
-    cfg["trainer"].update(enable_progress_bar=False, enable_model_summary=False)
+    cfg["trainer"].update(
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp / name)
+    )
     for cb in cfg["trainer"]["callbacks"]:
         if cb["class_path"].endswith("PackLogger"):
             cb["init_args"] = {"directory": str(tmp / name / "logs"), "fresh": True}
