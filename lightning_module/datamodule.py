@@ -39,7 +39,8 @@ from bcl_stream.errors import StateError
 from bcl_stream.formats.reader_base import Pack, PlanDataset
 from bcl_stream.loader import PackLoader
 from bcl_stream.plan_source import EpochPlan, ReaderConfig, Segment
-from bcl_stream.planner import epoch_order, sequential
+from bcl_stream.planner import Plan, epoch_order, sequential
+from bcl_stream.planner.bcl import REASON_TOO_LONG
 from lightning_module.collate import collate_packed, collate_padded
 
 PACKINGS = ("bcl", "sequential")
@@ -68,7 +69,9 @@ class PackCollate:
 class SequentialPlanner:
     """The ``sequential`` baseline plan for a reader (installed as its ``plan``): the next B
     records of the rank's share of the same epoch order. A module-level callable, so the
-    reader stays picklable for worker processes."""
+    reader stays picklable for worker processes. With ``max_tokens`` set, records longer than
+    it are left out and reported as BCL does, but the per-pack token cap is not enforced (a
+    plain loader cannot): the baseline may build packs BCL would refuse."""
 
     def __init__(self, dataset: PlanDataset) -> None:
         self.dataset = dataset
@@ -89,7 +92,13 @@ class SequentialPlanner:
             order = epoch_order(
                 ds.index.shard_counts, c.seed, epoch, block=c.block, shuffle=c.shuffle
             )
-            self._cached = EpochPlan(sequential(order, c.world_size, c.pack_size), epoch)
+            left: dict[str, npt.NDArray[np.int64]] = {}
+            if c.max_tokens is not None:
+                too_long = ds.index.tokens[order] > c.max_tokens
+                left[REASON_TOO_LONG] = order[too_long]
+                order = order[~too_long]
+            plan = sequential(order, c.world_size, c.pack_size)
+            self._cached = EpochPlan(Plan(plan.packs, {**left, **plan.remainder}), epoch)
         return self._cached
 
 

@@ -149,14 +149,16 @@ def test_bad_arguments_are_value_errors(kwargs: dict[str, Any], match: str) -> N
         BCLDataModule("unused", **kwargs)
 
 
-def test_remainder_is_reported(mds_dir: Path) -> None:
-    module = dm(mds_dir, pack_size=1, max_tokens=50)
+@pytest.mark.parametrize("packing", ["bcl", "sequential"])
+def test_remainder_is_reported(mds_dir: Path, packing: str) -> None:
+    module = dm(mds_dir, pack_size=1, max_tokens=50, packing=packing)
     module.setup_for(0, 1, 1)
     tokens = read_index(mds_dir).tokens
     counts = module.remainder_counts()
     assert counts["longer_than_max_tokens"] == int(np.sum(tokens > 50)) > 0
-    used = sum(b["sample_ids"].numel() for b in module.train_dataloader())
-    assert used + sum(counts.values()) == 300
+    used = [int(i) for b in module.train_dataloader() for i in b["sample_ids"]]
+    assert len(used) + sum(counts.values()) == 300
+    assert len(set(used)) == len(used) and max(int(tokens[i]) for i in used) <= 50
 
 
 def test_s3_dataset_under_trainer(moto_s3: Any, tmp_path: Path) -> None:
