@@ -17,8 +17,9 @@ Line fields:
   includes waiting for the slowest rank in the gradient all-reduce, so it is about the same
   on every rank: it measures the step, not the rank;
 - ``forward_seconds``: wall time from batch start to the start of ``backward``. DDP runs no
-  collective there (with ``broadcast_buffers=False``), so it is this rank's own compute and
-  its spread across ranks is the measured imbalance.
+  collective there for a model without buffers (TinyGPT; otherwise set the strategy's
+  ``broadcast_buffers=False``), so it is this rank's own compute and its spread across ranks
+  is the measured imbalance.
 """
 
 from __future__ import annotations
