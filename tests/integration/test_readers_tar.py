@@ -7,9 +7,11 @@ import io
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bcl_stream.formats.tar_scan import TarFormatError, tar_members
+from bcl_stream.formats.wds_reader import load_npy
 
 
 def write_tar(path: Path, members: dict[str, bytes], fmt: int, mode: str = "w") -> None:
@@ -63,3 +65,22 @@ def test_corrupt_header_is_an_error(tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
     with pytest.raises(TarFormatError, match="bad header checksum"):
         list(tar_members(path))
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(5, dtype=np.uint32),
+        np.arange(0, dtype=np.uint32),
+        np.arange(7, dtype=">i8"),
+        np.ones((2, 3)),
+        np.array(3.0),
+        np.asfortranarray(np.ones((3, 2), dtype=np.int16)),
+    ],
+)
+def test_fast_npy_decode_equals_np_load(array: np.ndarray) -> None:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    got = load_npy(buf.getvalue())
+    assert got.dtype == array.dtype and got.shape == array.shape
+    assert np.array_equal(got, array) and got.flags.writeable
