@@ -21,7 +21,7 @@ from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.formats.reader_base import PlanDataset
 from bcl_stream.formats.wds_reader import WDSPackDataset
 from bcl_stream.loader import PackLoader
-from bcl_stream.plan_source import ReaderConfig
+from bcl_stream.plan_source import ReaderConfig, Segment
 
 pytestmark = pytest.mark.slow
 
@@ -189,3 +189,18 @@ def test_elastic_resume_uses_every_record_once(
     assert sorted(consumed + rest + tail) == list(range(300))
     with pytest.raises(StateError, match="elastic resume is disabled"):
         PackLoader(MDSPackDataset(mds_dir, resized, 0), allow_resize=False).load_state_dict(state)
+
+
+def test_elastic_state_reaches_live_persistent_workers(mds_dir: Path) -> None:
+    old = ReaderConfig(world_size=2, pack_size=4, window=3, seed=2)
+    saver = PackLoader(_dataset("mds", mds_dir, old, 0))
+    _take(saver, 4)
+    state = saver.state_dict()
+    config = old.resized(3, 1)
+    dataset = _dataset("mds", mds_dir, config, 1)
+    loader = PackLoader(dataset, num_workers=2, persistent_workers=True)
+    assert [pack_key(p) for p in loader] == [tuple(r) for r in dataset.plan(0).rank_packs(1)]
+    loader.load_state_dict(state)  # the workers are alive and hold the old (no) segments
+    expected = dataset.plan(0, (Segment(2, 1, 4),)).rank_packs(1)
+    assert [pack_key(p) for p in loader] == [tuple(r) for r in expected]
+    assert len(expected) < len(dataset.plan(1).rank_packs(1))
