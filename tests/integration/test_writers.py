@@ -206,3 +206,30 @@ def test_preprocess_with_a_local_tokenizer_json(tmp_path: Path) -> None:
     assert layout.index.tokens.tolist() == [2, 3]
     assert layout.index.extra["tokenizer"] == str(tmp_path / "tokenizer.json")
     assert [r["input_ids.npy"].tolist() for r in read_wds(tmp_path / "out")] == [[1, 3], [2, 0, 1]]
+
+
+@pytest.mark.parametrize(("fmt", "compression"), [("mds", "zstd"), ("wds", "gz")])
+def test_compressed_shards_are_read_by_stock_readers(
+    tmp_path: Path, fmt: str, compression: str
+) -> None:
+    src = tmp_path / "chat.jsonl"
+    _chat_corpus(src, 40)
+    out = tmp_path / "out"
+    preprocess(
+        [str(src)],
+        str(out),
+        format=fmt,
+        compression=compression,
+        shard_size_limit=4096,
+        maxcount=15,
+        progress=False,
+    )
+    layout = open_layout(out, check=True)
+    suffix = ".mds.zstd" if fmt == "mds" else ".tar.gz"
+    # MDS keeps only the compressed file; the index names the raw shard, as index.json does.
+    names = [s.name + (".zstd" if fmt == "mds" else "") for s in layout.shards]
+    assert sorted(p.name for p in out.glob(f"*{suffix}")) == sorted(names)
+    assert len(names) > 1
+    rows = read_mds(out) if fmt == "mds" else read_wds(out)
+    key = "input_ids" if fmt == "mds" else "input_ids.npy"
+    assert [len(r[key]) for r in rows] == layout.index.tokens.tolist()
