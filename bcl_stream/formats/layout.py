@@ -70,7 +70,7 @@ def detect_format(local_dir: str | os.PathLike[str]) -> Format:
             fmt = None
         if fmt in ("mds", "wds"):
             return "mds" if fmt == "mds" else "wds"
-    if (root / MDS_INDEX).is_file() or any(p.suffix == ".mds" for p in root.iterdir()):
+    if (root / MDS_INDEX).is_file() or any(".mds" in p.name for p in root.iterdir()):
         return "mds"
     if wds_shards_on_disk(root):
         return "wds"

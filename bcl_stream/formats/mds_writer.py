@@ -135,8 +135,12 @@ class CostedMDSWriter(MDSWriter):
         return self._index
 
     def abort(self) -> None:
-        """Stop without writing any index: the output stays visibly incomplete."""
-        self.cancel_future_jobs()
+        """Stop without writing any index: the output stays visibly incomplete.
+
+        Queued shard uploads are let finish (bounded work) rather than cancelled: streaming's
+        callbacks log a traceback for every cancelled future.
+        """
+        self.executor.shutdown(wait=True)
         if self.remote and not self.keep_local:
             shutil.rmtree(self.local, ignore_errors=True)
 

@@ -73,11 +73,13 @@ def test_wds_writer_is_read_by_stock_webdataset(tmp_path: Path) -> None:
     assert check_integrity(out, index) == []
 
 
-@pytest.mark.parametrize("fmt", ["mds", "wds"])
+@pytest.mark.parametrize("fmt", ["mds", "mds-zstd", "wds"])
 def test_interrupted_write_is_refused_by_readers(tmp_path: Path, fmt: str) -> None:
     out = tmp_path / fmt
-    cls = CostedMDSWriter if fmt == "mds" else CostedWDSWriter
-    kwargs = {"size_limit": 512} if fmt == "mds" else {"maxcount": 5}
+    cls = CostedMDSWriter if fmt.startswith("mds") else CostedWDSWriter
+    kwargs: dict = {"maxcount": 5} if fmt == "wds" else {"size_limit": 512}
+    if fmt == "mds-zstd":
+        kwargs["compression"] = "zstd"
     with (
         pytest.raises(RuntimeError, match="boom"),
         cls(str(out), cost_model="tokens", **kwargs) as w,
