@@ -106,7 +106,7 @@ class CostedMDSWriter(MDSWriter):
                 "incomplete: re-run with --overwrite"
             )
         index = CostIndex.build(
-            np.frombuffer(self._tokens, dtype=np.uint32),
+            np.frombuffer(self._tokens, dtype=np.uint32).copy(),
             self.cost_model,
             self._shard_entries(),
             "mds",

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import tempfile
+from array import array
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -70,7 +71,7 @@ class CostedWDSWriter:
         self.local = Path(tempfile.mkdtemp(prefix="bcl_wds_")) if self.remote else Path(out)
         self.local.mkdir(parents=True, exist_ok=True)
         self.shards: list[ShardEntry] = []
-        self._tokens: list[int] = []
+        self._tokens = array("I")  # 4 bytes per record, not a Python int each
         self._in_shard = 0
         self._index: CostIndex | None = None
         pattern = SHARD_PATTERN + (".gz" if compress else "")
@@ -124,7 +125,7 @@ class CostedWDSWriter:
             return self._index
         self._writer.close()
         index = CostIndex.build(
-            np.asarray(self._tokens, dtype=np.uint32),
+            np.frombuffer(self._tokens, dtype=np.uint32).copy(),
             self.cost_model,
             self.shards,
             "wds",
