@@ -157,12 +157,15 @@ def balance(logs: list[list[dict[str, Any]]]) -> dict[str, Any]:
     m_est = metrics_from_costs(est, est.shape[1], 0)
     m_fwd = metrics_from_costs(fwd, fwd.shape[1], 0)
     wall = step.max(axis=0)
+    tokens = matrix(logs, "tokens")[:, WARMUP_STEPS:]
     return {
         "estimated": {"efficiency": m_est.efficiency, "cv_ranks": m_est.cv_ranks},
         "measured_forward": {"efficiency": m_fwd.efficiency, "cv_ranks": m_fwd.cv_ranks},
         "measured_step_seconds_mean": float(wall.mean()),
         "measured_step_seconds_total": float(wall.sum()),
         "steps": int(est.shape[1]),
+        # The machine's speed during this run: compare runs with it before comparing seconds.
+        "forward_ms_per_1k_tokens": float(1e6 * fwd.sum() / tokens.sum()),
         "_matrices": (est, fwd),
     }
 
@@ -225,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         if cb["class_path"].endswith("ModelCheckpoint"):
             cb["init_args"].update(every, filename="{step}")
     timings: dict[str, float] = {}
-    stages = ["dataset", "bcl", "bcl-first", "bcl-resumed", "sequential", "replay"]
+    # bcl and sequential back to back: on a shared machine the load drifts between runs.
+    stages = ["dataset", "bcl", "sequential", "bcl-first", "bcl-resumed", "replay"]
     bar = tqdm(stages, desc="demo", unit="stage")
     t0 = time.perf_counter()
     for stage in bar:
@@ -282,7 +286,9 @@ def main(argv: list[str] | None = None) -> int:
             f"estimated from the cost index, measured from each rank's forward seconds (no "
             f"collective inside forward), first {WARMUP_STEPS} steps left out of measured "
             "figures; measured_step_seconds = mean over steps of the slowest rank's step wall "
-            "time (includes the all-reduce wait). measured_replay: every logged pack timed "
+            "time (includes the all-reduce wait); runs are minutes apart on a possibly shared "
+            "machine, so compare balance.*.forward_ms_per_1k_tokens (same model, so equal on a "
+            "quiet machine) before comparing their seconds. measured_replay: every logged pack timed "
             "again (forward+backward, one process, strategies interleaved per step so both see "
             "the same machine load); time_seconds = sum_t max_r, speedup = sequential / bcl."
         ),
@@ -294,12 +300,16 @@ def main(argv: list[str] | None = None) -> int:
         },
     }
     (OUT / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-    print(f"\n{'':12}{'est. eff.':>10}{'meas. eff.':>11}{'step s':>9}{'steps':>7}")
+    print(
+        f"\n{'':12}{'est. eff.':>10}{'meas. eff.':>11}{'step s':>9}{'steps':>7}"
+        f"{'fwd ms/1k tok (machine speed)':>31}"
+    )
     for name, res in results.items():
         print(
             f"{name:12}{res['estimated']['efficiency']:10.3f}"
             f"{res['measured_forward']['efficiency']:11.3f}"
             f"{res['measured_step_seconds_mean']:9.3f}{res['steps']:7d}"
+            f"{res['forward_ms_per_1k_tokens']:31.1f}"
         )
     print(
         f"replay ({replayed['steps']} steps, fwd+bwd): efficiency bcl "
