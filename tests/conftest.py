@@ -46,6 +46,12 @@ def write_wds(out: str | Path, n: int, *, seed: int = 0, maxcount: int = 37) -> 
 
 
 @pytest.fixture(scope="session")
+def dataset_writers() -> tuple[Callable[..., None], Callable[..., None]]:
+    """``(write_mds, write_wds)`` for tests that need their own dataset (sizes, remotes)."""
+    return write_mds, write_wds
+
+
+@pytest.fixture(scope="session")
 def mds_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 300-record MDS dataset (about a dozen shards)."""
     root = tmp_path_factory.mktemp("mds") / "ds"

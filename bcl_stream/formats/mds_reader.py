@@ -145,7 +145,7 @@ class MDSPackDataset(PlanDataset):
 
     def _get(self, sample_id: int) -> dict[str, Any]:
         try:
-            record = self.streaming.get_item(sample_id)
+            record: dict[str, Any] = self.streaming.get_item(sample_id)
         except (RuntimeError, OSError, ValueError) as exc:
             shard = int(self.shard_of(np.array([sample_id]))[0])
             raise DatasetError(
@@ -153,7 +153,8 @@ class MDSPackDataset(PlanDataset):
                 f"{self.index.shards[shard].name}): {type(exc).__name__}: {exc}. Check the "
                 "shard file and the remote, then resume from the last checkpoint."
             ) from None
-        return {**record, "sample_id": sample_id}
+        record["sample_id"] = sample_id  # a fresh dict per call: safe to extend in place
+        return record
 
     def _read_packs(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
         prefetcher = None

@@ -147,3 +147,17 @@ def test_mds_index_mismatch_is_reported(mds_dir: Path, tmp_path: Path) -> None:
     config = ReaderConfig(world_size=1, pack_size=2, window=2)
     with pytest.raises(DatasetError, match=r"index\.json and bcl_index\.json disagree"):
         MDSPackDataset(other, config, 0)
+
+
+def test_memory_cap_reports_long_records_and_caps_packs(mds_dir: Path) -> None:
+    config = ReaderConfig(world_size=2, pack_size=1, window=4, max_tokens=60, scope="world")
+    seen: list[int] = []
+    for rank in range(2):
+        dataset = MDSPackDataset(mds_dir, config, rank)
+        for pack in read_ids(PackLoader(dataset)):
+            assert int(dataset.index.tokens[pack].sum()) <= 60
+            seen += pack
+    counts = dataset.remainder_counts()
+    assert counts["longer_than_max_tokens"] == int((dataset.index.tokens > 60).sum()) > 0
+    left = [int(i) for ids in dataset.plan().plan.remainder.values() for i in ids]
+    assert sorted(seen + left) == list(range(300))

@@ -14,7 +14,6 @@ from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.formats.wds_reader import WDSPackDataset
 from bcl_stream.loader import PackLoader
 from bcl_stream.plan_source import ReaderConfig
-from tests.conftest import write_mds, write_wds
 
 pytestmark = pytest.mark.slow
 
@@ -29,9 +28,9 @@ def ids(loader: PackLoader) -> list[list[int]]:
     return out
 
 
-def test_mds_from_s3_with_workers_and_resume(moto_s3, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_mds_from_s3_with_workers_and_resume(moto_s3, dataset_writers, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     remote = moto_s3("bcl-mds") + "/train"
-    write_mds(remote, 200)
+    dataset_writers[0](remote, 200)
     dataset = MDSPackDataset(remote, CONFIG, 1, cache_dir=tmp_path / "cache", prefetch=2)
     plan = dataset.plan(0).rank_packs(1).tolist()
     loader = PackLoader(dataset, num_workers=2)
@@ -49,9 +48,11 @@ def test_mds_from_s3_with_workers_and_resume(moto_s3, tmp_path: Path) -> None:  
     assert head + ids(resumed) == plan
 
 
-def test_wds_from_s3_via_cli(moto_s3, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+def test_wds_from_s3_via_cli(  # type: ignore[no-untyped-def]
+    moto_s3, dataset_writers, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     remote = moto_s3("bcl-wds") + "/train"
-    write_wds(remote, 200, maxcount=23)
+    dataset_writers[1](remote, 200, maxcount=23)
     config = ReaderConfig(world_size=2, pack_size=4, window=3, seed=4)
     dataset = WDSPackDataset(remote, config, 0, cache_dir=tmp_path / "c1")
     assert ids(PackLoader(dataset, num_workers=2)) == dataset.plan(0).rank_packs(0).tolist()
