@@ -52,6 +52,11 @@ def _jsonl(path: str, counts: dict[str, int]) -> Iterator[Raw]:
         for number, line in enumerate(fh, start=1):
             counts["bytes_read"] += len(line)
             if line.strip():
+                if number == 1 and line.lstrip().startswith(b"["):
+                    raise DatasetError(
+                        f"{path}:1: starts with '[': a JSON array, not JSON Lines. Write one "
+                        "record object per line (for example with `jq -c '.[]'`)."
+                    )
                 yield f"{path}:{number}", line
             else:
                 counts["blank_lines"] += 1

@@ -175,3 +175,11 @@ def test_parse_size(text: str, size: int) -> None:
 def test_parse_size_rejects_garbage() -> None:
     with pytest.raises(ValueError, match="--shard-size-limit"):
         parse_size("lots")
+
+
+def test_a_json_array_file_is_named_as_such(tmp_path: Path) -> None:
+    path = tmp_path / "data.json"
+    path.write_text('[\n  {"text": "a"},\n  {"text": "b"}\n]\n')
+    counts = {"records_read": 0, "bytes_read": 0, "blank_lines": 0}
+    with pytest.raises(DatasetError, match=r"data\.json:1: starts with '\[': a JSON array"):
+        list(read_records([str(path)], counts))
