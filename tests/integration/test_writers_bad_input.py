@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -167,3 +168,22 @@ def test_mds_without_cost_index_asks_for_annotate(tmp_path: Path) -> None:
     (out / "bcl_index.json").unlink()
     with pytest.raises(CostIndexError, match="annotate"):
         open_layout(out)
+
+
+@pytest.mark.parametrize("dataset", ["wds"], indirect=True)
+def test_stray_tar_and_changed_member_count_are_named(dataset: Path) -> None:
+    import shutil
+    import tarfile
+
+    index = read_index(dataset)
+    shutil.copy(dataset / index.shards[0].name, dataset / "shard-999999.tar")
+    victim = dataset / index.shards[1].name
+    with tarfile.open(victim) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
+    with tarfile.open(victim, "w") as tar:
+        for member, data in members[:-2]:  # drop the last record (its .npy and .json)
+            tar.addfile(member, io.BytesIO(data))
+    problems = check_integrity(dataset, index)
+    assert "shards not in bcl_index.json: shard-999999.tar" in problems
+    want = f"shard {victim.name}: holds {index.shards[1].samples - 1} records, bcl_index.json says"
+    assert any(p.startswith(want) for p in problems)
