@@ -231,7 +231,7 @@ class WDSPackDataset(PlanDataset):
         counts = np.asarray(index.shard_counts, dtype=np.int64)
         self._shard_starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
 
-    def _shard_sequence(self, packs: npt.NDArray[np.int64]) -> list[int]:
+    def shard_order(self, packs: npt.NDArray[np.int64]) -> list[int]:
         """Shards holding the packs' records, in the order the packs first need them."""
         shard_of = np.searchsorted(self._shard_starts, packs.ravel(), side="right") - 1
         first = np.unique(shard_of, return_index=True)[1]
@@ -267,6 +267,6 @@ class WDSPackDataset(PlanDataset):
 
     def _read_packs(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
         wanted = set(int(i) for i in packs.ravel())
-        raw = tar_samples(self._local_shards(self._shard_sequence(packs)), wanted)
+        raw = tar_samples(self._local_shards(self.shard_order(packs)), wanted)
         decoded = (decode_sample(sid, key, members) for sid, key, members in raw)
         yield from follow_plan(decoded, packs)

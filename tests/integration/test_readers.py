@@ -161,3 +161,23 @@ def test_memory_cap_reports_long_records_and_caps_packs(mds_dir: Path) -> None:
     assert counts["longer_than_max_tokens"] == int((dataset.index.tokens > 60).sum()) > 0
     left = [int(i) for ids in dataset.plan().plan.remainder.values() for i in ids]
     assert sorted(seen + left) == list(range(300))
+
+
+def test_bcl_packs_stage_in_a_stock_webdataset_pipeline(wds_dir: Path) -> None:
+    import webdataset as wds
+
+    from bcl_stream.formats.wds_reader import bcl_packs
+
+    config = ReaderConfig(world_size=2, pack_size=4, window=3, seed=8)
+    dataset = WDSPackDataset(wds_dir, config, 1)
+    # Shards in the order the plan first needs them keep the stage's buffer small.
+    urls = [
+        str(wds_dir / dataset.index.shards[s].name)
+        for s in dataset.shard_order(dataset.plan(2).rank_packs(1))
+    ]
+    stage = wds.pipelinefilter(bcl_packs)(index=dataset.index, config=config, rank=1, epoch=2)
+    pipe = wds.DataPipeline(
+        wds.SimpleShardList(urls), wds.tarfile_to_samples(), wds.decode(), stage
+    )
+    packs = [[int(s["__key__"]) for s in pack] for pack in pipe]
+    assert packs == dataset.plan(2).rank_packs(1).tolist()
