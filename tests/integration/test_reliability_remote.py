@@ -1,0 +1,101 @@
+"""Remote faults: an ``s3://`` dataset on a loopback moto server, read through a proxy that
+fails requests on demand (``reliability_scripts/faulty_proxy.py``).
+
+- a few failed requests are absorbed by bounded retries: every record is read exactly once;
+- a server that stops mid-epoch gives our DatasetError naming the dataset and the shard after a
+  bounded number of requests (no hang), and the run resumes from its last state once the server
+  is back, yielding exactly the packs of the uninterrupted epoch;
+- an unreachable cost index is a CostIndexError naming the URL.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+from conftest import write_mds
+
+from bcl_stream.errors import CostIndexError, DatasetError
+from bcl_stream.formats.mds_reader import MDSPackDataset
+from bcl_stream.loader import PackLoader
+from bcl_stream.plan_source import ReaderConfig
+
+sys.path.insert(0, str(Path(__file__).parent / "reliability_scripts"))
+from faulty_proxy import FaultyProxy
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
+
+CONFIG = ReaderConfig(world_size=1, pack_size=4, window=2, seed=3, block=8)
+"""Small shuffle blocks: the epoch walks shard after shard, so shards download mid-epoch."""
+MAX_FAILED_REQUESTS = 40
+"""A stopped server may see this many requests before the reader gives up (boto retries x
+streaming's download_retry x the prefetch thread): a bound, not a target."""
+
+
+@pytest.fixture
+def s3_dataset(moto_s3, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """(remote URL, proxy): 200 records written straight to moto; reads go through the proxy."""
+    import os
+
+    name = f"rel-{os.getpid()}-{id(monkeypatch) % 10_000}"
+    remote = moto_s3(name) + "/train"
+    write_mds(remote, 200)
+    proxy = FaultyProxy(urlparse(os.environ["S3_ENDPOINT_URL"]).port or 0)
+    monkeypatch.setenv("S3_ENDPOINT_URL", proxy.endpoint)
+    yield remote, proxy
+    proxy.close()
+
+
+def ids(pack: list[dict]) -> list[int]:  # type: ignore[type-arg]
+    return [int(s["sample_id"]) for s in pack]
+
+
+def test_transient_failures_are_retried(s3_dataset, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    remote, proxy = s3_dataset
+    proxy.fail_next(3)  # the cost index download
+    dataset = MDSPackDataset(remote, CONFIG, 0, cache_dir=tmp_path / "cache", prefetch=1)
+    assert proxy.counts()[1] == 3
+    plan = dataset.plan(0).rank_packs(0).tolist()
+    proxy.fail_next(2, path_contains="shard.")  # shard downloads
+    got = [ids(pack) for pack in PackLoader(dataset)]
+    assert got == plan
+    assert proxy.counts()[1] == 5
+
+
+def test_server_down_mid_epoch_then_resume(s3_dataset, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    remote, proxy = s3_dataset
+    dataset = MDSPackDataset(remote, CONFIG, 0, cache_dir=tmp_path / "cache", prefetch=1)
+    plan = dataset.plan(0).rank_packs(0).tolist()
+    loader = PackLoader(dataset)
+    got: list[list[int]] = []
+    state = loader.state_dict()
+    it = iter(loader)
+    for _ in range(8):
+        got.append(ids(next(it)))
+        state = loader.state_dict()
+    proxy.set_down(True)
+    before = proxy.counts()[1]
+    with pytest.raises(DatasetError, match=rf"{remote}: cannot read record \d+ \(shard \d+, shard\.\d+\.mds\).*resume from the last checkpoint"):  # fmt: skip
+        for pack in it:
+            got.append(ids(pack))
+            state = loader.state_dict()
+    failed = proxy.counts()[1] - before
+    assert 0 < failed <= MAX_FAILED_REQUESTS
+    del it
+    proxy.set_down(False)
+    resumed = PackLoader(dataset)
+    resumed.load_state_dict(state)
+    assert state["packs_consumed"] == len(got)
+    got += [ids(pack) for pack in resumed]
+    assert got == plan
+    assert sorted(i for pack in got for i in pack) == sorted(i for pack in plan for i in pack)
+
+
+def test_unreachable_cost_index_is_named(s3_dataset, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    remote, proxy = s3_dataset
+    proxy.set_down(True)
+    with pytest.raises(CostIndexError, match=rf"{remote}/bcl_index\.json: cannot fetch.*failed after \d+ attempts"):  # fmt: skip
+        MDSPackDataset(remote, CONFIG, 0, cache_dir=tmp_path / "cache")
+    assert 0 < proxy.counts()[1] <= MAX_FAILED_REQUESTS
