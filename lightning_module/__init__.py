@@ -5,7 +5,7 @@
 Lightning and torch (not streaming: the readers load when a dataset is built).
 """
 
-from lightning_module.callbacks import PackLogger, read_pack_log
+from lightning_module.callbacks import PackLogger, PackLogWriter, read_pack_log
 from lightning_module.datamodule import (
     BCLDataModule,
     PackCollate,
@@ -16,6 +16,7 @@ from lightning_module.datamodule import (
 __all__ = [
     "BCLDataModule",
     "PackCollate",
+    "PackLogWriter",
     "PackLogger",
     "SequentialPlanner",
     "clean_stale_shared_memory_once",

@@ -1,9 +1,10 @@
 """Trainer resume: the packs after a resume equal the packs of the uninterrupted run, exactly.
 
-One uninterrupted run per loader setting saves a checkpoint after every step; resumed runs
+One uninterrupted run per loader setting saves checkpoints at chosen steps; resumed runs
 start from a checkpoint mid-epoch, at the epoch end and inside the next epoch, in a fresh
 Trainer, and must log the same (step, epoch, sample ids) as the uninterrupted run from that
-step on. Settings: workers 0 and 2, persistent workers, both collate layouts.
+step on. Settings: workers 0 and 2, persistent workers, both collate layouts, MDS and
+WebDataset.
 """
 
 from __future__ import annotations
@@ -24,6 +25,13 @@ PACK = 8
 EPOCHS = 2
 
 
+@pytest.fixture
+def data(request: pytest.FixtureRequest, mds_dir: Path) -> Path:
+    """The MDS dataset, or the WebDataset one when the test case asks for ``format=wds``."""
+    fmt = getattr(request, "param", "mds")
+    return request.getfixturevalue("wds_dir") if fmt == "wds" else mds_dir
+
+
 def datamodule(root: Path, **kwargs: Any) -> BCLDataModule:
     return BCLDataModule(str(root), pack_size=PACK, window=4, seed=3, **kwargs)
 
@@ -35,19 +43,21 @@ def fit(workdir: Path, dm: BCLDataModule, ckpt: Path | None = None, **kwargs: An
 
 
 @pytest.mark.parametrize(
-    ("loader", "layout"),
+    ("loader", "layout", "data"),
     [
-        ({"num_workers": 0}, "padded"),
-        ({"num_workers": 2}, "packed"),
-        ({"num_workers": 2, "persistent_workers": True}, "padded"),
+        ({"num_workers": 0}, "padded", "mds"),
+        ({"num_workers": 2}, "packed", "mds"),
+        ({"num_workers": 2, "persistent_workers": True}, "padded", "mds"),
+        ({"num_workers": 2, "format": "wds"}, "packed", "wds"),
     ],
-    ids=["workers0", "workers2", "persistent2"],
+    ids=["workers0", "workers2", "persistent2", "wds-workers2"],
+    indirect=["data"],
 )
 def test_resume_equals_uninterrupted(
-    mds_dir: Path, tmp_path: Path, loader: dict[str, Any], layout: str
+    data: Path, tmp_path: Path, loader: dict[str, Any], layout: str
 ) -> None:
     full = tmp_path / "full"
-    dm = datamodule(mds_dir, layout=layout, **loader)
+    dm = datamodule(data, layout=layout, **loader)
     n_packs = 300 // PACK  # 300 records, world size 1
     steps = (5, n_packs, n_packs + 3)  # mid-epoch, epoch end, into the next epoch
     fit(full, dm, save_at=steps)
@@ -66,7 +76,7 @@ def test_resume_equals_uninterrupted(
         resumed = tmp_path / f"resumed{step}"
         fit(
             resumed,
-            datamodule(mds_dir, layout=layout, **loader),
+            datamodule(data, layout=layout, **loader),
             ckpt=full / "ckpt" / f"step={step}.ckpt",
         )
         assert packs_by_step(pack_log(resumed)) == tail_from(log, step), f"resume at step {step}"
