@@ -1,0 +1,80 @@
+"""The LightningCLI config the crash test runs (2 DDP ranks on CPU, tiny TinyGPT), as YAML text.
+
+Kept here, not in configs/, because it points at a test's temporary directories.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TEMPLATE = """\
+seed_everything: 0
+trainer:
+  accelerator: cpu
+  devices: 2
+  strategy: ddp
+  max_epochs: {epochs}
+  default_root_dir: {work}
+  logger: false
+  enable_progress_bar: false
+  enable_model_summary: false
+  num_sanity_val_steps: 0
+  callbacks:
+    - class_path: lightning_module.callbacks.PackLogger
+      init_args:
+        directory: {logs}
+    - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+      init_args:
+        dirpath: {ckpt}
+        filename: "{{step}}"
+        every_n_train_steps: {every}
+        save_top_k: -1
+    - class_path: slow_steps.SlowSteps
+      init_args:
+        seconds: {sleep}
+model:
+  class_path: lightning_module.tinygpt.TinyGPT
+  init_args:
+    config:
+      vocab_size: 256
+      d_model: 16
+      n_layers: 1
+      n_heads: 2
+      ffn_hidden: 32
+      max_seq_len: 128
+data:
+  data: {data}
+  format: mds
+  pack_size: {pack}
+  window: 4
+  seed: 3
+  num_workers: {workers}
+"""
+
+
+def write_config(
+    path: Path,
+    *,
+    data: Path,
+    work: Path,
+    epochs: int = 2,
+    every: int = 5,
+    sleep: float = 0.0,
+    pack: int = 4,
+    workers: int = 0,
+) -> Path:
+    """Write the YAML for one run whose logs go to ``work/logs`` and checkpoints to ``work/ckpt``."""
+    path.write_text(
+        TEMPLATE.format(
+            epochs=epochs,
+            work=work,
+            logs=work / "logs",
+            ckpt=work / "ckpt",
+            every=every,
+            sleep=sleep,
+            data=data,
+            pack=pack,
+            workers=workers,
+        )
+    )
+    return path
