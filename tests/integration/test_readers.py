@@ -181,3 +181,21 @@ def test_bcl_packs_stage_in_a_stock_webdataset_pipeline(wds_dir: Path) -> None:
     )
     packs = [[int(s["__key__"]) for s in pack] for pack in pipe]
     assert packs == dataset.plan(2).rank_packs(1).tolist()
+
+
+def test_cli_read_resumes_into_the_next_epoch_and_refuses_past_it(
+    wds_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = ["--world-size", "2", "--pack-size", "4", "--window", "3", "--json"]
+    assert main(["plan", str(wds_dir), *common, "--epoch", "1"]) == 0
+    next_epoch = json.loads(capsys.readouterr().out)["ranks"][0]["packs"]
+    n = len(next_epoch)
+    argv = ["read", str(wds_dir), *common, "--rank", "0"]
+    assert main([*argv, "--start-after", str(n), "--packs", "3"]) == 0
+    assert json.loads(capsys.readouterr().out)["packs"] == next_epoch[:3]
+    assert main([*argv, "--start-after", str(n + 1)]) == 2
+    assert f"--start-after {n + 1} is past the epoch end ({n} packs per rank)" in (
+        capsys.readouterr().err
+    )
+    assert main(["plan", str(wds_dir), *common[:-1]]) == 0
+    assert "packs per rank 37" in capsys.readouterr().out
