@@ -28,6 +28,10 @@ KEY_FINGERPRINT = "fingerprint"
 KEY_CONFIG = "config"
 KEY_SEGMENTS = "segments"
 RESIZABLE = ("world_size", "ranks_per_node")
+MAX_COUNT = 1 << 62
+"""Largest epoch or pack count a state may hold: beyond any real run, safely inside int64."""
+MAX_RANKS = 1 << 20
+"""Largest world size a state may name; larger is corruption, and planning it exhausts memory."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +68,27 @@ def _need(state: dict[str, Any], key: str, kind: type) -> Any:
     return value
 
 
+def _count(value: Any, name: str, low: int, high: int) -> int:
+    """``value`` if it is an integer (not a bool) in ``[low, high]``, else a StateError."""
+    if type(value) is not int or not low <= value <= high:
+        raise StateError(
+            f"reader state {name} must be an integer in [{low}, {high}], got {value!r}; "
+            "the checkpoint is corrupt or was not written by bcl-stream"
+        )
+    return value
+
+
+def _segment(raw: Any, i: int) -> Segment:
+    fields = ("world_size", "ranks_per_node", "packs_consumed")
+    if not isinstance(raw, dict) or sorted(raw) != sorted(fields):
+        raise StateError(f"reader state segment {i} must be a dict with keys {fields}, got {raw!r}")
+    return Segment(
+        _count(raw["world_size"], f"segments[{i}].world_size", 1, MAX_RANKS),
+        _count(raw["ranks_per_node"], f"segments[{i}].ranks_per_node", 1, MAX_RANKS),
+        _count(raw["packs_consumed"], f"segments[{i}].packs_consumed", 0, MAX_COUNT),
+    )
+
+
 def parse_state(state: Any) -> Cursor:
     """A saved state as a :class:`Cursor`, checking its structure (not yet its fit)."""
     if not isinstance(state, dict):
@@ -78,11 +103,20 @@ def parse_state(state: Any) -> Cursor:
     consumed = _need(state, KEY_CONSUMED, int)
     if epoch < 0 or consumed < 0:
         raise StateError(f"reader state has negative epoch={epoch} or packs_consumed={consumed}")
+    _count(epoch, KEY_EPOCH, 0, MAX_COUNT)
+    _count(consumed, KEY_CONSUMED, 0, MAX_COUNT)
+    raw_config = _need(state, KEY_CONFIG, dict)
+    for name in RESIZABLE:
+        if name in raw_config:
+            _count(raw_config[name], f"config.{name}", 1, MAX_RANKS)
+    flags = [k for k, v in raw_config.items() if isinstance(v, bool) and k != "shuffle"]
+    if flags:
+        raise StateError(f"reader state config {flags[0]!r} is a bool, expected a number")
+    segments = tuple(_segment(s, i) for i, s in enumerate(_need(state, KEY_SEGMENTS, list)))
     try:
-        config = ReaderConfig.from_dict(_need(state, KEY_CONFIG, dict))
-        segments = tuple(Segment(**s) for s in _need(state, KEY_SEGMENTS, list))
+        config = ReaderConfig.from_dict(raw_config)
     except (TypeError, ValueError) as exc:
-        raise StateError(f"reader state has an invalid config or segment list: {exc}") from None
+        raise StateError(f"reader state has an invalid config: {exc}") from None
     return Cursor(epoch, consumed, _need(state, KEY_FINGERPRINT, str), config, segments)
 
 
