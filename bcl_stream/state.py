@@ -81,7 +81,10 @@ def _count(value: Any, name: str, low: int, high: int) -> int:
 def _segment(raw: Any, i: int) -> Segment:
     fields = ("world_size", "ranks_per_node", "packs_consumed")
     if not isinstance(raw, dict) or sorted(raw) != sorted(fields):
-        raise StateError(f"reader state segment {i} must be a dict with keys {fields}, got {raw!r}")
+        raise StateError(
+            f"reader state has an invalid config or segment list: segment {i} must be a dict "
+            f"with keys {fields}, got {raw!r}"
+        )
     return Segment(
         _count(raw["world_size"], f"segments[{i}].world_size", 1, MAX_RANKS),
         _count(raw["ranks_per_node"], f"segments[{i}].ranks_per_node", 1, MAX_RANKS),
@@ -116,7 +119,7 @@ def parse_state(state: Any) -> Cursor:
     try:
         config = ReaderConfig.from_dict(raw_config)
     except (TypeError, ValueError) as exc:
-        raise StateError(f"reader state has an invalid config: {exc}") from None
+        raise StateError(f"reader state has an invalid config or segment list: {exc}") from None
     return Cursor(epoch, consumed, _need(state, KEY_FINGERPRINT, str), config, segments)
 
 
