@@ -66,6 +66,30 @@ class PackCollate:
         return batch
 
 
+class TrainerPackLoader(PackLoader):
+    """``PackLoader`` whose ``len()`` counts the epoch the way Lightning's fit loop does.
+
+    After an elastic resume (checkpoint from another world size) the reader re-plans the rest
+    of the epoch: its cursor restarts at pack 0 of the new plan, while Lightning restores its
+    own batch counter (k batches done) and ends the epoch when that counter reaches ``len()``.
+    With the plain plan length Lightning would stop k packs early and the next epoch would
+    start inside this one. Here ``len()`` = packs consumed under earlier world sizes + packs
+    of the new plan, so both counters agree; iteration and the saved cursor are unchanged.
+    """
+
+    def plan_len(self) -> int:
+        """Packs of the current plan (what one full pass yields)."""
+        return self._n_packs(self._epoch, self._segments)
+
+    def __len__(self) -> int:
+        return sum(s.packs_consumed for s in self._segments) + self.plan_len()
+
+    def _normalized(self) -> tuple[int, int, tuple[Segment, ...]]:
+        if self._consumed >= self.plan_len():
+            return self._epoch + 1, 0, ()
+        return self._epoch, self._consumed, self._segments
+
+
 class SequentialPlanner:
     """The ``sequential`` baseline plan for a reader (installed as its ``plan``): the next B
     records of the rank's share of the same epoch order. A module-level callable, so the
@@ -270,7 +294,7 @@ class BCLDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> PackLoader:
         """One loader per DataModule: it owns the cursor, so a second call returns it again."""
         if self._loader is None:
-            self._loader = PackLoader(
+            self._loader = TrainerPackLoader(
                 self._require_dataset(),
                 num_workers=self.num_workers,
                 persistent_workers=self.persistent_workers,

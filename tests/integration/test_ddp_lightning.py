@@ -3,8 +3,9 @@
 Each run is a separate ``python -m lightning_module fit`` process (under pytest, strategy
 ``ddp`` would re-run pytest in the child). Checks: both ranks run the same number of packs,
 no record reaches two ranks, every record is either yielded or reported in the plan's
-remainder, and a resume from a mid-epoch checkpoint in a new process yields exactly the
-uninterrupted run's packs on each rank.
+remainder, a resume from a mid-epoch checkpoint in a new process yields exactly the
+uninterrupted run's packs on each rank, and the same checkpoint resumed on one rank (elastic)
+yields only records not consumed yet, each once.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from lightning_scripts.harness import make_trainer, pack_log, tiny_config
 
 from bcl_stream.index import read_index
 from bcl_stream.plan_source import ReaderConfig, epoch_plan
 from lightning_module.callbacks import read_pack_log
+from lightning_module.datamodule import BCLDataModule
+from lightning_module.tinygpt import TinyGPT
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -91,3 +95,16 @@ def test_ddp_two_ranks_balanced_disjoint_and_resumable(mds_dir: Path, tmp_path: 
         want = [(x["step"], x["sample_ids"]) for x in full[rank][STOP:]]
         got = [(x["step"], x["sample_ids"]) for x in resumed[rank]]
         assert got == want, f"rank {rank}: resumed packs differ"
+
+    # Elastic resume: the 2-rank checkpoint on 1 rank re-plans the records not yet consumed.
+    module = BCLDataModule(
+        str(mds_dir), pack_size=PACK, window=WINDOW, seed=5, layout="packed", max_seq_len=1024
+    )
+    trainer = make_trainer(tmp_path / "elastic", max_epochs=1)
+    trainer.fit(TinyGPT(tiny_config()), module, ckpt_path=ckpt)
+    consumed = {i for rank in full for x in rank[:STOP] for i in x["sample_ids"]}
+    after = [i for x in pack_log(tmp_path / "elastic") for i in x["sample_ids"]]
+    assert len(after) == len(set(after)) and not consumed & set(after)
+    left = module.remainder_counts()
+    assert left["consumed_before_resize"] == len(consumed) == 2 * STOP * PACK
+    assert len(after) + sum(left.values()) == 300
