@@ -10,6 +10,7 @@ from lightning_module.datamodule import (
     BCLDataModule,
     PackCollate,
     SequentialPlanner,
+    TrainerPackLoader,
     clean_stale_shared_memory_once,
 )
 
@@ -19,6 +20,7 @@ __all__ = [
     "PackLogWriter",
     "PackLogger",
     "SequentialPlanner",
+    "TrainerPackLoader",
     "clean_stale_shared_memory_once",
     "read_pack_log",
 ]
