@@ -137,3 +137,20 @@ def test_sigkill_then_resume_trains_the_same_records(mds_dir: Path, tmp_path: Pa
         steps = range(epoch * per_epoch, (epoch + 1) * per_epoch)
         ids = [i for r in (0, 1) for s in steps for i in {**reference[r]}[s]]
         assert len(ids) == len(set(ids))
+
+
+def test_a_checkpoint_cut_short_by_the_kill_is_skipped(tmp_path: Path) -> None:
+    """A kill while saving leaves the newest .ckpt truncated: resume takes the one before."""
+    import torch
+
+    for step in (5, 10):
+        torch.save({"step": step, "weights": torch.zeros(1000)}, tmp_path / f"step={step}.ckpt")
+        time.sleep(0.01)  # distinct modification times
+    newest = tmp_path / "step=10.ckpt"
+    assert last_complete_checkpoint(tmp_path) == newest
+    newest.write_bytes(newest.read_bytes()[:1500])
+    with pytest.warns(UserWarning, match=r"step=10\.ckpt: unreadable checkpoint skipped"):
+        assert last_complete_checkpoint(tmp_path) == tmp_path / "step=5.ckpt"
+    (tmp_path / "step=5.ckpt").write_bytes(b"")
+    with pytest.warns(UserWarning):
+        assert last_complete_checkpoint(tmp_path) is None
