@@ -115,6 +115,29 @@ def test_missing_shard_file_is_named(mds_dir: Path, tmp_path: Path) -> None:
         read_all(root)
 
 
+@pytest.mark.parametrize(
+    ("damage", "match"),
+    [
+        ("flip@0", r"shard-000002\.tar: unreadable tar shard \(.*checksum.*\) at record \d+"),
+        ("cut@100", r"shard-000002\.tar: holds 0 records but the cost index says 37.*annotate"),
+        ("cut@5000", r"shard-000002\.tar: holds 1 records but the cost index says 37.*annotate"),
+    ],
+)
+def test_damaged_wds_shard_is_named(wds_dir: Path, tmp_path: Path, damage: str, match: str) -> None:
+    from bcl_stream.formats.wds_reader import WDSPackDataset
+
+    root = copy_of(wds_dir, tmp_path)
+    path = root / "shard-000002.tar"
+    kind, where = damage.split("@")
+    if kind == "flip":
+        flip(path, int(where))
+    else:
+        path.write_bytes(path.read_bytes()[: int(where)])
+    with pytest.raises(DatasetError, match=match):
+        for _ in PackLoader(WDSPackDataset(root, CONFIG, 0)):
+            pass
+
+
 # -- cost index faults ------------------------------------------------------------------
 def test_cost_index_hash_mismatch(mds_dir: Path, tmp_path: Path) -> None:
     root = copy_of(mds_dir, tmp_path)
