@@ -51,6 +51,13 @@ class PlanDataset(IterableDataset[Pack]):
         self.rank = detect_rank() if rank is None else int(rank)
         if not 0 <= self.rank < config.world_size:
             raise ValueError(f"rank must be in [0, {config.world_size}), got {self.rank}")
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            world = torch.distributed.get_world_size()
+            if world != config.world_size:
+                raise ValueError(
+                    f"ReaderConfig.world_size={config.world_size} but the process group has "
+                    f"{world} ranks; ranks would disagree on the plan. Set world_size={world}."
+                )
         self.fingerprint = index.fingerprint()
         self.segments: tuple[Segment, ...] = ()
         # (epoch, first pack), shared with worker processes, persistent ones included.

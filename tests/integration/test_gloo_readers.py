@@ -39,6 +39,7 @@ def test_two_gloo_ranks_follow_the_plan(mds_dir: Path, wds_dir: Path, tmp_path: 
     result = json.loads(out.read_text())
     for fmt, root in (("mds", mds_dir), ("wds", wds_dir)):
         check_ranks(result[fmt], root)
+    assert "world_size=3 but the process group has 2 ranks" in result["wrong_world_error"]
 
 
 def check_ranks(ranks: list[dict[str, Any]], root: Path) -> None:

@@ -53,6 +53,18 @@ def run_reader(fmt: str, root: str) -> list[object]:
     return gathered
 
 
+def wrong_world_error(root: str) -> str:
+    """A config whose world size differs from the process group must be refused."""
+    from bcl_stream.formats.wds_reader import WDSPackDataset
+    from bcl_stream.plan_source import ReaderConfig
+
+    try:
+        WDSPackDataset(root, ReaderConfig(world_size=WORLD + 1, pack_size=4, window=3), 0)
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
 def worker(rank: int, mds_root: str, wds_root: str, port: int, out: str) -> None:
     # Streaming reads these; a DDP launcher would set them (NOTES: set before building).
     os.environ.update(
@@ -64,7 +76,11 @@ def worker(rank: int, mds_root: str, wds_root: str, port: int, out: str) -> None
         MASTER_PORT=str(port),
     )
     dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=60))
-    result = {"mds": run_reader("mds", mds_root), "wds": run_reader("wds", wds_root)}
+    result: dict[str, object] = {
+        "mds": run_reader("mds", mds_root),
+        "wds": run_reader("wds", wds_root),
+        "wrong_world_error": wrong_world_error(wds_root),
+    }
     if rank == 0:
         with open(out, "w") as fh:
             json.dump(result, fh)
