@@ -14,6 +14,7 @@ after the last pack of an epoch is (epoch + 1, 0).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,6 +24,8 @@ from bcl_stream.errors import StateError
 from bcl_stream.formats.reader_base import Pack, PlanDataset
 from bcl_stream.plan_source import Segment
 from bcl_stream.state import Cursor, resolve_state
+
+log = logging.getLogger(__name__)
 
 
 def identity_collate(pack: Pack) -> Pack:
@@ -102,6 +105,15 @@ class PackLoader(DataLoader):
             # Persistent workers hold the old segments in their dataset copy: restart them.
             self._iterator = None
         dataset.set_cursor(self._epoch, self._consumed, self._segments)
+        if self._consumed == 0 and (left := dataset.remainder_counts()):
+            # Every record is yielded once per epoch or reported: this is the report.
+            log.info(
+                "epoch %d: %d packs per rank; %d records not yielded this epoch (%s)",
+                self._epoch,
+                len(self),
+                sum(left.values()),
+                ", ".join(f"{reason}: {count}" for reason, count in sorted(left.items())),
+            )
         return self._count(super().__iter__())
 
     def _count(self, packs: Iterator[Any]) -> Iterator[Any]:

@@ -199,3 +199,15 @@ def test_cli_read_resumes_into_the_next_epoch_and_refuses_past_it(
     )
     assert main(["plan", str(wds_dir), *common[:-1]]) == 0
     assert "packs per rank 37" in capsys.readouterr().out
+
+
+def test_loader_reports_the_remainder_each_epoch(
+    mds_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = ReaderConfig(world_size=2, pack_size=4, window=3)
+    loader = PackLoader(MDSPackDataset(mds_dir, config, 0))
+    with caplog.at_level("INFO", logger="bcl_stream.loader"):
+        read_ids(loader)
+    assert "epoch 0: 37 packs per rank; 4 records not yielded this epoch (epoch_tail: 4)" in (
+        caplog.text
+    )
