@@ -54,7 +54,8 @@ def write_config(tmp: Path, name: str, data: Path) -> Path:
 
 
 def fit(config: Path, *extra: str) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # Keep shared memory: other streaming tests may be alive on this machine.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "BCL_STREAM_KEEP_SHM": "1"}
     for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         env.pop(key, None)
     proc = subprocess.run(
