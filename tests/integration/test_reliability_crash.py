@@ -83,8 +83,9 @@ def by_step(logs: Path, rank: int) -> dict[int, list[int]]:
 def test_sigkill_then_resume_trains_the_same_records(mds_dir: Path, tmp_path: Path) -> None:
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
-    rng = random.Random(os.environ.get("BCL_CRASH_SEED", time.time_ns()))
-    kill_after = rng.randrange(EVERY + 1, STEPS - 3)
+    seed = int(os.environ.get("BCL_CRASH_SEED", time.time_ns() % 100_000))
+    kill_after = random.Random(seed).randrange(EVERY + 1, STEPS - 3)
+    ctx = f"(BCL_CRASH_SEED={seed} reproduces the kill step {kill_after})"
 
     # 1. The uninterrupted run.
     full = tmp_path / "full"
@@ -105,17 +106,17 @@ def test_sigkill_then_resume_trains_the_same_records(mds_dir: Path, tmp_path: Pa
         if max(by_step(crashed / "logs", 0), default=-1) >= kill_after:
             break
         time.sleep(0.01)
-    assert proc.poll() is None, "the run ended before it could be killed"
+    assert proc.poll() is None, f"the run ended before it could be killed {ctx}"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
     killed_at = max(by_step(crashed / "logs", 0))
-    assert killed_at < STEPS - 1
+    assert killed_at < STEPS - 1, ctx
 
     # 3. Resume from the last checkpoint that loads, into a fresh pack log.
     ckpt = last_complete_checkpoint(crashed / "ckpt")
     assert ckpt is not None, "no complete checkpoint before the kill"
     resume_step = int(ckpt.stem.split("=")[1])
-    assert EVERY <= resume_step <= killed_at + 1
+    assert EVERY <= resume_step <= killed_at + 1, ctx
     resumed = tmp_path / "resumed"
     config = write_config(tmp_path / "resumed.yaml", data=mds_dir, work=resumed, every=EVERY)
     finish(launch(config, tmpdir, "--ckpt_path", str(ckpt)))
@@ -124,18 +125,16 @@ def test_sigkill_then_resume_trains_the_same_records(mds_dir: Path, tmp_path: Pa
     for rank in (0, 1):
         before = {s: ids for s, ids in by_step(crashed / "logs", rank).items() if s < resume_step}
         after = by_step(resumed / "logs", rank)
-        assert min(after) == resume_step, f"rank {rank} resumed at {min(after)}"
-        assert sorted(before) == list(range(resume_step)), (
-            f"rank {rank} lost a step before the kill"
-        )
+        assert min(after) == resume_step, f"rank {rank} resumed at {min(after)} {ctx}"
+        assert sorted(before) == list(range(resume_step)), f"rank {rank} lost a step {ctx}"
         assert {**before, **after} == reference[rank], (
-            f"rank {rank}: killed after step {killed_at}, resumed at {resume_step}"
+            f"rank {rank}: killed after step {killed_at}, resumed at {resume_step} {ctx}"
         )
     # Each epoch, across both ranks, trains every planned record once (no record twice).
     per_epoch = STEPS // 2
     for epoch in range(2):
         steps = range(epoch * per_epoch, (epoch + 1) * per_epoch)
-        ids = [i for r in (0, 1) for s in steps for i in {**reference[r]}[s]]
+        ids = [i for r in (0, 1) for s in steps for i in reference[r][s]]
         assert len(ids) == len(set(ids))
 
 
