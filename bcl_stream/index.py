@@ -113,9 +113,7 @@ class CostIndex:
     def content_hash(self) -> str:
         """SHA-256 of the records' bytes: ties the JSON to the array it describes."""
         # A uint8 view hashes the array's buffer in place (tobytes() would copy it).
-        return hashlib.sha256(
-            memoryview(np.ascontiguousarray(self.records).view(np.uint8))
-        ).hexdigest()
+        return hashlib.sha256(np.ascontiguousarray(self.records).view(np.uint8).data).hexdigest()
 
     def fingerprint(self) -> str:
         """Short identity of the data (hash + shard layout) for reader states."""
