@@ -27,8 +27,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bcl_stream.errors import DatasetError
+from bcl_stream.errors import CostIndexError, DatasetError
+from bcl_stream.formats.layout import read_mds_index
 from bcl_stream.formats.reader_base import Pack, PlanDataset
+from bcl_stream.integrity import ShardVerifier, guard_downloads
 from bcl_stream.plan_source import ReaderConfig
 from bcl_stream.remote import is_remote, open_cost_index
 
@@ -90,7 +92,12 @@ class MDSPackDataset(PlanDataset):
         from streaming import StreamingDataset
 
         location = str(location)
-        index, local_root = open_cost_index(location, cache_dir)
+        try:
+            index, local_root = open_cost_index(location, cache_dir)
+        except CostIndexError:
+            if not is_remote(location):  # shards without index.json: an interrupted write
+                read_mds_index(Path(location.removeprefix("file://")))
+            raise
         if index.format != "mds":
             raise DatasetError(
                 f"{location}: the cost index says format {index.format!r}; use the reader for "
@@ -116,7 +123,9 @@ class MDSPackDataset(PlanDataset):
                 "shared memory: call streaming.base.util.clean_stale_shared_memory() once at job "
                 "start) holds this cache_dir."
             ) from None
+        guard_downloads(self.streaming)  # a failed download must not hang later reads
         self._check_layout()
+        self.verifier = ShardVerifier(local_root, index, location=location)
         offsets = np.asarray(self.streaming.sample_offset_per_shard, dtype=np.int64)
         self._shard_starts = offsets
 
@@ -144,15 +153,23 @@ class MDSPackDataset(PlanDataset):
         return np.searchsorted(self._shard_starts, sample_ids, side="right") - 1
 
     def _get(self, sample_id: int) -> dict[str, Any]:
+        shard = int(self.shard_of(np.array([sample_id]))[0])
+        if not self.remote:  # a remote shard is checked once streaming has downloaded it
+            self.verifier.check_shard(shard)
         try:
             record: dict[str, Any] = self.streaming.get_item(sample_id)
-        except (RuntimeError, OSError, ValueError) as exc:
-            shard = int(self.shard_of(np.array([sample_id]))[0])
+        except Exception as exc:  # botocore, streaming and numpy errors alike: name the shard
+            name = self.index.shards[shard].name
+            local = self.verifier.root / name
+            problem = self.verifier.problem(shard) if self.remote and local.is_file() else None
             raise DatasetError(
-                f"{self.location}: cannot read record {sample_id} (shard {shard}, "
-                f"{self.index.shards[shard].name}): {type(exc).__name__}: {exc}. Check the "
-                "shard file and the remote, then resume from the last checkpoint."
+                f"{self.location}: cannot read record {sample_id} (shard {shard}, {name}): "
+                f"{problem or f'{type(exc).__name__}: {exc}'}. "
+                "Check the shard file and the remote, then resume from the last checkpoint."
             ) from None
+        if self.remote:
+            self.verifier.check_shard(shard)
+        self.verifier.check_record(sample_id, record)
         record["sample_id"] = sample_id  # a fresh dict per call: safe to extend in place
         return record
 
