@@ -26,6 +26,7 @@ import numpy.typing as npt
 from bcl_stream.errors import PlanError
 from bcl_stream.planner.carry import hold_back
 from bcl_stream.planner.partition import ALGORITHMS, partition
+from bcl_stream.planner.step_fill import fill_steps
 
 SCOPES = ("rank", "node", "world")
 PACK_ORDERS = ("desc", "stream")
@@ -55,6 +56,9 @@ class PlanConfig:
     """Swap-refinement iterations after the partition (0 disables)."""
     pack_order: str = "desc"
     """Order of the packs inside a window: ``desc`` or ``stream``."""
+    step_fill: bool = True
+    """Scopes node/world: give the step-mates of an unbalanceable heavy pack more work
+    (``planner/step_fill.py``). Needs ``pack_order="desc"``."""
     carry: int | None = None
     """Records per rank read beyond the window and possibly held back one window to steer the
     window's total cost to the epoch mean (``planner/carry.py``). None: W*B/4; 0 disables.
@@ -189,6 +193,8 @@ def _plan_windows(
     windows = streams.reshape(-1, per_window)
     window_costs = costs[windows]
     assign = partition(window_costs, packs_per_rank * group, config.algorithm, config.refine)
+    if config.step_fill and config.pack_order == "desc":
+        assign = fill_steps(window_costs, assign, group, config.refine)
     flat = assign.reshape(windows.shape[0], -1)
     packs = np.take_along_axis(windows, flat, axis=1)
     packs = packs.reshape(windows.shape[0], packs_per_rank * group, size)

@@ -38,8 +38,16 @@ def _check(costs: npt.NDArray[np.float64], n_packs: int) -> int:
     return costs.shape[1] // n_packs
 
 
-def lpt_rounds(costs: npt.NDArray[np.float64], n_packs: int) -> Assignment:
-    """Greedy LPT with cardinality B, in rounds. Output shape (n_windows, n_packs, B)."""
+def lpt_rounds(
+    costs: npt.NDArray[np.float64],
+    n_packs: int,
+    targets: npt.NDArray[np.float64] | None = None,
+) -> Assignment:
+    """Greedy LPT with cardinality B, in rounds. Output shape (n_windows, n_packs, B).
+
+    With ``targets`` (n_windows, n_packs) each round hands the largest record to the pack
+    with the most room left (target - load) instead of the lightest one.
+    """
     pack_size = _check(costs, n_packs)
     n_windows = costs.shape[0]
     rows = np.arange(n_windows)[:, None]
@@ -48,7 +56,8 @@ def lpt_rounds(costs: npt.NDArray[np.float64], n_packs: int) -> Assignment:
     loads = np.zeros((n_windows, n_packs), dtype=np.float64)
     for j in range(pack_size):
         items = by_cost[:, j * n_packs : (j + 1) * n_packs]  # descending within the round
-        lightest_first = np.argsort(loads, axis=1, kind="stable")
+        room = loads if targets is None else loads - targets
+        lightest_first = np.argsort(room, axis=1, kind="stable")
         out[rows, lightest_first, j] = items
         loads[rows, lightest_first] += costs[rows, items]
     return out

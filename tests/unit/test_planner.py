@@ -264,3 +264,42 @@ def test_carry_over_brings_rank_windows_closer_than_no_carry() -> None:
 def test_carry_must_be_smaller_than_the_window() -> None:
     with pytest.raises(ValueError, match="carry must be in"):
         PlanConfig(world_size=1, pack_size=2, window=2, carry=4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    group=st.integers(2, 8),
+    steps=st.integers(1, 8),
+    b=st.integers(1, 8),
+)
+def test_step_fill_never_raises_the_sum_of_step_maxima(
+    seed: int, group: int, steps: int, b: int
+) -> None:
+    from bcl_stream.planner.step_fill import fill_steps
+
+    costs = np.random.default_rng(seed).pareto(1.2, size=(3, group * steps * b)) + 0.01
+    first = partition(costs, group * steps, "lpt", 8)
+    filled = fill_steps(costs, first, group, refine=8)
+
+    def step_time(a: np.ndarray) -> np.ndarray:
+        loads = np.take_along_axis(costs, a.reshape(3, -1), axis=1).reshape(a.shape).sum(axis=2)
+        return (-np.sort(-loads, axis=1))[:, ::group].sum(axis=1)
+
+    assert np.all(step_time(filled) <= step_time(first) + 1e-9)
+    for w in range(3):
+        assert sorted(filled[w].ravel().tolist()) == list(range(group * steps * b))
+
+
+def test_step_fill_lowers_step_time_on_a_heavy_tail() -> None:
+    from bcl_stream.planner.step_fill import fill_steps
+
+    costs = np.random.default_rng(7).pareto(1.1, size=(200, 8 * 16 * 8)) + 0.01  # G=8, W=16, B=8
+    first = partition(costs, 8 * 16, "lpt", 8)
+    filled = fill_steps(costs, first, group=8, refine=8)
+
+    def step_time(a: np.ndarray) -> float:
+        loads = np.take_along_axis(costs, a.reshape(200, -1), axis=1).reshape(a.shape).sum(axis=2)
+        return float((-np.sort(-loads, axis=1))[:, ::8].sum())
+
+    assert step_time(filled) < 0.995 * step_time(first)
