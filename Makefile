@@ -24,7 +24,7 @@ typecheck: venv
 	$(BIN)/mypy bcl_stream lightning_module
 
 test: lint typecheck
-	$(BIN)/python -m pytest -q -ra tests
+	$(BIN)/python tools/run_tests.py
 
 demo: venv
 	$(BIN)/python tools/demo.py
