@@ -82,9 +82,13 @@ class PackLoader(DataLoader):
     def _n_packs(self, epoch: int, segments: tuple[Segment, ...]) -> int:
         return self.plan_dataset.plan(epoch, segments).n_packs
 
+    def plan_len(self) -> int:
+        """Packs of the current plan: what one full pass of the iterator yields."""
+        return self._n_packs(self._epoch, self._segments)
+
     def __len__(self) -> int:
         """Packs per rank in the current epoch (identical on every rank)."""
-        return self._n_packs(self._epoch, self._segments)
+        return self.plan_len()
 
     def set_epoch(self, epoch: int) -> None:
         """Move to ``epoch`` (from pack 0) unless the cursor is already in it."""
@@ -94,7 +98,8 @@ class PackLoader(DataLoader):
             self._epoch, self._consumed, self._segments = epoch, 0, ()
 
     def _normalized(self) -> tuple[int, int, tuple[Segment, ...]]:
-        if self._consumed >= len(self):
+        # plan_len, not len(): a subclass may count len() differently (Lightning's epoch).
+        if self._consumed >= self.plan_len():
             return self._epoch + 1, 0, ()
         return self._epoch, self._consumed, self._segments
 

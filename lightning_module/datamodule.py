@@ -77,17 +77,8 @@ class TrainerPackLoader(PackLoader):
     of the new plan, so both counters agree; iteration and the saved cursor are unchanged.
     """
 
-    def plan_len(self) -> int:
-        """Packs of the current plan (what one full pass yields)."""
-        return self._n_packs(self._epoch, self._segments)
-
     def __len__(self) -> int:
         return sum(s.packs_consumed for s in self._segments) + self.plan_len()
-
-    def _normalized(self) -> tuple[int, int, tuple[Segment, ...]]:
-        if self._consumed >= self.plan_len():
-            return self._epoch + 1, 0, ()
-        return self._epoch, self._consumed, self._segments
 
 
 class SequentialPlanner:

@@ -22,22 +22,21 @@ import os
 import shutil
 from array import array
 from collections.abc import Mapping
-from types import TracebackType
 from typing import Any
 
-import numpy as np
 from streaming import MDSWriter
 
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.layout import MDS_INDEX, POINTER_KEY, as_token_array
-from bcl_stream.index import COSTS_NPY, INDEX_JSON, CostIndex, ShardEntry, write_index
+from bcl_stream.formats.writer_base import FinishOnExit, seal_cost_index
+from bcl_stream.index import INDEX_JSON, CostIndex, ShardEntry
 from bcl_stream.remote import upload
 
 DEFAULT_COLUMNS = {"input_ids": "ndarray:uint32"}
 
 
-class CostedMDSWriter(MDSWriter):
+class CostedMDSWriter(FinishOnExit, MDSWriter):
     """``MDSWriter`` that also records each record's token count and writes the cost index.
 
     ``out`` is a local directory, a remote URL (``s3://...``) or a ``(local, remote)`` pair as
@@ -108,17 +107,15 @@ class CostedMDSWriter(MDSWriter):
                 f"uploading shards to {self.remote} failed (see the log above); the dataset is "
                 "incomplete: re-run with --overwrite"
             )
-        index = CostIndex.build(
-            np.frombuffer(self._tokens, dtype=np.uint32).copy(),
+        index = seal_cost_index(
+            self._tokens,
             self.cost_model,
             self._shard_entries(),
             "mds",
             self.extra,
+            self.local,
+            self.remote,
         )
-        write_index(self.local, index)
-        if self.remote:
-            for name in (COSTS_NPY, INDEX_JSON):
-                upload(os.path.join(self.local, name), self.remote, name)
         path = os.path.join(self.local, MDS_INDEX)
         tmp = path + ".tmp"
         with open(tmp, "w") as fh:
@@ -146,14 +143,3 @@ class CostedMDSWriter(MDSWriter):
         self.executor.shutdown(wait=True)
         if self.remote and not self.keep_local:
             shutil.rmtree(self.local, ignore_errors=True)
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
-            self.finish()
-        else:
-            self.abort()

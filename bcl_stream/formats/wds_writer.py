@@ -22,7 +22,6 @@ import tempfile
 from array import array
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -30,7 +29,8 @@ import webdataset as wds
 
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.formats.layout import as_token_array
-from bcl_stream.index import COSTS_NPY, INDEX_JSON, CostIndex, ShardEntry, write_index
+from bcl_stream.formats.writer_base import FinishOnExit, seal_cost_index
+from bcl_stream.index import CostIndex, ShardEntry
 from bcl_stream.remote import is_remote, upload
 
 SHARD_PATTERN = "shard-%06d.tar"
@@ -43,7 +43,7 @@ def npy_bytes(arr: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-class CostedWDSWriter:
+class CostedWDSWriter(FinishOnExit):
     """Write token-id records as WebDataset shards plus the cost index.
 
     ``out``: a local directory or a remote URL. ``maxcount``/``maxsize`` are passed to
@@ -124,17 +124,10 @@ class CostedWDSWriter:
         if self._index is not None:
             return self._index
         self._writer.close()
-        index = CostIndex.build(
-            np.frombuffer(self._tokens, dtype=np.uint32).copy(),
-            self.cost_model,
-            self.shards,
-            "wds",
-            self.extra,
+        index = seal_cost_index(
+            self._tokens, self.cost_model, self.shards, "wds", self.extra, self.local, self.remote
         )
-        write_index(self.local, index)
         if self.remote:
-            for name in (COSTS_NPY, INDEX_JSON):
-                upload(self.local / name, self.remote, name)
             shutil.rmtree(self.local, ignore_errors=True)
         self._index = index
         return index
@@ -147,17 +140,3 @@ class CostedWDSWriter:
             self._writer.tarstream = None
         if self.remote:
             shutil.rmtree(self.local, ignore_errors=True)
-
-    def __enter__(self) -> CostedWDSWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
-            self.finish()
-        else:
-            self.abort()
