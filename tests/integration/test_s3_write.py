@@ -44,14 +44,20 @@ def _corpus(path: Path, n: int = 80) -> str:
 def _record_uploads(
     monkeypatch: pytest.MonkeyPatch, module: object, marker: str, seen: list[tuple[str, set[str]]]
 ) -> None:
-    """Wrap ``module.upload``: note each name and what the bucket held when the marker went up."""
-    real: Callable[..., None] = module.upload  # type: ignore[attr-defined]
+    """Wrap ``upload`` in the writer module and in ``writer_base`` (which uploads the cost
+    index for both writers): note each name and what the bucket held when the marker went up."""
+    from bcl_stream.formats import writer_base
 
-    def spy(local: str, remote_dir: str, name: str, **kw: object) -> None:
-        seen.append((name, _keys(remote_dir) if name == marker else set()))
-        real(local, remote_dir, name, **kw)
+    for target in (module, writer_base):
+        real: Callable[..., None] = target.upload  # type: ignore[attr-defined]
 
-    monkeypatch.setattr(module, "upload", spy)
+        def spy(
+            local: str, remote_dir: str, name: str, real: Callable[..., None] = real, **kw: object
+        ) -> None:
+            seen.append((name, _keys(remote_dir) if name == marker else set()))
+            real(local, remote_dir, name, **kw)
+
+        monkeypatch.setattr(target, "upload", spy)
 
 
 def test_mds_to_s3_uploads_costs_before_index_json(
