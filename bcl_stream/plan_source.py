@@ -23,8 +23,15 @@ import numpy.typing as npt
 
 from bcl_stream.cost import resolve
 from bcl_stream.index import CostIndex
-from bcl_stream.planner import Plan, PlanConfig, epoch_order, plan_epoch
-from bcl_stream.planner.order import DEFAULT_BLOCK
+from bcl_stream.planner import (
+    Plan,
+    PlanConfig,
+    ShardTable,
+    plan_epoch,
+    sequential,
+    shard_weights,
+)
+from bcl_stream.planner.order import DEFAULT_SHARD_GROUP
 
 REASON_CONSUMED = "consumed_before_resize"
 CACHE_SIZE = 4
@@ -48,8 +55,9 @@ class ReaderConfig:
     """Shuffle seed; the epoch order is a pure function of (seed, epoch)."""
     shuffle: bool = True
     """False keeps the write order (useful for debugging and benchmarks)."""
-    block: int = DEFAULT_BLOCK
-    """Records shuffled together after the shard shuffle (bounds the WebDataset buffer)."""
+    shard_group: int = DEFAULT_SHARD_GROUP
+    """Shards whose records a node shuffles together (bounds the shard cache and the
+    WebDataset buffer: a node needs at most two groups' shards at once)."""
     max_tokens: int | None = None
     """Memory cap M per pack; longer records go to the remainder."""
     algorithm: str = "lpt"
@@ -67,8 +75,6 @@ class ReaderConfig:
         self.plan_config()  # validates every planner field with its own message
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
-        if not isinstance(self.block, int) or self.block < 1:
-            raise ValueError(f"block must be an integer >= 1, got {self.block!r}")
 
     def plan_config(self) -> PlanConfig:
         """The planner's view of this config."""
@@ -83,6 +89,8 @@ class ReaderConfig:
             refine=self.refine,
             pack_order=self.pack_order,
             carry=self.carry,
+            shuffle=self.shuffle,
+            shard_group=self.shard_group,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -152,20 +160,55 @@ def _costs(index: CostIndex, config: ReaderConfig) -> npt.NDArray[np.float64]:
     return index.costs(model)
 
 
+_TABLES: OrderedDict[tuple[str, str | None], tuple[npt.NDArray[np.float64], ShardTable]] = (
+    OrderedDict()
+)
+
+
+def _costs_and_table(
+    index: CostIndex, config: ReaderConfig
+) -> tuple[npt.NDArray[np.float64], ShardTable]:
+    """Per-record costs and the shard table (mean cost per shard), once per data and model."""
+    key = (index.fingerprint(), config.cost_model)
+    hit = _TABLES.get(key)
+    if hit is None:
+        costs = _costs(index, config)
+        counts = index.shard_counts
+        hit = (costs, ShardTable.build(counts, weight=shard_weights(counts, costs)))
+        _TABLES[key] = hit
+        while len(_TABLES) > 2:
+            _TABLES.popitem(last=False)
+    return hit
+
+
 def _plan_one(
     index: CostIndex,
     config: ReaderConfig,
     epoch: int,
     exclude: npt.NDArray[np.int64],
 ) -> Plan:
-    order = epoch_order(
-        index.shard_counts, config.seed, epoch, block=config.block, shuffle=config.shuffle
+    costs, table = _costs_and_table(index, config)
+    # Token counts only matter under a memory cap.
+    tokens = None if config.max_tokens is None else index.tokens
+    return plan_epoch(
+        costs,
+        table,
+        config.plan_config(),
+        seed=config.seed,
+        epoch=epoch,
+        tokens=tokens,
+        excluded=exclude if exclude.size else None,
     )
-    if exclude.size:
-        order = order[~np.isin(order, exclude)]
-    # Token counts only matter under a memory cap; skipping the int64 copy saves 8 B/record.
-    tokens = None if config.max_tokens is None else index.tokens.astype(np.int64)
-    return plan_epoch(_costs(index, config), order, config.plan_config(), tokens)
+
+
+def sequential_plan(index: CostIndex, config: ReaderConfig, epoch: int) -> EpochPlan:
+    """The ``sequential`` baseline over the same streams: each rank's next B records, unbalanced
+    (records over ``max_tokens`` are left out, but the per-pack cap is not enforced)."""
+    costs, table = _costs_and_table(index, config)
+    plan = sequential(
+        costs, table, config.plan_config(), seed=config.seed, epoch=epoch, tokens=index.tokens
+    )
+    return EpochPlan(plan, epoch)
 
 
 def epoch_plan(

@@ -8,20 +8,28 @@ micro-batches of each step are summed first, so t indexes optimizer steps.
 - cv_ranks      = mean_t (std_r C / mean_r C)
 - cv_time       = mean_r (std_t C / mean_t C)
 - time        T = sum_t max_r C (+ overhead per micro-batch); speedup of X over Y = T(Y)/T(X)
+- download amplification = sum over nodes of the distinct shards its ranks read / distinct
+  shards read; shard working set = the most distinct shards one node's ranks read within one
+  window of W packs (what its cache must hold at once).
+
+The record array is the dataset in write order, cut into shards of ``shard_records``. BCL and
+``sequential`` read node streams (each node its own shards); central baselines read one global
+shuffle (``planner.baselines.global_order``), as a trainer's shuffled DataLoader does.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.cost import CostModel
-from bcl_stream.planner.baselines import pooled_mffd, sequential
-from bcl_stream.planner.bcl import Plan, PlanConfig, plan_epoch, validate_costs
-from bcl_stream.planner.order import epoch_order
+from bcl_stream.planner.baselines import global_order, pooled_mffd, sequential
+from bcl_stream.planner.bcl import plan_epoch, validate_costs
+from bcl_stream.planner.config import Plan, PlanConfig
+from bcl_stream.planner.order import DEFAULT_SHARD_GROUP, ShardTable, shard_weights
 
 STRATEGIES = ("sequential", "pooled_mffd", "bcl-rank", "bcl-node", "bcl-world")
 
@@ -37,6 +45,8 @@ class Metrics:
     packs_per_rank: int
     records_used: int
     records_left: int
+    download_amplification: float = float("nan")
+    shard_working_set: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,6 +116,19 @@ class SimConfig:
     algorithm: str = "lpt"
     pack_order: str = "desc"
     refine: int = 8
+    shard_records: int = 4096
+    """The dataset in write order is cut into shards of this many records."""
+    shuffle: bool = True
+    """False streams in write order (``--no-shuffle``)."""
+    shard_group: int = DEFAULT_SHARD_GROUP
+    carry: int | None = None
+    step_fill: bool = True
+    split_shards: float = 0.0
+    stratify: bool = True
+
+    def __post_init__(self) -> None:
+        if self.shard_records < 1:
+            raise ValueError(f"shard_records must be >= 1, got {self.shard_records}")
 
 
 def default_capacity(tokens: npt.NDArray[np.integer], pack_size: int) -> int:
@@ -117,11 +140,54 @@ def default_capacity(tokens: npt.NDArray[np.integer], pack_size: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Schedule:
-    """One strategy's epoch: the (ranks, packs) cost matrix and record accounting."""
+    """One strategy's epoch: the (ranks, packs) cost matrix, record accounting and the packs."""
 
     pack_costs: npt.NDArray[np.float64]
     records_used: int
     records_left: int
+    packs: list[list[npt.NDArray[np.int64]]]
+    """Per rank, per micro-batch: the sample ids it runs."""
+
+
+def shard_table(
+    tokens: npt.NDArray[np.integer], costs: npt.NDArray[np.float64], shard_records: int
+) -> ShardTable:
+    """The write-order record array cut into shards of ``shard_records`` (the last one shorter)."""
+    n = int(np.asarray(tokens).size)
+    counts = [shard_records] * (n // shard_records) + (
+        [n % shard_records] if n % shard_records else []
+    )
+    return ShardTable.build(counts, weight=shard_weights(counts, costs))
+
+
+def locality(
+    packs: list[list[npt.NDArray[np.int64]]], table: ShardTable, ranks_per_node: int, window: int
+) -> tuple[float, int]:
+    """(download amplification, shard working set) of a schedule; see the module docstring."""
+    ends = np.cumsum(table.counts)
+    n_nodes = len(packs) // ranks_per_node
+    per_node: list[set[int]] = []
+    working = 0
+    for node in range(n_nodes):
+        ranks = packs[node * ranks_per_node : (node + 1) * ranks_per_node]
+        n_packs = max((len(r) for r in ranks), default=0)
+        seen: set[int] = set()
+        for k in range(0, n_packs, window):
+            ids = [p for r in ranks for p in r[k : k + window]]
+            if not ids:
+                continue
+            shards = np.unique(np.searchsorted(ends, np.concatenate(ids), side="right"))
+            working = max(working, int(shards.size))
+            seen.update(shards.tolist())
+        per_node.append(seen)
+    distinct = len(set().union(*per_node)) if per_node else 0
+    amplification = sum(len(s) for s in per_node) / distinct if distinct else float("nan")
+    return amplification, working
+
+
+def _from_plan(plan: Plan, costs: npt.NDArray[np.float64]) -> Schedule:
+    packs = [list(rank) for rank in plan.packs]
+    return Schedule(plan_costs(plan, costs), plan.records_used, plan.records_left, packs)
 
 
 def schedules(
@@ -130,31 +196,42 @@ def schedules(
     config: SimConfig,
     strategies: tuple[str, ...] = STRATEGIES,
 ) -> dict[str, Schedule]:
-    """Plan one epoch of ``tokens`` (record lengths) under each strategy, on the same order."""
+    """Plan one epoch of ``tokens`` (record lengths, write order) under each strategy."""
     tok = np.asarray(tokens, dtype=np.int64)
     if tok.ndim != 1 or tok.size == 0:
         raise ValueError(f"tokens must be a non-empty 1-D array, got shape {tok.shape}")
     if np.any(tok < 0):
         raise ValueError(f"tokens must be >= 0; found {int(tok.min())}")
     costs = validate_costs(cost_model.cost(tok))
-    order = epoch_order([tok.size], config.seed, config.epoch)
+    table = shard_table(tok, costs, config.shard_records)
+    seed, epoch = config.seed, config.epoch
     out: dict[str, Schedule] = {}
     for name in strategies:
         if name == "sequential":
-            plan = sequential(order, config.ranks, config.pack_size)
-            out[name] = Schedule(plan_costs(plan, costs), plan.records_used, plan.records_left)
+            plan = sequential(
+                costs, table, plan_config(config, "rank"), seed=seed, epoch=epoch, tokens=tok
+            )
+            out[name] = _from_plan(plan, costs)
         elif name == "pooled_mffd":
             capacity = config.max_tokens or default_capacity(tok, config.pack_size)
+            order = global_order(tok.size, seed, epoch, shuffle=config.shuffle)
             bins, left = pooled_mffd(
                 order, tok, config.ranks, config.pack_size, config.grad_accum, capacity
             )
             matrix = np.array([[costs[b].sum() for b in rank_bins] for rank_bins in bins])
             used = sum(b.size for rank_bins in bins for b in rank_bins)
             left_count = sum(v.size for v in left.values())
-            out[name] = Schedule(matrix.reshape(config.ranks, -1), used, left_count)
+            out[name] = Schedule(matrix.reshape(config.ranks, -1), used, left_count, bins)
         elif name.startswith("bcl-"):
-            plan = plan_epoch(costs, order, plan_config(config, name.removeprefix("bcl-")), tok)
-            out[name] = Schedule(plan_costs(plan, costs), plan.records_used, plan.records_left)
+            plan = plan_epoch(
+                costs,
+                table,
+                plan_config(config, name.removeprefix("bcl-")),
+                seed=seed,
+                epoch=epoch,
+                tokens=tok,
+            )
+            out[name] = _from_plan(plan, costs)
         else:
             raise ValueError(f"unknown strategy {name!r}; choose from {STRATEGIES}")
     return out
@@ -172,7 +249,30 @@ def plan_config(config: SimConfig, scope: str) -> PlanConfig:
         algorithm=config.algorithm,
         refine=config.refine,
         pack_order=config.pack_order,
+        grad_accum=config.grad_accum,
+        shuffle=config.shuffle,
+        shard_group=config.shard_group,
+        carry=config.carry,
+        step_fill=config.step_fill,
+        split_shards=config.split_shards,
+        stratify=config.stratify,
     )
+
+
+def score(schedule: Schedule, config: SimConfig, table: ShardTable | None = None) -> Metrics:
+    """DESIGN.md's metrics of one schedule (plus locality when the shard table is given)."""
+    metrics = metrics_from_costs(
+        schedule.pack_costs,
+        schedule.records_used,
+        schedule.records_left,
+        overhead=config.overhead,
+        microbatches_per_step=config.grad_accum,
+        sync=config.sync,
+    )
+    if table is None:
+        return metrics
+    amplification, working = locality(schedule.packs, table, config.ranks_per_node, config.window)
+    return replace(metrics, download_amplification=amplification, shard_working_set=working)
 
 
 def simulate(
@@ -182,14 +282,7 @@ def simulate(
     strategies: tuple[str, ...] = STRATEGIES,
 ) -> dict[str, Metrics]:
     """Plan one epoch under each strategy and score it with DESIGN.md's metrics."""
-    return {
-        name: metrics_from_costs(
-            s.pack_costs,
-            s.records_used,
-            s.records_left,
-            overhead=config.overhead,
-            microbatches_per_step=config.grad_accum,
-            sync=config.sync,
-        )
-        for name, s in schedules(tokens, cost_model, config, strategies).items()
-    }
+    tok = np.asarray(tokens, dtype=np.int64)
+    planned = schedules(tok, cost_model, config, strategies)
+    table = shard_table(tok, cost_model.cost(tok), config.shard_records)
+    return {name: score(s, config, table) for name, s in planned.items()}

@@ -38,9 +38,7 @@ from bcl_stream.cost import resolve
 from bcl_stream.errors import StateError
 from bcl_stream.formats.reader_base import Pack, PlanDataset
 from bcl_stream.loader import PackLoader
-from bcl_stream.plan_source import EpochPlan, ReaderConfig, Segment
-from bcl_stream.planner import Plan, epoch_order, sequential
-from bcl_stream.planner.bcl import REASON_TOO_LONG
+from bcl_stream.plan_source import EpochPlan, ReaderConfig, Segment, sequential_plan
 from lightning_module.collate import collate_packed, collate_padded
 
 PACKINGS = ("bcl", "sequential")
@@ -103,17 +101,7 @@ class SequentialPlanner:
         ds = self.dataset
         epoch = ds.epoch if epoch is None else epoch
         if self._cached is None or self._cached.epoch != epoch:
-            c = ds.config
-            order = epoch_order(
-                ds.index.shard_counts, c.seed, epoch, block=c.block, shuffle=c.shuffle
-            )
-            left: dict[str, npt.NDArray[np.int64]] = {}
-            if c.max_tokens is not None:
-                too_long = ds.index.tokens[order] > c.max_tokens
-                left[REASON_TOO_LONG] = order[too_long]
-                order = order[~too_long]
-            plan = sequential(order, c.world_size, c.pack_size)
-            self._cached = EpochPlan(Plan(plan.packs, {**left, **plan.remainder}), epoch)
+            self._cached = sequential_plan(ds.index, ds.config, epoch)
         return self._cached
 
 

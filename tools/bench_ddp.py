@@ -88,11 +88,12 @@ def plans_for(
 ) -> dict[str, npt.NDArray[np.int64]]:
     """(ranks, steps, B) sample ids per strategy, all on the same epoch order."""
     from bcl_stream.cost import resolve
-    from bcl_stream.planner import PlanConfig, epoch_order, plan_epoch, sequential
+    from bcl_stream.planner import PlanConfig, plan_epoch, sequential
+    from bcl_stream.sim import shard_table
 
     costs = resolve(args.cost_model).cost(lengths)
-    order = epoch_order([lengths.size], args.seed, epoch)
-    out = {"sequential": sequential(order, 2, args.pack_size).packs}
+    table = shard_table(lengths, costs, lengths.size)  # one shard: the corpus file
+    out: dict[str, npt.NDArray[np.int64]] = {}
     for scope in ("world", "rank"):
         config = PlanConfig(
             world_size=2,
@@ -101,7 +102,10 @@ def plans_for(
             window=args.window,
             scope=scope,
         )
-        out[f"bcl-{scope}"] = plan_epoch(costs, order, config, lengths).packs
+        out[f"bcl-{scope}"] = plan_epoch(
+            costs, table, config, seed=args.seed, epoch=epoch, tokens=lengths
+        ).packs
+    out["sequential"] = sequential(costs, table, config, seed=args.seed, epoch=epoch).packs
     return out
 
 

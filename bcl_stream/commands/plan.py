@@ -12,7 +12,7 @@ from typing import Any
 
 from bcl_stream.plan_source import EpochPlan, ReaderConfig
 from bcl_stream.planner import SCOPES
-from bcl_stream.planner.order import DEFAULT_BLOCK
+from bcl_stream.planner.order import DEFAULT_SHARD_GROUP
 
 
 def add_plan_options(p: argparse.ArgumentParser) -> None:
@@ -27,7 +27,12 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epoch", type=int, default=0)
     p.add_argument("--max-tokens", type=int, default=None, help="memory cap M per pack")
     p.add_argument("--carry", type=int, default=None, help="planner carry-over records")
-    p.add_argument("--block", type=int, default=DEFAULT_BLOCK, help="shuffle block (records)")
+    p.add_argument(
+        "--shard-group",
+        type=int,
+        default=DEFAULT_SHARD_GROUP,
+        help="shards a node shuffles together (shuffle quality vs shard cache)",
+    )
     p.add_argument("--no-shuffle", action="store_true", help="keep the write order")
     p.add_argument("--cost-model", default=None, help="recompute costs: preset or JSON file")
     p.add_argument("--cache-dir", default=None, help="local cache for remote datasets")
@@ -43,7 +48,7 @@ def config_from_args(args: argparse.Namespace) -> ReaderConfig:
         scope=args.scope,
         seed=args.seed,
         shuffle=not args.no_shuffle,
-        block=args.block,
+        shard_group=args.shard_group,
         max_tokens=args.max_tokens,
         carry=args.carry,
         cost_model=args.cost_model,

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from bcl_stream.cost import resolve
-from bcl_stream.sim import STRATEGIES, SimConfig, schedules, simulate
+from bcl_stream.planner.order import DEFAULT_SHARD_GROUP
+from bcl_stream.sim import STRATEGIES, SimConfig, schedules, score, shard_table
 
 
 def add_parser(sub: Any) -> None:
@@ -27,6 +28,22 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epoch", type=int, default=0)
     p.add_argument("--overhead", type=float, default=0.0, help="fixed cost per micro-batch")
+    p.add_argument(
+        "--shard-records",
+        type=int,
+        default=4096,
+        help="the array is the dataset in write order, cut into shards of K records",
+    )
+    p.add_argument("--no-shuffle", action="store_true", help="stream in write order")
+    p.add_argument(
+        "--shard-group",
+        type=int,
+        default=DEFAULT_SHARD_GROUP,
+        help="shards a node shuffles together (shuffle quality vs shard cache)",
+    )
+    p.add_argument(
+        "--carry", type=int, default=None, help="carry-over records per rank (default W*B/4)"
+    )
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--plot", type=Path, default=None, help="PNG of per-step cost across ranks")
@@ -61,10 +78,15 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         epoch=args.epoch,
         overhead=args.overhead,
+        shard_records=args.shard_records,
+        shuffle=not args.no_shuffle,
+        shard_group=args.shard_group,
+        carry=args.carry,
     )
     names = tuple(s for s in args.strategies.split(",") if s)
     planned = schedules(lengths, model, config, names)
-    results = simulate(lengths, model, config, names)
+    table = shard_table(lengths, model.cost(lengths), config.shard_records)
+    results = {name: score(s, config, table) for name, s in planned.items()}
     if args.plot is not None:
         from bcl_stream.plots import plot_step_costs
 
@@ -79,12 +101,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     base = results.get("sequential")
     print(
-        f"{'strategy':<14}{'efficiency':>11}{'cv_ranks':>10}{'cv_time':>9}{'speedup':>9}{'packs':>7}{'left':>7}"
+        f"{'strategy':<14}{'efficiency':>11}{'cv_ranks':>10}{'cv_time':>9}{'speedup':>9}"
+        f"{'packs':>7}{'left':>7}{'dl_amp':>8}{'shards':>8}"
     )
     for name, m in results.items():
         speed = base.time / m.time if base and m.time else float("nan")
         print(
             f"{name:<14}{m.efficiency:>11.3f}{m.cv_ranks:>10.3f}{m.cv_time:>9.3f}"
             f"{speed:>9.3f}{m.packs_per_rank:>7}{m.records_left:>7}"
+            f"{m.download_amplification:>8.2f}{m.shard_working_set:>8}"
         )
     return 0

@@ -1,11 +1,28 @@
-"""The planner: pure functions from (costs, stream order, configuration) to packs.
+"""The planner: pure functions from (costs, shard table, configuration, seed, epoch) to packs.
 
 No I/O and no torch here (tests/unit/test_purity.py guards it): every rank runs this on the
 replicated cost index and must get the same answer, fast.
 """
 
-from bcl_stream.planner.baselines import pooled_mffd, sequential
-from bcl_stream.planner.bcl import SCOPES, Plan, PlanConfig, plan_epoch
-from bcl_stream.planner.order import epoch_order
+from bcl_stream.planner.baselines import global_order, pooled_mffd, sequential, sequential_config
+from bcl_stream.planner.bcl import epoch_streams, plan_epoch
+from bcl_stream.planner.config import SCOPES, Plan, PlanConfig
+from bcl_stream.planner.order import KeepFilter, ShardTable, shard_weights
+from bcl_stream.planner.windows import WindowBatch, plan_windows
 
-__all__ = ["SCOPES", "Plan", "PlanConfig", "epoch_order", "plan_epoch", "pooled_mffd", "sequential"]
+__all__ = [
+    "SCOPES",
+    "KeepFilter",
+    "Plan",
+    "PlanConfig",
+    "ShardTable",
+    "WindowBatch",
+    "epoch_streams",
+    "global_order",
+    "plan_epoch",
+    "plan_windows",
+    "pooled_mffd",
+    "sequential",
+    "sequential_config",
+    "shard_weights",
+]

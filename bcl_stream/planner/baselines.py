@@ -1,30 +1,86 @@
 """The strategies BCL is measured against (DESIGN.md, Metrics).
 
-``sequential``: each rank takes the next B records of its own stream, what a plain loader does.
+``sequential``: each rank takes the next B records of its own share of the same node streams
+BCL reads (a plain loader over the same shards and shuffle): :func:`sequential_config` is BCL's
+configuration with balancing switched off, so the two differ only in the packing.
 ``pooled_mffd``: NeMo-RL style; pool a global batch of R*B*G records, pack by tokens with MFFD
 into bins of capacity M, deal the bins round-robin so every rank runs the same number of bins.
 Record counts per bin vary (it breaks the record-count contract) and it needs a central pool:
 that is why it is a baseline. When the bin count is not a multiple of R, the fullest bins are
 split in two until it is, so no record is dropped and every rank has the same bin count.
+
+Central baselines read from :func:`global_order`: one shuffle of every record, what a trainer's
+``DataLoader(shuffle=True)`` over a map-style dataset does (every node then reads every shard).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import numpy.typing as npt
 
-from bcl_stream.planner.bcl import REASON_TAIL, Plan, _split_groups
+from bcl_stream.planner.bcl import plan_epoch, too_long
+from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG, Plan, PlanConfig
 from bcl_stream.planner.mffd import mffd
+from bcl_stream.planner.order import ShardTable, epoch_rng
 
 
-def sequential(order: npt.NDArray[np.integer], world_size: int, pack_size: int) -> Plan:
-    """Rank r's t-th pack = records t*B..t*B+B-1 of its contiguous share of the stream."""
-    if world_size < 1 or pack_size < 1:
-        raise ValueError(f"world_size and pack_size must be >= 1, got {world_size}, {pack_size}")
-    ids = np.asarray(order, dtype=np.int64)
-    n_packs = (ids.size // world_size) // pack_size
-    streams, tail = _split_groups(ids, world_size, n_packs * pack_size)
-    return Plan(streams.reshape(world_size, n_packs, pack_size), {REASON_TAIL: tail})
+def sequential_config(config: PlanConfig) -> PlanConfig:
+    """``config`` with balancing off: rank scope, packs in stream order, no carry, a plain
+    shuffle inside shard groups."""
+    return replace(
+        config,
+        scope="rank",
+        algorithm="stream",
+        refine=0,
+        pack_order="stream",
+        step_fill=False,
+        carry=0,
+        stratify=False,
+    )
+
+
+def sequential(
+    costs: npt.NDArray[np.floating],
+    table: ShardTable,
+    config: PlanConfig,
+    *,
+    seed: int = 0,
+    epoch: int = 0,
+    tokens: npt.NDArray[np.integer] | None = None,
+    excluded: npt.NDArray[np.int64] | None = None,
+) -> Plan:
+    """Rank r's t-th pack = the next B records of its share of its node's stream.
+
+    With ``config.max_tokens`` set, longer records are left out and reported as BCL does, but
+    the per-pack token cap is not enforced: a plain loader cannot.
+    """
+    plain = sequential_config(config)
+    if config.max_tokens is None:
+        return plan_epoch(costs, table, plain, seed=seed, epoch=epoch, excluded=excluded)
+    if tokens is None:
+        raise ValueError("tokens are required when max_tokens is set")
+    long_ids = too_long(tokens, config.max_tokens, excluded)
+    skip = long_ids if excluded is None else np.union1d(long_ids, excluded)
+    plan = plan_epoch(
+        costs,
+        table,
+        replace(plain, max_tokens=None),
+        seed=seed,
+        epoch=epoch,
+        excluded=skip if skip.size else None,
+    )
+    return Plan(plan.packs, {**plan.remainder, REASON_TOO_LONG: long_ids})
+
+
+def global_order(
+    n_records: int, seed: int, epoch: int, *, shuffle: bool = True
+) -> npt.NDArray[np.int64]:
+    """Every record once, globally shuffled by (seed, epoch), or write order: a central sampler."""
+    if not shuffle:
+        return np.arange(n_records, dtype=np.int64)
+    return epoch_rng(seed, epoch, 3).permutation(n_records).astype(np.int64)
 
 
 def _split_to_multiple(bins: list[list[int]], sizes: npt.NDArray[np.int64], multiple: int) -> None:

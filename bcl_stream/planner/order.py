@@ -1,61 +1,478 @@
-"""The epoch's stream order: a pure function of (shard sizes, seed, epoch).
+"""The epoch's stream order, node by node: a pure function of (shard table, seed, epoch).
 
-Shards are shuffled as whole units, then records are shuffled inside consecutive blocks of
-``block`` records. A rank (or node) that takes a contiguous chunk of this order touches only
-about ``chunk / shard_size + 2`` shards, which is what keeps scope ``rank`` reading only its
-own share; the block shuffle mixes records of neighbouring shards so that one long-record
-shard does not become one expensive window. Every rank computes the same order without
-communication because the cost index lists every shard's record count.
+Real datasets are written in order (source by source, sorted by name, date or length), so
+the order has three jobs: every node reads only its own shards, every node sees the whole
+dataset's mixture at every moment, and the shard cache a node needs stays bounded.
+
+1. **Shards to nodes** (:func:`deal_shards`). Shards are dealt heaviest first, each row of
+   ``n_nodes`` shards one per node, the heaviest to the node with the least cost so far
+   (:func:`balanced_deal`, randomized per (seed, epoch)). Node totals match to within about one
+   shard, record counts to within one shard, and a shard is read by exactly one node per epoch
+   (download amplification 1.0). Streaming's ``orig``/``relaxed`` partitions give nodes spans
+   of a permuted shard list instead; with ordered data one node's span can then be mostly one
+   source (measured: 0.755 vs 0.861 efficiency on a source-by-source mixture, NOTES.md).
+2. **Shard groups** (:func:`shard_groups`). A node's shards are dealt into groups of
+   ``group`` shards the same balanced way, groups in random order. A group's records are
+   shuffled together (stratified by cost, :func:`stratified_permutation`).
+   ``group`` is the trade-off between shuffle quality and cache: a window mixes records of
+   ``group`` shards drawn across the dataset, and a node needs at most the shards of the two
+   groups a window straddles (``2 * group``) resident at once. Streaming's ``py1e`` makes the
+   same trade with a sliding block of records; a stratified group gets the mixture's
+   proportions into every window with fewer shards.
+3. **Node stream** (:class:`NodeStream`). The node's groups, one after another. Positions are
+   resolved group by group: taking records ``[a, b)`` permutes only the groups they touch, so a
+   reader's memory is O(group), never O(dataset), and no step sorts the whole dataset.
+
+``shuffle=False`` keeps the write order: nodes take contiguous spans of shards with equal
+record counts and groups are read in order (debugging, benchmarks of write order).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-DEFAULT_BLOCK = 1 << 14
+JITTER = 0.05
+"""Relative noise on shard totals before dealing: varies the deal between epochs while keeping
+node totals within a few percent of one shard."""
+
+MIN_SHARDS_PER_NODE = 2
+"""Below this many shards per node, shards are cut so that every node gets records."""
+
+DEFAULT_SHARD_GROUP = 32
+"""Shards shuffled together in a node. With 4096-record shards a group is 131K records, about
+1 ms to permute; measured on tools/bench_balance.py's ordered corpora, 8 shards per group
+already gives the mixture's proportions within a window; 32 leaves margin for skewed shards."""
+
+Ids = npt.NDArray[np.int64]
 
 
-def epoch_rng(seed: int, epoch: int, stream: int = 0) -> np.random.Generator:
+def epoch_rng(seed: int, epoch: int, *stream: int) -> np.random.Generator:
     """The generator for one (seed, epoch); ``stream`` separates independent uses."""
     if seed < 0 or epoch < 0:
         raise ValueError(f"seed and epoch must be >= 0, got seed={seed}, epoch={epoch}")
-    return np.random.default_rng([seed, epoch, stream])
+    return np.random.default_rng([seed, epoch, *stream])
 
 
-def epoch_order(
-    shard_counts: Sequence[int] | npt.NDArray[np.integer],
-    seed: int,
-    epoch: int,
-    *,
-    block: int = DEFAULT_BLOCK,
-    shuffle: bool = True,
-) -> npt.NDArray[np.int64]:
-    """A permutation of ``range(sum(shard_counts))``: global sample ids in stream order.
+@dataclass(frozen=True, slots=True)
+class ShardTable:
+    """Per-shard facts every process reads from the replicated index (O(shards), not O(records)).
 
-    Sample ids are global indices in the dataset's write order (shard 0's records first).
-    With ``shuffle=False`` the order is the write order.
+    ``counts``: records per shard in write order. ``usable``: records of each shard eligible
+    this epoch (fewer when a memory cap or an elastic resume removes some). ``weight``: mean
+    record cost of each shard, the key the shards are stratified by (zeros: no stratification).
     """
-    counts = np.asarray(shard_counts, dtype=np.int64)
-    if counts.ndim != 1 or np.any(counts < 0):
-        raise ValueError(
-            f"shard_counts must be a 1-D list of non-negative counts, got {shard_counts!r}"
-        )
-    if block < 1:
-        raise ValueError(f"block must be >= 1, got {block}")
-    total = int(counts.sum())
+
+    counts: Ids
+    usable: Ids
+    weight: npt.NDArray[np.float64]
+    split: Ids | None = None
+    """For a table whose heaviest shards were cut (:func:`split_heavy_shards`): for each entry,
+    the index of the cut shard it is a piece of (pieces of one shard are consecutive, one per
+    node), or -1 for a whole shard."""
+
+    @classmethod
+    def build(
+        cls,
+        counts: npt.ArrayLike,
+        usable: npt.ArrayLike | None = None,
+        weight: npt.ArrayLike | None = None,
+        split: npt.ArrayLike | None = None,
+    ) -> ShardTable:
+        """A validated table; ``usable`` defaults to ``counts``, ``weight`` to zeros."""
+        c = np.asarray(counts, dtype=np.int64).reshape(-1)
+        if np.any(c < 0):
+            raise ValueError(f"shard counts must be >= 0, got min {int(c.min())}")
+        u = c.copy() if usable is None else np.asarray(usable, dtype=np.int64).reshape(-1)
+        w = np.zeros(c.size) if weight is None else np.asarray(weight, np.float64).reshape(-1)
+        if u.shape != c.shape or w.shape != c.shape:
+            raise ValueError(f"usable {u.shape} and weight {w.shape} must match counts {c.shape}")
+        if np.any(u < 0) or np.any(u > c):
+            raise ValueError("usable counts must lie in [0, counts] for every shard")
+        if not np.all(np.isfinite(w)):
+            raise ValueError("shard weights must be finite")
+        pieces = None if split is None else np.asarray(split, dtype=np.int64).reshape(-1)
+        if pieces is not None and pieces.shape != c.shape:
+            raise ValueError(f"split {pieces.shape} must match counts {c.shape}")
+        return cls(c, u, w, pieces)
+
+    @property
+    def starts(self) -> Ids:
+        """Global id of each shard's first record."""
+        return np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
+
+    @property
+    def n_records(self) -> int:
+        return int(self.counts.sum())
+
+
+def shard_weights(
+    counts: npt.ArrayLike, costs: npt.NDArray[np.floating]
+) -> npt.NDArray[np.float64]:
+    """Mean cost per record of each shard: one pass over the cost array (O(records), once per
+    dataset and cost model), refusing NaN, infinite and negative costs with the first bad index."""
+    c = np.asarray(counts, dtype=np.int64)
+    nonempty = c > 0
+    sums = np.zeros(c.size)
+    bad = ~np.isfinite(costs) | (costs < 0)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"costs must be finite and >= 0; costs[{first}] = {costs[first]!r}")
+    if costs.size:
+        starts = np.concatenate([[0], np.cumsum(c)[:-1]])[nonempty]
+        sums[nonempty] = np.add.reduceat(np.asarray(costs, dtype=np.float64), starts)
+    return np.divide(sums, c, out=np.zeros(c.size), where=nonempty)
+
+
+def excess_cost(table: ShardTable) -> npt.NDArray[np.float64]:
+    """Each shard's cost beyond what its usable records would cost at the dataset's mean.
+
+    Dealing on excess rather than on totals balances the mean cost per record of every bin
+    even when entries hold different record counts (pieces of cut shards, a short last shard):
+    a bin of equal records and equal totals but fewer records would run heavier per record.
+    """
+    totals = table.weight * table.usable
+    records = table.usable.sum()
+    rate = float(totals.sum()) / records if records else 0.0
+    return totals - rate * table.usable
+
+
+def balanced_deal(
+    totals: npt.NDArray[np.float64],
+    n_bins: int,
+    rng: np.random.Generator,
+    initial: npt.NDArray[np.float64] | None = None,
+) -> Ids:
+    """Bin of each item: equal item counts per bin (+-1) and near-equal sums of ``totals``
+    (any signed score, e.g. :func:`excess_cost`).
+
+    Items go heaviest first, in rows of ``n_bins``, the row's heaviest item to the lightest
+    bin so far (LPT with one item per bin per row). A small relative jitter on the sort key and
+    a random first row make the deal change from epoch to epoch without losing the balance.
+    O(items log items).
+    """
+    n = totals.size
+    jitter = 1.0 + JITTER * rng.standard_normal(n)
+    by_total = np.lexsort((rng.random(n), -(totals * jitter)))
+    load = rng.random(n_bins) * 1e-9 * max(float(np.abs(totals).max(initial=0.0)), 1.0)
+    if initial is not None:
+        load += initial
+    count = np.zeros(n_bins, dtype=np.int64)
+    owner = np.empty(n, dtype=np.int64)
+    for row in range(0, n, n_bins):
+        items = by_total[row : row + n_bins]
+        lightest = np.lexsort((load, count))[: items.size]
+        owner[items] = lightest
+        load[lightest] += totals[items]
+        count[lightest] += 1
+    return owner
+
+
+def deal_shards(
+    table: ShardTable, n_nodes: int, seed: int, epoch: int, *, shuffle: bool = True
+) -> list[Ids]:
+    """Shard ids of each node, ``n_nodes`` arrays; each shard goes to exactly one node.
+
+    Shuffled: :func:`balanced_deal` on the shards' cost totals (equal shard counts, node totals
+    within about one shard), each node's shards in write order. Not shuffled: contiguous spans
+    with about equal usable records.
+    """
+    if n_nodes < 1:
+        raise ValueError(f"n_nodes must be >= 1, got {n_nodes}")
+    n_shards = table.counts.size
     if not shuffle:
-        return np.arange(total, dtype=np.int64)
-    rng = epoch_rng(seed, epoch)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    shard_perm = rng.permutation(counts.size)
-    order = np.concatenate(
-        [np.arange(starts[s], starts[s] + counts[s], dtype=np.int64) for s in shard_perm]
-        or [np.empty(0, dtype=np.int64)]
-    )
-    # Shuffle inside consecutive blocks: sort by (block index, random key).
-    keys = rng.random(total)
-    block_of = np.arange(total, dtype=np.int64) // block
-    return order[np.lexsort((keys, block_of))]
+        bounds = np.cumsum(table.usable)
+        total = int(bounds[-1]) if n_shards else 0
+        cuts = np.searchsorted(bounds, total * np.arange(1, n_nodes) / n_nodes, side="left")
+        return [s.astype(np.int64) for s in np.split(np.arange(n_shards), cuts + 1)]
+    rng = epoch_rng(seed, epoch, 0)
+    totals = excess_cost(table)
+    owner = np.full(n_shards, -1, dtype=np.int64)
+    load = np.zeros(n_nodes)
+    if table.split is not None:  # a cut shard's pieces: one per node, in a random order
+        cut = np.flatnonzero(table.split >= 0).reshape(-1, n_nodes)
+        for pieces in cut:
+            owner[pieces] = rng.permutation(n_nodes)
+            np.add.at(load, owner[pieces], totals[pieces])
+    whole = np.flatnonzero(owner < 0)
+    owner[whole] = balanced_deal(totals[whole], n_nodes, rng, load)
+    return [np.flatnonzero(owner == n).astype(np.int64) for n in range(n_nodes)]
+
+
+def split_heavy_shards(
+    table: ShardTable,
+    n_nodes: int,
+    budget: float,
+    costs: npt.NDArray[np.floating] | None = None,
+    keep: KeepFilter | None = None,
+) -> ShardTable:
+    """The table with the heaviest shards cut into pieces that different nodes read.
+
+    Whole shards are lumps: on length-sorted data with quadratic costs the last shard alone can
+    hold a quarter of one node's fair share, and no deal of whole shards evens that out. Cutting
+    a shard into q pieces (contiguous record ranges, q <= n_nodes) lets q nodes read it, which
+    costs q - 1 extra shard downloads. Shards heavier than twice the mean are cut heaviest
+    first into ``n_nodes`` equal pieces, one per node (so record counts per node stay equal),
+    while the extra downloads stay within ``budget`` times the shard count (download
+    amplification <= 1 + budget); with many nodes the budget may allow none. Piece weights are recomputed from
+    ``costs`` over the records ``keep`` keeps. Every piece is a valid "shard" for the planner:
+    pieces lie in write order, so global sample ids are unchanged.
+    """
+    n = table.counts.size
+    totals = table.weight * table.usable
+    if n_nodes < 2 or n == 0:
+        return table
+    if n < MIN_SHARDS_PER_NODE * n_nodes:  # too few shards to deal: every node reads a piece
+        heavy = np.flatnonzero(table.counts >= n_nodes)
+    else:
+        n_cut = int(budget * n) // (n_nodes - 1)
+        mean = float(totals.sum()) / n
+        heavy = np.argsort(-totals, kind="stable")[:n_cut]
+        heavy = heavy[(totals[heavy] > 2.0 * mean) & (table.counts[heavy] >= n_nodes)]
+    if heavy.size == 0:
+        return table
+    is_cut = np.zeros(n, dtype=bool)
+    is_cut[heavy] = True
+    starts = table.starts
+    counts: list[int] = []
+    usable: list[int] = []
+    weight: list[float] = []
+    split: list[int] = []
+    for shard in range(n):
+        if not is_cut[shard]:
+            counts.append(int(table.counts[shard]))
+            usable.append(int(table.usable[shard]))
+            weight.append(float(table.weight[shard]))
+            split.append(-1)
+            continue
+        cuts = np.linspace(0, int(table.counts[shard]), n_nodes + 1).astype(np.int64)
+        for lo, hi in itertools.pairwise(cuts):
+            split.append(shard)
+            ids = np.arange(starts[shard] + lo, starts[shard] + hi, dtype=np.int64)
+            if keep is not None and keep.active:
+                ids = ids[keep(ids)]
+            counts.append(int(hi - lo))
+            usable.append(int(ids.size))
+            piece_costs = None if costs is None else np.asarray(costs[ids], dtype=np.float64)
+            if piece_costs is None or ids.size == 0:
+                weight.append(float(table.weight[shard]))
+            else:
+                weight.append(float(piece_costs.mean()))
+    return ShardTable.build(counts, usable, weight, split)
+
+
+def shard_groups(
+    node_shards: Ids,
+    group: int,
+    rng: np.random.Generator | None,
+    excess: npt.NDArray[np.float64],
+    shared: tuple[int, int] = (0, 0),
+) -> list[Ids]:
+    """The node's shards cut into groups of at most ``group`` shards.
+
+    With ``rng``: :func:`balanced_deal` on the shards' ``excess`` cost (indexed by shard id), so
+    every group carries about the node's mean cost. Lumpy shards leave some groups heavier:
+    groups are ranked by excess and placed in an order drawn from ``shared`` = (seed, epoch)
+    only, the same on every node with as many groups, so the nodes' heavier groups run at the
+    same time (what world balance needs) while the order still changes every epoch. Without
+    ``rng``: consecutive runs in the given order.
+    """
+    if group < 1:
+        raise ValueError(f"group must be >= 1, got {group}")
+    m = node_shards.size
+    n_groups = -(-m // group)
+    if rng is None or n_groups <= 1:
+        return [node_shards[i : i + group] for i in range(0, m, group)]
+    owner = balanced_deal(excess[node_shards], n_groups, rng)
+    groups = [node_shards[owner == g] for g in range(n_groups)]
+    by_excess = np.argsort([-excess[g].sum() for g in groups], kind="stable")
+    slot = epoch_rng(*shared, 4, n_groups).permutation(n_groups)
+    return [groups[by_excess[r]] for r in slot]
+
+
+class NodeStream:
+    """One node's records in stream order, materialized a group at a time.
+
+    ``keep``: optional filter ``ids -> bool mask`` applied after the shuffle (memory cap,
+    records consumed before an elastic resize); it must keep exactly ``table.usable`` records
+    of each shard, which is what lets every process know every stream's length up front.
+    """
+
+    def __init__(
+        self,
+        table: ShardTable,
+        node_shards: Ids,
+        *,
+        group: int,
+        seed: int,
+        epoch: int,
+        node: int,
+        shuffle: bool = True,
+        keep: KeepFilter | None = None,
+        costs: npt.NDArray[np.floating] | None = None,
+        unit: int = 0,
+    ) -> None:
+        self._table = table
+        self._costs = costs
+        self._unit = unit
+        self._starts = table.starts
+        self._seed, self._epoch, self._node = seed, epoch, node
+        self._shuffle = shuffle
+        self._keep = keep
+        rng = epoch_rng(seed, epoch, 1, node) if shuffle else None
+        self.groups = shard_groups(
+            np.asarray(node_shards, dtype=np.int64), group, rng, excess_cost(table), (seed, epoch)
+        )
+        sizes = np.array([int(table.usable[g].sum()) for g in self.groups], dtype=np.int64)
+        self.bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self._cache: OrderedDict[int, Ids] = OrderedDict()
+
+    def __len__(self) -> int:
+        return int(self.bounds[-1])
+
+    @property
+    def shards(self) -> Ids:
+        """Every shard this node reads this epoch."""
+        return np.concatenate(self.groups) if self.groups else np.empty(0, np.int64)
+
+    def group_ids(self, g: int) -> Ids:
+        """Group ``g``'s usable records in stream order (cached: the last two groups)."""
+        hit = self._cache.get(g)
+        if hit is not None:
+            self._cache.move_to_end(g)
+            return hit
+        shards = self.groups[g]
+        ids = np.concatenate(
+            [np.arange(self._starts[s], self._starts[s] + self._table.counts[s]) for s in shards]
+            or [np.empty(0, np.int64)]
+        ).astype(np.int64)
+        if self._keep is not None:
+            ids = ids[self._keep(ids)]
+        if self._shuffle:
+            rng = epoch_rng(self._seed, self._epoch, 2, self._node, g)
+            if self._costs is not None and self._unit > 0:
+                ids = stratified_permutation(ids, np.asarray(self._costs[ids]), self._unit, rng)
+            else:
+                ids = rng.permutation(ids)
+        expected = int(self.bounds[g + 1] - self.bounds[g])
+        if ids.size != expected:
+            raise ValueError(
+                f"the record filter kept {ids.size} records of group {g}, the shard table "
+                f"says {expected}: usable counts and filter disagree"
+            )
+        self._cache[g] = ids
+        while len(self._cache) > 2:
+            self._cache.popitem(last=False)
+        return ids
+
+    def take(self, positions: Ids) -> Ids:
+        """Sample ids at stream ``positions`` (any order, each < len)."""
+        pos = np.asarray(positions, dtype=np.int64)
+        out = np.empty(pos.shape, dtype=np.int64)
+        if pos.size == 0:
+            return out
+        if pos.min() < 0 or pos.max() >= len(self):
+            raise ValueError(f"positions must lie in [0, {len(self)})")
+        flat, res = pos.reshape(-1), out.reshape(-1)
+        group_of = np.searchsorted(self.bounds, flat, side="right") - 1
+        for g in np.unique(group_of):
+            sel = group_of == g
+            res[sel] = self.group_ids(int(g))[flat[sel] - self.bounds[g]]
+        return out
+
+
+def stratified_permutation(
+    ids: Ids, costs: npt.NDArray[np.floating], unit: int, rng: np.random.Generator
+) -> Ids:
+    """A random order of ``ids`` in which every run of ``unit`` records holds one record of
+    every cost stratum: a stratified shuffle.
+
+    Records sorted by cost form strata of K = ceil(n / unit) neighbours; the heaviest stratum
+    is dealt one record per unit at random, each next stratum heaviest record to the lightest
+    unit so far (LPT with one record per unit per stratum), then each unit is shuffled. Every unit (one rank's
+    window, W*B records) then holds the group's mix of cheap and expensive records, so windows
+    of all ranks and all nodes differ in cost only by about one record of the last stratum,
+    instead of by a binomial count of expensive records. Units missing a record (n not a multiple of
+    ``unit``) come last so the full ones stay aligned with window boundaries.
+    """
+    n = ids.size
+    if n == 0 or unit <= 1:
+        return rng.permutation(ids)
+    k = -(-n // unit)
+    c = np.asarray(costs, dtype=np.float64)
+    by_cost = np.lexsort((rng.random(n), -c))
+    grid = np.full(unit * k, -1, dtype=np.int64)
+    grid[:n] = by_cost
+    dealt = grid.reshape(unit, k).copy()  # row j = stratum j; column u = unit u's records
+    dealt[0] = rng.permutation(dealt[0])
+    load = np.zeros(k)
+    load[dealt[0] >= 0] = c[dealt[0][dealt[0] >= 0]]
+    for j in range(1, unit):  # LPT: the stratum's heaviest record to the lightest unit
+        lightest = np.argsort(load, kind="stable")
+        row = dealt[j].copy()
+        dealt[j, lightest] = row
+        real = row >= 0
+        load[lightest[real]] += c[row[real]]
+    full = (dealt >= 0).all(axis=0)
+    columns = np.concatenate([np.flatnonzero(full), np.flatnonzero(~full)])
+    units = rng.permuted(dealt[:, columns].T, axis=1).reshape(-1)
+    return ids[units[units >= 0]]
+
+
+class KeepFilter:
+    """Records eligible this epoch: at most ``max_tokens`` tokens and not in ``excluded``.
+
+    A class (not a closure) so a reader holding it stays picklable for DataLoader workers.
+    """
+
+    def __init__(
+        self,
+        tokens: npt.NDArray[np.integer] | None,
+        max_tokens: int | None,
+        excluded: Ids | None = None,
+    ) -> None:
+        self.tokens = tokens
+        self.max_tokens = max_tokens
+        self.excluded = (
+            np.empty(0, np.int64) if excluded is None else np.sort(np.asarray(excluded, np.int64))
+        )
+        if max_tokens is not None and tokens is None:
+            raise ValueError("tokens are required when max_tokens is set")
+
+    @property
+    def active(self) -> bool:
+        return self.max_tokens is not None or self.excluded.size > 0
+
+    def __call__(self, ids: Ids) -> npt.NDArray[np.bool_]:
+        keep = np.ones(ids.shape, dtype=bool)
+        if self.max_tokens is not None and self.tokens is not None:
+            keep &= np.asarray(self.tokens[ids]) <= self.max_tokens
+        if self.excluded.size:
+            at = np.searchsorted(self.excluded, ids).clip(max=self.excluded.size - 1)
+            keep &= self.excluded[at] != ids
+        return keep
+
+    def kept_table(self, table: ShardTable, costs: npt.NDArray[np.floating]) -> ShardTable:
+        """``table`` with usable counts and mean costs over the records kept.
+
+        One vectorized pass over the records (only when the filter is active; ~1 B of
+        temporary memory per record); unfiltered tables are returned as they are.
+        """
+        if not self.active:
+            return table
+        counts = table.counts
+        nonempty = counts > 0
+        usable = np.zeros(counts.size, dtype=np.int64)
+        sums = np.zeros(counts.size)
+        if nonempty.any():
+            mask = self(np.arange(table.n_records, dtype=np.int64))
+            starts = table.starts[nonempty]
+            usable[nonempty] = np.add.reduceat(mask, starts, dtype=np.int64)
+            kept_costs = np.where(mask, np.asarray(costs, dtype=np.float64), 0.0)
+            sums[nonempty] = np.add.reduceat(kept_costs, starts)
+        weight = np.divide(sums, usable, out=np.zeros(counts.size), where=usable > 0)
+        return ShardTable.build(counts, usable, weight)

@@ -113,9 +113,17 @@ def refine_swaps(
     return out
 
 
+def stream(costs: npt.NDArray[np.float64], n_packs: int) -> Assignment:
+    """No balancing: pack i takes records i*B .. i*B+B-1 of the window (a plain loader)."""
+    pack_size = _check(costs, n_packs)
+    flat = np.arange(n_packs * pack_size, dtype=np.int64).reshape(n_packs, pack_size)
+    return np.broadcast_to(flat, (costs.shape[0], n_packs, pack_size)).copy()
+
+
 ALGORITHMS: dict[str, Callable[[npt.NDArray[np.float64], int], Assignment]] = {
     "lpt": lpt_rounds,
     "snake": snake,
+    "stream": stream,
 }
 
 
@@ -128,4 +136,4 @@ def partition(
             f"unknown partition algorithm {algorithm!r}; choose one of {sorted(ALGORITHMS)}"
         )
     out = ALGORITHMS[algorithm](costs, n_packs)
-    return refine_swaps(costs, out, refine) if refine > 0 else out
+    return refine_swaps(costs, out, refine) if refine > 0 and algorithm != "stream" else out

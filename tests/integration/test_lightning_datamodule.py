@@ -18,7 +18,7 @@ from lightning_scripts.harness import make_trainer, pack_log, packs_by_step, tai
 
 from bcl_stream.errors import StateError
 from bcl_stream.index import read_index
-from bcl_stream.planner import epoch_order, sequential
+from bcl_stream.plan_source import ReaderConfig, sequential_plan
 from lightning_module.datamodule import BCLDataModule
 from lightning_module.tinygpt import TinyGPT
 
@@ -73,7 +73,8 @@ def test_estimated_stepping_batches_with_max_epochs_resumes_exactly(
 
 def test_sequential_packing_is_the_planner_baseline(mds_dir: Path) -> None:
     index = read_index(mds_dir)
-    expected = sequential(epoch_order(index.shard_counts, 1, 0), 2, 8).packs
+    config = ReaderConfig(world_size=2, pack_size=8, window=4, seed=1)
+    expected = sequential_plan(index, config, 0).plan.packs
     for rank in range(2):
         module = dm(mds_dir, packing="sequential")
         module.setup_for(rank, 2, 2)

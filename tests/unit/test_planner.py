@@ -9,14 +9,33 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bcl_stream.errors import PlanError
-from bcl_stream.planner import PlanConfig, epoch_order, plan_epoch, pooled_mffd, sequential
-from bcl_stream.planner.bcl import REASON_TAIL, REASON_TOO_LONG
+from bcl_stream.planner import (
+    PlanConfig,
+    ShardTable,
+    global_order,
+    plan_epoch,
+    pooled_mffd,
+    sequential,
+    shard_weights,
+)
+from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG
 from bcl_stream.planner.mffd import mffd
 from bcl_stream.planner.partition import lpt_rounds, partition, snake
 
 
 def lengths(n: int, seed: int = 0) -> np.ndarray:
     return np.minimum(np.random.default_rng(seed).lognormal(6.0, 1.0, n).astype(np.int64) + 1, 8192)
+
+
+def table_for(costs: np.ndarray, shard: int = 64) -> ShardTable:
+    n = costs.size
+    counts = [shard] * (n // shard) + ([n % shard] if n % shard else [])
+    return ShardTable.build(counts, weight=shard_weights(counts, costs))
+
+
+def plan(costs, config: PlanConfig, tokens=None, *, seed: int = 0, epoch: int = 0, shard: int = 64):
+    costs = np.asarray(costs, dtype=float)
+    return plan_epoch(costs, table_for(costs, shard), config, seed=seed, epoch=epoch, tokens=tokens)
 
 
 def check_accounting(plan, n: int) -> None:
@@ -26,7 +45,7 @@ def check_accounting(plan, n: int) -> None:
 
 
 configs = st.builds(
-    lambda nodes, rpn, b, w, scope, algo, order, carry: PlanConfig(
+    lambda nodes, rpn, b, w, scope, algo, order, carry, accum, stratify, split: PlanConfig(
         world_size=nodes * rpn,
         ranks_per_node=rpn,
         pack_size=b,
@@ -35,67 +54,55 @@ configs = st.builds(
         algorithm=algo,
         pack_order=order,
         carry=None if carry is None else carry % (w * b),
+        grad_accum=accum,
+        stratify=stratify,
+        split_shards=split,
+        shard_group=2,
     ),
     st.integers(1, 3),
     st.integers(1, 4),
     st.integers(1, 9),
     st.integers(1, 6),
     st.sampled_from(["rank", "node", "world"]),
-    st.sampled_from(["lpt", "snake"]),
+    st.sampled_from(["lpt", "snake", "stream"]),
     st.sampled_from(["desc", "stream"]),
     st.one_of(st.none(), st.integers(0, 100)),
+    st.integers(1, 4),
+    st.booleans(),
+    st.sampled_from([0.0, 0.5]),
 )
 
 
 @settings(max_examples=200, deadline=None)
-@given(config=configs, n=st.integers(0, 700), seed=st.integers(0, 2**16), epoch=st.integers(0, 5))
-def test_plan_invariants(config: PlanConfig, n: int, seed: int, epoch: int) -> None:
-    tok = lengths(n, seed)
-    order = epoch_order([n], seed, epoch)
-    plan = plan_epoch(tok.astype(np.float64), order, config, tok)
-    assert plan.packs.shape[0] == config.world_size
-    assert plan.packs.shape[2] == config.pack_size
-    check_accounting(plan, n)
-    # Only an epoch tail smaller than one step of every group is left over.
-    group = config.group_size
-    n_groups = config.world_size // group
-    assert plan.records_left < n_groups * (group * config.pack_size + 1)
-
-
-@settings(max_examples=100, deadline=None)
 @given(
-    n=st.integers(0, 2000),
-    shards=st.integers(1, 9),
-    seed=st.integers(0, 99),
-    epoch=st.integers(0, 9),
+    config=configs,
+    n=st.integers(0, 700),
+    shard=st.integers(1, 90),
+    seed=st.integers(0, 2**16),
+    epoch=st.integers(0, 5),
 )
-def test_epoch_order_is_a_deterministic_permutation(
-    n: int, shards: int, seed: int, epoch: int
-) -> None:
-    counts = np.full(shards, n // shards)
-    counts[0] += n - counts.sum()
-    order = epoch_order(counts, seed, epoch, block=64)
-    assert sorted(order.tolist()) == list(range(n))
-    assert np.array_equal(order, epoch_order(counts, seed, epoch, block=64))
+def test_plan_invariants(config: PlanConfig, n: int, shard: int, seed: int, epoch: int) -> None:
+    tok = lengths(n, seed)
+    result = plan(tok, config, tok, seed=seed, epoch=epoch, shard=shard)
+    assert result.packs.shape[0] == config.world_size
+    assert result.packs.shape[2] == config.pack_size
+    check_accounting(result, n)
 
 
 def test_epochs_and_seeds_change_the_plan() -> None:
     tok = lengths(4096)
     config = PlanConfig(world_size=4, pack_size=8, window=4)
     plans = [
-        plan_epoch(tok.astype(float), epoch_order([4096], seed, epoch), config).packs
-        for seed, epoch in [(0, 0), (0, 1), (1, 0)]
+        plan(tok, config, seed=seed, epoch=epoch).packs for seed, epoch in [(0, 0), (0, 1), (1, 0)]
     ]
     assert not np.array_equal(plans[0], plans[1])
     assert not np.array_equal(plans[0], plans[2])
-    again = plan_epoch(tok.astype(float), epoch_order([4096], 0, 0), config).packs
-    assert np.array_equal(plans[0], again)
+    assert np.array_equal(plans[0], plan(tok, config).packs)
 
 
 @pytest.mark.parametrize("scope", ["rank", "node", "world"])
 def test_wider_scopes_balance_better_than_sequential(scope: str) -> None:
     tok = lengths(20000)
-    order = epoch_order([tok.size], 0, 0)
     config = PlanConfig(world_size=8, ranks_per_node=4, pack_size=8, window=16, scope=scope)
     cost = tok.astype(float) ** 1.2
 
@@ -103,20 +110,20 @@ def test_wider_scopes_balance_better_than_sequential(scope: str) -> None:
         c = cost[packs].sum(axis=2)
         return float(c.mean(axis=0).sum() / c.max(axis=0).sum())
 
-    bcl = efficiency(plan_epoch(cost, order, config).packs)
-    seq = efficiency(sequential(order, 8, 8).packs)
+    bcl = efficiency(plan(cost, config).packs)
+    seq = efficiency(sequential(cost, table_for(cost), config).packs)
     assert bcl > seq + 0.1
 
 
 def test_scope_world_balances_every_step_tightly() -> None:
     tok = lengths(8 * 8 * 64)
     cost = tok.astype(float)
-    plan = plan_epoch(
+    result = plan(
         cost,
-        epoch_order([tok.size], 3, 0),
-        PlanConfig(world_size=8, pack_size=8, window=64, scope="world"),
+        PlanConfig(world_size=8, ranks_per_node=8, pack_size=8, window=64, scope="node"),
+        seed=3,
     )
-    c = cost[plan.packs].sum(axis=2)
+    c = cost[result.packs].sum(axis=2)
     assert (c.max(axis=0) / c.mean(axis=0)).max() < 1.05
 
 
@@ -125,27 +132,27 @@ def test_memory_cap_excludes_outliers_and_bounds_every_pack() -> None:
     tok[:7] = 30000
     cap = 12000
     config = PlanConfig(world_size=4, pack_size=4, window=8, max_tokens=25000, scope="rank")
-    plan = plan_epoch(tok.astype(float), epoch_order([tok.size], 0, 0), config, tok)
-    assert sorted(plan.remainder[REASON_TOO_LONG].tolist()) == list(range(7))
-    check_accounting(plan, tok.size)
+    result = plan(tok, config, tok)
+    assert sorted(result.remainder[REASON_TOO_LONG].tolist()) == list(range(7))
+    check_accounting(result, tok.size)
     tok[:7] = 100
     capped = PlanConfig(world_size=4, pack_size=4, window=8, max_tokens=cap)
-    plan = plan_epoch(tok.astype(float) ** 2, epoch_order([tok.size], 0, 0), capped, tok)
-    assert tok[plan.packs].sum(axis=2).max() <= cap
-    check_accounting(plan, tok.size)
+    result = plan(tok.astype(float) ** 2, capped, tok)
+    assert tok[result.packs].sum(axis=2).max() <= cap
+    check_accounting(result, tok.size)
 
 
 def test_memory_cap_that_cannot_be_met_raises_plan_error() -> None:
     tok = np.full(64, 100)
     config = PlanConfig(world_size=1, pack_size=8, window=8, max_tokens=500)
     with pytest.raises(PlanError, match="max_tokens=500"):
-        plan_epoch(tok.astype(float), np.arange(64), config, tok)
+        plan(tok, config, tok)
 
 
 def test_remainder_reason_is_epoch_tail() -> None:
-    plan = plan_epoch(np.ones(100), np.arange(100), PlanConfig(world_size=3, pack_size=8, window=2))
-    assert plan.n_packs == 4
-    assert plan.remainder_counts() == {REASON_TAIL: 4}
+    result = plan(np.ones(100), PlanConfig(world_size=3, pack_size=8, window=2), shard=100)
+    assert result.n_packs == 4
+    assert result.remainder_counts() == {REASON_TAIL: 4}
 
 
 @pytest.mark.parametrize(
@@ -171,13 +178,13 @@ def test_bad_costs_raise_value_error_naming_the_index(bad: float) -> None:
     costs = np.ones(10)
     costs[3] = bad
     with pytest.raises(ValueError, match=r"costs\[3\]"):
-        plan_epoch(costs, np.arange(10), PlanConfig(world_size=1, pack_size=2, window=1))
+        plan(costs, PlanConfig(world_size=1, pack_size=2, window=1))
 
 
 def test_empty_input_gives_an_empty_plan() -> None:
-    plan = plan_epoch(np.ones(0), np.arange(0), PlanConfig(world_size=2, pack_size=2, window=2))
-    assert plan.packs.shape == (2, 0, 2)
-    assert plan.records_left == 0
+    result = plan(np.ones(0), PlanConfig(world_size=2, pack_size=2, window=2))
+    assert result.packs.shape == (2, 0, 2)
+    assert result.records_left == 0
 
 
 @settings(max_examples=100, deadline=None)
@@ -223,7 +230,7 @@ def test_mffd_packs_every_item_once_within_capacity(sizes: list[int], capacity: 
 
 def test_pooled_mffd_gives_every_rank_the_same_bin_count_and_loses_nothing() -> None:
     tok = lengths(3000)
-    order = epoch_order([tok.size], 0, 0)
+    order = global_order(tok.size, 0, 0)
     bins, left = pooled_mffd(order, tok, 8, 8, 4, capacity=int(8 * tok.mean()) + 8192)
     assert len({len(b) for b in bins}) == 1
     ids = np.concatenate([np.concatenate(b) for b in bins] + list(left.values()))
@@ -251,11 +258,10 @@ def test_hold_back_emits_carry_in_and_new_records_exactly_once(
 def test_carry_over_brings_rank_windows_closer_than_no_carry() -> None:
     tok = lengths(40000, seed=5)
     cost = tok.astype(float) ** 1.3
-    order = epoch_order([tok.size], 0, 0)
 
     def cv_ranks(carry: int) -> float:
-        config = PlanConfig(world_size=8, pack_size=8, window=16, carry=carry)
-        c = cost[plan_epoch(cost, order, config).packs].sum(axis=2)
+        config = PlanConfig(world_size=8, pack_size=8, window=16, carry=carry, stratify=False)
+        c = cost[plan(cost, config).packs].sum(axis=2)
         return float((c.std(axis=0) / c.mean(axis=0)).mean())
 
     assert cv_ranks(32) < 0.9 * cv_ranks(0)

@@ -126,7 +126,11 @@ def test_simulate_scores_the_schedules_with_the_same_metrics() -> None:
             microbatches_per_step=config.grad_accum,
             sync="step",
         )
-        assert scored[name] == expected
+        assert dataclasses.replace(
+            scored[name], download_amplification=0.0, shard_working_set=0
+        ) == (dataclasses.replace(expected, download_amplification=0.0))
+        assert scored[name].download_amplification >= 1.0
+        assert scored[name].shard_working_set >= 1
 
 
 def test_unknown_strategy_and_bad_tokens_are_value_errors() -> None:

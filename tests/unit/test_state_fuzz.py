@@ -32,7 +32,7 @@ from bcl_stream.state import parse_state
 FUZZ = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-CONFIG = ReaderConfig(world_size=2, pack_size=3, window=2, seed=5, block=16)
+CONFIG = ReaderConfig(world_size=2, pack_size=3, window=2, seed=5, shard_group=4)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -259,7 +259,10 @@ BOUNDARY_INTS = (
 @given(
     path=st.sampled_from(
         [("epoch",), ("packs_consumed",), ("version",)]
-        + [("config", k) for k in ("seed", "world_size", "pack_size", "window", "block", "carry")]
+        + [
+            ("config", k)
+            for k in ("seed", "world_size", "pack_size", "window", "shard_group", "carry")
+        ]
     ),
     value=BOUNDARY_INTS,
 )

@@ -1,0 +1,275 @@
+"""Plan a range of windows for some planning rows: O(window) memory, resumable carry state.
+
+A reader plans only its own row's windows (scope ``rank``/``node``) or every node's current
+window (scope ``world``, whose nodes agree on step targets), a batch of windows at a time; the
+whole-epoch plan (:func:`bcl_stream.planner.bcl.plan_epoch`) is the same function run over every
+window, so a windowed plan equals the whole-epoch plan by construction (tests check it).
+
+Carry-over makes window k depend on what window k-1 held back: :class:`WindowBatch` returns that
+carry (sample ids, ``carry`` records per rank) so the next batch, or a resumed reader, continues
+from it. Windows come in runs of identical shape (:func:`carry_runs`) so a run is planned in
+one vectorized call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from bcl_stream.errors import PlanError
+from bcl_stream.planner.carry import hold_back
+from bcl_stream.planner.config import PlanConfig
+from bcl_stream.planner.order import Ids
+from bcl_stream.planner.partition import partition
+from bcl_stream.planner.step_fill import fill_steps, fill_steps_joint
+from bcl_stream.planner.streams import EpochStreams
+
+Costs = npt.NDArray[np.floating]
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Consecutive windows of one shape: each emits ``per_rank`` packs per rank, reads ``fresh``
+    new records per row and holds back ``hold``; the first reads from row position ``read_from``
+    and starts with a carry-in of ``carry_in`` records."""
+
+    first_window: int
+    n_windows: int
+    per_rank: int
+    read_from: int
+    carry_in: int
+    hold: int
+
+    def fresh(self, config: PlanConfig) -> int:
+        return self.per_rank * config.group_size * config.pack_size - self.carry_in + self.hold
+
+
+def carry_runs(n_packs: int, config: PlanConfig) -> list[Run]:
+    """The epoch's windows grouped into runs (O(windows), no data touched).
+
+    Window k emits its carry-in plus new records; it reads up to ``carry * group`` records beyond
+    what it emits and holds back the excess, which drains as the row ends. The last two windows
+    are runs of their own: the one before the last steers its hold-back with the last window's
+    records in view (:func:`~bcl_stream.planner.carry.hold_back`, ``then``).
+    """
+    group, size = config.group_size, config.pack_size
+    total = n_packs * group * size
+    lookahead = config.carry_records * group
+    n_windows = -(-n_packs // config.window)
+    runs: list[Run] = []
+    emitted = read = carried = 0
+    for k in range(n_windows):
+        per_rank = min(config.window, n_packs - k * config.window)
+        count = per_rank * group * size
+        read_to = min(emitted + count + lookahead, total)
+        hold = read_to - (emitted + count)
+        last = runs[-1] if runs else None
+        if (
+            last is not None
+            and k < n_windows - 2
+            and last.carry_in == last.hold == carried == hold
+            and last.per_rank == per_rank
+        ):
+            runs[-1] = Run(last.first_window, last.n_windows + 1, per_rank, last.read_from,
+                           carried, hold)  # fmt: skip
+        else:
+            runs.append(Run(k, 1, per_rank, read, carried, hold))
+        emitted, read, carried = emitted + count, read_to, hold
+    return runs
+
+
+@dataclass(frozen=True, slots=True)
+class WindowBatch:
+    """Packs of a range of windows for some rows, and the carry to continue with."""
+
+    packs: Ids
+    """(rows * group_size, packs in the range, pack_size): ranks of the rows in order."""
+    carry: Ids
+    """(rows, held records): what the last window held back for the next one."""
+    first_pack: int
+    """Index of the first pack of the range in the epoch."""
+
+
+def _gather_costs(costs: Costs, ids: Ids) -> npt.NDArray[np.float64]:
+    out = np.asarray(costs[ids], dtype=np.float64)
+    bad = ~np.isfinite(out) | (out < 0)
+    if bad.any():
+        first = ids[bad][0]
+        raise ValueError(f"costs must be finite and >= 0; costs[{first}] = {costs[first]!r}")
+    return out
+
+
+def _repair_token_cap(packs: Ids, tokens: npt.NDArray[np.integer], max_tokens: int) -> None:
+    """Swap records in place until every pack of every window holds <= max_tokens tokens."""
+    pack_tokens = np.asarray(tokens[packs], dtype=np.int64).sum(axis=2)
+    for w in np.flatnonzero((pack_tokens > max_tokens).any(axis=1)):
+        window = packs[w]
+        tok = np.asarray(tokens[window], dtype=np.int64)
+        for _ in range(window.size):
+            load = tok.sum(axis=1)
+            over, roomy = int(load.argmax()), int(load.argmin())
+            if load[over] <= max_tokens:
+                break
+            i, j = int(tok[over].argmax()), int(tok[roomy].argmin())
+            gain = int(tok[over, i]) - int(tok[roomy, j])
+            if gain <= 0 or load[roomy] + gain > max_tokens:
+                break
+            window[over, i], window[roomy, j] = window[roomy, j], window[over, i]
+            tok[over, i], tok[roomy, j] = tok[roomy, j], tok[over, i]
+        if tok.sum(axis=1).max() > max_tokens:
+            raise PlanError(
+                f"cannot fit {window.shape[1]} records per pack under max_tokens={max_tokens}: a "
+                f"window's packs need at least {int(tok.sum(axis=1).max())} tokens in one pack. "
+                "Lower pack_size, raise max_tokens, or cap record length at preprocessing "
+                "(--max-record-tokens)."
+            )
+
+
+def partition_windows(
+    windows: Ids,
+    costs: Costs,
+    tokens: npt.NDArray[np.integer] | None,
+    per_rank: int,
+    config: PlanConfig,
+) -> tuple[Ids, npt.NDArray[np.float64]]:
+    """Partition (rows, n, count) windows into packs, heaviest first. Output: packs
+    (rows, n, per_rank*G, B) and their loads (rows, n, per_rank*G)."""
+    rows, n, count = windows.shape
+    m, size = per_rank * config.group_size, config.pack_size
+    flat_ids = windows.reshape(rows * n, count)
+    window_costs = _gather_costs(costs, flat_ids)
+    assign = partition(window_costs, m, config.algorithm, config.refine)
+    if config.step_fill and config.pack_order == "desc" and config.algorithm != "stream":
+        if config.scope == "world" and rows > 1:
+            assign = fill_steps_joint(window_costs, assign, config.group_size, config.refine, rows)
+        else:
+            assign = fill_steps(window_costs, assign, config.group_size, config.refine)
+    flat = assign.reshape(rows * n, -1)
+    packs = np.take_along_axis(flat_ids, flat, axis=1).reshape(rows * n, m, size)
+    if config.max_tokens is not None and tokens is not None:
+        _repair_token_cap(packs, tokens, config.max_tokens)
+        loads = _gather_costs(costs, packs).sum(axis=2)
+    else:
+        loads = np.take_along_axis(window_costs, flat, axis=1).reshape(packs.shape).sum(axis=2)
+    if config.pack_order == "desc":
+        by_load = np.argsort(-loads, axis=1, kind="stable")
+        packs = np.take_along_axis(packs, by_load[:, :, None], axis=1)
+        loads = np.take_along_axis(loads, by_load, axis=1)
+    return packs.reshape(rows, n, m, size), loads.reshape(rows, n, m)
+
+
+def rank_order(
+    loads: npt.NDArray[np.float64], first_pack: int, config: PlanConfig
+) -> npt.NDArray[np.int64]:
+    """Which of a step's G packs each rank of a row runs: (rows, n, per_rank, G) indices.
+
+    Packs of a step are sorted heaviest first. With ``grad_accum`` A > 1 the heaviest pack of
+    each micro-step goes to the rank with the least work so far in the optimizer step (steps
+    start at global micro-step indices that are multiples of A), so per-step sums of the ranks
+    even out as well; otherwise rank j runs the j-th heaviest.
+    """
+    rows, n, m = loads.shape
+    group = config.group_size
+    per_rank = m // group
+    ident = np.broadcast_to(np.arange(group), (rows, n, per_rank, group))
+    if config.grad_accum <= 1 or group == 1:
+        return ident.copy()
+    step_loads = loads.reshape(rows, n, per_rank, group)
+    out = np.empty((rows, n, per_rank, group), dtype=np.int64)
+    acc = np.zeros((rows, n, group))
+    window_start = first_pack + np.arange(n) * per_rank
+    for t in range(per_rank):
+        reset = (window_start + t) % config.grad_accum == 0
+        acc[:, reset] = 0.0
+        lightest = np.argsort(acc, axis=2, kind="stable")  # rank receiving the i-th heaviest
+        np.put_along_axis(out[:, :, t], lightest, np.arange(group)[None, None, :], axis=2)
+        acc += np.take_along_axis(step_loads[:, :, t], out[:, :, t], axis=2)
+    return out
+
+
+def plan_windows(
+    streams: EpochStreams,
+    costs: Costs,
+    tokens: npt.NDArray[np.integer] | None,
+    rows: npt.ArrayLike,
+    start: int = 0,
+    stop: int | None = None,
+    carry: Ids | None = None,
+) -> WindowBatch:
+    """Windows ``[start, stop)`` of ``rows``. ``carry``: what window ``start - 1`` held back
+    (None at the start of the epoch). Scope ``world`` must plan every row together."""
+    config = streams.config
+    row_ids = np.asarray(rows, dtype=np.int64).reshape(-1)
+    if config.scope == "world" and row_ids.size != streams.n_rows:
+        raise ValueError("scope 'world' plans every node row together (nodes share targets)")
+    n_windows = streams.n_windows
+    stop = n_windows if stop is None else stop
+    if not 0 <= start <= stop <= n_windows:
+        raise ValueError(f"windows [{start}, {stop}) outside [0, {n_windows})")
+    group, size, window = config.group_size, config.pack_size, config.window
+    first_pack = start * window
+    end_pack = min(stop * window, streams.n_packs)
+    out = np.empty((row_ids.size * group, end_pack - first_pack, size), dtype=np.int64)
+    carried = np.empty((row_ids.size, 0), np.int64) if carry is None else carry
+    runs = carry_runs(streams.n_packs, config)
+    for run in runs:
+        lo, hi = max(run.first_window, start), min(run.first_window + run.n_windows, stop)
+        if lo >= hi:
+            continue
+        if carried.shape[1] != (run.carry_in if lo == run.first_window else run.hold):
+            raise ValueError(
+                f"window {lo} needs a carry of {run.carry_in} records per row, got "
+                f"{carried.shape[1]}"
+            )
+        fresh = run.fresh(config)
+        read_from = run.read_from + (lo - run.first_window) * fresh
+        n = hi - lo
+        new = streams.fetch(row_ids, read_from, read_from + n * fresh)
+        new = new.reshape(row_ids.size, n, fresh)
+        mean = _target_mean(streams)
+        target = mean * run.per_rank * group * size
+        then, then_target = None, None
+        if run.hold and lo == n_windows - 2:  # the next window drains: keep it in view
+            last = streams.fetch(row_ids, read_from + fresh, streams.row_length)
+            then = _gather_costs(costs, last).sum(axis=1)
+            last_packs = streams.n_packs - (n_windows - 1) * window
+            then_target = mean * last_packs * group * size
+        windows, carried = hold_back(
+            new, carried, costs, run.hold, target, then=then, then_target=then_target
+        )
+        packs, loads = partition_windows(windows, costs, tokens, run.per_rank, config)
+        _place(packs, loads, (lo - start) * window, lo * window, config, out)
+    return WindowBatch(out, carried, first_pack)
+
+
+def _target_mean(streams: EpochStreams) -> float:
+    """Mean record cost of the epoch: from the shard table's weights (no pass over records)."""
+    table = streams.table
+    usable = table.usable.sum()
+    if usable == 0:
+        return 0.0
+    return float((table.weight * table.usable).sum() / usable)
+
+
+def _place(
+    packs: Ids,
+    loads: npt.NDArray[np.float64],
+    offset: int,
+    first_pack: int,
+    config: PlanConfig,
+    out: Ids,
+) -> None:
+    """Write (rows, n, per_rank*G, B) packs into ``out`` (rows*G ranks, packs, B) at ``offset``.
+
+    Step t of a window takes packs t*G .. t*G+G-1 (similar cost), one per rank of the row.
+    """
+    rows, n, m, size = packs.shape
+    group = config.group_size
+    per_rank = m // group
+    who = rank_order(loads, first_pack, config)  # (rows, n, per_rank, G)
+    grid = packs.reshape(rows, n, per_rank, group, size)
+    grid = np.take_along_axis(grid, who[..., None], axis=3)
+    by_rank = grid.transpose(0, 3, 1, 2, 4).reshape(rows * group, n * per_rank, size)
+    out[:, offset : offset + n * per_rank] = by_rank
