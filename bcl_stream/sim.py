@@ -1,6 +1,6 @@
 """Balance simulator: plan an epoch under every strategy and score it with DESIGN.md's metrics.
 
-C[r, t] is the estimated cost of rank r's t-th pack (for ``pooled_mffd``, its t-th bin).
+C[r, t] is the estimated cost of rank r's t-th pack (for a pooled peer, its t-th micro-batch).
 With ``sync="step"`` (gradient accumulation, DDP syncs once per optimizer step) the G
 micro-batches of each step are summed first, so t indexes optimizer steps.
 
@@ -8,6 +8,10 @@ micro-batches of each step are summed first, so t indexes optimizer steps.
 - cv_ranks      = mean_t (std_r C / mean_r C)
 - cv_time       = mean_r (std_t C / mean_t C)
 - time        T = sum_t max_r C (+ overhead per micro-batch); speedup of X over Y = T(Y)/T(X)
+  per unit of cost (:func:`speedups`), since strategies may leave different records unused
+
+The pooled peers (``planner/peers.py``: ``nemo_mffd``, ``verl_kk``, ``verl_dynbsz``,
+``pooled_mffd_split``) pool global batches of R*B*G records from the same stream order.
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.cost import CostModel
-from bcl_stream.planner.baselines import pooled_mffd, sequential
+from bcl_stream.planner.baselines import sequential
 from bcl_stream.planner.bcl import Plan, PlanConfig, plan_epoch, validate_costs
 from bcl_stream.planner.order import epoch_order
+from bcl_stream.planner.peers import POOLED, REAL_PEERS, plan_pooled
 
-STRATEGIES = ("sequential", "pooled_mffd", "bcl-rank", "bcl-node", "bcl-world")
+STRATEGIES = ("sequential", *POOLED, "bcl-rank", "bcl-node", "bcl-world")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +103,8 @@ class SimConfig:
     window: int = 16
     grad_accum: int = 4
     max_tokens: int | None = None
-    """Bin capacity for ``pooled_mffd`` and memory cap for BCL; None: max(longest, B*mean)."""
+    """Memory cap for BCL, bin capacity for ``nemo_mffd``/``pooled_mffd_split``, token budget
+    for ``verl_dynbsz``; None: max(longest, B*mean)."""
     sync: str = "microbatch"
     seed: int = 0
     epoch: int = 0
@@ -143,10 +149,10 @@ def schedules(
         if name == "sequential":
             plan = sequential(order, config.ranks, config.pack_size)
             out[name] = Schedule(plan_costs(plan, costs), plan.records_used, plan.records_left)
-        elif name == "pooled_mffd":
+        elif name in POOLED:
             capacity = config.max_tokens or default_capacity(tok, config.pack_size)
-            bins, left = pooled_mffd(
-                order, tok, config.ranks, config.pack_size, config.grad_accum, capacity
+            bins, left = plan_pooled(
+                name, order, tok, config.ranks, config.pack_size, config.grad_accum, capacity
             )
             matrix = np.array([[costs[b].sum() for b in rank_bins] for rank_bins in bins])
             used = sum(b.size for rank_bins in bins for b in rank_bins)
@@ -156,7 +162,12 @@ def schedules(
             plan = plan_epoch(costs, order, plan_config(config, name.removeprefix("bcl-")), tok)
             out[name] = Schedule(plan_costs(plan, costs), plan.records_used, plan.records_left)
         else:
-            raise ValueError(f"unknown strategy {name!r}; choose from {STRATEGIES}")
+            hint = (
+                " (renamed pooled_mffd_split: a textbook MFFD; NeMo-RL's own is nemo_mffd)"
+                if name == "pooled_mffd"
+                else ""
+            )
+            raise ValueError(f"unknown strategy {name!r}{hint}; choose from {STRATEGIES}")
     return out
 
 
@@ -182,6 +193,11 @@ def simulate(
     strategies: tuple[str, ...] = STRATEGIES,
 ) -> dict[str, Metrics]:
     """Plan one epoch under each strategy and score it with DESIGN.md's metrics."""
+    return score(schedules(tokens, cost_model, config, strategies), config)
+
+
+def score(planned: dict[str, Schedule], config: SimConfig) -> dict[str, Metrics]:
+    """DESIGN.md's metrics of schedules already planned."""
     return {
         name: metrics_from_costs(
             s.pack_costs,
@@ -191,5 +207,22 @@ def simulate(
             microbatches_per_step=config.grad_accum,
             sync=config.sync,
         )
-        for name, s in schedules(tokens, cost_model, config, strategies).items()
+        for name, s in planned.items()
     }
+
+
+def speedups(
+    planned: dict[str, Schedule], config: SimConfig, peers: tuple[str, ...] = REAL_PEERS
+) -> dict[str, dict[str, float]]:
+    """strategy -> {peer: speedup over that peer} for each peer in ``planned``.
+
+    Time per unit of estimated cost, (T_peer / cost_peer) / (T_x / cost_x), so a strategy that
+    leaves a few more records unused gets no credit for it."""
+    metrics = score(planned, config)
+
+    def per_cost(name: str) -> float:
+        total = float(planned[name].pack_costs.sum())
+        return metrics[name].time / total if total > 0 else float("nan")
+
+    present = [p for p in peers if p in planned]
+    return {name: {p: per_cost(p) / per_cost(name) for p in present} for name in planned}
