@@ -27,6 +27,7 @@ from bcl_stream.planner.baselines import sequential
 from bcl_stream.planner.bcl import Plan, PlanConfig, plan_epoch, validate_costs
 from bcl_stream.planner.order import epoch_order
 from bcl_stream.planner.peers import POOLED, REAL_PEERS, plan_pooled
+from bcl_stream.planner.pools import micro_batches_per_batch
 
 STRATEGIES = ("sequential", *POOLED, "bcl-rank", "bcl-node", "bcl-world")
 
@@ -61,16 +62,28 @@ def metrics_from_costs(
     overhead: float = 0.0,
     microbatches_per_step: int = 1,
     sync: str = "microbatch",
+    step_sizes: npt.NDArray[np.integer] | None = None,
 ) -> Metrics:
-    """Score a (ranks, packs) cost matrix. ``overhead`` is added per micro-batch."""
+    """Score a (ranks, packs) cost matrix. ``overhead`` is added per micro-batch.
+
+    ``step_sizes``: micro-batches in each optimizer step, for ``sync="step"`` when they vary
+    (the pooled peers that vary records per micro-batch also vary micro-batches per global
+    batch); None: ``microbatches_per_step`` each, a last partial step dropped."""
     if sync not in ("microbatch", "step"):
         raise ValueError(f"sync must be 'microbatch' or 'step', got {sync!r}")
     c = np.asarray(pack_costs, dtype=np.float64) + overhead
     n_packs = c.shape[1]
     if sync == "step":
-        steps = n_packs // microbatches_per_step
-        c = c[:, : steps * microbatches_per_step]
-        c = c.reshape(c.shape[0], steps, microbatches_per_step).sum(axis=2)
+        if step_sizes is None:
+            steps = n_packs // microbatches_per_step
+            c = c[:, : steps * microbatches_per_step]
+            c = c.reshape(c.shape[0], steps, microbatches_per_step).sum(axis=2)
+        else:
+            sizes = np.asarray(step_sizes, dtype=np.int64)
+            if np.any(sizes < 1) or int(sizes.sum()) != n_packs:
+                raise ValueError(f"step_sizes must be >= 1 and sum to {n_packs}, got {sizes}")
+            starts = np.cumsum(sizes) - sizes
+            c = np.add.reduceat(c, starts, axis=1) if sizes.size else c[:, :0]
     if c.shape[1] == 0:
         return Metrics(
             float("nan"), float("nan"), float("nan"), 0.0, n_packs, records_used, records_left
@@ -128,6 +141,9 @@ class Schedule:
     pack_costs: npt.NDArray[np.float64]
     records_used: int
     records_left: int
+    step_sizes: npt.NDArray[np.int64] | None = None
+    """Micro-batches per optimizer step where they vary (``nemo_mffd``, ``verl_dynbsz``,
+    ``pooled_mffd_split``: one step per global batch); None: G each."""
 
 
 def schedules(
@@ -157,7 +173,9 @@ def schedules(
             matrix = np.array([[costs[b].sum() for b in rank_bins] for rank_bins in bins])
             used = sum(b.size for rank_bins in bins for b in rank_bins)
             left_count = sum(v.size for v in left.values())
-            out[name] = Schedule(matrix.reshape(config.ranks, -1), used, left_count)
+            batch = config.ranks * config.pack_size * config.grad_accum
+            steps = micro_batches_per_batch(bins[0], order, batch)
+            out[name] = Schedule(matrix.reshape(config.ranks, -1), used, left_count, steps)
         elif name.startswith("bcl-"):
             plan = plan_epoch(costs, order, plan_config(config, name.removeprefix("bcl-")), tok)
             out[name] = Schedule(plan_costs(plan, costs), plan.records_used, plan.records_left)
@@ -206,6 +224,7 @@ def score(planned: dict[str, Schedule], config: SimConfig) -> dict[str, Metrics]
             overhead=config.overhead,
             microbatches_per_step=config.grad_accum,
             sync=config.sync,
+            step_sizes=s.step_sizes,
         )
         for name, s in planned.items()
     }

@@ -31,3 +31,18 @@ def global_batches(
     size = world_size * pack_size * grad_accum
     n = ids.size // size
     return ids[: n * size].reshape(n, size), {REASON_TAIL: ids[n * size :]}
+
+
+def micro_batches_per_batch(
+    rank_bins: list[npt.NDArray[np.int64]], order: npt.NDArray[np.integer], batch_size: int
+) -> npt.NDArray[np.int64]:
+    """How many of one rank's micro-batches come from each full global batch of ``order``
+    (the same for every rank): the optimizer steps of a pooled peer, for step-level sync."""
+    ids = np.asarray(order, dtype=np.int64).ravel()
+    n_batches = ids.size // batch_size
+    if not rank_bins:
+        return np.zeros(n_batches, dtype=np.int64)
+    position = np.full(int(ids.max()) + 1, -1, dtype=np.int64)
+    position[ids] = np.arange(ids.size)
+    first = np.array([int(mb[0]) for mb in rank_bins], dtype=np.int64)
+    return np.bincount(position[first] // batch_size, minlength=n_batches).astype(np.int64)

@@ -61,6 +61,26 @@ def test_step_sync_sums_the_microbatches_of_each_step_and_drops_a_partial_step()
     assert micro.time == pytest.approx(3 + 2 + 50)
 
 
+def test_step_sync_with_varying_step_sizes_sums_each_step() -> None:
+    c = np.array([[1.0, 2.0, 50.0], [3.0, 2.0, 0.0]])
+    m = metrics_from_costs(c, 0, 0, sync="step", step_sizes=np.array([1, 2]))
+    # Steps: [1 | 2+50] and [3 | 2+0] -> max 3 + 52.
+    assert m.time == pytest.approx(55.0)
+    assert m.efficiency == pytest.approx((2 + 27) / 55)
+    with pytest.raises(ValueError, match="sum to 3"):
+        metrics_from_costs(c, 0, 0, sync="step", step_sizes=np.array([1, 1]))
+
+
+def test_pooled_peers_sync_once_per_global_batch() -> None:
+    planned = schedules(_lengths(), get_preset("llama3-8b"), SimConfig(window=4))
+    for name in ("nemo_mffd", "verl_kk", "verl_dynbsz", "pooled_mffd_split"):
+        sizes = planned[name].step_sizes
+        assert sizes is not None and sizes.size == 3000 // (8 * 8 * 4), name
+        assert int(sizes.sum()) == planned[name].pack_costs.shape[1], name
+    assert np.all(planned["verl_kk"].step_sizes == 4)
+    assert planned["bcl-world"].step_sizes is None
+
+
 def test_perfect_balance_scores_one_and_zero_cv() -> None:
     m = metrics_from_costs(np.full((4, 6), 7.0), 0, 0)
     assert (m.efficiency, m.cv_ranks, m.cv_time) == (pytest.approx(1.0), 0.0, 0.0)
@@ -134,6 +154,7 @@ def test_simulate_scores_the_schedules_with_the_same_metrics() -> None:
             overhead=1e9,
             microbatches_per_step=config.grad_accum,
             sync="step",
+            step_sizes=s.step_sizes,
         )
         assert scored[name] == expected
 
