@@ -1,6 +1,6 @@
 """Balance simulator: plan an epoch under every strategy and score it with DESIGN.md's metrics.
 
-C[r, t] is the estimated cost of rank r's t-th pack (for ``pooled_mffd``, its t-th bin).
+C[r, t] is the estimated cost of rank r's t-th pack (for a pooled peer, its t-th micro-batch).
 With ``sync="step"`` (gradient accumulation, DDP syncs once per optimizer step) the G
 micro-batches of each step are summed first, so t indexes optimizer steps.
 
@@ -8,6 +8,7 @@ micro-batches of each step are summed first, so t indexes optimizer steps.
 - cv_ranks      = mean_t (std_r C / mean_r C)
 - cv_time       = mean_r (std_t C / mean_t C)
 - time        T = sum_t max_r C (+ overhead per micro-batch); speedup of X over Y = T(Y)/T(X)
+  per unit of cost (:func:`speedups`), since strategies may leave different records unused
 - download amplification = sum over nodes of the distinct shards its ranks read / distinct
   shards read; shard working set = the most distinct shards one node's ranks read within one
   window of W packs (what its cache must hold at once).
@@ -15,10 +16,14 @@ micro-batches of each step are summed first, so t indexes optimizer steps.
 The record array is the dataset in write order, cut into shards of ``shard_records``. BCL and
 ``sequential`` read node streams (each node its own shards); central baselines read one global
 shuffle (``planner.baselines.global_order``), as a trainer's shuffled DataLoader does.
+
+The pooled peers (``planner/peers.py``: ``nemo_mffd``, ``verl_kk``, ``verl_dynbsz``,
+``pooled_mffd_split``) pool global batches of R*B*G records from that global shuffle.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -26,12 +31,14 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.cost import CostModel
-from bcl_stream.planner.baselines import global_order, pooled_mffd, sequential
+from bcl_stream.planner.baselines import global_order, sequential
 from bcl_stream.planner.bcl import plan_epoch, validate_costs
 from bcl_stream.planner.config import Plan, PlanConfig
 from bcl_stream.planner.order import DEFAULT_SHARD_GROUP, ShardTable, shard_weights
+from bcl_stream.planner.peers import POOLED, REAL_PEERS, plan_pooled
+from bcl_stream.planner.pools import micro_batches_per_batch
 
-STRATEGIES = ("sequential", "pooled_mffd", "bcl-rank", "bcl-node", "bcl-world")
+STRATEGIES = ("sequential", *POOLED, "bcl-rank", "bcl-node", "bcl-world")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,16 +73,28 @@ def metrics_from_costs(
     overhead: float = 0.0,
     microbatches_per_step: int = 1,
     sync: str = "microbatch",
+    step_sizes: npt.NDArray[np.integer] | None = None,
 ) -> Metrics:
-    """Score a (ranks, packs) cost matrix. ``overhead`` is added per micro-batch."""
+    """Score a (ranks, packs) cost matrix. ``overhead`` is added per micro-batch.
+
+    ``step_sizes``: micro-batches in each optimizer step, for ``sync="step"`` when they vary
+    (the pooled peers that vary records per micro-batch also vary micro-batches per global
+    batch); None: ``microbatches_per_step`` each, a last partial step dropped."""
     if sync not in ("microbatch", "step"):
         raise ValueError(f"sync must be 'microbatch' or 'step', got {sync!r}")
     c = np.asarray(pack_costs, dtype=np.float64) + overhead
     n_packs = c.shape[1]
     if sync == "step":
-        steps = n_packs // microbatches_per_step
-        c = c[:, : steps * microbatches_per_step]
-        c = c.reshape(c.shape[0], steps, microbatches_per_step).sum(axis=2)
+        if step_sizes is None:
+            steps = n_packs // microbatches_per_step
+            c = c[:, : steps * microbatches_per_step]
+            c = c.reshape(c.shape[0], steps, microbatches_per_step).sum(axis=2)
+        else:
+            sizes = np.asarray(step_sizes, dtype=np.int64)
+            if np.any(sizes < 1) or int(sizes.sum()) != n_packs:
+                raise ValueError(f"step_sizes must be >= 1 and sum to {n_packs}, got {sizes}")
+            starts = np.cumsum(sizes) - sizes
+            c = np.add.reduceat(c, starts, axis=1) if sizes.size else c[:, :0]
     if c.shape[1] == 0:
         return Metrics(
             float("nan"), float("nan"), float("nan"), 0.0, n_packs, records_used, records_left
@@ -108,7 +127,8 @@ class SimConfig:
     window: int = 16
     grad_accum: int = 4
     max_tokens: int | None = None
-    """Bin capacity for ``pooled_mffd`` and memory cap for BCL; None: max(longest, B*mean)."""
+    """Memory cap for BCL, bin capacity for ``nemo_mffd``/``pooled_mffd_split``, token budget
+    for ``verl_dynbsz``; None: max(longest, B*mean)."""
     sync: str = "microbatch"
     seed: int = 0
     epoch: int = 0
@@ -145,8 +165,11 @@ class Schedule:
     pack_costs: npt.NDArray[np.float64]
     records_used: int
     records_left: int
-    packs: list[list[npt.NDArray[np.int64]]]
-    """Per rank, per micro-batch: the sample ids it runs."""
+    packs: Sequence[Sequence[npt.NDArray[np.int64]]] = ()
+    """Per rank, per micro-batch: the sample ids it runs (empty: not recorded)."""
+    step_sizes: npt.NDArray[np.int64] | None = None
+    """Micro-batches per optimizer step where they vary (``nemo_mffd``, ``verl_dynbsz``,
+    ``pooled_mffd_split``: one step per global batch); None: G each."""
 
 
 def shard_table(
@@ -161,7 +184,7 @@ def shard_table(
 
 
 def locality(
-    packs: list[list[npt.NDArray[np.int64]]], table: ShardTable, ranks_per_node: int, window: int
+    packs: Sequence[Sequence[npt.NDArray[np.int64]]], table: ShardTable, ranks_per_node: int, window: int
 ) -> tuple[float, int]:
     """(download amplification, shard working set) of a schedule; see the module docstring."""
     ends = np.cumsum(table.counts)
@@ -212,16 +235,18 @@ def schedules(
                 costs, table, plan_config(config, "rank"), seed=seed, epoch=epoch, tokens=tok
             )
             out[name] = _from_plan(plan, costs)
-        elif name == "pooled_mffd":
+        elif name in POOLED:
             capacity = config.max_tokens or default_capacity(tok, config.pack_size)
             order = global_order(tok.size, seed, epoch, shuffle=config.shuffle)
-            bins, left = pooled_mffd(
-                order, tok, config.ranks, config.pack_size, config.grad_accum, capacity
+            bins, left = plan_pooled(
+                name, order, tok, config.ranks, config.pack_size, config.grad_accum, capacity
             )
             matrix = np.array([[costs[b].sum() for b in rank_bins] for rank_bins in bins])
             used = sum(b.size for rank_bins in bins for b in rank_bins)
             left_count = sum(v.size for v in left.values())
-            out[name] = Schedule(matrix.reshape(config.ranks, -1), used, left_count, bins)
+            batch = config.ranks * config.pack_size * config.grad_accum
+            steps = micro_batches_per_batch(bins[0], order, batch)
+            out[name] = Schedule(matrix.reshape(config.ranks, -1), used, left_count, bins, steps)
         elif name.startswith("bcl-"):
             plan = plan_epoch(
                 costs,
@@ -233,7 +258,12 @@ def schedules(
             )
             out[name] = _from_plan(plan, costs)
         else:
-            raise ValueError(f"unknown strategy {name!r}; choose from {STRATEGIES}")
+            hint = (
+                " (renamed pooled_mffd_split: a textbook MFFD; NeMo-RL's own is nemo_mffd)"
+                if name == "pooled_mffd"
+                else ""
+            )
+            raise ValueError(f"unknown strategy {name!r}{hint}; choose from {STRATEGIES}")
     return out
 
 
@@ -259,22 +289,6 @@ def plan_config(config: SimConfig, scope: str) -> PlanConfig:
     )
 
 
-def score(schedule: Schedule, config: SimConfig, table: ShardTable | None = None) -> Metrics:
-    """DESIGN.md's metrics of one schedule (plus locality when the shard table is given)."""
-    metrics = metrics_from_costs(
-        schedule.pack_costs,
-        schedule.records_used,
-        schedule.records_left,
-        overhead=config.overhead,
-        microbatches_per_step=config.grad_accum,
-        sync=config.sync,
-    )
-    if table is None:
-        return metrics
-    amplification, working = locality(schedule.packs, table, config.ranks_per_node, config.window)
-    return replace(metrics, download_amplification=amplification, shard_working_set=working)
-
-
 def simulate(
     tokens: npt.NDArray[np.integer],
     cost_model: CostModel,
@@ -284,5 +298,46 @@ def simulate(
     """Plan one epoch under each strategy and score it with DESIGN.md's metrics."""
     tok = np.asarray(tokens, dtype=np.int64)
     planned = schedules(tok, cost_model, config, strategies)
-    table = shard_table(tok, cost_model.cost(tok), config.shard_records)
-    return {name: score(s, config, table) for name, s in planned.items()}
+    return score(planned, config, shard_table(tok, cost_model.cost(tok), config.shard_records))
+
+
+def score(
+    planned: dict[str, Schedule], config: SimConfig, table: ShardTable | None = None
+) -> dict[str, Metrics]:
+    """DESIGN.md's metrics of schedules already planned (plus download amplification and
+    shard working set when the shard table is given)."""
+    out: dict[str, Metrics] = {}
+    for name, s in planned.items():
+        metrics = metrics_from_costs(
+            s.pack_costs,
+            s.records_used,
+            s.records_left,
+            overhead=config.overhead,
+            microbatches_per_step=config.grad_accum,
+            sync=config.sync,
+            step_sizes=s.step_sizes,
+        )
+        if table is not None:
+            amplification, working = locality(s.packs, table, config.ranks_per_node, config.window)
+            metrics = replace(
+                metrics, download_amplification=amplification, shard_working_set=working
+            )
+        out[name] = metrics
+    return out
+
+
+def speedups(
+    planned: dict[str, Schedule], config: SimConfig, peers: tuple[str, ...] = REAL_PEERS
+) -> dict[str, dict[str, float]]:
+    """strategy -> {peer: speedup over that peer} for each peer in ``planned``.
+
+    Time per unit of estimated cost, (T_peer / cost_peer) / (T_x / cost_x), so a strategy that
+    leaves a few more records unused gets no credit for it."""
+    metrics = score(planned, config)
+
+    def per_cost(name: str) -> float:
+        total = float(planned[name].pack_costs.sum())
+        return metrics[name].time / total if total > 0 else float("nan")
+
+    present = [p for p in peers if p in planned]
+    return {name: {p: per_cost(p) / per_cost(name) for p in present} for name in planned}

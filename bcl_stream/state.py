@@ -20,7 +20,9 @@ from typing import Any
 from bcl_stream.errors import StateError
 from bcl_stream.plan_source import ReaderConfig, Segment
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+"""2: planner v2 (node-local shard deal, stratified shuffle); its epoch order differs from 1's,
+so a version-1 cursor cannot be replayed and is refused with what to do."""
 KEY_VERSION = "version"
 KEY_EPOCH = "epoch"
 KEY_CONSUMED = "packs_consumed"
@@ -97,6 +99,13 @@ def parse_state(state: Any) -> Cursor:
     if not isinstance(state, dict):
         raise StateError(f"reader state must be a dict, got {type(state).__name__}")
     version = _need(state, KEY_VERSION, int)
+    if version == 1:
+        raise StateError(
+            "reader state version 1 was written by planner v1, whose epoch order differs from "
+            "this release's: its position cannot be replayed exactly. Resume it with the "
+            "bcl-stream release that wrote it, or drop the data loader's state from the "
+            "checkpoint (model and optimizer states stay valid) to start the epoch over"
+        )
     if version != STATE_VERSION:
         raise StateError(
             f"reader state version {version} is not supported (this reader writes "

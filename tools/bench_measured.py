@@ -2,8 +2,9 @@
 
 For R simulated ranks (default 8), the same records of a real corpus (the standard-library
 chat corpus, cl100k token counts; token *values* are random ids, compute does not depend on
-them) are planned by ``sequential``, ``pooled_mffd``, ``bcl-rank`` and ``bcl-world`` with the
-planner itself (``bcl_stream.planner``), BCL once with the ``tokens`` cost model and once with
+them) are planned by ``sequential``, the real peers ``nemo_mffd`` (NeMo-RL's packing) and
+``verl_kk`` (verl's ``balance_batch``), ``bcl-rank`` and ``bcl-world`` with the planner itself
+(``bcl_stream.planner``), BCL once with the ``tokens`` cost model and once with
 a model calibrated on this machine (``bcl_stream.calibrate``). Then TinyGPT's forward+backward
 runs on every pack, one after another in this process, and the step time is the max over
 ranks of the measured pack times, exactly as a synchronous DDP step would wait.
@@ -21,6 +22,7 @@ Writes results/bench_measured.json and results/bench_measured.png.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -42,7 +44,15 @@ from bcl_stream.calibrate import (  # noqa: E402
     time_packs,
 )
 from bcl_stream.cost import CostModel, get_preset  # noqa: E402
-from bcl_stream.planner import PlanConfig, epoch_order, plan_epoch, pooled_mffd, sequential  # noqa: E402
+from bcl_stream.planner import (  # noqa: E402
+    PlanConfig,
+    ShardTable,
+    global_order,
+    plan_epoch,
+    sequential,
+    shard_weights,
+)
+from bcl_stream.planner.peers import REAL_PEERS, plan_pooled  # noqa: E402
 from bcl_stream.sim import default_capacity  # noqa: E402
 
 Packs = list[list[npt.NDArray[np.int64]]]  # [rank][step] -> sample ids
@@ -66,34 +76,36 @@ def plan_all(
 ) -> tuple[dict[str, Packs], dict[str, str], int]:
     """Every strategy's packs on the same first N records of the epoch order."""
     per_rank = args.packs_per_rank * args.pack_size
-    order = epoch_order([tokens.size], args.seed, 0)[: args.ranks * per_rank]
+    order = global_order(tokens.size, args.seed, 0)[: args.ranks * per_rank]
+    sub = tokens[order]  # the records measured, as one shard; plans map back through ``order``
     out: dict[str, Packs] = {}
     planned_with: dict[str, str] = {}
-    seq = sequential(order, args.ranks, args.pack_size)
-    out["sequential"] = [list(rank) for rank in seq.packs]
-    bins, _ = pooled_mffd(
-        order,
-        tokens,
-        args.ranks,
-        args.pack_size,
-        args.grad_accum,
-        default_capacity(tokens[order], args.pack_size),
-    )
-    out["pooled_mffd"] = [list(rank) for rank in bins]
-    planned_with.update(sequential="none", pooled_mffd="tokens (MFFD bins)")
+    one_node = PlanConfig(
+        world_size=args.ranks, ranks_per_node=args.ranks, pack_size=args.pack_size,
+        window=args.window,
+    )  # fmt: skip
+    sub_costs = sub.astype(np.float64)
+    table = ShardTable.build([sub.size], weight=shard_weights([sub.size], sub_costs))
+    seq = sequential(sub_costs, table, one_node, seed=args.seed)
+    out["sequential"] = [list(rank) for rank in order[seq.packs]]
+    planned_with["sequential"] = "none"
+    capacity = default_capacity(tokens[order], args.pack_size)
+    for peer, how in zip(
+        REAL_PEERS, ("tokens (NeMo-RL MFFD bins)", "verl workload (KK)"), strict=True
+    ):
+        bins, _ = plan_pooled(
+            peer, order, tokens, args.ranks, args.pack_size, args.grad_accum, capacity
+        )
+        out[peer] = [list(rank) for rank in bins]
+        planned_with[peer] = how
     for label, model in models.items():
-        costs = model.cost(tokens)
+        costs = model.cost(sub)
+        model_table = ShardTable.build([sub.size], weight=shard_weights([sub.size], costs))
         for scope in ("rank", "world"):
-            config = PlanConfig(
-                world_size=args.ranks,
-                ranks_per_node=args.ranks,
-                pack_size=args.pack_size,
-                window=args.window,
-                scope=scope,
-            )
-            plan = plan_epoch(costs, order, config, tokens)
+            config = dataclasses.replace(one_node, scope=scope)
+            plan = plan_epoch(costs, model_table, config, seed=args.seed, tokens=sub)
             name = f"bcl-{scope}" if label == "calibrated" else f"bcl-{scope}:{label}"
-            out[name] = [list(rank) for rank in plan.packs]
+            out[name] = [list(rank) for rank in order[plan.packs]]
             planned_with[name] = label
     return out, planned_with, int(order.size)
 
@@ -174,7 +186,7 @@ def score(
             measured_wall = as_matrix([[wall[k] for k in r] for r in key])
             out[name]["measured_efficiency_wall"] = efficiency(measured_wall)
             out[name]["measured_time_s_wall"] = float(measured_wall.max(axis=0).sum())
-    for base in ("sequential", "pooled_mffd"):
+    for base in ("sequential", *REAL_PEERS):
         for entry in out.values():
             entry[f"measured_speedup_vs_{base}"] = out[base]["measured_time_s"] / max(
                 entry["measured_time_s"], 1e-12
@@ -219,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pack-size", type=int, default=None, help="B (default 8, quick 4)")
     p.add_argument("--window", type=int, default=None, help="W (default 8, quick 4)")
     p.add_argument("--packs-per-rank", type=int, default=None, help="steps (default 8, quick 4)")
-    p.add_argument("--grad-accum", type=int, default=None, help="pooled_mffd pool = R*B*G")
+    p.add_argument("--grad-accum", type=int, default=None, help="peers' global batch = R*B*G")
     p.add_argument("--repeats", type=int, default=None, help="timings per pack (3, quick 2)")
     p.add_argument("--lengths", default=None, help=".npy token counts (default: stdlib corpus)")
     p.add_argument("--cost-model", default=None, help="calibrated JSON (default: calibrate now)")
@@ -265,7 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     seconds, wall = measure(plans, tokens, args)
     strategies = score(plans, planned_with, seconds, wall, tokens, models)
     bcl = {n: s for n, s in strategies.items() if n.startswith("bcl-")}
-    best = max(bcl, key=lambda n: bcl[n]["measured_speedup_vs_pooled_mffd"])
+    best = {
+        peer: max(bcl, key=lambda n, p=peer: bcl[n][f"measured_speedup_vs_{p}"])
+        for peer in REAL_PEERS
+    }
     result = {
         "config": {
             "ranks": args.ranks,
@@ -282,9 +297,9 @@ def main(argv: list[str] | None = None) -> int:
         "cost_models": {k: m.to_dict() for k, m in models.items()},
         "calibration": calibration,
         "strategies": strategies,
-        "best_bcl_vs_pooled_mffd": {
-            "strategy": best,
-            "measured_speedup": bcl[best]["measured_speedup_vs_pooled_mffd"],
+        "best_bcl_vs_peers": {
+            peer: {"strategy": n, "measured_speedup": bcl[n][f"measured_speedup_vs_{peer}"]}
+            for peer, n in best.items()
         },
         "distinct_packs_timed": len(seconds),
         "elapsed_s": time.time() - started,

@@ -11,7 +11,7 @@ import numpy as np
 
 from bcl_stream.cost import resolve
 from bcl_stream.planner.order import DEFAULT_SHARD_GROUP
-from bcl_stream.sim import STRATEGIES, SimConfig, schedules, score, shard_table
+from bcl_stream.sim import STRATEGIES, SimConfig, schedules, score, shard_table, speedups
 
 
 def add_parser(sub: Any) -> None:
@@ -86,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
     names = tuple(s for s in args.strategies.split(",") if s)
     planned = schedules(lengths, model, config, names)
     table = shard_table(lengths, model.cost(lengths), config.shard_records)
-    results = {name: score(s, config, table) for name, s in planned.items()}
+    results = score(planned, config, table)
+    versus = speedups(planned, config)  # per unit of cost, over nemo_mffd / verl_kk if present
+    peers = sorted({p for v in versus.values() for p in v}, key=list(STRATEGIES).index)
     if args.plot is not None:
         from bcl_stream.plots import plot_step_costs
 
@@ -97,18 +99,22 @@ def run(args: argparse.Namespace) -> int:
             "config": {**settings, "cost_model": model.to_dict(), "records": int(lengths.size)},
             "strategies": {name: m.to_dict() for name, m in results.items()},
         }
+        if peers:
+            payload["speedup_vs"] = versus
         print(json.dumps(payload))
         return 0
     base = results.get("sequential")
     print(
-        f"{'strategy':<14}{'efficiency':>11}{'cv_ranks':>10}{'cv_time':>9}{'speedup':>9}"
+        f"{'strategy':<18}{'efficiency':>11}{'cv_ranks':>10}{'cv_time':>9}{'speedup':>9}"
         f"{'packs':>7}{'left':>7}{'dl_amp':>8}{'shards':>8}"
+        + "".join(f"{'vs ' + p:>14}" for p in peers)
     )
     for name, m in results.items():
         speed = base.time / m.time if base and m.time else float("nan")
         print(
-            f"{name:<14}{m.efficiency:>11.3f}{m.cv_ranks:>10.3f}{m.cv_time:>9.3f}"
+            f"{name:<18}{m.efficiency:>11.3f}{m.cv_ranks:>10.3f}{m.cv_time:>9.3f}"
             f"{speed:>9.3f}{m.packs_per_rank:>7}{m.records_left:>7}"
             f"{m.download_amplification:>8.2f}{m.shard_working_set:>8}"
+            + "".join(f"{versus[name][p]:>14.3f}" for p in peers)
         )
     return 0

@@ -4,7 +4,12 @@ No I/O and no torch here (tests/unit/test_purity.py guards it): every rank runs 
 replicated cost index and must get the same answer, fast.
 """
 
-from bcl_stream.planner.baselines import global_order, pooled_mffd, sequential, sequential_config
+from bcl_stream.planner.baselines import (
+    global_order,
+    pooled_mffd_split,
+    sequential,
+    sequential_config,
+)
 from bcl_stream.planner.bcl import epoch_streams, plan_epoch
 from bcl_stream.planner.config import SCOPES, Plan, PlanConfig
 from bcl_stream.planner.order import KeepFilter, ShardTable, shard_weights
@@ -21,7 +26,7 @@ __all__ = [
     "global_order",
     "plan_epoch",
     "plan_windows",
-    "pooled_mffd",
+    "pooled_mffd_split",
     "sequential",
     "sequential_config",
     "shard_weights",

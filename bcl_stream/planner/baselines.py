@@ -3,11 +3,13 @@
 ``sequential``: each rank takes the next B records of its own share of the same node streams
 BCL reads (a plain loader over the same shards and shuffle): :func:`sequential_config` is BCL's
 configuration with balancing switched off, so the two differ only in the packing.
-``pooled_mffd``: NeMo-RL style; pool a global batch of R*B*G records, pack by tokens with MFFD
-into bins of capacity M, deal the bins round-robin so every rank runs the same number of bins.
-Record counts per bin vary (it breaks the record-count contract) and it needs a central pool:
-that is why it is a baseline. When the bin count is not a multiple of R, the fullest bins are
-split in two until it is, so no record is dropped and every rank has the same bin count.
+``pooled_mffd_split``: pool a global batch of R*B*G records, pack by tokens with a textbook
+MFFD (``mffd.py``) into bins of capacity M, deal the bins round-robin so every rank runs the
+same number of bins. When the bin count is not a multiple of R, the fullest bins are split in
+two until it is. No system ships this: NeMo-RL's own packer is ``nemo.py`` (``nemo_mffd``),
+which differs in four steps and balances worse. It stays as a stronger central token packer
+than any peer ships, to show how much a better packer would change the comparison.
+Record counts per bin vary (it breaks the record-count contract) and it needs a central pool.
 
 Central baselines read from :func:`global_order`: one shuffle of every record, what a trainer's
 ``DataLoader(shuffle=True)`` over a map-style dataset does (every node then reads every shard).
@@ -94,7 +96,7 @@ def _split_to_multiple(bins: list[list[int]], sizes: npt.NDArray[np.int64], mult
         bins.append(extra)
 
 
-def pooled_mffd(
+def pooled_mffd_split(
     order: npt.NDArray[np.integer],
     tokens: npt.NDArray[np.integer],
     world_size: int,

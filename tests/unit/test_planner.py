@@ -14,7 +14,7 @@ from bcl_stream.planner import (
     ShardTable,
     global_order,
     plan_epoch,
-    pooled_mffd,
+    pooled_mffd_split,
     sequential,
     shard_weights,
 )
@@ -228,10 +228,10 @@ def test_mffd_packs_every_item_once_within_capacity(sizes: list[int], capacity: 
     assert len(bins) <= 71 / 60 * max(1, -(-arr.sum() // capacity)) * 2 + 1
 
 
-def test_pooled_mffd_gives_every_rank_the_same_bin_count_and_loses_nothing() -> None:
+def test_pooled_mffd_split_gives_every_rank_the_same_bin_count_and_loses_nothing() -> None:
     tok = lengths(3000)
     order = global_order(tok.size, 0, 0)
-    bins, left = pooled_mffd(order, tok, 8, 8, 4, capacity=int(8 * tok.mean()) + 8192)
+    bins, left = pooled_mffd_split(order, tok, 8, 8, 4, capacity=int(8 * tok.mean()) + 8192)
     assert len({len(b) for b in bins}) == 1
     ids = np.concatenate([np.concatenate(b) for b in bins] + list(left.values()))
     assert sorted(ids.tolist()) == list(range(tok.size))

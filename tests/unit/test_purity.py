@@ -23,11 +23,27 @@ def test_planner_modules_do_not_open_files() -> None:
     import bcl_stream.planner.bcl as bcl
     import bcl_stream.planner.carry as carry
     import bcl_stream.planner.mffd as mffd
+    import bcl_stream.planner.nemo as nemo
     import bcl_stream.planner.order as order
     import bcl_stream.planner.partition as partition
+    import bcl_stream.planner.peers as peers
+    import bcl_stream.planner.pools as pools
     import bcl_stream.planner.step_fill as step_fill
+    import bcl_stream.planner.verl as verl
 
-    for module in (bcl, baselines, carry, mffd, order, partition, step_fill):
+    for module in (
+        bcl,
+        baselines,
+        carry,
+        mffd,
+        nemo,
+        order,
+        partition,
+        peers,
+        pools,
+        step_fill,
+        verl,
+    ):
         source = inspect.getsource(module)
         for forbidden in ("open(", "np.load", "np.save", "Path(", "import os", "subprocess"):
             assert forbidden not in source, f"{module.__name__} uses {forbidden}"

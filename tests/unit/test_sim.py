@@ -16,7 +16,16 @@ from hypothesis import strategies as st
 
 from bcl_stream.cli import main
 from bcl_stream.cost import get_preset
-from bcl_stream.sim import STRATEGIES, Metrics, SimConfig, metrics_from_costs, schedules, simulate
+from bcl_stream.sim import (
+    STRATEGIES,
+    Metrics,
+    Schedule,
+    SimConfig,
+    metrics_from_costs,
+    schedules,
+    simulate,
+    speedups,
+)
 
 # Two ranks, two packs. Per step: mean_r = [2, 2], max_r = [3, 2], std_r = [1, 0].
 # Per rank: rank 0 [1, 2] (mean 1.5, std 0.5), rank 1 [3, 2] (mean 2.5, std 0.5).
@@ -50,6 +59,26 @@ def test_step_sync_sums_the_microbatches_of_each_step_and_drops_a_partial_step()
     assert m.packs_per_rank == 3
     micro = metrics_from_costs(three, 0, 0, microbatches_per_step=2, sync="microbatch")
     assert micro.time == pytest.approx(3 + 2 + 50)
+
+
+def test_step_sync_with_varying_step_sizes_sums_each_step() -> None:
+    c = np.array([[1.0, 2.0, 50.0], [3.0, 2.0, 0.0]])
+    m = metrics_from_costs(c, 0, 0, sync="step", step_sizes=np.array([1, 2]))
+    # Steps: [1 | 2+50] and [3 | 2+0] -> max 3 + 52.
+    assert m.time == pytest.approx(55.0)
+    assert m.efficiency == pytest.approx((2 + 27) / 55)
+    with pytest.raises(ValueError, match="sum to 3"):
+        metrics_from_costs(c, 0, 0, sync="step", step_sizes=np.array([1, 1]))
+
+
+def test_pooled_peers_sync_once_per_global_batch() -> None:
+    planned = schedules(_lengths(), get_preset("llama3-8b"), SimConfig(window=4))
+    for name in ("nemo_mffd", "verl_kk", "verl_dynbsz", "pooled_mffd_split"):
+        sizes = planned[name].step_sizes
+        assert sizes is not None and sizes.size == 3000 // (8 * 8 * 4), name
+        assert int(sizes.sum()) == planned[name].pack_costs.shape[1], name
+    assert np.all(planned["verl_kk"].step_sizes == 4)
+    assert planned["bcl-world"].step_sizes is None
 
 
 def test_perfect_balance_scores_one_and_zero_cv() -> None:
@@ -106,8 +135,8 @@ def test_every_strategy_accounts_for_every_record_and_its_cost(ranks_per_node: i
         assert s.records_used + s.records_left == tok.size, name
         assert s.pack_costs.shape[0] == 8, name
         assert s.pack_costs.sum() <= total * (1 + 1e-12), name
-    # BCL and sequential emit exactly B records per pack; so the used cost is that of B*packs.
-    for name in ("sequential", "bcl-rank", "bcl-node", "bcl-world"):
+    # These emit exactly B records per pack; so the used cost is that of B*packs.
+    for name in ("sequential", "verl_kk", "bcl-rank", "bcl-node", "bcl-world"):
         assert planned[name].records_used == planned[name].pack_costs.size * config.pack_size
 
 
@@ -125,6 +154,7 @@ def test_simulate_scores_the_schedules_with_the_same_metrics() -> None:
             overhead=1e9,
             microbatches_per_step=config.grad_accum,
             sync="step",
+            step_sizes=s.step_sizes,
         )
         assert dataclasses.replace(
             scored[name], download_amplification=0.0, shard_working_set=0
@@ -137,6 +167,8 @@ def test_unknown_strategy_and_bad_tokens_are_value_errors() -> None:
     model = get_preset("tokens")
     with pytest.raises(ValueError, match="unknown strategy"):
         schedules(_lengths(100), model, SimConfig(), ("magic",))
+    with pytest.raises(ValueError, match=r"renamed pooled_mffd_split.*nemo_mffd"):
+        schedules(_lengths(100), model, SimConfig(), ("pooled_mffd",))
     with pytest.raises(ValueError, match=">= 0"):
         schedules(np.array([5, -1, 3]), model, SimConfig())
     with pytest.raises(ValueError, match="non-empty"):
@@ -158,8 +190,11 @@ def test_cli_json_prints_exactly_one_object_with_the_documented_keys(
     out = capsys.readouterr().out
     payload = json.loads(out)  # raises if anything but one JSON document was printed
     assert out.strip().count("\n") == 0
-    assert set(payload) == {"config", "strategies"}
+    assert set(payload) == {"config", "strategies", "speedup_vs"}
     assert set(payload["strategies"]) == set(STRATEGIES)
+    assert set(payload["speedup_vs"]) == set(STRATEGIES)
+    for peer in ("nemo_mffd", "verl_kk"):
+        assert payload["speedup_vs"][peer][peer] == pytest.approx(1.0)
     fields = {f.name for f in dataclasses.fields(Metrics)}
     for metrics in payload["strategies"].values():
         assert set(metrics) == fields
@@ -177,7 +212,22 @@ def test_cli_strategies_flag_limits_the_output(
 ) -> None:
     args = ["simulate", "--lengths", str(lengths_file), "--strategies", "sequential,bcl-world"]
     assert main([*args, "--json"]) == 0
-    assert set(json.loads(capsys.readouterr().out)["strategies"]) == {"sequential", "bcl-world"}
+    payload = json.loads(capsys.readouterr().out)
+    assert set(payload["strategies"]) == {"sequential", "bcl-world"}
+    assert "speedup_vs" not in payload  # no peer planned, nothing to compare against
+    assert main([*args[:-1], "verl_kk,bcl-world"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header.split()[-2:] == ["vs", "verl_kk"] and "nemo_mffd" not in header
+
+
+def test_speedup_vs_a_peer_is_time_per_unit_of_cost() -> None:
+    config = SimConfig(ranks=2, grad_accum=1)
+    peer = Schedule(np.array([[1.0, 2, 1, 2], [3, 2, 3, 2]]), 8, 0)  # T 10 for 16 units
+    half = Schedule(np.full((2, 2), 1.0), 4, 4)  # T 2 for 4 units
+    got = speedups({"verl_kk": peer, "x": half}, config)
+    assert got["x"] == {"verl_kk": pytest.approx((10 / 16) / (2 / 4))}
+    assert got["verl_kk"] == {"verl_kk": pytest.approx(1.0)}
+    assert speedups({"x": half}, config) == {"x": {}}
 
 
 def test_cli_table_lists_every_strategy(
