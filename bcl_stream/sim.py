@@ -8,6 +8,12 @@ micro-batches of each step are summed first, so t indexes optimizer steps.
 - cv_ranks      = mean_t (std_r C / mean_r C)
 - cv_time       = mean_r (std_t C / mean_t C)
 - time        T = sum_t max_r C (+ overhead per micro-batch); speedup of X over Y = T(Y)/T(X)
+- padding_waste = share of the computed cost spent on padding (0 for the ``packed`` layout)
+
+Layout (``SimConfig.layout``, ``planner/padded.py``): a pack costs the sum of its records'
+costs when ``packed`` (varlen attention), B times its costliest record when ``padded``. With
+``padded``, BCL plans with the ``padded`` partition (similar lengths together, no sum-based
+refinement or step fill).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from bcl_stream.cost import CostModel
 from bcl_stream.planner.baselines import pooled_mffd, sequential
 from bcl_stream.planner.bcl import Plan, PlanConfig, plan_epoch, validate_costs
 from bcl_stream.planner.order import epoch_order
+from bcl_stream.planner.padded import Packs, check_layout, ragged_pack_costs
 
 STRATEGIES = ("sequential", "pooled_mffd", "bcl-rank", "bcl-node", "bcl-world")
 
@@ -37,6 +44,8 @@ class Metrics:
     packs_per_rank: int
     records_used: int
     records_left: int
+    padding_waste: float = 0.0
+    """Share of the computed cost that is padding: 1 - sum of record costs / sum of pack costs."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -56,10 +65,19 @@ def metrics_from_costs(
     overhead: float = 0.0,
     microbatches_per_step: int = 1,
     sync: str = "microbatch",
+    useful_costs: npt.NDArray[np.float64] | None = None,
 ) -> Metrics:
-    """Score a (ranks, packs) cost matrix. ``overhead`` is added per micro-batch."""
+    """Score a (ranks, packs) cost matrix. ``overhead`` is added per micro-batch.
+
+    ``useful_costs``: the same packs' summed record costs (no padding), for ``padding_waste``;
+    None: no padding (the ``packed`` layout).
+    """
     if sync not in ("microbatch", "step"):
         raise ValueError(f"sync must be 'microbatch' or 'step', got {sync!r}")
+    computed = float(np.sum(pack_costs))
+    waste = 0.0
+    if useful_costs is not None and computed > 0:
+        waste = max(0.0, 1.0 - float(np.sum(useful_costs)) / computed)
     c = np.asarray(pack_costs, dtype=np.float64) + overhead
     n_packs = c.shape[1]
     if sync == "step":
@@ -68,7 +86,14 @@ def metrics_from_costs(
         c = c.reshape(c.shape[0], steps, microbatches_per_step).sum(axis=2)
     if c.shape[1] == 0:
         return Metrics(
-            float("nan"), float("nan"), float("nan"), 0.0, n_packs, records_used, records_left
+            float("nan"),
+            float("nan"),
+            float("nan"),
+            0.0,
+            n_packs,
+            records_used,
+            records_left,
+            waste,
         )
     mean_r, max_r, std_r = c.mean(axis=0), c.max(axis=0), c.std(axis=0)
     mean_t, std_t = c.mean(axis=1), c.std(axis=1)
@@ -80,12 +105,15 @@ def metrics_from_costs(
         packs_per_rank=n_packs,
         records_used=records_used,
         records_left=records_left,
+        padding_waste=waste,
     )
 
 
-def plan_costs(plan: Plan, costs: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """(ranks, packs) matrix of pack costs."""
-    return costs[plan.packs].sum(axis=2)
+def plan_costs(
+    plan: Plan, costs: npt.NDArray[np.float64], layout: str = "packed"
+) -> npt.NDArray[np.float64]:
+    """(ranks, packs) matrix of pack costs under ``layout`` (``planner/padded.py``)."""
+    return ragged_pack_costs(plan.packs, costs, layout)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,6 +134,8 @@ class SimConfig:
     algorithm: str = "lpt"
     pack_order: str = "desc"
     refine: int = 8
+    layout: str = "packed"
+    """``packed`` (pack cost = sum of record costs) or ``padded`` (B x the costliest record)."""
 
 
 def default_capacity(tokens: npt.NDArray[np.integer], pack_size: int) -> int:
@@ -117,11 +147,19 @@ def default_capacity(tokens: npt.NDArray[np.integer], pack_size: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Schedule:
-    """One strategy's epoch: the (ranks, packs) cost matrix and record accounting."""
+    """One strategy's epoch: the packs, their (ranks, packs) cost matrix and record accounting."""
 
     pack_costs: npt.NDArray[np.float64]
+    """(ranks, packs) pack costs under ``SimConfig.layout``."""
     records_used: int
     records_left: int
+    packs: Packs = ()
+    """``packs[r][t]``: sample ids of rank r's t-th micro-batch (a (ranks, packs, B) array for
+    exactly-B strategies, lists of variable-size arrays otherwise), to run the real packs.
+    Empty only for a schedule built from a cost matrix alone."""
+    useful_costs: npt.NDArray[np.float64] | None = None
+    """(ranks, packs) summed record costs of the same packs: the difference from
+    ``pack_costs`` is the padding (``padded``). None: no padding."""
 
 
 def schedules(
@@ -138,30 +176,45 @@ def schedules(
         raise ValueError(f"tokens must be >= 0; found {int(tok.min())}")
     costs = validate_costs(cost_model.cost(tok))
     order = epoch_order([tok.size], config.seed, config.epoch)
+    layout = check_layout(config.layout)
+
+    def schedule(packs: Packs, used: int, left: int) -> Schedule:
+        return Schedule(
+            ragged_pack_costs(packs, costs, layout),
+            used,
+            left,
+            packs,
+            ragged_pack_costs(packs, costs, "packed"),
+        )
+
     out: dict[str, Schedule] = {}
     for name in strategies:
         if name == "sequential":
             plan = sequential(order, config.ranks, config.pack_size)
-            out[name] = Schedule(plan_costs(plan, costs), plan.records_used, plan.records_left)
+            out[name] = schedule(plan.packs, plan.records_used, plan.records_left)
         elif name == "pooled_mffd":
             capacity = config.max_tokens or default_capacity(tok, config.pack_size)
             bins, left = pooled_mffd(
                 order, tok, config.ranks, config.pack_size, config.grad_accum, capacity
             )
-            matrix = np.array([[costs[b].sum() for b in rank_bins] for rank_bins in bins])
             used = sum(b.size for rank_bins in bins for b in rank_bins)
             left_count = sum(v.size for v in left.values())
-            out[name] = Schedule(matrix.reshape(config.ranks, -1), used, left_count)
+            out[name] = schedule(bins, used, left_count)
         elif name.startswith("bcl-"):
             plan = plan_epoch(costs, order, plan_config(config, name.removeprefix("bcl-")), tok)
-            out[name] = Schedule(plan_costs(plan, costs), plan.records_used, plan.records_left)
+            out[name] = schedule(plan.packs, plan.records_used, plan.records_left)
         else:
             raise ValueError(f"unknown strategy {name!r}; choose from {STRATEGIES}")
     return out
 
 
 def plan_config(config: SimConfig, scope: str) -> PlanConfig:
-    """The planner configuration a simulated BCL strategy uses."""
+    """The planner configuration a simulated BCL strategy uses.
+
+    ``padded`` layout: the ``padded`` partition (``planner/padded.py``), without the step fill,
+    which balances sums; ``algorithm`` is then ignored.
+    """
+    padded = check_layout(config.layout) == "padded"
     return PlanConfig(
         world_size=config.ranks,
         ranks_per_node=config.ranks_per_node,
@@ -169,9 +222,10 @@ def plan_config(config: SimConfig, scope: str) -> PlanConfig:
         window=config.window,
         scope=scope,
         max_tokens=config.max_tokens,
-        algorithm=config.algorithm,
+        algorithm="padded" if padded else config.algorithm,
         refine=config.refine,
         pack_order=config.pack_order,
+        step_fill=not padded,
     )
 
 
@@ -190,6 +244,7 @@ def simulate(
             overhead=config.overhead,
             microbatches_per_step=config.grad_accum,
             sync=config.sync,
+            useful_costs=s.useful_costs,
         )
         for name, s in schedules(tokens, cost_model, config, strategies).items()
     }

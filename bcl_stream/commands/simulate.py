@@ -1,8 +1,14 @@
-"""``bcl-stream simulate``: score every strategy on a file of record lengths."""
+"""``bcl-stream simulate``: score every strategy on a file of record lengths.
+
+``--layout padded`` scores the padded layout (a pack costs B x its costliest record) and,
+beside it, the packed layout on the same records, so the two can be compared: speedups are
+against ``sequential`` in the same layout, ``vs_packed_seq`` against ``sequential`` packed.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -10,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from bcl_stream.cost import resolve
-from bcl_stream.sim import STRATEGIES, SimConfig, schedules, simulate
+from bcl_stream.planner.padded import LAYOUTS
+from bcl_stream.sim import STRATEGIES, Metrics, SimConfig, schedules, simulate
 
 
 def add_parser(sub: Any) -> None:
@@ -28,6 +35,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--epoch", type=int, default=0)
     p.add_argument("--overhead", type=float, default=0.0, help="fixed cost per micro-batch")
     p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="packed",
+        help="packed: pack cost = sum of record costs; padded: B x costliest record "
+        "(also reports the packed layout and the padding waste)",
+    )
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--plot", type=Path, default=None, help="PNG of per-step cost across ranks")
     p.set_defaults(run=run)
@@ -61,10 +75,15 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         epoch=args.epoch,
         overhead=args.overhead,
+        layout=args.layout,
     )
     names = tuple(s for s in args.strategies.split(",") if s)
     planned = schedules(lengths, model, config, names)
     results = simulate(lengths, model, config, names)
+    layouts = {args.layout: results}
+    if args.layout == "padded":
+        packed = dataclasses.replace(config, layout="packed")
+        layouts = {"packed": simulate(lengths, model, packed, names), "padded": results}
     if args.plot is not None:
         from bcl_stream.plots import plot_step_costs
 
@@ -75,16 +94,35 @@ def run(args: argparse.Namespace) -> int:
             "config": {**settings, "cost_model": model.to_dict(), "records": int(lengths.size)},
             "strategies": {name: m.to_dict() for name, m in results.items()},
         }
+        if len(layouts) > 1:
+            payload["layouts"] = {
+                layout: {name: m.to_dict() for name, m in scored.items()}
+                for layout, scored in layouts.items()
+            }
         print(json.dumps(payload))
         return 0
+    packed_seq = layouts.get("packed", {}).get("sequential")
+    for layout, scored in layouts.items():
+        if len(layouts) > 1:
+            print(f"layout {layout}")
+        print_table(scored, packed_seq if len(layouts) > 1 else None)
+    return 0
+
+
+def print_table(results: dict[str, Metrics], packed_seq: Metrics | None) -> None:
+    """One row per strategy; ``waste`` and ``vs_packed_seq`` only when layouts are compared."""
     base = results.get("sequential")
+    extra = f"{'waste':>7}{'vs_packed_seq':>14}" if packed_seq else ""
     print(
-        f"{'strategy':<14}{'efficiency':>11}{'cv_ranks':>10}{'cv_time':>9}{'speedup':>9}{'packs':>7}{'left':>7}"
+        f"{'strategy':<14}{'efficiency':>11}{'cv_ranks':>10}{'cv_time':>9}{'speedup':>9}{'packs':>7}{'left':>7}{extra}"
     )
     for name, m in results.items():
         speed = base.time / m.time if base and m.time else float("nan")
-        print(
+        row = (
             f"{name:<14}{m.efficiency:>11.3f}{m.cv_ranks:>10.3f}{m.cv_time:>9.3f}"
             f"{speed:>9.3f}{m.packs_per_rank:>7}{m.records_left:>7}"
         )
-    return 0
+        if packed_seq:
+            vs = packed_seq.time / m.time if m.time else float("nan")
+            row += f"{m.padding_waste:>7.3f}{vs:>14.3f}"
+        print(row)
