@@ -24,10 +24,11 @@ def test_planner_modules_do_not_open_files() -> None:
     import bcl_stream.planner.carry as carry
     import bcl_stream.planner.mffd as mffd
     import bcl_stream.planner.order as order
+    import bcl_stream.planner.padded as padded
     import bcl_stream.planner.partition as partition
     import bcl_stream.planner.step_fill as step_fill
 
-    for module in (bcl, baselines, carry, mffd, order, partition, step_fill):
+    for module in (bcl, baselines, carry, mffd, order, padded, partition, step_fill):
         source = inspect.getsource(module)
         for forbidden in ("open(", "np.load", "np.save", "Path(", "import os", "subprocess"):
             assert forbidden not in source, f"{module.__name__} uses {forbidden}"
