@@ -271,15 +271,22 @@ def measure(
     for layout in LAYOUTS:
         warm_up([k for k in keys if k[0] == layout], batches, ctx["step"], 3)
     progress(f"timing {len(keys)} distinct packs x {cfg['repeats']} rounds")
-    times, stopped = time_rounds(
+    timings = time_rounds(
         keys, batches, ctx["step"], ctx["device"], cfg["repeats"], budget, rng, "measure"
     )
-    medians = {k: float(np.median(v)) for k, v in times.items() if v}
+    stopped = timings.stopped
+    medians = {k: float(np.median(v)) for k, v in timings.times.items() if v}
+    failed = timings.failed
     result["measurement"] = {
         "distinct_packs": len(keys),
         "packs_timed": len(medians),
-        "timings": int(sum(len(v) for v in times.values())),
+        "timings": int(sum(len(v) for v in timings.times.values())),
         "stopped": stopped,
+        "failed_packs": len(failed),
+        "failed_examples": [
+            f"{lay} pack of {len(ids)} records, {int(tokens[list(ids)].sum())} tokens: {why}"
+            for (lay, ids), why in list(failed.items())[:5]
+        ],
     }
     result["layouts"] = {lay: score(lay, plans[lay], tokens, medians) for lay in LAYOUTS}
     packed_seq = result["layouts"]["packed"].get("sequential", {}).get("measured_time_s")

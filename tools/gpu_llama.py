@@ -340,6 +340,6 @@ def probe_padded_kernels(
             with sdpa_kernel([backend]):
                 F.scaled_dot_product_attention(q, q, q, is_causal=True)
             runs[name.lower()] = True
-        except RuntimeError as exc:
+        except Exception as exc:  # a probe: any refusal means "does not run here"
             runs[name.lower()] = f"no: {str(exc).splitlines()[0][:120]}"
     return runs

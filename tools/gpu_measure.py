@@ -9,6 +9,7 @@ with ``gpu_llama``, imported where a pack is built or timed.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,16 @@ def progress(message: str) -> None:
     print(f"[gpu_check {time.perf_counter() - STARTED:6.1f}s] {message}", flush=True)
 
 
+@dataclass(slots=True)
+class Timings:
+    """Seconds per key (one entry per round that reached it), why timing stopped early if it
+    did, and the keys whose step raised, with the first line of the error."""
+
+    times: dict[Any, list[float]]
+    stopped: str | None = None
+    failed: dict[Any, str] = field(default_factory=dict)
+
+
 def time_rounds(
     keys: list[Any],
     batches: dict[Any, dict[str, Any]],
@@ -57,29 +68,40 @@ def time_rounds(
     budget: Budget,
     rng: np.random.Generator,
     what: str,
-) -> tuple[dict[Any, list[float]], str | None]:
-    """Time every key ``repeats`` times, each round in a new random order. Stops cleanly."""
+) -> Timings:
+    """Time every key ``repeats`` times, each round in a new random order. Stops cleanly on
+    the budget or a signal; a pack that raises (out of memory, a kernel that refuses a shape)
+    is recorded in ``failed`` and not retried, and the others go on."""
     import gc
 
+    import torch
     from gpu_llama import time_step
 
-    times: dict[Any, list[float]] = {k: [] for k in keys}
+    out = Timings({k: [] for k in keys})
     last = time.perf_counter()
     gc.collect()
     gc.disable()
     try:
         for r in range(repeats):
             for i, idx in enumerate(rng.permutation(len(keys))):
+                key = keys[idx]
                 budget.check(f"{what}, round {r + 1}/{repeats}, pack {i}/{len(keys)}")
-                times[keys[idx]].append(time_step(step, batches[keys[idx]], device))
+                if key in out.failed:
+                    continue
+                try:
+                    out.times[key].append(time_step(step, batches[key], device))
+                except RuntimeError as exc:  # torch's OutOfMemoryError is one
+                    out.failed[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
                 if time.perf_counter() - last > 15:
                     last = time.perf_counter()
                     progress(f"{what}: round {r + 1}/{repeats}, {i + 1}/{len(keys)} packs")
     except Stop as stop:
-        return times, str(stop)
+        out.stopped = str(stop)
     finally:
         gc.enable()
-    return times, None
+    return out
 
 
 def warm_up(keys: list[Any], batches: dict[Any, dict[str, Any]], step: Any, n: int) -> None:
@@ -111,7 +133,7 @@ def calibrate_layout(
     batches = {i: make_batch(p.tolist(), layout, vocab, device, rng) for i, p in enumerate(packs)}
     batches["overhead"] = make_batch(probe.tolist(), layout, vocab, device, rng)
     warm_up(list(batches), batches, ctx["step"], 4)
-    times, stopped = time_rounds(
+    timings = time_rounds(
         list(batches),
         batches,
         ctx["step"],
@@ -121,11 +143,16 @@ def calibrate_layout(
         rng,
         f"calibrate {layout}",
     )
+    times = timings.times
     timed = [i for i in range(len(packs)) if times[i]]
     out: dict[str, Any] = {
         "packs_designed": len(packs),
         "packs_timed": len(timed),
-        "stopped": stopped,
+        "stopped": timings.stopped,
+        "failed": {
+            f"{int(packs[k].sum()) if k != 'overhead' else 'overhead'} tokens, pack {k}": why
+            for k, why in timings.failed.items()
+        },
     }
     if times["overhead"]:
         out["fixed_pack_s"] = float(np.median(times["overhead"]))
@@ -256,7 +283,9 @@ def score(
         missing = sum(1 for rank in keys for k in rank if k not in medians)
         if missing:
             entry["measured"] = None
-            entry["why_not_measured"] = f"{missing} of its packs were not timed (stopped early)"
+            entry["why_not_measured"] = (
+                f"{missing} of its packs were not timed (stopped early, or failed: see measurement)"
+            )
         else:
             meas = matrix([[medians[k] for k in rank] for rank in keys])
             entry.update(
