@@ -12,6 +12,7 @@ micro-batches of each step are summed first, so t indexes optimizer steps.
 - download amplification = sum over nodes of the distinct shards its ranks read / distinct
   shards read; shard working set = the most distinct shards one node's ranks read within one
   window of W packs (what its cache must hold at once).
+- padding_waste = share of the computed cost spent on padding (0 for the ``packed`` layout)
 
 The record array is the dataset in write order, cut into shards of ``shard_records``. BCL and
 ``sequential`` read node streams (each node its own shards); central baselines read one global
@@ -19,11 +20,15 @@ shuffle (``planner.baselines.global_order``), as a trainer's shuffled DataLoader
 
 The pooled peers (``planner/peers.py``: ``nemo_mffd``, ``verl_kk``, ``verl_dynbsz``,
 ``pooled_mffd_split``) pool global batches of R*B*G records from that global shuffle.
+
+Layout (``SimConfig.layout``, ``planner/padded.py``): a pack costs the sum of its records'
+costs when ``packed`` (varlen attention), B times its costliest record when ``padded``. With
+``padded``, BCL plans with the ``padded`` partition (similar lengths together, no sum-based
+refinement or step fill).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -35,6 +40,7 @@ from bcl_stream.planner.baselines import global_order, sequential
 from bcl_stream.planner.bcl import plan_epoch, validate_costs
 from bcl_stream.planner.config import Plan, PlanConfig
 from bcl_stream.planner.order import DEFAULT_SHARD_GROUP, ShardTable, shard_weights
+from bcl_stream.planner.padded import Packs, check_layout, ragged_pack_costs
 from bcl_stream.planner.peers import POOLED, REAL_PEERS, plan_pooled
 from bcl_stream.planner.pools import micro_batches_per_batch
 
@@ -52,6 +58,8 @@ class Metrics:
     packs_per_rank: int
     records_used: int
     records_left: int
+    padding_waste: float = 0.0
+    """Share of the computed cost that is padding: 1 - sum of record costs / sum of pack costs."""
     download_amplification: float = float("nan")
     shard_working_set: int = 0
 
@@ -74,14 +82,22 @@ def metrics_from_costs(
     microbatches_per_step: int = 1,
     sync: str = "microbatch",
     step_sizes: npt.NDArray[np.integer] | None = None,
+    useful_costs: npt.NDArray[np.float64] | None = None,
 ) -> Metrics:
     """Score a (ranks, packs) cost matrix. ``overhead`` is added per micro-batch.
 
     ``step_sizes``: micro-batches in each optimizer step, for ``sync="step"`` when they vary
     (the pooled peers that vary records per micro-batch also vary micro-batches per global
-    batch); None: ``microbatches_per_step`` each, a last partial step dropped."""
+    batch); None: ``microbatches_per_step`` each, a last partial step dropped.
+    ``useful_costs``: the same packs' summed record costs (no padding), for ``padding_waste``;
+    None: no padding (the ``packed`` layout).
+    """
     if sync not in ("microbatch", "step"):
         raise ValueError(f"sync must be 'microbatch' or 'step', got {sync!r}")
+    computed = float(np.sum(pack_costs))
+    waste = 0.0
+    if useful_costs is not None and computed > 0:
+        waste = max(0.0, 1.0 - float(np.sum(useful_costs)) / computed)
     c = np.asarray(pack_costs, dtype=np.float64) + overhead
     n_packs = c.shape[1]
     if sync == "step":
@@ -97,7 +113,14 @@ def metrics_from_costs(
             c = np.add.reduceat(c, starts, axis=1) if sizes.size else c[:, :0]
     if c.shape[1] == 0:
         return Metrics(
-            float("nan"), float("nan"), float("nan"), 0.0, n_packs, records_used, records_left
+            float("nan"),
+            float("nan"),
+            float("nan"),
+            0.0,
+            n_packs,
+            records_used,
+            records_left,
+            waste,
         )
     mean_r, max_r, std_r = c.mean(axis=0), c.max(axis=0), c.std(axis=0)
     mean_t, std_t = c.mean(axis=1), c.std(axis=1)
@@ -109,12 +132,15 @@ def metrics_from_costs(
         packs_per_rank=n_packs,
         records_used=records_used,
         records_left=records_left,
+        padding_waste=waste,
     )
 
 
-def plan_costs(plan: Plan, costs: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """(ranks, packs) matrix of pack costs."""
-    return costs[plan.packs].sum(axis=2)
+def plan_costs(
+    plan: Plan, costs: npt.NDArray[np.float64], layout: str = "packed"
+) -> npt.NDArray[np.float64]:
+    """(ranks, packs) matrix of pack costs under ``layout`` (``planner/padded.py``)."""
+    return ragged_pack_costs(plan.packs, costs, layout)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,6 +171,8 @@ class SimConfig:
     step_fill: bool = True
     split_shards: float = 0.0
     stratify: bool = True
+    layout: str = "packed"
+    """``packed`` (pack cost = sum of record costs) or ``padded`` (B x the costliest record)."""
 
     def __post_init__(self) -> None:
         if self.shard_records < 1:
@@ -160,13 +188,19 @@ def default_capacity(tokens: npt.NDArray[np.integer], pack_size: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Schedule:
-    """One strategy's epoch: the (ranks, packs) cost matrix, record accounting and the packs."""
+    """One strategy's epoch: the packs, their (ranks, packs) cost matrix and record accounting."""
 
     pack_costs: npt.NDArray[np.float64]
+    """(ranks, packs) pack costs under ``SimConfig.layout``."""
     records_used: int
     records_left: int
-    packs: Sequence[Sequence[npt.NDArray[np.int64]]] = ()
-    """Per rank, per micro-batch: the sample ids it runs (empty: not recorded)."""
+    packs: Packs = ()
+    """``packs[r][t]``: sample ids of rank r's t-th micro-batch (a (ranks, packs, B) array for
+    exactly-B strategies, lists of variable-size arrays otherwise), to run the real packs.
+    Empty only for a schedule built from a cost matrix alone."""
+    useful_costs: npt.NDArray[np.float64] | None = None
+    """(ranks, packs) summed record costs of the same packs: the difference from
+    ``pack_costs`` is the padding (``padded``). None: no padding."""
     step_sizes: npt.NDArray[np.int64] | None = None
     """Micro-batches per optimizer step where they vary (``nemo_mffd``, ``verl_dynbsz``,
     ``pooled_mffd_split``: one step per global batch); None: G each."""
@@ -184,7 +218,10 @@ def shard_table(
 
 
 def locality(
-    packs: Sequence[Sequence[npt.NDArray[np.int64]]], table: ShardTable, ranks_per_node: int, window: int
+    packs: Packs,
+    table: ShardTable,
+    ranks_per_node: int,
+    window: int,
 ) -> tuple[float, int]:
     """(download amplification, shard working set) of a schedule; see the module docstring."""
     ends = np.cumsum(table.counts)
@@ -208,11 +245,6 @@ def locality(
     return amplification, working
 
 
-def _from_plan(plan: Plan, costs: npt.NDArray[np.float64]) -> Schedule:
-    packs = [list(rank) for rank in plan.packs]
-    return Schedule(plan_costs(plan, costs), plan.records_used, plan.records_left, packs)
-
-
 def schedules(
     tokens: npt.NDArray[np.integer],
     cost_model: CostModel,
@@ -228,25 +260,38 @@ def schedules(
     costs = validate_costs(cost_model.cost(tok))
     table = shard_table(tok, costs, config.shard_records)
     seed, epoch = config.seed, config.epoch
+    layout = check_layout(config.layout)
+
+    def schedule(
+        packs: Packs, used: int, left: int, steps: npt.NDArray[np.int64] | None = None
+    ) -> Schedule:
+        return Schedule(
+            ragged_pack_costs(packs, costs, layout),
+            used,
+            left,
+            packs,
+            ragged_pack_costs(packs, costs, "packed"),
+            steps,
+        )
+
     out: dict[str, Schedule] = {}
     for name in strategies:
         if name == "sequential":
             plan = sequential(
                 costs, table, plan_config(config, "rank"), seed=seed, epoch=epoch, tokens=tok
             )
-            out[name] = _from_plan(plan, costs)
+            out[name] = schedule(plan.packs, plan.records_used, plan.records_left)
         elif name in POOLED:
             capacity = config.max_tokens or default_capacity(tok, config.pack_size)
             order = global_order(tok.size, seed, epoch, shuffle=config.shuffle)
             bins, left = plan_pooled(
                 name, order, tok, config.ranks, config.pack_size, config.grad_accum, capacity
             )
-            matrix = np.array([[costs[b].sum() for b in rank_bins] for rank_bins in bins])
             used = sum(b.size for rank_bins in bins for b in rank_bins)
             left_count = sum(v.size for v in left.values())
             batch = config.ranks * config.pack_size * config.grad_accum
             steps = micro_batches_per_batch(bins[0], order, batch)
-            out[name] = Schedule(matrix.reshape(config.ranks, -1), used, left_count, bins, steps)
+            out[name] = schedule(bins, used, left_count, steps)
         elif name.startswith("bcl-"):
             plan = plan_epoch(
                 costs,
@@ -256,7 +301,7 @@ def schedules(
                 epoch=epoch,
                 tokens=tok,
             )
-            out[name] = _from_plan(plan, costs)
+            out[name] = schedule(plan.packs, plan.records_used, plan.records_left)
         else:
             hint = (
                 " (renamed pooled_mffd_split: a textbook MFFD; NeMo-RL's own is nemo_mffd)"
@@ -268,7 +313,12 @@ def schedules(
 
 
 def plan_config(config: SimConfig, scope: str) -> PlanConfig:
-    """The planner configuration a simulated BCL strategy uses."""
+    """The planner configuration a simulated BCL strategy uses.
+
+    ``padded`` layout: the ``padded`` partition (``planner/padded.py``), without the step fill,
+    which balances sums; ``algorithm`` is then ignored.
+    """
+    padded = check_layout(config.layout) == "padded"
     return PlanConfig(
         world_size=config.ranks,
         ranks_per_node=config.ranks_per_node,
@@ -276,14 +326,14 @@ def plan_config(config: SimConfig, scope: str) -> PlanConfig:
         window=config.window,
         scope=scope,
         max_tokens=config.max_tokens,
-        algorithm=config.algorithm,
+        algorithm="padded" if padded else config.algorithm,
         refine=config.refine,
         pack_order=config.pack_order,
         grad_accum=config.grad_accum,
         shuffle=config.shuffle,
         shard_group=config.shard_group,
         carry=config.carry,
-        step_fill=config.step_fill,
+        step_fill=config.step_fill and not padded,
         split_shards=config.split_shards,
         stratify=config.stratify,
     )
@@ -316,6 +366,7 @@ def score(
             microbatches_per_step=config.grad_accum,
             sync=config.sync,
             step_sizes=s.step_sizes,
+            useful_costs=s.useful_costs,
         )
         if table is not None:
             amplification, working = locality(s.packs, table, config.ranks_per_node, config.window)

@@ -13,6 +13,8 @@ is bounded by the spread of the last (smallest) round, which on SFT length distr
 tiny. ``refine_swaps`` then polishes the heaviest and lightest packs by exchanging one record
 pair per iteration. ``snake`` (boustrophedon dealing of sorted records) is kept for
 comparison: cheaper still, clearly worse on heavy tails (see tools/bench_balance.py).
+``padded`` (``padded.py``) groups similar costs instead, for trainers that pad every record
+of a pack to its longest.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
+
+from bcl_stream.planner.padded import partition_padded
 
 Assignment = npt.NDArray[np.int64]
 """(n_windows, m, B): for each window, the positions (into that window's row) of each pack."""
@@ -124,7 +128,11 @@ ALGORITHMS: dict[str, Callable[[npt.NDArray[np.float64], int], Assignment]] = {
     "lpt": lpt_rounds,
     "snake": snake,
     "stream": stream,
+    "padded": partition_padded,
 }
+UNREFINED = frozenset({"padded", "stream"})
+"""Algorithms whose objective is not the balanced sum of a pack's costs: swap refinement, which
+balances sums, would undo them (``padded.py``; ``stream`` is the unbalanced baseline)."""
 
 
 def partition(
@@ -136,4 +144,4 @@ def partition(
             f"unknown partition algorithm {algorithm!r}; choose one of {sorted(ALGORITHMS)}"
         )
     out = ALGORITHMS[algorithm](costs, n_packs)
-    return refine_swaps(costs, out, refine) if refine > 0 and algorithm != "stream" else out
+    return refine_swaps(costs, out, refine) if refine > 0 and algorithm not in UNREFINED else out

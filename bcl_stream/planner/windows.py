@@ -22,7 +22,7 @@ from bcl_stream.errors import PlanError
 from bcl_stream.planner.carry import hold_back
 from bcl_stream.planner.config import PlanConfig
 from bcl_stream.planner.order import Ids
-from bcl_stream.planner.partition import partition
+from bcl_stream.planner.partition import UNREFINED, partition
 from bcl_stream.planner.step_fill import fill_steps, fill_steps_joint
 from bcl_stream.planner.streams import EpochStreams
 
@@ -141,7 +141,7 @@ def partition_windows(
     flat_ids = windows.reshape(rows * n, count)
     window_costs = _gather_costs(costs, flat_ids)
     assign = partition(window_costs, m, config.algorithm, config.refine)
-    if config.step_fill and config.pack_order == "desc" and config.algorithm != "stream":
+    if config.step_fill and config.pack_order == "desc" and config.algorithm not in UNREFINED:
         if config.scope == "world" and rows > 1:
             assign = fill_steps_joint(window_costs, assign, config.group_size, config.refine, rows)
         else:
