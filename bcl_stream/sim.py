@@ -169,7 +169,7 @@ class SimConfig:
     shard_group: int = DEFAULT_SHARD_GROUP
     carry: int | None = None
     step_fill: bool = True
-    split_shards: float = 0.0
+    split_shards: float = 0.05
     stratify: bool = True
     layout: str = "packed"
     """``packed`` (pack cost = sum of record costs) or ``padded`` (B x the costliest record)."""

@@ -40,6 +40,13 @@ JITTER = 0.05
 """Relative noise on shard totals before dealing: varies the deal between epochs while keeping
 node totals within a few percent of one shard."""
 
+CHUNK = 1 << 22
+"""Records per chunk of passes over the whole cost array (32 MB of float64 temporaries)."""
+
+CUT_FACTOR = 3.0
+"""A shard whose excess cost is this many times the node's mean |excess| is a lump: cut into
+one piece per shard group rather than dealt whole (:func:`shard_groups`)."""
+
 MIN_SHARDS_PER_NODE = 2
 """Below this many shards per node, shards are cut so that every node gets records."""
 
@@ -116,16 +123,20 @@ def shard_weights(
     """Mean cost per record of each shard: one pass over the cost array (O(records), once per
     dataset and cost model), refusing NaN, infinite and negative costs with the first bad index."""
     c = np.asarray(counts, dtype=np.int64)
-    nonempty = c > 0
     sums = np.zeros(c.size)
-    bad = ~np.isfinite(costs) | (costs < 0)
-    if bad.any():
-        first = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"costs must be finite and >= 0; costs[{first}] = {costs[first]!r}")
-    if costs.size:
-        starts = np.concatenate([[0], np.cumsum(c)[:-1]])[nonempty]
-        sums[nonempty] = np.add.reduceat(np.asarray(costs, dtype=np.float64), starts)
-    return np.divide(sums, c, out=np.zeros(c.size), where=nonempty)
+    ends = np.cumsum(c)
+    n = int(ends[-1]) if ends.size else 0
+    if costs.shape[0] != n:
+        raise ValueError(f"costs hold {costs.shape[0]} records, the shard counts {n}")
+    for lo in range(0, n, CHUNK):  # chunked: no full-size temporary beside a mapped array
+        chunk = np.asarray(costs[lo : lo + CHUNK])
+        bad = ~np.isfinite(chunk) | (chunk < 0)
+        if bad.any():
+            first = lo + int(np.flatnonzero(bad)[0])
+            raise ValueError(f"costs must be finite and >= 0; costs[{first}] = {costs[first]!r}")
+        shard = np.searchsorted(ends, np.arange(lo, lo + chunk.size), side="right")
+        sums += np.bincount(shard, weights=chunk.astype(np.float64), minlength=c.size)[: c.size]
+    return np.divide(sums, c, out=np.zeros(c.size), where=c > 0)
 
 
 def excess_cost(table: ShardTable) -> npt.NDArray[np.float64]:
@@ -265,33 +276,77 @@ def split_heavy_shards(
     return ShardTable.build(counts, usable, weight, split)
 
 
+@dataclass(frozen=True, slots=True)
+class NodeGroups:
+    """A node's shard groups as record ranges: group g reads ``ranges[g]`` ((start, count) of
+    global sample ids), ``usable[g]`` records of them after the filter."""
+
+    ranges: list[list[tuple[int, int]]]
+    usable: Ids
+    shards: Ids
+    """Every shard the node reads (each once)."""
+
+
 def shard_groups(
+    table: ShardTable,
     node_shards: Ids,
     group: int,
     rng: np.random.Generator | None,
-    excess: npt.NDArray[np.float64],
     shared: tuple[int, int] = (0, 0),
-) -> list[Ids]:
-    """The node's shards cut into groups of at most ``group`` shards.
+    keep: KeepFilter | None = None,
+) -> NodeGroups:
+    """The node's shards cut into groups of about ``group`` shards.
 
-    With ``rng``: :func:`balanced_deal` on the shards' ``excess`` cost (indexed by shard id), so
-    every group carries about the node's mean cost. Lumpy shards leave some groups heavier:
-    groups are ranked by excess and placed in an order drawn from ``shared`` = (seed, epoch)
-    only, the same on every node with as many groups, so the nodes' heavier groups run at the
-    same time (what world balance needs) while the order still changes every epoch. Without
-    ``rng``: consecutive runs in the given order.
+    With ``rng``: shards are dealt by :func:`balanced_deal` on their :func:`excess_cost`, so
+    every group carries about the node's mean cost per record. A shard whose excess is a lump
+    no deal can even out (more than ``CUT_FACTOR`` times the mean, typically the last shards of
+    length-sorted data) is cut into one piece per group instead (at most ``group // 4`` such
+    shards, so the node's shard cache grows by at most a quarter: a cut shard stays resident
+    while its pieces are read; nothing is downloaded twice). Groups are then ranked by excess
+    and placed in an order drawn from ``shared`` = (seed, epoch) only, the same on every node
+    with as many groups, so the nodes' heavier groups run at the same time (what world balance
+    needs) while the order still changes every epoch. Without ``rng``: consecutive runs of
+    shards in the given order.
     """
     if group < 1:
         raise ValueError(f"group must be >= 1, got {group}")
-    m = node_shards.size
-    n_groups = -(-m // group)
+    shards = np.asarray(node_shards, dtype=np.int64)
+    starts, counts, usable = table.starts, table.counts, table.usable
+    n_groups = -(-shards.size // group)
     if rng is None or n_groups <= 1:
-        return [node_shards[i : i + group] for i in range(0, m, group)]
-    owner = balanced_deal(excess[node_shards], n_groups, rng)
-    groups = [node_shards[owner == g] for g in range(n_groups)]
-    by_excess = np.argsort([-excess[g].sum() for g in groups], kind="stable")
+        runs = [shards[i : i + group] for i in range(0, shards.size, group)]
+        return NodeGroups(
+            [[(int(starts[x]), int(counts[x])) for x in run] for run in runs],
+            np.array([int(usable[run].sum()) for run in runs], dtype=np.int64),
+            shards,
+        )
+    excess = excess_cost(table)[shards]
+    lump = CUT_FACTOR * float(np.abs(excess).mean())
+    by_size = np.argsort(-np.abs(excess), kind="stable")[: max(1, group // 4)]
+    cut = by_size[(np.abs(excess[by_size]) > lump) & (counts[shards[by_size]] >= n_groups)]
+    whole = np.setdiff1d(np.arange(shards.size), cut)
+    ranges: list[list[tuple[int, int]]] = [[] for _ in range(n_groups)]
+    kept = np.zeros(n_groups, dtype=np.int64)
+    load = np.zeros(n_groups)
+    for i in cut:  # one piece per group, pieces in a random rotation
+        shard = int(shards[i])
+        edges = np.linspace(0, int(counts[shard]), n_groups + 1).astype(np.int64)
+        for g, piece in zip(rng.permutation(n_groups), range(n_groups), strict=True):
+            lo, hi = int(starts[shard] + edges[piece]), int(starts[shard] + edges[piece + 1])
+            ranges[g].append((lo, hi - lo))
+            ids = np.arange(lo, hi, dtype=np.int64)
+            kept[g] += int(keep(ids).sum()) if keep is not None and keep.active else hi - lo
+            load[g] += excess[i] * (hi - lo) / max(int(counts[shard]), 1)
+    owner = balanced_deal(excess[whole], n_groups, rng, load)
+    for i, g in zip(whole, owner, strict=True):
+        shard = int(shards[i])
+        ranges[g].append((int(starts[shard]), int(counts[shard])))
+        kept[g] += int(usable[shard])
+        load[g] += excess[i]
+    by_excess = np.argsort(-load, kind="stable")
     slot = epoch_rng(*shared, 4, n_groups).permutation(n_groups)
-    return [groups[by_excess[r]] for r in slot]
+    order = [int(by_excess[r]) for r in slot]
+    return NodeGroups([ranges[g] for g in order], kept[order], shards)
 
 
 class NodeStream:
@@ -316,19 +371,14 @@ class NodeStream:
         costs: npt.NDArray[np.floating] | None = None,
         unit: int = 0,
     ) -> None:
-        self._table = table
         self._costs = costs
         self._unit = unit
-        self._starts = table.starts
         self._seed, self._epoch, self._node = seed, epoch, node
         self._shuffle = shuffle
         self._keep = keep
         rng = epoch_rng(seed, epoch, 1, node) if shuffle else None
-        self.groups = shard_groups(
-            np.asarray(node_shards, dtype=np.int64), group, rng, excess_cost(table), (seed, epoch)
-        )
-        sizes = np.array([int(table.usable[g].sum()) for g in self.groups], dtype=np.int64)
-        self.bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.groups = shard_groups(table, node_shards, group, rng, (seed, epoch), keep)
+        self.bounds = np.concatenate([[0], np.cumsum(self.groups.usable)]).astype(np.int64)
         self._cache: OrderedDict[int, Ids] = OrderedDict()
 
     def __len__(self) -> int:
@@ -337,7 +387,7 @@ class NodeStream:
     @property
     def shards(self) -> Ids:
         """Every shard this node reads this epoch."""
-        return np.concatenate(self.groups) if self.groups else np.empty(0, np.int64)
+        return self.groups.shards
 
     def group_ids(self, g: int) -> Ids:
         """Group ``g``'s usable records in stream order (cached: the last two groups)."""
@@ -345,11 +395,10 @@ class NodeStream:
         if hit is not None:
             self._cache.move_to_end(g)
             return hit
-        shards = self.groups[g]
         ids = np.concatenate(
-            [np.arange(self._starts[s], self._starts[s] + self._table.counts[s]) for s in shards]
+            [np.arange(lo, lo + n, dtype=np.int64) for lo, n in self.groups.ranges[g]]
             or [np.empty(0, np.int64)]
-        ).astype(np.int64)
+        )
         if self._keep is not None:
             ids = ids[self._keep(ids)]
         if self._shuffle:
@@ -385,6 +434,26 @@ class NodeStream:
         return out
 
 
+def _descending_with_random_ties(
+    costs: npt.NDArray[np.float64], rng: np.random.Generator
+) -> Ids:
+    """Positions by decreasing cost, ties (and near-ties) in random order.
+
+    Costs are bucketed into 65536 levels on a fourth-root scale (square roots are correctly
+    rounded in IEEE arithmetic, so every machine gets the same buckets; a libm ``log`` would
+    not guarantee that) and radix-sorted with numpy's stable sort, after a random
+    permutation. Measured: 2-3 ms for 131K records against 21 ms for a two-key ``lexsort``.
+    Every rank must get the same order, so nothing here depends on a sort's tie handling.
+    """
+    n = costs.size
+    perm = rng.permutation(n)
+    root = np.sqrt(np.sqrt(costs[perm]))
+    lo, hi = float(root.min()), float(root.max())
+    scale = 65535.0 / (hi - lo) if hi > lo else 0.0
+    level = ((hi - root) * scale).astype(np.uint16)  # 0 = costliest
+    return perm[np.argsort(level, kind="stable")]
+
+
 def stratified_permutation(
     ids: Ids, costs: npt.NDArray[np.floating], unit: int, rng: np.random.Generator
 ) -> Ids:
@@ -404,19 +473,19 @@ def stratified_permutation(
         return rng.permutation(ids)
     k = -(-n // unit)
     c = np.asarray(costs, dtype=np.float64)
-    by_cost = np.lexsort((rng.random(n), -c))
+    by_cost = _descending_with_random_ties(c, rng)
     grid = np.full(unit * k, -1, dtype=np.int64)
     grid[:n] = by_cost
     dealt = grid.reshape(unit, k).copy()  # row j = stratum j; column u = unit u's records
     dealt[0] = rng.permutation(dealt[0])
     load = np.zeros(k)
     load[dealt[0] >= 0] = c[dealt[0][dealt[0] >= 0]]
+    padded_costs = np.append(c, 0.0)  # index -1 (padding) costs nothing
     for j in range(1, unit):  # LPT: the stratum's heaviest record to the lightest unit
         lightest = np.argsort(load, kind="stable")
         row = dealt[j].copy()
         dealt[j, lightest] = row
-        real = row >= 0
-        load[lightest[real]] += c[row[real]]
+        load[lightest] += padded_costs[row]
     full = (dealt >= 0).all(axis=0)
     columns = np.concatenate([np.flatnonzero(full), np.flatnonzero(~full)])
     units = rng.permuted(dealt[:, columns].T, axis=1).reshape(-1)

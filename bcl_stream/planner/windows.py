@@ -13,6 +13,7 @@ one vectorized call.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,13 +47,15 @@ class Run:
         return self.per_rank * config.group_size * config.pack_size - self.carry_in + self.hold
 
 
-def carry_runs(n_packs: int, config: PlanConfig) -> list[Run]:
+@functools.lru_cache(maxsize=16)
+def carry_runs(n_packs: int, config: PlanConfig) -> tuple[Run, ...]:
     """The epoch's windows grouped into runs (O(windows), no data touched).
 
     Window k emits its carry-in plus new records; it reads up to ``carry * group`` records beyond
     what it emits and holds back the excess, which drains as the row ends. The last two windows
     are runs of their own: the one before the last steers its hold-back with the last window's
-    records in view (:func:`~bcl_stream.planner.carry.hold_back`, ``then``).
+    records in view (:func:`~bcl_stream.planner.carry.hold_back`, ``then``). Cached: a reader
+    plans batch after batch of the same epoch.
     """
     group, size = config.group_size, config.pack_size
     total = n_packs * group * size
@@ -77,7 +80,7 @@ def carry_runs(n_packs: int, config: PlanConfig) -> list[Run]:
         else:
             runs.append(Run(k, 1, per_rank, read, carried, hold))
         emitted, read, carried = emitted + count, read_to, hold
-    return runs
+    return tuple(runs)
 
 
 @dataclass(frozen=True, slots=True)
