@@ -31,7 +31,9 @@ class _DefaultsFormatter(argparse.HelpFormatter):
         if (
             "%(default)" in text
             or action.required
-            or default in (None, False, argparse.SUPPRESS)
+            or default is None
+            or default is False
+            or default == argparse.SUPPRESS
             or not action.option_strings
         ):
             return text

@@ -114,7 +114,7 @@ def _with_retries(what: str, url: str, action: Any, retries: int, backoff: float
             connect = problem is not None and problem.startswith("cannot connect")
             if problem is not None and (not connect or attempt == retries):
                 tries = f" after {attempt + 1} attempts" if connect else ""
-                raise RemoteAccessError(f"{what} failed{tries}: {url}: {problem}.") from exc
+                raise RemoteAccessError(f"{what} failed{tries}: {problem}.") from exc
             if attempt == retries:
                 raise DatasetError(
                     f"{what} failed after {retries + 1} attempts: {type(exc).__name__}: {exc}. "
@@ -228,7 +228,7 @@ def missing_index_error(root: Path, shown: str | None = None) -> BCLStreamError:
     if fmt == "mds":
         read_mds_index(root)  # DatasetError "incomplete" when index.json is missing
     return CostIndexError(
-        f"{shown}: a {fmt} dataset without a cost index ({INDEX_JSON}); "
+        f"{shown}: a complete {fmt} dataset but no cost index ({INDEX_JSON}); "
         f"add one with `bcl-stream annotate {shown}`"
     )
 
@@ -241,7 +241,7 @@ def _remote_missing_index(location: str) -> BCLStreamError:
     top = [n for n in names if "/" not in n]
     if MDS_INDEX in top or any(n.endswith(WDS_SUFFIXES) for n in top):
         return CostIndexError(
-            f"{location}: a dataset without a cost index ({INDEX_JSON}); add one with "
+            f"{location}: a dataset but no cost index ({INDEX_JSON}); add one with "
             f"`bcl-stream annotate {location}`"
         )
     if any(".mds" in n for n in top):

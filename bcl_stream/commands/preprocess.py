@@ -13,7 +13,9 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("preprocess", help="tokenize JSONL/Parquet into costed MDS or WDS shards")
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="JSONL or Parquet files")
     p.add_argument("--output", required=True, help="output directory or s3:// URL")
-    p.add_argument("--format", choices=["mds", "wds"], default="mds")
+    p.add_argument(
+        "--format", choices=["mds", "wds"], default="mds", help="MDS (all scopes) or WebDataset"
+    )
     p.add_argument("--text-field", default="text", help="text field (else chat 'messages')")
     p.add_argument("--tokenizer", default="cl100k", help="cl100k or a local tokenizer.json")
     p.add_argument("--cost-model", default="llama3-8b", help="preset name or cost-model JSON")
