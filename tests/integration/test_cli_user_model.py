@@ -33,6 +33,7 @@ class PoolLM(pl.LightningModule):
 
     def __init__(self, vocab: int = 512, width: int = 8, out: str = "seen.jsonl") -> None:
         super().__init__()
+        self.save_hyperparameters()
         self.vocab, self.out = vocab, out
         self.emb = torch.nn.Embedding(vocab, width)
         self.head = torch.nn.Linear(width, vocab)
@@ -66,7 +67,17 @@ def config(tmp: Path, data: Path, model: dict) -> Path:
             "devices": 1,
             "max_steps": 5,
             "logger": False,
-            "enable_checkpointing": False,
+            "callbacks": [
+                {
+                    "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                    "init_args": {
+                        "dirpath": str(tmp / "ckpt"),
+                        "filename": "{step}",
+                        "every_n_train_steps": 3,
+                        "save_top_k": -1,
+                    },
+                }
+            ],
             "enable_progress_bar": False,
             "enable_model_summary": False,
             "default_root_dir": str(tmp / "run"),
@@ -112,6 +123,12 @@ def test_user_model_by_class_path(mds_dir: Path, tmp_path: Path) -> None:
     assert all(len(s["ids"]) == PACK for s in steps)
     ids = [i for s in steps for i in s["ids"]]
     assert len(ids) == len(set(ids))
+    # Resume the user's model from a mid-epoch checkpoint: the next packs, exactly.
+    (tmp_path / "seen.jsonl").rename(tmp_path / "first.jsonl")
+    ckpt = tmp_path / "ckpt" / "step=3.ckpt"
+    proc = fit(tmp_path, "fit", "--config", str(tmp_path / "config.yaml"), "--ckpt_path", str(ckpt))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [s["ids"] for s in seen(tmp_path)] == [s["ids"] for s in steps[3:]]
 
 
 def test_model_flag_replaces_tinygpt_of_a_config(mds_dir: Path, tmp_path: Path) -> None:
