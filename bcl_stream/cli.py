@@ -1,9 +1,11 @@
 """``bcl-stream``: the command line. One module per subcommand in ``bcl_stream.commands``.
 
 Each command module exposes ``add_parser(subparsers)`` and ``run(args) -> int``. Commands
-import heavy libraries (streaming, torch) inside ``run`` so ``bcl-stream --help`` stays fast.
-Our own errors (:class:`BCLStreamError`, ``ValueError`` from argument checks) print as one
-line on stderr with exit code 2, never as a traceback.
+import heavy libraries (streaming, torch) inside ``run``, so ``bcl-stream --help``, ``plan``,
+``simulate`` and ``inspect`` start in a fraction of a second (``tools/bench_cli_startup.py``;
+``tests/unit/test_cli_imports.py`` guards the imports). Our own errors (:class:`BCLStreamError`,
+``ValueError`` from argument checks, ``OSError`` on files) print as one line on stderr with exit
+code 2; ``--debug`` prints the whole chain of causes as a traceback instead.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 from collections.abc import Sequence
 
 from bcl_stream.errors import BCLStreamError
@@ -18,12 +21,58 @@ from bcl_stream.errors import BCLStreamError
 COMMANDS = ["simulate", "plan", "read", "calibrate", "preprocess", "annotate", "inspect"]
 
 
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" to an option's help when X says something: not for required
+    options, flags (default False) or options whose absence means "off" (default None)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "%(default)" in text
+            or action.required
+            or default is None
+            or default is False
+            or default == argparse.SUPPRESS
+            or not action.option_strings
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every (sub)command shows its defaults in ``--help``."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+
+def version() -> str:
+    """The installed distribution's version (the source tree's when not installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    import bcl_stream
+
+    try:
+        return dist_version("bcl-stream")
+    except PackageNotFoundError:
+        return bcl_stream.__version__
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="bcl-stream",
         description="Batch Cost Lookahead: balanced fixed-size packs for distributed training.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    parser.add_argument(
+        "--debug", action="store_true", help="on error, print the traceback with every cause"
+    )
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
     for name in COMMANDS:
         module = importlib.import_module(f"bcl_stream.commands.{name}")
         module.add_parser(sub)
@@ -35,7 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))
-    except (BCLStreamError, ValueError, FileNotFoundError) as exc:
+    except (BCLStreamError, ValueError, OSError) as exc:
+        if args.debug:
+            traceback.print_exception(exc)
         print(f"bcl-stream {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

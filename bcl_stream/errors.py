@@ -24,3 +24,8 @@ class StateError(BCLStreamError):
 
 class PlanError(BCLStreamError):
     """No plan satisfies the constraints (for example a memory cap too small for B records)."""
+
+
+class RemoteAccessError(DatasetError):
+    """The remote store refused or could not be reached (credentials, endpoint, permission,
+    bucket). Retrying the same command does not help until the named cause is fixed."""

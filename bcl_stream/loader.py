@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 
 from bcl_stream.errors import StateError
 from bcl_stream.formats.reader_base import Pack, PlanDataset
-from bcl_stream.plan_source import Segment
+from bcl_stream.plan_source import EpochPlan, Segment
 from bcl_stream.state import Cursor, resolve_state
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,11 @@ class PackLoader(DataLoader):
 
     def _n_packs(self, epoch: int, segments: tuple[Segment, ...]) -> int:
         return self.plan_dataset.plan(epoch, segments).n_packs
+
+    def current_plan(self) -> EpochPlan:
+        """The plan the next ``iter()`` follows (after a finished epoch: the next epoch's)."""
+        epoch, _, segments = self._normalized()
+        return self.plan_dataset.plan(epoch, segments)
 
     def plan_len(self) -> int:
         """Packs of the current plan: what one full pass of the iterator yields."""
@@ -151,8 +156,33 @@ class PackLoader(DataLoader):
                 f"{cursor.epoch}, but this plan has {n_packs} per rank; it was saved on other "
                 "data or another configuration."
             )
+        resized = cursor.segments != self._segments and cursor.segments
         self._epoch, self._consumed, self._segments = (
             cursor.epoch,
             cursor.packs_consumed,
             cursor.segments,
+        )
+        if resized:
+            self._log_resize(n_packs)
+
+    def _log_resize(self, n_packs: int) -> None:
+        """Say what an elastic resume did: it changes what every rank reads from here on."""
+        last = self._segments[-1]
+        plan = self.plan_dataset.plan(self._epoch, self._segments)
+        config = self.plan_dataset.config
+        log.warning(
+            "elastic resume: the reader state was saved on %d ranks (%d per node) after %d packs "
+            "per rank of epoch %d; this run has %d ranks (%d per node). The %d records consumed "
+            "before are skipped and the rest of epoch %d is re-planned: %d packs per rank; not "
+            "yielded this epoch: %s",
+            last.world_size,
+            last.ranks_per_node,
+            last.packs_consumed,
+            self._epoch,
+            config.world_size,
+            config.ranks_per_node,
+            plan.consumed.size,
+            self._epoch,
+            n_packs,
+            ", ".join(f"{k} {v}" for k, v in sorted(plan.remainder_counts().items())) or "none",
         )

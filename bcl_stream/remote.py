@@ -13,8 +13,10 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
-from bcl_stream.errors import CostIndexError, DatasetError
+from bcl_stream.errors import BCLStreamError, CostIndexError, DatasetError, RemoteAccessError
+from bcl_stream.formats.layout import MDS_INDEX, WDS_SUFFIXES, detect_format, read_mds_index
 from bcl_stream.index import COSTS_NPY, INDEX_JSON, CostIndex, read_index
 
 DEFAULT_RETRIES = 3
@@ -31,21 +33,134 @@ def join(location: str, name: str) -> str:
     return location.rstrip("/") + "/" + name
 
 
-def _with_retries(what: str, action: Any, retries: int, backoff: float) -> None:
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and its causes/contexts, outermost first (botocore wraps urllib3 errors)."""
+    seen: list[BaseException] = []
+    node: BaseException | None = exc
+    while node is not None and node not in seen:
+        seen.append(node)
+        node = node.__cause__ or node.__context__
+    return seen
+
+
+def _client_error_code(exc: BaseException) -> str | None:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        code = response.get("Error", {}).get("Code")
+        return str(code) if code is not None else None
+    return None
+
+
+def access_problem(url: str, exc: BaseException) -> str | None:
+    """``"cause; fix"`` when ``exc`` says the store cannot be used at all (no credentials,
+    no endpoint, no permission, no bucket); None for faults that may pass (timeouts, 5xx).
+
+    Classified by exception class name, so botocore is not imported here (it is slow).
+    """
+    endpoint = os.environ.get("S3_ENDPOINT_URL")
+    for err in _chain(exc):
+        name = type(err).__name__
+        if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"):
+            return (
+                f"no usable AWS credentials ({name}). Set AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) for this store"
+            )
+        if name in ("EndpointConnectionError", "ConnectTimeoutError") or isinstance(
+            err, ConnectionRefusedError
+        ):
+            where = f"S3_ENDPOINT_URL={endpoint}" if endpoint else "the default AWS endpoint"
+            return (
+                f"cannot connect to {where} ({name}: {err}). Check S3_ENDPOINT_URL, "
+                "the network and that the server is running"
+            )
+        code = _client_error_code(err)
+        if code in ("NoSuchBucket",):
+            bucket = url.split("://", 1)[-1].split("/", 1)[0]
+            return f"bucket {bucket!r} does not exist ({code}). Check the URL"
+        if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+            return (
+                f"access denied ({code}). Check the credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE) "
+                "and the bucket's permissions (S3 also answers 403 for a missing object when "
+                "listing is not allowed)"
+            )
+    return None
+
+
+def is_not_found(exc: BaseException) -> bool:
+    """True when ``exc`` (or its cause) says the object does not exist."""
+    for err in _chain(exc):
+        if isinstance(err, FileNotFoundError) or _client_error_code(err) in (
+            "404",
+            "NoSuchKey",
+            "NotFound",
+        ):
+            return True
+    return False
+
+
+def _with_retries(what: str, url: str, action: Any, retries: int, backoff: float) -> Any:
+    """``action()`` with bounded retries. Not found: FileNotFoundError at once. A store that
+    cannot be used (see :func:`access_problem`): :class:`RemoteAccessError` at once, or after
+    the retries for connection errors (a server may be starting). Anything else, after the
+    retries: :class:`DatasetError`. Every error keeps the last exception as its cause.
+    """
     for attempt in range(retries + 1):
         try:
-            action()
-            return
-        except FileNotFoundError:
-            raise
+            return action()
         except Exception as exc:
+            if is_not_found(exc):
+                raise FileNotFoundError(f"{url}: not found on the remote store") from exc
+            problem = access_problem(url, exc)
+            connect = problem is not None and problem.startswith("cannot connect")
+            if problem is not None and (not connect or attempt == retries):
+                tries = f" after {attempt + 1} attempts" if connect else ""
+                raise RemoteAccessError(f"{what} failed{tries}: {problem}.") from exc
             if attempt == retries:
                 raise DatasetError(
                     f"{what} failed after {retries + 1} attempts: {type(exc).__name__}: {exc}. "
                     "Check the endpoint (S3_ENDPOINT_URL), credentials and network, then resume "
                     "from the last checkpoint."
-                ) from None
+                ) from exc
             time.sleep(backoff * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def list_remote(location: str, *, retries: int = DEFAULT_RETRIES) -> list[str]:
+    """Object names under a remote location, relative to it (``[]`` when nothing is there).
+
+    ``s3://`` is listed with boto3 directly (a second, not streaming's import); other schemes
+    go through streaming's uploader, which lists for every store it supports.
+    """
+    parsed = urlparse(location)
+    prefix = parsed.path.strip("/")
+
+    def list_s3() -> list[str]:
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None)
+        keys: list[str] = []
+        pages = client.get_paginator("list_objects_v2").paginate(
+            Bucket=parsed.netloc, Prefix=prefix + "/" if prefix else ""
+        )
+        for page in pages:
+            keys += [obj["Key"] for obj in page.get("Contents", [])]
+        return keys
+
+    def list_other() -> list[str]:
+        from streaming.base.storage import CloudUploader
+
+        uploader = CloudUploader.get(location, keep_local=False, exist_ok=True)
+        try:
+            return list(uploader.list_objects() or [])
+        finally:
+            shutil.rmtree(uploader.local, ignore_errors=True)
+
+    action = list_s3 if parsed.scheme == "s3" else list_other
+    try:
+        keys = _with_retries(f"listing of {location}", location, action, retries, 0.2)
+    except FileNotFoundError:
+        return []
+    return [k[len(prefix) :].lstrip("/") for k in keys]
 
 
 def download(
@@ -73,9 +188,9 @@ def download(
             downloader.clean_up()
 
     try:
-        _with_retries(f"download of {remote}", fetch, retries, backoff)
-    except FileNotFoundError:
-        raise DatasetError(f"{remote}: not found on the remote store") from None
+        _with_retries(f"download of {remote}", remote, fetch, retries, backoff)
+    except FileNotFoundError as exc:
+        raise DatasetError(f"{remote}: not found on the remote store") from exc
     os.replace(tmp_name, target)
     return target
 
@@ -88,13 +203,57 @@ def upload(
 
     staging = tempfile.mkdtemp(prefix="bcl_upload_")
     try:
-        shutil.copyfile(local, os.path.join(staging, name))
+        # The uploader is made while ``staging`` is still empty: streaming warns ("exists and
+        # not empty") about a non-empty local directory, which here is expected, not a problem.
         uploader = CloudUploader.get((staging, remote_dir), keep_local=False, exist_ok=True)
+        shutil.copyfile(local, os.path.join(staging, name))
+        url = join(remote_dir, name)
         _with_retries(
-            f"upload of {name} to {remote_dir}", lambda: uploader.upload_file(name), retries, 0.2
+            f"upload of {name} to {remote_dir}",
+            url,
+            lambda: uploader.upload_file(name),
+            retries,
+            0.2,
         )
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def missing_index_error(root: Path, shown: str | None = None) -> BCLStreamError:
+    """Why a local directory without a cost index cannot be read, and the one fix that fits:
+    not a dataset at all (point at what preprocess wrote), an interrupted write (re-run
+    preprocess), or a complete dataset written by another tool (``bcl-stream annotate``)."""
+    shown = shown or str(root)
+    fmt = detect_format(root)  # DatasetError "not a dataset" when it is none
+    if fmt == "mds":
+        read_mds_index(root)  # DatasetError "incomplete" when index.json is missing
+    return CostIndexError(
+        f"{shown}: a complete {fmt} dataset but no cost index ({INDEX_JSON}); "
+        f"add one with `bcl-stream annotate {shown}`"
+    )
+
+
+def _remote_missing_index(location: str) -> BCLStreamError:
+    """:func:`missing_index_error` for a remote location, judged from its object list."""
+    names = list_remote(location)
+    if not names:
+        return DatasetError(f"{location}: no such dataset (nothing is stored under it)")
+    top = [n for n in names if "/" not in n]
+    if MDS_INDEX in top or any(n.endswith(WDS_SUFFIXES) for n in top):
+        return CostIndexError(
+            f"{location}: a dataset but no cost index ({INDEX_JSON}); add one with "
+            f"`bcl-stream annotate {location}`"
+        )
+    if any(".mds" in n for n in top):
+        return DatasetError(
+            f"incomplete dataset: {location}: MDS shards but no index.json. The write was "
+            "interrupted or is still running; re-run preprocess with --overwrite."
+        )
+    return DatasetError(
+        f"{location}: not a dataset (no index.json, no .mds shards, no .tar shards: "
+        f"{', '.join(sorted(top)[:5]) or 'only subdirectories'}). Point at the directory "
+        "that preprocess wrote."
+    )
 
 
 def open_cost_index(
@@ -103,23 +262,28 @@ def open_cost_index(
     """Load a dataset's cost index, local or remote. Output: (index, local directory holding it).
 
     Remote: ``bcl_index.json`` is always fetched fresh (it is small); ``bcl_costs.npy`` only
-    when the cached copy is missing or its hash differs.
+    when the cached copy is missing or its hash differs. A location without a cost index gets
+    the error of :func:`missing_index_error` (not a dataset / incomplete / needs annotate).
     """
     if not is_remote(location):
         root = Path(location.removeprefix("file://"))
         if not root.is_dir():
             raise DatasetError(f"{root}: no such dataset directory")
+        if not (root / INDEX_JSON).is_file():
+            raise missing_index_error(root)
         return read_index(root), root
     if cache_dir is None:
         raise ValueError(f"a local cache_dir is required for the remote dataset {location}")
     root = Path(cache_dir)
+    url = join(location, INDEX_JSON)
     try:
-        download(join(location, INDEX_JSON), root / INDEX_JSON)
+        download(url, root / INDEX_JSON)
+    except RemoteAccessError:
+        raise
     except DatasetError as exc:
-        raise CostIndexError(
-            f"{join(location, INDEX_JSON)}: cannot fetch the cost index ({exc}). If the dataset has "
-            f"none yet, run `bcl-stream annotate {location}`."
-        ) from None
+        if isinstance(exc.__cause__, FileNotFoundError):
+            raise _remote_missing_index(location) from exc
+        raise CostIndexError(f"{url}: cannot fetch the cost index ({exc})") from exc
     try:
         return read_index(root), root
     except CostIndexError:

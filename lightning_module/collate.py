@@ -8,11 +8,24 @@ per-record cost model c(L) = a*L + b*L^2 + k describes (flash-attn varlen on GPU
 Input: ``pack`` is a list of B dicts, each with ``"input_ids"`` (1-D integer np.ndarray, the
 record's token ids, uint32 in our shards) and ``"sample_id"`` (int, the global sample id).
 
-Output (both layouts): ``input_ids``, ``labels`` (already shifted: ``labels[t]`` is the next
-token of the same record, -100 where there is none), ``sample_ids`` (LongTensor (B,)) and
+Output (both layouts): ``input_ids``, ``labels``, ``sample_ids`` (LongTensor (B,)) and
 ``tokens`` (LongTensor (B,), the tokens fed per record) so loggers can audit every record, and
 ``truncated_tokens`` (LongTensor (B,), tokens cut by ``max_seq_len``; all 0 without it).
 Padded adds ``attention_mask`` (B, T); packed adds ``cu_seqlens`` (B+1,) and ``position_ids``.
+
+Labels, two conventions (``labels=``):
+
+- ``"shifted"`` (default, what TinyGPT takes): ``labels[t]`` is the target of position ``t``,
+  the next token of the same record; -100 at each record's last token and on padding. The
+  loss is ``cross_entropy(logits, labels, ignore_index=-100)`` with no further shift.
+- ``"unshifted"`` (Hugging Face convention: the model shifts inside its loss, comparing
+  ``logits[..., :-1]`` with ``labels[..., 1:]``): ``labels`` equals ``input_ids``, -100 on
+  padding and, in the packed layout, on the first token of every record, so the model's own
+  shift never asks the last token of one record to predict the first of the next one (the
+  rule of ``transformers.DataCollatorWithFlattening``). Either way the same (position, target)
+  pairs are trained; a loss that shifts again on ``"shifted"`` labels trains on wrong targets.
+
+The full key/shape/dtype table is in docs/lightning.md ("The batch").
 
 Truncation is explicit: with ``max_seq_len=N`` a record keeps its first N tokens and the cut
 is reported in ``truncated_tokens``; without it nothing is cut (TinyGPT raises on a record
@@ -31,6 +44,7 @@ from torch import Tensor
 from bcl_stream.errors import DatasetError
 
 IGNORE_INDEX = -100
+LABELS = ("shifted", "unshifted")
 
 
 def _records(
@@ -71,6 +85,20 @@ def _shifted(ids: Tensor) -> Tensor:
     return labels
 
 
+def _unshifted(ids: Tensor, first_ignored: bool) -> Tensor:
+    """The record's own ids (the model shifts); ``first_ignored``: -100 at its first token,
+    the target a packed row's shift would otherwise take from the previous record."""
+    labels = ids.clone()
+    if first_ignored and labels.numel():
+        labels[0] = IGNORE_INDEX
+    return labels
+
+
+def _check_labels(labels: str) -> None:
+    if labels not in LABELS:
+        raise ValueError(f"labels must be one of {LABELS}, got {labels!r}")
+
+
 def _audit(ids: list[Tensor], sample_ids: list[int], cut: list[int]) -> dict[str, Tensor]:
     return {
         "sample_ids": torch.tensor(sample_ids, dtype=torch.long),
@@ -80,31 +108,33 @@ def _audit(ids: list[Tensor], sample_ids: list[int], cut: list[int]) -> dict[str
 
 
 def collate_padded(
-    pack: Sequence[Mapping[str, Any]], max_seq_len: int | None = None
+    pack: Sequence[Mapping[str, Any]], max_seq_len: int | None = None, labels: str = "shifted"
 ) -> dict[str, Tensor]:
-    """Right-padded (B, T) batch, T = the longest record of the pack (at least 1)."""
+    """Right-padded (B, T) batch, T = the longest record of the pack (at least 1); padding id 0."""
+    _check_labels(labels)
     ids, sample_ids, cut = _records(pack, max_seq_len)
     width = max(1, max(t.numel() for t in ids))
     input_ids = torch.zeros(len(ids), width, dtype=torch.long)
-    labels = torch.full((len(ids), width), IGNORE_INDEX, dtype=torch.long)
+    targets = torch.full((len(ids), width), IGNORE_INDEX, dtype=torch.long)
     mask = torch.zeros(len(ids), width, dtype=torch.long)
     for row, t in enumerate(ids):
         n = t.numel()
         input_ids[row, :n] = t
-        labels[row, :n] = _shifted(t)
+        targets[row, :n] = _shifted(t) if labels == "shifted" else _unshifted(t, False)
         mask[row, :n] = 1
     return {
         "input_ids": input_ids,
         "attention_mask": mask,
-        "labels": labels,
+        "labels": targets,
         **_audit(ids, sample_ids, cut),
     }
 
 
 def collate_packed(
-    pack: Sequence[Mapping[str, Any]], max_seq_len: int | None = None
+    pack: Sequence[Mapping[str, Any]], max_seq_len: int | None = None, labels: str = "shifted"
 ) -> dict[str, Tensor]:
     """One (1, sum L) row; ``cu_seqlens`` (B+1,) marks record boundaries (int32, as flash-attn)."""
+    _check_labels(labels)
     ids, sample_ids, cut = _records(pack, max_seq_len)
     lengths = torch.tensor([t.numel() for t in ids], dtype=torch.int32)
     cu_seqlens = torch.zeros(len(ids) + 1, dtype=torch.int32)
@@ -114,6 +144,8 @@ def collate_packed(
         "input_ids": torch.cat(ids)[None, :],
         "cu_seqlens": cu_seqlens,
         "position_ids": torch.cat(positions)[None, :],
-        "labels": torch.cat([_shifted(t) for t in ids])[None, :],
+        "labels": torch.cat(
+            [_shifted(t) if labels == "shifted" else _unshifted(t, True) for t in ids]
+        )[None, :],
         **_audit(ids, sample_ids, cut),
     }

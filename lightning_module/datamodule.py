@@ -38,8 +38,9 @@ from bcl_stream.cost import resolve
 from bcl_stream.errors import StateError
 from bcl_stream.formats.reader_base import Pack, PlanDataset
 from bcl_stream.loader import PackLoader
+from bcl_stream.plan_checks import require_packs
 from bcl_stream.plan_source import EpochPlan, ReaderConfig, Segment, sequential_plan
-from lightning_module.collate import collate_packed, collate_padded
+from lightning_module.collate import LABELS, collate_packed, collate_padded
 
 PACKINGS = ("bcl", "sequential")
 LAYOUTS = ("padded", "packed")
@@ -55,10 +56,11 @@ class PackCollate:
     costs: npt.NDArray[np.float64]
     """Per-record estimated costs by global sample id (the planner's costs)."""
     max_seq_len: int | None = None
+    labels: str = "shifted"
 
     def __call__(self, pack: Pack) -> dict[str, torch.Tensor]:
         fn = collate_packed if self.layout == "packed" else collate_padded
-        batch = fn(pack, self.max_seq_len)
+        batch = fn(pack, self.max_seq_len, self.labels)
         ids = batch["sample_ids"].numpy()
         batch["est_cost"] = torch.tensor(float(self.costs[ids].sum()), dtype=torch.float64)
         return batch
@@ -165,6 +167,22 @@ def clean_stale_shared_memory_once() -> None:
     clean_stale_shared_memory()
 
 
+LEN_WARNING = r"Your `IterableDataset` has `__len__` defined"
+
+
+def _explain_len_warning() -> None:
+    """Silence Lightning's "IterableDataset has __len__" warning, which does not apply here.
+
+    Lightning warns because a ``__len__`` can be wrong when DataLoader workers each yield the
+    whole dataset. Ours is exact by construction: worker w of K yields packs w, w+K, ... of
+    this rank's plan, and ``len()`` is the plan's pack count (tests check it for 0, 1 and 2
+    workers). The filter matches that one message only.
+    """
+    import warnings
+
+    warnings.filterwarnings("ignore", message=LEN_WARNING)
+
+
 class BCLDataModule(pl.LightningDataModule):
     """Balanced, resumable training packs from a costed MDS or WebDataset dataset.
 
@@ -180,6 +198,8 @@ class BCLDataModule(pl.LightningDataModule):
         max_tokens: memory cap M per pack (records longer than M are reported, not yielded).
         layout: ``padded`` or ``packed`` (varlen with ``cu_seqlens``).
         max_seq_len: truncate records to this many tokens in collate (reported per batch).
+        labels: ``shifted`` (targets already shifted; a loss must not shift again) or
+            ``unshifted`` (Hugging Face convention: the model shifts). See docs/lightning.md.
         num_workers, persistent_workers: DataLoader workers (any count gives the same packs).
         seed: shuffle seed; the epoch order is a pure function of (seed, epoch).
         shuffle: False keeps write order.
@@ -201,6 +221,7 @@ class BCLDataModule(pl.LightningDataModule):
         max_tokens: int | None = None,
         layout: str = "padded",
         max_seq_len: int | None = None,
+        labels: str = "shifted",
         num_workers: int = 0,
         persistent_workers: bool = False,
         seed: int = 0,
@@ -216,6 +237,8 @@ class BCLDataModule(pl.LightningDataModule):
             raise ValueError(f"packing must be one of {PACKINGS}, got {packing!r}")
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        if labels not in LABELS:
+            raise ValueError(f"labels must be one of {LABELS}, got {labels!r}")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if persistent_workers and num_workers == 0:
@@ -225,6 +248,7 @@ class BCLDataModule(pl.LightningDataModule):
         self.data, self.format, self.packing, self.layout = data, format, packing, layout
         self.pack_size, self.window, self.scope = pack_size, window, scope
         self.cost_model, self.max_tokens, self.max_seq_len = cost_model, max_tokens, max_seq_len
+        self.labels = labels
         self.num_workers, self.persistent_workers = num_workers, persistent_workers
         self.seed, self.shuffle, self.cache_dir = seed, shuffle, cache_dir
         self.ranks_per_node, self.allow_resize = ranks_per_node, allow_resize
@@ -276,27 +300,45 @@ class BCLDataModule(pl.LightningDataModule):
         """The collate function the loader uses (also handy for inspecting batches)."""
         ds = self._require_dataset()
         model = None if self.cost_model is None else resolve(self.cost_model)
-        return PackCollate(self.layout, ds.index.costs(model), self.max_seq_len)
+        return PackCollate(self.layout, ds.index.costs(model), self.max_seq_len, self.labels)
 
     def train_dataloader(self) -> PackLoader:
-        """One loader per DataModule: it owns the cursor, so a second call returns it again."""
+        """One loader per DataModule: it owns the cursor, so a second call returns it again.
+
+        Raises :class:`PlanError` when the plan gives no rank a single pack (Lightning would
+        otherwise stop on "No training batches" and exit 0). The info line describes the plan
+        the loader will follow, after any checkpoint's cursor (an elastic resume included).
+        """
+        ds = self._require_dataset()
+        fresh = self._loader is None
         if self._loader is None:
+            _explain_len_warning()
             self._loader = TrainerPackLoader(
-                self._require_dataset(),
+                ds,
                 num_workers=self.num_workers,
                 persistent_workers=self.persistent_workers,
                 collate_fn=self.collate(),
                 allow_resize=self.allow_resize,
             )
-            ds = self._require_dataset()
-            rank_zero_info(
-                f"BCLDataModule: {self.packing} packing, {len(ds)} packs of {self.pack_size} "
-                f"records per rank per epoch on {ds.config.world_size} ranks; records of "
-                f"epoch {ds.epoch} not yielded, by reason: {ds.remainder_counts() or 'none'}"
-            )
         if self._pending is not None:
             self._loader.load_state_dict(self._pending)
             self._pending = None
+        if fresh:
+            plan = self._loader.current_plan()
+            require_packs(
+                self.data,
+                plan,
+                ds.config,
+                len(ds.index),
+                fix="Lower pack_size or the number of ranks, or use more data.",
+            )
+            counts = plan.remainder_counts()
+            rank_zero_info(
+                f"BCLDataModule: {self.packing} packing, {plan.n_packs} packs of "
+                f"{self.pack_size} records per rank in epoch {plan.epoch} on "
+                f"{ds.config.world_size} ranks; records of that epoch not yielded, by reason: "
+                f"{counts or 'none'}"
+            )
         return self._loader
 
     def remainder_counts(self) -> dict[str, int]:

@@ -175,7 +175,12 @@ class TinyGPT(L.LightningModule):
         if isinstance(config, dict):  # from a checkpoint's hyperparameters
             config = TinyGPTConfig(**config)
         self.config = config if config is not None else TinyGPTConfig()
-        self.save_hyperparameters({"config": asdict(self.config)})
+        # "_class_path": the training CLI's model type is any LightningModule, and on
+        # `--ckpt_path` it rebuilds the model from these hyperparameters: without the class
+        # it would try LightningModule(config=...). load_from_checkpoint ignores the key.
+        self.save_hyperparameters(
+            {"config": asdict(self.config), "_class_path": f"{__name__}.{type(self).__qualname__}"}
+        )
         c = self.config
         self.embed = nn.Embedding(c.vocab_size, c.d_model)
         self.pos = nn.Embedding(c.max_seq_len, c.d_model)

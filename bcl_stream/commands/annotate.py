@@ -13,7 +13,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--length-field", default=None, help="integer length column instead")
     p.add_argument("--cost-model", default="llama3-8b", help="preset name or cost-model JSON")
     p.add_argument("--overwrite", action="store_true", help="replace an existing cost index")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
 
 

@@ -31,16 +31,18 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--lengths", default=None, help="1-D .npy of a dataset's token counts")
     p.add_argument("--pack-size", type=int, default=8, help="records per pack B")
     p.add_argument("--packs", type=int, default=48, help="packs to time")
-    p.add_argument("--min-tokens", type=int, default=16)
+    p.add_argument("--min-tokens", type=int, default=16, help="shortest record")
     p.add_argument("--max-tokens", type=int, default=2048, help="longest record")
     p.add_argument("--pack-tokens", type=int, default=4096, help="most tokens in one pack")
     p.add_argument("--repeats", type=int, default=3, help="timings per pack (median kept)")
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=3, help="untimed packs first")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    p.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
-    p.add_argument("--layout", choices=LAYOUTS, default="packed")
+    p.add_argument(
+        "--clock", choices=["cpu", "wall"], default="cpu", help="process CPU time or wall time"
+    )
+    p.add_argument("--layout", choices=LAYOUTS, default="packed", help="batch layout timed")
     p.add_argument("--holdout", type=float, default=0.25, help="fraction of packs held out")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the designed packs")
     p.add_argument(
         "--min-r2", type=float, default=None, help="exit 1 if held-out R^2 is below this"
     )

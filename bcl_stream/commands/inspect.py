@@ -20,6 +20,11 @@ def add_parser(sub: Any) -> None:
 
 
 def _text(report: dict[str, Any]) -> list[str]:
+    if report["format"] is None or not report["shards"]:
+        # Nothing could be opened: statistics of nothing would only hide the verdict.
+        return [f"{report['location']}: integrity: PROBLEMS"] + [
+            f"  - {p}" for p in report["problems"]
+        ]
     t, c = report["tokens"], report["cost"]
     lines = [
         f"{report['location']}: {report['format']} dataset, {report['records']} records in "

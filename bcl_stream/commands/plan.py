@@ -10,6 +10,7 @@ import argparse
 import json
 from typing import Any
 
+from bcl_stream.plan_checks import check_format_scope, require_packs
 from bcl_stream.plan_source import EpochPlan, ReaderConfig
 from bcl_stream.planner import SCOPES
 from bcl_stream.planner.order import DEFAULT_SHARD_GROUP
@@ -19,12 +20,19 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     """Options shared by ``plan`` and ``read``: the dataset and everything that decides a plan."""
     p.add_argument("location", metavar="DIR", help="dataset root: a directory or s3://bucket/path")
     p.add_argument("--world-size", type=int, required=True, help="data-parallel ranks R")
-    p.add_argument("--ranks-per-node", type=int, default=1)
+    p.add_argument(
+        "--ranks-per-node", type=int, default=1, help="ranks per node (scope node balances them)"
+    )
     p.add_argument("--pack-size", type=int, required=True, help="records per pack B")
     p.add_argument("--window", type=int, required=True, help="packs per rank per window W")
-    p.add_argument("--scope", choices=SCOPES, default="rank")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument(
+        "--scope",
+        choices=SCOPES,
+        default="rank",
+        help="ranks balanced jointly (WebDataset: rank only)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="shuffle seed")
+    p.add_argument("--epoch", type=int, default=0, help="epoch to plan (its order depends on it)")
     p.add_argument("--max-tokens", type=int, default=None, help="memory cap M per pack")
     p.add_argument("--carry", type=int, default=None, help="planner carry-over records")
     p.add_argument(
@@ -88,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     index, _ = open_cost_index(args.location, cache_dir(args))
+    check_format_scope(args.location, index.format, config.scope)
     plan = epoch_plan(index, config, args.epoch)
+    require_packs(args.location, plan, config, len(index))
     if args.json:
         ranks = [
             {"rank": r, "packs": plan.rank_packs(r).tolist()} for r in range(config.world_size)

@@ -13,13 +13,27 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("preprocess", help="tokenize JSONL/Parquet into costed MDS or WDS shards")
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="JSONL or Parquet files")
     p.add_argument("--output", required=True, help="output directory or s3:// URL")
-    p.add_argument("--format", choices=["mds", "wds"], default="mds")
+    p.add_argument(
+        "--format", choices=["mds", "wds"], default="mds", help="MDS (all scopes) or WebDataset"
+    )
     p.add_argument("--text-field", default="text", help="text field (else chat 'messages')")
     p.add_argument("--tokenizer", default="cl100k", help="cl100k or a local tokenizer.json")
     p.add_argument("--cost-model", default="llama3-8b", help="preset name or cost-model JSON")
-    p.add_argument("--max-record-tokens", type=int, default=None)
-    p.add_argument("--outliers", choices=POLICIES, default="error")
-    p.add_argument("--skip-bad", action="store_true", help="skip and count bad records")
+    p.add_argument(
+        "--max-record-tokens",
+        type=int,
+        default=None,
+        help="longest record kept as is; longer ones follow --outliers",
+    )
+    p.add_argument(
+        "--outliers",
+        choices=POLICIES,
+        default="error",
+        help="what to do with a record above --max-record-tokens",
+    )
+    p.add_argument(
+        "--skip-bad", action="store_true", help="skip and count bad records and empty input files"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     p.add_argument("--workers", type=int, default=2, help="tokenizer processes")
     p.add_argument(
@@ -28,7 +42,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--compression", default=None, help="MDS: zstd, gz, ...; WDS: gz")
     p.add_argument("--maxcount", type=int, default=10_000, help="WDS: records per shard")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
 
 

@@ -13,14 +13,17 @@ from itertools import islice
 from typing import Any
 
 from bcl_stream.commands.plan import add_plan_options, cache_dir, config_from_args
+from bcl_stream.plan_checks import check_format_scope, require_packs
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("read", help="print the packs rank r's loader yields (real reader)")
     add_plan_options(p)
-    p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--num-workers", type=int, default=0)
-    p.add_argument("--persistent-workers", action="store_true")
+    p.add_argument("--rank", type=int, required=True, help="the rank whose loader is read")
+    p.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes")
+    p.add_argument(
+        "--persistent-workers", action="store_true", help="keep workers alive between epochs"
+    )
     p.add_argument("--packs", type=int, default=None, help="stop after N packs (default: epoch)")
     p.add_argument(
         "--start-after", type=int, default=None, help="resume from a state saved after N packs"
@@ -33,6 +36,7 @@ def open_dataset(location: str, config: Any, rank: int, cache: str | None) -> An
     from bcl_stream.remote import open_cost_index
 
     index, _ = open_cost_index(location, cache)
+    check_format_scope(location, index.format, config.scope)
     if index.format == "wds":
         from bcl_stream.formats.wds_reader import WDSPackDataset
 
@@ -52,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     dataset = open_dataset(args.location, config, args.rank, cache_dir(args))
     dataset.set_epoch(args.epoch)
+    require_packs(args.location, dataset.plan(), config, len(dataset.index))
 
     def loader() -> PackLoader:
         persistent = args.persistent_workers and args.num_workers > 0

@@ -1,4 +1,8 @@
-"""``bcl-stream simulate``: score every strategy on a file of record lengths.
+"""``bcl-stream simulate``: score every strategy on a dataset's record lengths.
+
+The lengths come from a costed dataset (``--dataset DIR`` or ``s3://...``: the token counts
+of its cost index, with its cost model unless ``--cost-model`` says otherwise) or from a
+``.npy`` file (``--lengths``): a 1-D integer array, or a dataset's ``bcl_costs.npy`` itself.
 
 ``--layout padded`` scores the padded layout (a pack costs B x its costliest record) and,
 beside it, the packed layout on the same records, so the two can be compared: speedups are
@@ -15,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from bcl_stream.cost import resolve
+from bcl_stream.cost import CostModel, resolve
 from bcl_stream.planner.order import DEFAULT_SHARD_GROUP
 from bcl_stream.planner.padded import LAYOUTS
 from bcl_stream.sim import (
@@ -28,20 +32,43 @@ from bcl_stream.sim import (
     speedups,
 )
 
+DEFAULT_COST_MODEL = "llama3-8b"
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("simulate", help="simulate balance of every strategy on record lengths")
-    p.add_argument("--lengths", required=True, help="1-D .npy of integer token counts")
-    p.add_argument("--ranks", type=int, default=8)
-    p.add_argument("--ranks-per-node", type=int, default=8)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--dataset", metavar="DIR", help="a costed dataset (directory or s3://): its token counts"
+    )
+    source.add_argument(
+        "--lengths",
+        metavar="FILE.npy",
+        help="1-D .npy of integer token counts, or a dataset's bcl_costs.npy",
+    )
+    p.add_argument("--cache-dir", default=None, help="local cache for an s3:// --dataset")
+    p.add_argument("--ranks", type=int, default=8, help="data-parallel ranks R")
+    p.add_argument(
+        "--ranks-per-node", type=int, default=None, help="ranks per node (default: min(R, 8))"
+    )
     p.add_argument("--pack-size", type=int, default=8, help="records per pack B")
     p.add_argument("--window", type=int, default=16, help="packs per rank per window W")
     p.add_argument("--grad-accum", type=int, default=4, help="micro-batches per optimizer step G")
-    p.add_argument("--cost-model", default="llama3-8b", help="preset name or cost-model JSON")
+    p.add_argument(
+        "--cost-model",
+        default=None,
+        help="preset name or cost-model JSON (default: the dataset's own with --dataset, "
+        f"{DEFAULT_COST_MODEL} with --lengths)",
+    )
     p.add_argument("--max-tokens", type=int, default=None, help="memory cap / MFFD bin capacity M")
-    p.add_argument("--sync", choices=["microbatch", "step"], default="microbatch")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument(
+        "--sync",
+        choices=["microbatch", "step"],
+        default="microbatch",
+        help="ranks wait for each other every micro-batch or every optimizer step",
+    )
+    p.add_argument("--seed", type=int, default=0, help="shuffle seed")
+    p.add_argument("--epoch", type=int, default=0, help="epoch simulated")
     p.add_argument("--overhead", type=float, default=0.0, help="fixed cost per micro-batch")
     p.add_argument(
         "--shard-records",
@@ -59,7 +86,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--carry", type=int, default=None, help="carry-over records per rank (default W*B/4)"
     )
-    p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated list")
     p.add_argument(
         "--layout",
         choices=LAYOUTS,
@@ -73,10 +100,14 @@ def add_parser(sub: Any) -> None:
 
 
 def load_lengths(path: str) -> np.ndarray:
+    """A 1-D integer array of token counts from ``path`` (a dataset's ``bcl_costs.npy``: its
+    ``tokens`` field)."""
     try:
         lengths = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
-        raise ValueError(f"--lengths {path}: cannot load a .npy array ({exc})") from None
+        raise ValueError(f"--lengths {path}: cannot load a .npy array ({exc})") from exc
+    if lengths.dtype.names and "tokens" in lengths.dtype.names:
+        lengths = lengths["tokens"]
     if lengths.ndim != 1 or not np.issubdtype(lengths.dtype, np.integer):
         raise ValueError(
             f"--lengths {path}: need a 1-D integer array, got {lengths.dtype} {lengths.shape}"
@@ -86,12 +117,30 @@ def load_lengths(path: str) -> np.ndarray:
     return lengths
 
 
+def dataset_lengths(location: str, cache: str | None) -> tuple[np.ndarray, CostModel]:
+    """Token counts and cost model of a costed dataset (its cost index only: no shard read)."""
+    from bcl_stream.remote import is_remote, open_cost_index
+
+    if cache is None and is_remote(location):
+        import tempfile
+
+        cache = tempfile.mkdtemp(prefix="bcl_cache_")
+    index, _ = open_cost_index(location, cache)
+    if not len(index):
+        raise ValueError(f"--dataset {location}: the dataset holds no records")
+    return index.tokens.astype(np.int64), index.cost_model
+
+
 def run(args: argparse.Namespace) -> int:
-    lengths = load_lengths(args.lengths)
-    model = resolve(args.cost_model)
+    if args.dataset is not None:
+        lengths, model = dataset_lengths(args.dataset, args.cache_dir)
+    else:
+        lengths, model = load_lengths(args.lengths), resolve(DEFAULT_COST_MODEL)
+    if args.cost_model is not None:
+        model = resolve(args.cost_model)
     config = SimConfig(
         ranks=args.ranks,
-        ranks_per_node=args.ranks_per_node,
+        ranks_per_node=args.ranks_per_node or min(args.ranks, 8),
         pack_size=args.pack_size,
         window=args.window,
         grad_accum=args.grad_accum,

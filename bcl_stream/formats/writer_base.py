@@ -30,7 +30,14 @@ def seal_cost_index(
     local: str | os.PathLike[str],
     remote: str | None,
 ) -> CostIndex:
-    """Build the index from the collected counts, write it locally, upload it if remote."""
+    """Build the index from the collected counts, write it locally, upload it if remote.
+
+    A preprocessing report in ``extra`` gets its ``shards`` count here: the pipeline stores the
+    report before the last shard closes, so only the sealed shard list knows the number.
+    """
+    report = extra.get("preprocess")
+    if isinstance(report, dict) and "shards" in report:
+        extra = {**extra, "preprocess": {**report, "shards": len(shards)}}
     index = CostIndex.build(
         np.frombuffer(tokens, dtype=np.uint32).copy(), cost_model, tuple(shards), format, extra
     )

@@ -434,9 +434,7 @@ class NodeStream:
         return out
 
 
-def _descending_with_random_ties(
-    costs: npt.NDArray[np.float64], rng: np.random.Generator
-) -> Ids:
+def _descending_with_random_ties(costs: npt.NDArray[np.float64], rng: np.random.Generator) -> Ids:
     """Positions by decreasing cost, ties (and near-ties) in random order.
 
     Costs are bucketed into 65536 levels on a fourth-root scale (square roots are correctly

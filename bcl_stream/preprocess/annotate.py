@@ -36,6 +36,7 @@ from bcl_stream.formats.layout import (
     read_mds_index,
     wds_shards_on_disk,
 )
+from bcl_stream.formats.mds_lengths import shard_counts
 from bcl_stream.index import INDEX_JSON, CostIndex, ShardEntry, write_index
 from bcl_stream.remote import is_remote
 
@@ -58,13 +59,20 @@ def _count(value: Any, where: str, as_length: bool) -> int:
 
 
 def _mds_counts(root: Path, field: str, as_length: bool, bar: Any) -> list[int]:
-    from streaming.base.compression import decompress
-    from streaming.base.format import reader_from_json
-
+    """Counts per record, shard by shard: read from the raw bytes where the encoding allows
+    (``mds_lengths``: no streaming import), else decoded with streaming's reader."""
     counts: list[int] = []
     data = read_mds_index(root)
     for shard in data["shards"]:
         raw = shard["raw_data"]["basename"]
+        fast = shard_counts(root / raw, shard, field, as_length)
+        if fast is not None:
+            counts += fast
+            bar.update(len(fast))
+            continue
+        from streaming.base.compression import decompress
+        from streaming.base.format import reader_from_json
+
         with tempfile.TemporaryDirectory(prefix="bcl_annotate_") as tmp:
             dirname = str(root)
             if not (root / raw).is_file():

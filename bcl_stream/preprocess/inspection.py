@@ -4,6 +4,8 @@ One dictionary (the ``--json`` output) with the record count, token and cost sta
 the cost model, outliers above a cap, the preprocessing report when there is one, and the
 integrity verdict (``ok`` plus a list of ``problems``). Nothing raises for a broken dataset:
 a broken dataset is exactly what ``inspect`` is for, so every failure becomes a problem line.
+A remote store that cannot be used at all (credentials, endpoint) is no verdict on the data:
+that :class:`~bcl_stream.errors.RemoteAccessError` is raised.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bcl_stream.errors import BCLStreamError
+from bcl_stream.errors import BCLStreamError, RemoteAccessError
 from bcl_stream.formats.layout import check_integrity, detect_format, open_layout
 from bcl_stream.index import CostIndex
 from bcl_stream.remote import is_remote
@@ -70,6 +72,8 @@ def inspect_dataset(
         with tempfile.TemporaryDirectory(prefix="bcl_inspect_") as tmp:
             try:
                 root = fetch_dataset(str(directory), tmp, progress=False)
+            except RemoteAccessError:
+                raise  # not a verdict on the dataset: the store cannot be used at all
             except BCLStreamError as exc:
                 return {**_empty(str(directory), max_tokens), "problems": [str(exc)]}
             report = inspect_dataset(root, max_tokens=max_tokens, plot=plot)

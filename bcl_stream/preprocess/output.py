@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.layout import MDS_INDEX
 from bcl_stream.index import INDEX_JSON
-from bcl_stream.remote import is_remote
+from bcl_stream.remote import is_remote, list_remote
 
 DATASET_FILE = re.compile(
     r"^(index\.json|bcl_index\.json|bcl_costs\.npy|shard\.\d+\.mds(\.\w+)?|shard-\d+\.tar(\.gz)?"
@@ -37,16 +37,8 @@ def _refuse(output: str, found: list[str]) -> DatasetError:
 
 
 def remote_listing(output: str) -> list[str]:
-    """Object names under a remote dataset location (relative to it)."""
-    from streaming.base.storage import CloudUploader
-
-    uploader = CloudUploader.get(output, keep_local=False, exist_ok=True)
-    try:
-        keys = uploader.list_objects() or []
-    finally:
-        shutil.rmtree(uploader.local, ignore_errors=True)
-    prefix = urlparse(output).path.strip("/")
-    return [k[len(prefix) :].lstrip("/") for k in keys]
+    """Object names under a remote dataset location (relative to it); see ``list_remote``."""
+    return list_remote(output)
 
 
 def _delete_remote(output: str, names: list[str]) -> None:

@@ -46,6 +46,8 @@ class PreprocessReport:
     blank_lines: int = 0
     skipped_bad: dict[str, int] = field(default_factory=dict)
     """Bad records skipped under ``skip_bad``, by reason (malformed_json, missing_field, ...)."""
+    empty_inputs: list[str] = field(default_factory=list)
+    """Input files without a single record, skipped under ``skip_bad``."""
     outliers: dict[str, Any] = field(default_factory=dict)
     shards: int = 0
     seconds: float = 0.0
@@ -68,6 +70,11 @@ class PreprocessReport:
         ]
         if self.blank_lines:
             out.append(f"blank lines ignored: {self.blank_lines}")
+        if self.empty_inputs:
+            shown = ", ".join(self.empty_inputs[:3]) + (
+                " ..." if len(self.empty_inputs) > 3 else ""
+            )
+            out.append(f"empty inputs skipped: {len(self.empty_inputs)} ({shown})")
         for reason, n in sorted(self.skipped_bad.items()):
             out.append(f"skipped bad records ({reason}): {n}")
         o = self.outliers
@@ -166,7 +173,7 @@ def preprocess(
     skipped: Counter[str] = Counter()
     writer = _open_writer(format, output, model, shard_size_limit, compression, maxcount)
     start = time.perf_counter()  # after the writer's import of streaming (seconds, one-off)
-    raws = read_records(inputs, counts)
+    raws = read_records(inputs, counts, report.empty_inputs if skip_bad else None)
     bar = tqdm(unit="rec", desc="preprocess", disable=not progress, mininterval=0.5)
     timing: dict[str, float] = {}
     stream = None
@@ -189,7 +196,8 @@ def preprocess(
             raise DatasetError(
                 f"no records to write: {counts['records_read']} read, "
                 f"{sum(skipped.values())} skipped as bad ({dict(skipped)}), {policy.dropped} "
-                "dropped as outliers. Check the inputs and --text-field."
+                f"dropped as outliers, {len(report.empty_inputs)} empty inputs skipped. Check "
+                "the inputs and --text-field."
             )
         report.records_read = counts["records_read"]
         report.bytes_read = counts["bytes_read"]

@@ -78,8 +78,12 @@ def _parquet(path: str, counts: dict[str, int]) -> Iterator[Raw]:
             yield f"{path}:{row}", record
 
 
-def read_records(inputs: list[str], counts: dict[str, int]) -> Iterator[Raw]:
-    """Every raw record of every input, in order; an input with no record is an error."""
+def read_records(
+    inputs: list[str], counts: dict[str, int], empty: list[str] | None = None
+) -> Iterator[Raw]:
+    """Every raw record of every input, in order. An input with no record is an error, or,
+    with ``empty`` given (``--skip-bad``), appended to it: a glob such as ``data/*.jsonl``
+    may well catch an empty file."""
     for path in inputs:
         before = counts["records_read"]
         reader = _parquet if path.endswith(PARQUET_SUFFIXES) else _jsonl
@@ -87,7 +91,12 @@ def read_records(inputs: list[str], counts: dict[str, int]) -> Iterator[Raw]:
             counts["records_read"] += 1
             yield raw
         if counts["records_read"] == before:
-            raise DatasetError(f"{path}: empty input (no records). Remove it from the inputs.")
+            if empty is None:
+                raise DatasetError(
+                    f"{path}: empty input (no records). Remove it from the inputs, or pass "
+                    "--skip-bad to skip (and count) empty inputs."
+                )
+            empty.append(path)
 
 
 def record_text(source: str, payload: bytes | dict[str, Any], text_field: str) -> str | Bad:

@@ -118,7 +118,7 @@ def test_cli_read_equals_cli_plan(mds_dir: Path, capsys: pytest.CaptureFixture[s
 def test_cli_refuses_wds_wider_scopes(wds_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["read", str(wds_dir), "--world-size", "2", "--pack-size", "2", "--window", "2"]
     assert main([*argv, "--rank", "0", "--scope", "node", "--ranks-per-node", "2"]) == 2
-    assert "scope 'rank' only" in capsys.readouterr().err
+    assert "supports --scope rank only" in capsys.readouterr().err
 
 
 def test_wds_shard_with_missing_records_is_reported(wds_dir: Path, tmp_path: Path) -> None:

@@ -1,0 +1,186 @@
+"""The command line as a new user meets it: real ``python -m bcl_stream.cli`` processes.
+
+Each test names the point of the "user's path" issue it checks: a directory that is not a
+dataset (3), ``simulate --dataset`` (5), the stored preprocess report (6), WebDataset scopes
+(7), a pack size larger than the data (8), ``--skip-bad`` on an empty file (10), help,
+defaults, ``--version`` and ``--debug`` (11). Remote faults are in ``test_cli_s3_errors.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+PLAN = ["--world-size", "2", "--pack-size", "4", "--window", "4"]
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "bcl_stream.cli", *args],
+        cwd=cwd or ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def one_error(proc: subprocess.CompletedProcess[str]) -> str:
+    """The single stderr line of a failed command (exit 2), no traceback."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert "error:" in lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def not_a_dataset(tmp_path: Path) -> Path:
+    root = tmp_path / "notes"
+    root.mkdir()
+    (root / "readme.txt").write_text("not a dataset")
+    return root
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["plan", *PLAN],
+        ["read", *PLAN, "--rank", "0"],
+        ["annotate", "--no-progress"],
+        ["simulate", "--dataset"],
+    ],
+)
+def test_3_not_a_dataset_says_so_without_a_wrong_hint(
+    command: list[str], not_a_dataset: Path
+) -> None:
+    if command[0] == "simulate":
+        args = [*command, str(not_a_dataset), "--ranks", "2"]
+    else:
+        args = [command[0], str(not_a_dataset), *command[1:]]
+    line = one_error(cli(*args))
+    assert f"{not_a_dataset}: not a dataset" in line
+    assert "annotate" not in line.split("error:", 1)[1]  # annotate cannot help here
+
+
+def test_3_inspect_gives_the_verdict_only(not_a_dataset: Path) -> None:
+    proc = cli("inspect", str(not_a_dataset))
+    assert proc.returncode == 1
+    assert "0 records" not in proc.stdout and "None" not in proc.stdout
+    assert "integrity: PROBLEMS" in proc.stdout and "not a dataset" in proc.stdout
+
+
+def test_3_datamodule_on_a_directory_that_is_not_a_dataset(not_a_dataset: Path) -> None:
+    from bcl_stream.errors import DatasetError
+    from lightning_module import BCLDataModule
+
+    with pytest.raises(DatasetError, match="not a dataset") as info:
+        BCLDataModule(str(not_a_dataset), pack_size=2, window=2).setup()
+    assert "index.json" not in str(info.value).split("not a dataset")[0]
+
+
+def test_3_complete_mds_without_cost_index_is_told_to_annotate(
+    mds_dir: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    copy = tmp_path / "plain"
+    shutil.copytree(mds_dir, copy)
+    for name in ("bcl_index.json", "bcl_costs.npy"):
+        (copy / name).unlink()
+    line = one_error(cli("plan", str(copy), *PLAN))
+    assert f"`bcl-stream annotate {copy}`" in line
+
+
+def test_5_simulate_dataset_equals_simulate_lengths(mds_dir: Path, tmp_path: Path) -> None:
+    common = ["--ranks", "2", "--pack-size", "4", "--window", "4", "--json"]
+    by_dataset = cli("simulate", "--dataset", str(mds_dir), *common)
+    assert by_dataset.returncode == 0, by_dataset.stderr
+    got = json.loads(by_dataset.stdout)
+    assert got["config"]["cost_model"]["name"] == "tokens"  # the dataset's own cost model
+    costs = mds_dir / "bcl_costs.npy"
+    lengths = tmp_path / "lengths.npy"
+    np.save(lengths, np.load(costs)["tokens"].astype(np.int64))
+    for source in (costs, lengths):  # bcl_costs.npy is taken as it is
+        by_lengths = cli("simulate", "--lengths", str(source), *common, "--cost-model", "tokens")
+        assert by_lengths.returncode == 0, by_lengths.stderr
+        assert json.loads(by_lengths.stdout) == got
+    assert "--lengths FILE.npy" in cli("simulate", "--help").stdout
+
+
+def test_6_and_10_preprocess_report_and_empty_inputs(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    lines = [json.dumps({"text": f"record {i} " * (5 + i % 40)}) for i in range(300)]
+    (data / "a.jsonl").write_text("\n".join(lines) + "\n")
+    (data / "b.jsonl").write_text("")  # what a glob such as data/*.jsonl may catch
+    inputs = [str(data / "a.jsonl"), str(data / "b.jsonl")]
+    opts = ["--no-progress", "--workers", "1", "--shard-size-limit", "4kb"]
+    line = one_error(cli("preprocess", *inputs, "--output", str(tmp_path / "x"), *opts))
+    assert "b.jsonl: empty input" in line and "--skip-bad" in line
+
+    out = tmp_path / "out"
+    proc = cli("preprocess", *inputs, "--output", str(out), *opts, "--skip-bad", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["empty_inputs"] == [str(data / "b.jsonl")]
+    stored = json.loads((out / "bcl_index.json").read_text())
+    assert report["shards"] == len(stored["shards"]) > 1
+    assert stored["extra"]["preprocess"]["shards"] == report["shards"]
+
+
+def test_7_wds_refuses_scopes_its_reader_refuses(wds_dir: Path) -> None:
+    for command in (["plan"], ["read", "--rank", "0"]):
+        line = one_error(cli(command[0], str(wds_dir), *PLAN, "--scope", "world", *command[1:]))
+        assert "WebDataset" in line and "--scope rank" in line
+    assert cli("plan", str(wds_dir), *PLAN, "--scope", "rank").returncode == 0
+
+
+def test_8_pack_size_larger_than_the_data(mds_dir: Path) -> None:
+    big = ["--world-size", "2", "--pack-size", "400", "--window", "2"]
+    for command in (["plan"], ["read", "--rank", "0"]):
+        line = one_error(cli(command[0], str(mds_dir), *big, *command[1:]))
+        assert "no pack for any rank" in line and "300 records" in line
+        assert "needs at least 800" in line
+
+
+def test_11_help_shows_every_option_with_its_default() -> None:
+    from bcl_stream.cli import COMMANDS, build_parser
+
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if a.dest == "command").choices
+    assert set(subparsers) == set(COMMANDS)
+    for name, sub in subparsers.items():
+        for action in sub._actions:
+            assert action.help, f"bcl-stream {name} {action.option_strings or action.dest}: no help"
+    text = cli("plan", "--help").stdout
+    assert "--seed SEED" in text and "(default: 0)" in text and "(default: rank)" in text
+    assert "usage: bcl-stream plan" in text
+
+
+def test_11_version_and_debug(tmp_path: Path) -> None:
+    from bcl_stream.cli import version
+
+    proc = cli("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"bcl-stream {version()}"
+    bad = tmp_path / "lengths.npy"
+    bad.write_text("not an array")
+    one_error(cli("simulate", "--lengths", str(bad)))
+    debug = cli("--debug", "simulate", "--lengths", str(bad))
+    assert debug.returncode == 2
+    assert "Traceback" in debug.stderr and "direct cause" in debug.stderr  # the chain is kept
+    assert debug.stderr.strip().splitlines()[-1].startswith("bcl-stream simulate: error:")

@@ -1,0 +1,118 @@
+"""Benchmark: wall time of ``bcl-stream`` commands from process start to exit.
+
+The issue's target: ``bcl-stream --help``, ``plan``, ``simulate`` and ``inspect --json`` on a
+local dataset start (and here finish: the dataset is small) in <= 1.5 s, because they import
+neither streaming nor torch. ``read`` and ``annotate`` on MDS are timed too, for reference:
+they need streaming (MDS decoding), whose import is most of their time.
+
+Each command runs ``--repeats`` times in a fresh ``python -m bcl_stream.cli`` process,
+commands interleaved so machine load hits them alike; the median is kept. The dataset is a
+costed MDS dataset of ``--records`` short records written once into a temporary directory.
+Also recorded: ``python -c pass`` (the interpreter alone) and ``import streaming``.
+
+Output: ``results/bench_cli_startup.json``.
+
+Usage::
+
+    python tools/bench_cli_startup.py [--repeats 5] [--records 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET_S = 1.5
+FAST = ("help", "plan", "simulate", "inspect_json")
+
+
+def write_dataset(root: Path, records: int) -> None:
+    from bcl_stream.formats.mds_writer import CostedMDSWriter
+
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(3.0, 0.9, records).astype(np.int64), 1, 512)
+    with CostedMDSWriter(str(root), cost_model="llama3-8b", size_limit=1 << 16) as writer:
+        for i, n in enumerate(lengths):
+            writer.write({"input_ids": np.full(int(n), i % 50_000, dtype=np.uint32)})
+
+
+def timed(argv: list[str]) -> float:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    start = time.perf_counter()
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=5, help="runs per command")
+    parser.add_argument("--records", type=int, default=2000, help="records in the dataset")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_cli_startup.json")
+    args = parser.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="bcl_bench_cli_"))
+    try:
+        data = tmp / "mds"
+        write_dataset(data, args.records)
+        plain = tmp / "plain"  # the same shards without a cost index, for annotate
+        shutil.copytree(data, plain)
+        cli = [sys.executable, "-m", "bcl_stream.cli"]
+        plan = ["--world-size", "8", "--pack-size", "8", "--window", "16"]
+        commands = {
+            "python_only": [sys.executable, "-c", "pass"],
+            "import_streaming": [sys.executable, "-c", "import streaming"],
+            "help": [*cli, "--help"],
+            "plan": [*cli, "plan", str(data), *plan, "--json"],
+            "simulate": [*cli, "simulate", "--dataset", str(data), "--json"],
+            "inspect_json": [*cli, "inspect", str(data), "--json"],
+            "read": [*cli, "read", str(data), *plan, "--rank", "0", "--packs", "4"],
+            "annotate": [*cli, "annotate", str(plain), "--overwrite", "--no-progress"],
+        }
+        times: dict[str, list[float]] = {name: [] for name in commands}
+        for argv in commands.values():  # warm the file cache once
+            timed(argv)
+        for _ in range(args.repeats):
+            for name, argv in commands.items():
+                times[name].append(timed(argv))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    median = {name: statistics.median(ts) for name, ts in times.items()}
+    result = {
+        "target_seconds": TARGET_S,
+        "target_commands": list(FAST),
+        "target_met": all(median[name] <= TARGET_S for name in FAST),
+        "median_seconds": median,
+        "runs_seconds": times,
+        "records": args.records,
+        "repeats": args.repeats,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    for name, seconds in median.items():
+        mark = " (target)" if name in FAST else ""
+        print(f"{name:<18}{seconds:7.2f} s{mark}")
+    print(
+        f"target <= {TARGET_S} s for {', '.join(FAST)}: {'met' if result['target_met'] else 'NOT met'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
