@@ -46,6 +46,10 @@ class PlanConfig:
     """Records per rank read beyond the window and possibly held back one window to steer the
     window's total cost to the epoch mean (``planner/carry.py``). None: W*B/4; 0 disables.
     Buffer per rank = W*B + carry records."""
+    carry_span: int = 64
+    """Windows per carry chain: the carry drains and restarts every ``carry_span`` windows, so
+    a reader resuming at any window replays at most ``carry_span - 1`` hold-backs and the
+    cursor holds no carry (0: one chain per epoch)."""
     grad_accum: int = 1
     """Micro-batches per optimizer step G. Above 1 (scopes node/world) the packs of each step
     are handed to ranks so that every rank's per-step sum is balanced too (DDP ``no_sync``)."""
@@ -89,6 +93,8 @@ class PlanConfig:
             raise ValueError(
                 f"carry must be in [0, window*pack_size={self.window * self.pack_size}), got {self.carry!r}"
             )
+        if not isinstance(self.carry_span, int | np.integer) or self.carry_span < 0:
+            raise ValueError(f"carry_span must be an integer >= 0, got {self.carry_span!r}")
         if not 0.0 <= self.split_shards <= 1.0:
             raise ValueError(f"split_shards must be in [0, 1], got {self.split_shards!r}")
         if not isinstance(self.shard_group, int | np.integer) or self.shard_group < 1:

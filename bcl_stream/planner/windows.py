@@ -34,7 +34,9 @@ Costs = npt.NDArray[np.floating]
 class Run:
     """Consecutive windows of one shape: each emits ``per_rank`` packs per rank, reads ``fresh``
     new records per row and holds back ``hold``; the first reads from row position ``read_from``
-    and starts with a carry-in of ``carry_in`` records."""
+    and starts with a carry-in of ``carry_in`` records. ``drain_to`` > 0 marks the window before
+    the last of a carry span: the last window reads fresh records up to row position
+    ``drain_to`` and emits ``drain_packs`` packs per rank."""
 
     first_window: int
     n_windows: int
@@ -42,6 +44,8 @@ class Run:
     read_from: int
     carry_in: int
     hold: int
+    drain_to: int = 0
+    drain_packs: int = 0
 
     def fresh(self, config: PlanConfig) -> int:
         return self.per_rank * config.group_size * config.pack_size - self.carry_in + self.hold
@@ -52,34 +56,46 @@ def carry_runs(n_packs: int, config: PlanConfig) -> tuple[Run, ...]:
     """The epoch's windows grouped into runs (O(windows), no data touched).
 
     Window k emits its carry-in plus new records; it reads up to ``carry * group`` records beyond
-    what it emits and holds back the excess, which drains as the row ends. The last two windows
-    are runs of their own: the one before the last steers its hold-back with the last window's
-    records in view (:func:`~bcl_stream.planner.carry.hold_back`, ``then``). Cached: a reader
-    plans batch after batch of the same epoch.
+    what it emits and holds back the excess. The carry chain restarts every ``carry_span``
+    windows: the held records drain into the span's last window, and the window before it
+    steers its hold-back with that last window's records in view
+    (:func:`~bcl_stream.planner.carry.hold_back`, ``then``). So the carry at any window follows
+    from at most ``carry_span - 1`` hold-backs (a resumed reader replays them; no carry state in
+    the cursor). Cached: a reader plans batch after batch of the same epoch.
     """
-    group, size = config.group_size, config.pack_size
-    total = n_packs * group * size
+    group, size, window = config.group_size, config.pack_size, config.window
     lookahead = config.carry_records * group
-    n_windows = -(-n_packs // config.window)
+    n_windows = -(-n_packs // window)
+    span = config.carry_span or max(n_windows, 1)
     runs: list[Run] = []
-    emitted = read = carried = 0
-    for k in range(n_windows):
-        per_rank = min(config.window, n_packs - k * config.window)
-        count = per_rank * group * size
-        read_to = min(emitted + count + lookahead, total)
-        hold = read_to - (emitted + count)
-        last = runs[-1] if runs else None
-        if (
-            last is not None
-            and k < n_windows - 2
-            and last.carry_in == last.hold == carried == hold
-            and last.per_rank == per_rank
-        ):
-            runs[-1] = Run(last.first_window, last.n_windows + 1, per_rank, last.read_from,
-                           carried, hold)  # fmt: skip
-        else:
-            runs.append(Run(k, 1, per_rank, read, carried, hold))
-        emitted, read, carried = emitted + count, read_to, hold
+    for s0 in range(0, n_windows, span):
+        s1 = min(s0 + span, n_windows)
+        end = min(s1 * window, n_packs) * group * size
+        emitted = read = s0 * window * group * size
+        carried = 0
+        for k in range(s0, s1):
+            per_rank = min(window, n_packs - k * window)
+            count = per_rank * group * size
+            read_to = min(emitted + count + lookahead, end)
+            hold = read_to - (emitted + count)
+            drain = k == s1 - 2 and hold > 0
+            last = runs[-1] if runs else None
+            if (
+                last is not None
+                and not drain
+                and k < s1 - 2
+                and last.first_window >= s0
+                and last.carry_in == last.hold == carried == hold
+                and last.per_rank == per_rank
+            ):
+                runs[-1] = Run(last.first_window, last.n_windows + 1, per_rank, last.read_from,
+                               carried, hold)  # fmt: skip
+            else:
+                drain_packs = min(window, n_packs - (k + 1) * window) if drain else 0
+                runs.append(
+                    Run(k, 1, per_rank, read, carried, hold, end if drain else 0, drain_packs)
+                )
+            emitted, read, carried = emitted + count, read_to, hold
     return tuple(runs)
 
 
@@ -201,8 +217,9 @@ def plan_windows(
     stop: int | None = None,
     carry: Ids | None = None,
 ) -> WindowBatch:
-    """Windows ``[start, stop)`` of ``rows``. ``carry``: what window ``start - 1`` held back
-    (None at the start of the epoch). Scope ``world`` must plan every row together."""
+    """Windows ``[start, stop)`` of ``rows``. ``carry``: what window ``start - 1`` held back, as
+    returned by the batch before; None replays it (at most ``carry_span - 1`` hold-backs, no
+    partitioning). Scope ``world`` must plan every row together."""
     config = streams.config
     row_ids = np.asarray(rows, dtype=np.int64).reshape(-1)
     if config.scope == "world" and row_ids.size != streams.n_rows:
@@ -211,40 +228,64 @@ def plan_windows(
     stop = n_windows if stop is None else stop
     if not 0 <= start <= stop <= n_windows:
         raise ValueError(f"windows [{start}, {stop}) outside [0, {n_windows})")
-    group, size, window = config.group_size, config.pack_size, config.window
+    if carry is None:
+        span = config.carry_span or max(n_windows, 1)
+        carry = _walk(streams, costs, None, row_ids, start - start % span, start, None, None)
+    window = config.window
     first_pack = start * window
     end_pack = min(stop * window, streams.n_packs)
-    out = np.empty((row_ids.size * group, end_pack - first_pack, size), dtype=np.int64)
+    out = np.empty(
+        (row_ids.size * config.group_size, end_pack - first_pack, config.pack_size), np.int64
+    )
+    carried = _walk(streams, costs, tokens, row_ids, start, stop, carry, out)
+    return WindowBatch(out, carried, first_pack)
+
+
+def _walk(
+    streams: EpochStreams,
+    costs: Costs,
+    tokens: npt.NDArray[np.integer] | None,
+    row_ids: Ids,
+    start: int,
+    stop: int,
+    carry: Ids | None,
+    out: Ids | None,
+) -> Ids:
+    """Hold back (and, with ``out``, partition and place) windows ``[start, stop)``; returns
+    the carry after ``stop - 1``. ``carry`` None: ``start`` begins a carry span."""
+    config = streams.config
+    group, size, window = config.group_size, config.pack_size, config.window
     carried = np.empty((row_ids.size, 0), np.int64) if carry is None else carry
-    runs = carry_runs(streams.n_packs, config)
-    for run in runs:
+    mean = _target_mean(streams)
+    for run in carry_runs(streams.n_packs, config):
         lo, hi = max(run.first_window, start), min(run.first_window + run.n_windows, stop)
         if lo >= hi:
             continue
-        if carried.shape[1] != (run.carry_in if lo == run.first_window else run.hold):
+        if carried.shape[0] != row_ids.size or carried.shape[1] != (
+            run.carry_in if lo == run.first_window else run.hold
+        ):
             raise ValueError(
-                f"window {lo} needs a carry of {run.carry_in} records per row, got "
-                f"{carried.shape[1]}"
+                f"window {lo} needs a carry of {run.carry_in} records for each of "
+                f"{row_ids.size} rows, got shape {carried.shape}"
             )
         fresh = run.fresh(config)
         read_from = run.read_from + (lo - run.first_window) * fresh
         n = hi - lo
         new = streams.fetch(row_ids, read_from, read_from + n * fresh)
         new = new.reshape(row_ids.size, n, fresh)
-        mean = _target_mean(streams)
         target = mean * run.per_rank * group * size
         then, then_target = None, None
-        if run.hold and lo == n_windows - 2:  # the next window drains: keep it in view
-            last = streams.fetch(row_ids, read_from + fresh, streams.row_length)
+        if run.drain_to:  # the next window drains the carry: keep it in view
+            last = streams.fetch(row_ids, read_from + fresh, run.drain_to)
             then = _gather_costs(costs, last).sum(axis=1)
-            last_packs = streams.n_packs - (n_windows - 1) * window
-            then_target = mean * last_packs * group * size
+            then_target = mean * run.drain_packs * group * size
         windows, carried = hold_back(
             new, carried, costs, run.hold, target, then=then, then_target=then_target
         )
-        packs, loads = partition_windows(windows, costs, tokens, run.per_rank, config)
-        _place(packs, loads, (lo - start) * window, lo * window, config, out)
-    return WindowBatch(out, carried, first_pack)
+        if out is not None:
+            packs, loads = partition_windows(windows, costs, tokens, run.per_rank, config)
+            _place(packs, loads, (lo - start) * window, lo * window, config, out)
+    return carried
 
 
 def _target_mean(streams: EpochStreams) -> float:

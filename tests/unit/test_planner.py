@@ -45,7 +45,7 @@ def check_accounting(plan, n: int) -> None:
 
 
 configs = st.builds(
-    lambda nodes, rpn, b, w, scope, algo, order, carry, accum, stratify, split: PlanConfig(
+    lambda nodes, rpn, b, w, scope, algo, order, carry, accum, stratify, split, span: PlanConfig(
         world_size=nodes * rpn,
         ranks_per_node=rpn,
         pack_size=b,
@@ -58,6 +58,7 @@ configs = st.builds(
         stratify=stratify,
         split_shards=split,
         shard_group=2,
+        carry_span=span,
     ),
     st.integers(1, 3),
     st.integers(1, 4),
@@ -70,6 +71,7 @@ configs = st.builds(
     st.integers(1, 4),
     st.booleans(),
     st.sampled_from([0.0, 0.5]),
+    st.sampled_from([0, 1, 3, 64]),
 )
 
 

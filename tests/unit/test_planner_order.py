@@ -157,9 +157,10 @@ def test_ranks_of_a_node_read_the_same_region_at_the_same_time() -> None:
     carry=st.one_of(st.none(), st.integers(0, 20)),
     max_tokens=st.sampled_from([None, 12000]),
     seed=st.integers(0, 99),
+    span=st.sampled_from([0, 1, 2, 3, 64]),
 )
 def test_windowed_plan_equals_the_whole_epoch_plan(
-    scope: str, batch: int, carry: int | None, max_tokens: int | None, seed: int
+    scope: str, batch: int, carry: int | None, max_tokens: int | None, seed: int, span: int
 ) -> None:
     tok = corpus(6000, seed)
     costs = tok.astype(float) ** 1.3
@@ -172,6 +173,7 @@ def test_windowed_plan_equals_the_whole_epoch_plan(
         carry=carry,
         max_tokens=max_tokens,
         grad_accum=2,
+        carry_span=span,
     )
     table = table_for(costs, 700)
     whole = plan_epoch(costs, table, config, seed=seed, tokens=tok).packs
@@ -190,6 +192,10 @@ def test_windowed_plan_equals_the_whole_epoch_plan(
             [np.arange(r * config.group_size, (r + 1) * config.group_size) for r in rows]
         )
         assert np.array_equal(np.concatenate(pieces, axis=1), whole[ranks])
+        # A resumed reader: any window, no carry given (replayed inside its carry span).
+        k = seed % streams.n_windows
+        resumed = plan_windows(streams, costs, tok, rows, k, streams.n_windows)
+        assert np.array_equal(resumed.packs, whole[ranks][:, k * config.window :])
 
 
 def test_group_order_is_a_pure_function_of_seed_and_epoch() -> None:
