@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 
 from bcl_stream.errors import StateError
 from bcl_stream.formats.reader_base import Pack, PlanDataset
-from bcl_stream.plan_source import EpochPlan, Segment
+from bcl_stream.plan_source import AnyPlan, Segment
 from bcl_stream.state import Cursor, resolve_state
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class PackLoader(DataLoader):
     def _n_packs(self, epoch: int, segments: tuple[Segment, ...]) -> int:
         return self.plan_dataset.plan(epoch, segments).n_packs
 
-    def current_plan(self) -> EpochPlan:
+    def current_plan(self) -> AnyPlan:
         """The plan the next ``iter()`` follows (after a finished epoch: the next epoch's)."""
         epoch, _, segments = self._normalized()
         return self.plan_dataset.plan(epoch, segments)

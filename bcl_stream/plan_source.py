@@ -15,6 +15,7 @@ second change of world size in the same epoch works the same way.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -27,10 +28,13 @@ from bcl_stream.planner import (
     Plan,
     PlanConfig,
     ShardTable,
+    epoch_streams,
     plan_epoch,
+    plan_windows,
     sequential,
     shard_weights,
 )
+from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG
 from bcl_stream.planner.order import DEFAULT_SHARD_GROUP
 
 REASON_CONSUMED = "consumed_before_resize"
@@ -144,12 +148,149 @@ class EpochPlan:
             raise ValueError(f"rank must be in [0, {self.plan.packs.shape[0]}), got {rank}")
         return self.plan.packs[rank]
 
+    def iter_rank_packs(
+        self, rank: int, start: int = 0
+    ) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
+        """(index of the first pack, packs) from pack ``start`` on, as one batch."""
+        yield start, self.rank_packs(rank)[start:]
+
     def remainder_counts(self) -> dict[str, int]:
         """Reason -> count of records this plan does not yield (consumed ones included)."""
         counts = self.plan.remainder_counts()
         if self.consumed.size:
             counts[REASON_CONSUMED] = int(self.consumed.size)
         return counts
+
+
+class ReaderPlan:
+    """One epoch's plan as a reader process needs it, computed window by window.
+
+    Building it costs O(shards): the pack count and the remainder counts come from the shard
+    table; a rank's packs are planned a batch of ``READ_BATCH`` windows at a time as the reader
+    reaches them (scope ``world``: every node's current windows, which its targets need), so
+    nothing per process grows with the dataset beyond the mapped cost index, and time to the
+    first pack does not depend on the epoch's length. A start in mid-epoch replays at most one
+    carry span of hold-backs (``PlanConfig.carry_span``), never the epoch.
+    """
+
+    def __init__(
+        self,
+        index: CostIndex,
+        config: ReaderConfig,
+        epoch: int,
+        segments: tuple[Segment, ...] = (),
+    ) -> None:
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self.epoch = epoch
+        self.config = config
+        self.consumed = _consumed(index, config, epoch, segments)
+        costs, table = _costs_and_table(index, config)
+        self._costs = costs
+        self._tokens = None if config.max_tokens is None else index.tokens
+        self._streams = epoch_streams(
+            costs,
+            table,
+            config.plan_config(),
+            seed=config.seed,
+            epoch=epoch,
+            tokens=self._tokens,
+            excluded=self.consumed if self.consumed.size else None,
+        )
+        self._too_long = 0
+        if self._tokens is not None and config.max_tokens is not None:
+            over = int(np.count_nonzero(np.asarray(self._tokens) > config.max_tokens))
+            gone = np.asarray(self._tokens[self.consumed]) > config.max_tokens
+            self._too_long = over - int(np.count_nonzero(gone))
+
+    @property
+    def n_packs(self) -> int:
+        """Packs per rank, identical on every rank."""
+        return self._streams.n_packs
+
+    def remainder_counts(self) -> dict[str, int]:
+        """Reason -> count of records this epoch does not yield (consumed ones included)."""
+        c = self.config
+        usable = int(self._streams.table.usable.sum())
+        counts = {
+            REASON_TAIL: usable - self.n_packs * c.world_size * c.pack_size,
+            REASON_TOO_LONG: self._too_long,
+            REASON_CONSUMED: int(self.consumed.size),
+        }
+        return {reason: n for reason, n in counts.items() if n}
+
+    def iter_rank_packs(
+        self, rank: int, start: int = 0
+    ) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
+        """(index of the first pack, packs (n, B)) of ``rank`` from pack ``start`` on, a batch
+        of windows at a time."""
+        c = self.config
+        if not 0 <= rank < c.world_size:
+            raise ValueError(f"rank must be in [0, {c.world_size}), got {rank}")
+        streams, pc = self._streams, c.plan_config()
+        rows: list[int] = list(range(streams.n_rows)) if pc.scope == "world" else []
+        if pc.scope != "world":
+            rows = [rank // pc.group_size]
+        row_rank = rank if pc.scope == "world" else rank % pc.group_size
+        carry = None
+        first = start // pc.window
+        for lo in range(first, streams.n_windows, READ_BATCH):
+            hi = min(lo + READ_BATCH, streams.n_windows)
+            batch = plan_windows(streams, self._costs, self._tokens, rows, lo, hi, carry)
+            carry = batch.carry
+            skip = max(start - batch.first_pack, 0)
+            yield batch.first_pack + skip, batch.packs[row_rank, skip:]
+
+    def rank_packs(self, rank: int) -> npt.NDArray[np.int64]:
+        """(n_packs, pack_size) sample ids of one rank (materialized: tools and tests)."""
+        parts = [packs for _, packs in self.iter_rank_packs(rank)]
+        size = self.config.pack_size
+        return np.concatenate(parts) if parts else np.empty((0, size), dtype=np.int64)
+
+
+AnyPlan = EpochPlan | ReaderPlan
+"""What a reader follows: the lazy plan, or a whole-epoch one (the ``sequential`` baseline)."""
+
+READ_BATCH = 16
+"""Windows a reader plans at a time: 16 windows of W*B records per rank amortize numpy's
+per-call overhead (tools/bench_plan_scale.py) while memory stays O(window)."""
+
+
+def _consumed(
+    index: CostIndex, config: ReaderConfig, epoch: int, segments: tuple[Segment, ...]
+) -> npt.NDArray[np.int64]:
+    """Records consumed this epoch under earlier world sizes (elastic resume), sorted."""
+    consumed = np.empty(0, dtype=np.int64)
+    for i, seg in enumerate(segments):
+        old = config.resized(seg.world_size, seg.ranks_per_node)
+        old_plan = ReaderPlan(index, old, epoch, segments[:i])  # excludes what came before
+        if not 0 <= seg.packs_consumed <= old_plan.n_packs:
+            raise ValueError(
+                f"segment consumed {seg.packs_consumed} packs but its plan has {old_plan.n_packs}"
+            )
+        taken = [old_plan.rank_packs(r)[: seg.packs_consumed] for r in range(old.world_size)]
+        consumed = np.union1d(old_plan.consumed, np.concatenate(taken).ravel())
+    return consumed
+
+
+_READER_PLANS: OrderedDict[tuple[Any, ...], ReaderPlan] = OrderedDict()
+
+
+def reader_plan(
+    index: CostIndex,
+    config: ReaderConfig,
+    epoch: int,
+    segments: tuple[Segment, ...] = (),
+) -> ReaderPlan:
+    """The lazy plan readers follow (cached per process: two epochs)."""
+    key = (index.fingerprint(), config, epoch, segments)
+    hit = _READER_PLANS.get(key)
+    if hit is None:
+        hit = ReaderPlan(index, config, epoch, segments)
+        _READER_PLANS[key] = hit
+        while len(_READER_PLANS) > 2:
+            _READER_PLANS.popitem(last=False)
+    return hit
 
 
 _CACHE: OrderedDict[tuple[Any, ...], EpochPlan] = OrderedDict()

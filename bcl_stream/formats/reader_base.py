@@ -6,7 +6,9 @@ before each ``iter()``. Persistent workers keep their dataset copy forever, so p
 set later in the main process never reach them; the shared tensor does.
 
 Worker split: worker w of K yields packs start+w, start+w+K, ...; torch's DataLoader takes one
-item from each worker in turn, which restores the plan order for any K (and K=0).
+item from each worker in turn, which restores the plan order for any K (and K=0). Each process
+plans its rank's windows lazily as it reaches them (``plan_source.ReaderPlan``), so no process
+holds the epoch's plan.
 
 A subclass implements :meth:`PlanDataset._read_packs` (sample ids -> record dicts).
 """
@@ -23,7 +25,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from bcl_stream.index import CostIndex
-from bcl_stream.plan_source import EpochPlan, ReaderConfig, Segment, epoch_plan
+from bcl_stream.plan_source import AnyPlan, ReaderConfig, Segment, reader_plan
 
 Sample = dict[str, Any]
 Pack = list[Sample]
@@ -62,7 +64,7 @@ class PlanDataset(IterableDataset[Pack]):
         self.segments: tuple[Segment, ...] = ()
         # (epoch, first pack), shared with worker processes, persistent ones included.
         self._cursor = torch.zeros(2, dtype=torch.int64).share_memory_()
-        self._plan: EpochPlan | None = None
+        self._plan: AnyPlan | None = None
         self._plan_segments: tuple[Segment, ...] = ()
 
     # -- cursor ---------------------------------------------------------------------------
@@ -89,8 +91,9 @@ class PlanDataset(IterableDataset[Pack]):
     # -- plan -----------------------------------------------------------------------------
     def plan(
         self, epoch: int | None = None, segments: tuple[Segment, ...] | None = None
-    ) -> EpochPlan:
-        """The plan of ``epoch`` with elastic ``segments`` (default: the current cursor's)."""
+    ) -> AnyPlan:
+        """The plan of ``epoch`` with elastic ``segments`` (default: the current cursor's):
+        lazy, windows are planned as the iterator reaches them."""
         if epoch is None:
             epoch = self.epoch
         if segments is None:
@@ -98,7 +101,7 @@ class PlanDataset(IterableDataset[Pack]):
         cached = self._plan
         if cached is not None and cached.epoch == epoch and self._plan_segments == segments:
             return cached
-        self._plan = epoch_plan(self.index, self.config, epoch, segments)
+        self._plan = reader_plan(self.index, self.config, epoch, segments)
         self._plan_segments = segments
         return self._plan
 
@@ -115,12 +118,15 @@ class PlanDataset(IterableDataset[Pack]):
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Pack]:
-        packs = self.rank_packs()
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        mine = packs[self.start + worker :: workers]
-        if mine.shape[0]:
-            yield from self._read_packs(mine)
+        start = self.start
+        for first, packs in self.plan().iter_rank_packs(self.rank, start):
+            # this worker's packs: start+worker, start+worker+workers, ... (global indices)
+            offset = (start + worker - first) % workers
+            mine = packs[offset::workers]
+            if mine.shape[0]:
+                yield from self._read_packs(mine)
 
     def _read_packs(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
         """Yield one list of sample dicts per row of ``packs`` (global sample ids), in order."""

@@ -211,7 +211,50 @@ def deal_shards(
             np.add.at(load, owner[pieces], totals[pieces])
     whole = np.flatnonzero(owner < 0)
     owner[whole] = balanced_deal(totals[whole], n_nodes, rng, load)
+    even_out_records(owner, whole, table.usable, totals, n_nodes)
     return [np.flatnonzero(owner == n).astype(np.int64) for n in range(n_nodes)]
+
+
+def even_out_records(
+    owner: Ids,
+    movable: Ids,
+    records: Ids,
+    excess: npt.NDArray[np.float64],
+    n_bins: int,
+    max_pairs: int = 1 << 18,
+) -> None:
+    """Swap shards between the bins with the most and the fewest records, in place.
+
+    Every rank gets the pack count of the shortest node stream, so records a longer node holds
+    beyond it are left for the epoch tail; shards differ in record count (MDS cuts shards by
+    bytes), so equal shard counts do not give equal records. Each swap exchanges a pair of
+    ``movable`` shards of about the same excess cost (within the mean |excess|) that narrows the
+    record gap most; it stops when no swap narrows it. Bins of more than ``sqrt(max_pairs)``
+    shards are left as dealt: there the gap is a small share of a node's records.
+    """
+    if n_bins < 2 or movable.size == 0:
+        return
+    if (movable.size / n_bins) ** 2 > max_pairs:
+        return
+    tol = float(np.abs(excess[movable]).mean())
+    per_bin = np.bincount(owner, weights=records, minlength=n_bins)[:n_bins]
+    for _ in range(movable.size):
+        hi, lo = int(per_bin.argmax()), int(per_bin.argmin())
+        gap = per_bin[hi] - per_bin[lo]
+        a = movable[owner[movable] == hi]
+        b = movable[owner[movable] == lo]
+        if gap <= 0 or a.size * b.size == 0 or a.size * b.size > max_pairs:
+            return
+        moved = records[a][:, None] - records[b][None, :]
+        drift = np.abs(excess[a][:, None] - excess[b][None, :])
+        new_gap = np.where(drift <= tol, np.abs(gap - 2 * moved), np.inf)
+        best = int(new_gap.argmin())
+        if not new_gap.flat[best] < gap:
+            return
+        i, j = divmod(best, b.size)
+        owner[a[i]], owner[b[j]] = lo, hi
+        per_bin[hi] -= moved[i, j]
+        per_bin[lo] += moved[i, j]
 
 
 def split_heavy_shards(

@@ -20,7 +20,7 @@ from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.formats.reader_base import PlanDataset
 from bcl_stream.formats.wds_reader import WDSPackDataset
 from bcl_stream.loader import PackLoader
-from bcl_stream.plan_source import ReaderConfig
+from bcl_stream.plan_source import ReaderConfig, epoch_plan
 
 pytestmark = pytest.mark.slow
 
@@ -65,11 +65,13 @@ def test_every_rank_yields_its_plan_and_records_are_used_once(
         lengths.add(len(loader))
         packs = read_ids(loader)
         assert packs == dataset.plan(1).rank_packs(rank).tolist()
+        # the reader's lazy, window-by-window plan is the whole-epoch plan
+        assert packs == epoch_plan(dataset.index, config, 1).rank_packs(rank).tolist()
         assert len(packs) == len(loader)
         assert all(len(p) == config.pack_size for p in packs)
         seen += [i for p in packs for i in p]
     assert len(lengths) == 1
-    left = dataset.plan(1).plan.remainder
+    left = epoch_plan(dataset.index, config, 1).plan.remainder
     assert sum(dataset.remainder_counts().values()) == sum(ids.size for ids in left.values())
     everything = seen + [int(i) for ids in left.values() for i in ids]
     assert sorted(everything) == list(range(300))
@@ -96,7 +98,10 @@ def test_set_epoch_restarts_and_len_is_exact(mds_dir: Path) -> None:
     loader.set_epoch(4)
     packs = read_ids(loader)
     assert packs == loader.plan_dataset.plan(4).rank_packs(2).tolist()
-    assert len(loader) == len(packs) == 300 // (3 * 5)
+    plan = loader.plan_dataset.plan(4)
+    assert len(loader) == len(packs) == plan.n_packs > 0
+    # every node reads only its own shards: what the shortest node cannot fill is the tail
+    assert plan.n_packs * 3 * 5 + sum(plan.remainder_counts().values()) == 300
 
 
 def test_cli_read_equals_cli_plan(mds_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -159,7 +164,8 @@ def test_memory_cap_reports_long_records_and_caps_packs(mds_dir: Path) -> None:
             seen += pack
     counts = dataset.remainder_counts()
     assert counts["longer_than_max_tokens"] == int((dataset.index.tokens > 60).sum()) > 0
-    left = [int(i) for ids in dataset.plan().plan.remainder.values() for i in ids]
+    whole = epoch_plan(dataset.index, config, 0).plan
+    left = [int(i) for ids in whole.remainder.values() for i in ids]
     assert sorted(seen + left) == list(range(300))
 
 
