@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
                 layout: {name: m.to_dict() for name, m in scored.items()}
                 for layout, (_, scored) in layouts.items()
             }
-        print(json.dumps(payload))
+        print(json.dumps(_finite(payload), allow_nan=False))
         return 0
     packed_seq = layouts["packed"][1].get("sequential") if len(layouts) > 1 else None
     for layout, (plans, scored) in layouts.items():
@@ -190,6 +190,17 @@ def run(args: argparse.Namespace) -> int:
             print(f"layout {layout}")
         print_table(scored, speedups(plans, config), packed_seq)
     return 0
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinities (a metric of a strategy with no pack) as null: strict JSON."""
+    if isinstance(value, float):
+        return value if np.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def print_table(
