@@ -358,8 +358,9 @@ def epoch_plan(
     epoch: int,
     segments: tuple[Segment, ...] = (),
 ) -> EpochPlan:
-    """The plan every rank follows in ``epoch`` (cached). ``segments``: earlier world sizes
-    of this epoch, oldest first, each with the packs per rank consumed under it.
+    """The whole epoch's plan for every rank (cached): tools, ``bcl-stream plan`` and tests.
+    Readers follow the same plan lazily (:class:`ReaderPlan`). ``segments``: earlier world
+    sizes of this epoch, oldest first, each with the packs per rank consumed under it.
     """
     if epoch < 0:
         raise ValueError(f"epoch must be >= 0, got {epoch}")
@@ -368,16 +369,7 @@ def epoch_plan(
     if hit is not None:
         _CACHE.move_to_end(key)
         return hit
-    consumed = np.empty(0, dtype=np.int64)
-    for seg in segments:
-        old = config.resized(seg.world_size, seg.ranks_per_node)
-        old_plan = _plan_one(index, old, epoch, consumed)
-        if not 0 <= seg.packs_consumed <= old_plan.n_packs:
-            raise ValueError(
-                f"segment consumed {seg.packs_consumed} packs but its plan has {old_plan.n_packs}"
-            )
-        taken = old_plan.packs[:, : seg.packs_consumed].ravel()
-        consumed = np.sort(np.concatenate([consumed, taken]))
+    consumed = _consumed(index, config, epoch, segments)
     result = EpochPlan(_plan_one(index, config, epoch, consumed), epoch, consumed)
     _CACHE[key] = result
     while len(_CACHE) > CACHE_SIZE:
