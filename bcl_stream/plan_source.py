@@ -1,10 +1,10 @@
 """The plan both readers follow: (cost index, reader config, epoch) -> every rank's packs.
 
-MDS and WebDataset readers, the ``plan`` command and the state validation all call
-:func:`epoch_plan`, so what a loader yields is by construction what ``bcl-stream plan`` prints.
-A plan for 1M records takes about a second to compute, so it is cached per process (a small
-LRU keyed by the data fingerprint, the config, the epoch and any elastic segments): each
-DataLoader worker computes it once per epoch.
+Readers follow :class:`ReaderPlan`: pack count and remainder from the shard table, a rank's
+packs planned lazily a batch of windows at a time, so no process holds the epoch's plan.
+:func:`epoch_plan` computes the same plan for every rank at once, for ``bcl-stream plan``, tools
+and tests; both run the same planner (``planner.windows.plan_windows``), so what a loader yields
+is by construction what ``bcl-stream plan`` prints (tests compare them).
 
 Elastic resume: a checkpoint taken after ``k`` packs under world size R, resumed under R',
 records the old plan as a :class:`Segment`. The records of the first ``k`` packs of every old
