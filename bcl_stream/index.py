@@ -386,7 +386,10 @@ def _map_npy(npy: Path, *, verify: bool) -> tuple[npt.NDArray[np.void], FileIden
             )
         records: npt.NDArray[np.void]
         if shape[0]:
-            records = np.memmap(fh, dtype=COST_DTYPE, mode="r", offset=offset, shape=shape)
+            mapped = np.memmap(fh, dtype=COST_DTYPE, mode="r", offset=offset, shape=shape)
+            # A plain ndarray view of the mapping (it keeps the map alive): np.memmap indexes
+            # through a Python-level __getitem__, ~2 us per scalar lookup on the read path.
+            records = mapped.view(np.ndarray)
         else:  # mmap cannot map zero bytes
             records = np.empty(0, dtype=COST_DTYPE)
             records.flags.writeable = False
