@@ -152,8 +152,8 @@ class MDSPackDataset(PlanDataset):
         """Shard id of each global sample id."""
         return np.searchsorted(self._shard_starts, sample_ids, side="right") - 1
 
-    def _get(self, sample_id: int) -> dict[str, Any]:
-        shard = int(self.shard_of(np.array([sample_id]))[0])
+    def _get(self, sample_id: int, shard: int) -> dict[str, Any]:
+        """Record ``sample_id`` (in shard ``shard``), checked against the shard and the index."""
         if not self.remote:  # a remote shard is checked once streaming has downloaded it
             self.verifier.check_shard(shard)
         try:
@@ -174,19 +174,22 @@ class MDSPackDataset(PlanDataset):
         return record
 
     def _read_packs(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
+        # Shards of every record, looked up once for all packs: a searchsorted per record
+        # cost ~5 us, a fifth of reading a small record.
+        shard_rows = self.shard_of(packs.ravel()).reshape(packs.shape).tolist()
+        id_rows = packs.tolist()
         prefetcher = None
         if self.remote and self.prefetch > 0:
-            shard_seq = self.shard_of(packs.ravel())
+            shard_seq = np.asarray(shard_rows, dtype=np.int64).ravel()
             first = np.unique(shard_seq, return_index=True)[1]
             order = shard_seq[np.sort(first)]
             position_of = {int(s): i for i, s in enumerate(order)}
             prefetcher = _Prefetcher(self.streaming, [int(s) for s in order], self.prefetch)
         try:
-            for row in packs:
+            for ids, shards in zip(id_rows, shard_rows, strict=True):
                 if prefetcher is not None:
-                    seen = max(position_of[int(s)] for s in self.shard_of(row))
-                    prefetcher.advance(seen)
-                yield [self._get(int(sid)) for sid in row]
+                    prefetcher.advance(max(position_of[s] for s in shards))
+                yield [self._get(sid, shard) for sid, shard in zip(ids, shards, strict=True)]
         finally:
             if prefetcher is not None:
                 prefetcher.close()

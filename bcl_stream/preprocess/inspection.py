@@ -123,7 +123,10 @@ def plot_inspection(index: CostIndex, path: str | os.PathLike[str], cap: int | N
     left.set(xscale="log", yscale="log", xlabel="tokens per record", ylabel="records")
     left.set_title(f"{len(index)} records, mean {tokens.mean():.0f} tokens")
     order = np.argsort(tokens, kind="stable")
-    share = np.cumsum(cost[order]) / max(cost.sum(), 1e-300)
+    # float64 sums: the stored costs are float32 (a read-only view of the mapped index).
+    share = np.cumsum(cost[order], dtype=np.float64) / max(
+        float(cost.sum(dtype=np.float64)), 1e-300
+    )
     right.plot(tokens[order], share, color="tab:red")
     right.set(xscale="log", xlabel="tokens per record", ylabel="cumulative share of cost")
     right.set_title(f"cost model {index.cost_model.name}")

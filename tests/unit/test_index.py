@@ -88,3 +88,74 @@ def test_unreadable_json_is_named(tmp_path) -> None:
     (tmp_path / INDEX_JSON).write_text("{not json")
     with pytest.raises(CostIndexError, match="unreadable JSON"):
         read_index(tmp_path)
+
+
+def test_flipped_byte_in_the_array_is_detected(tmp_path) -> None:
+    write_index(tmp_path, make_index())
+    npy = tmp_path / COSTS_NPY
+    raw = bytearray(npy.read_bytes())
+    raw[-13] ^= 0x01  # one bit of one record, header untouched
+    npy.write_bytes(bytes(raw))
+    with pytest.raises(CostIndexError, match="content hash does not match"):
+        read_index(npy.parent)
+    assert read_index(tmp_path, verify=False).content_hash() != make_index().content_hash()
+
+
+def test_truncated_array_is_named(tmp_path) -> None:
+    write_index(tmp_path, make_index())
+    npy = tmp_path / COSTS_NPY
+    npy.write_bytes(npy.read_bytes()[:-3])
+    with pytest.raises(CostIndexError, match=r"truncated: \d+ bytes on disk"):
+        read_index(tmp_path)
+
+
+def test_read_index_maps_read_only_views(tmp_path) -> None:
+    write_index(tmp_path, make_index())
+    index = read_index(tmp_path)
+    assert isinstance(index.records.base, np.memmap)  # a plain view of the mapping
+    for array in (index.records, index.tokens, index.costs()):
+        assert not array.flags.writeable
+        assert np.shares_memory(array, index.records)  # views, not copies
+        with pytest.raises(ValueError, match="read-only"):
+            array[0] = 1
+    assert index.costs().dtype == np.float32
+    assert not make_index().tokens.flags.writeable  # built indexes are immutable too
+
+
+def test_other_model_costs_are_float32_chunk_by_chunk(tmp_path) -> None:
+    write_index(tmp_path, make_index(1000))
+    index = read_index(tmp_path)
+    model = get_preset("tokens")
+    got = index.costs(model)
+    assert got.dtype == np.float32 and not got.flags.writeable
+    assert np.array_equal(got, np.arange(1, 1001, dtype=np.float32))
+    chunks = list(index.cost_chunks(model, chunk=300))
+    assert [start for start, _ in chunks] == [0, 300, 600, 900]
+    assert np.array_equal(np.concatenate([c for _, c in chunks]), np.arange(1, 1001))
+    stored = np.concatenate([c for _, c in index.cost_chunks()])
+    assert np.array_equal(stored, index.costs().astype(np.float64))
+
+
+def test_pickled_mapped_index_maps_the_file_again(tmp_path) -> None:
+    import pickle
+
+    write_index(tmp_path, make_index(100_000))
+    index = read_index(tmp_path)
+    blob = pickle.dumps(index)
+    assert len(blob) < 10_000  # the file name travels, not 800 KB of records
+    back = pickle.loads(blob)
+    assert isinstance(back.records.base, np.memmap)
+    assert np.array_equal(back.records, index.records)
+    assert back.fingerprint() == index.fingerprint()
+    write_index(tmp_path, make_index(100_000))  # replaced (new inode) after the parent opened it
+    with pytest.raises(CostIndexError, match="changed after this index was opened"):
+        pickle.loads(blob)
+
+
+def test_pickled_built_index_keeps_its_records() -> None:
+    import pickle
+
+    index = make_index()
+    back = pickle.loads(pickle.dumps(index))
+    assert np.array_equal(back.records, index.records)
+    assert back.content_hash() == index.content_hash()

@@ -8,7 +8,8 @@ endpoint), and cannot fail *some* requests. The proxy forwards every request unc
 - ``fail_path(substring, n)``: the next ``n`` requests whose path contains ``substring`` fail.
 
 It counts what it saw (``requests``, ``failed``), so a test can assert that retries are
-bounded. Loopback only; it serves until ``close()``.
+bounded, and logs each request's method and path (``log``), so a benchmark can count which
+objects were downloaded. Loopback only; it serves until ``close()``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class FaultyProxy:
         self.upstream_port = upstream_port
         self.requests = 0
         self.failed = 0
+        self.log: list[tuple[str, str]] = []
+        """(method, path) of every request, in arrival order."""
         self._lock = threading.Lock()
         self._fail_budget = 0
         self._fail_status = 503
@@ -48,7 +51,7 @@ class FaultyProxy:
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
-                status = proxy._decide(self.path)
+                status = proxy._decide(self.path, self.command)
                 if status is not None:
                     self.send_response(status)
                     self.send_header("Content-Type", "application/xml")
@@ -88,9 +91,10 @@ class FaultyProxy:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def _decide(self, path: str) -> int | None:
+    def _decide(self, path: str, method: str = "GET") -> int | None:
         with self._lock:
             self.requests += 1
+            self.log.append((method, path))
             if self._down:
                 self.failed += 1
                 return 503
