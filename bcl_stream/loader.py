@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -31,6 +32,20 @@ log = logging.getLogger(__name__)
 def identity_collate(pack: Pack) -> Pack:
     """The default collate: a pack stays a list of sample dicts (module level: picklable)."""
     return pack
+
+
+CHUNK = 8
+"""Packs per DataLoader item when reading through worker processes."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkCollate:
+    """Collate each pack of a chunk (in the worker); module level and frozen: picklable."""
+
+    collate: Callable[[Pack], Any]
+
+    def __call__(self, chunk: list[Pack]) -> list[Any]:
+        return [self.collate(pack) for pack in chunk]
 
 
 class PackLoader(DataLoader):
@@ -54,14 +69,20 @@ class PackLoader(DataLoader):
                 f"PackLoader needs a plan-following dataset (MDSPackDataset, WDSPackDataset), "
                 f"got {type(dataset).__name__}"
             )
+        collate = collate_fn or identity_collate
+        # Through worker processes a DataLoader item costs ~100 us of IPC, as much as reading a
+        # pack of 8 small records: workers hand over CHUNK packs per item (measured on 100K
+        # small records: 2 workers went from 0.4-0.55x of in-process reading to above it).
+        dataset.chunk = CHUNK if num_workers > 0 else 1
         super().__init__(
             dataset,
             batch_size=None,
             num_workers=num_workers,
             persistent_workers=persistent_workers,
-            collate_fn=collate_fn or identity_collate,
+            collate_fn=ChunkCollate(collate) if num_workers > 0 else collate,
             **kwargs,
         )
+        self._chunked = num_workers > 0
         self.allow_resize = allow_resize
         self._epoch = dataset.epoch
         self._consumed = dataset.start
@@ -126,10 +147,11 @@ class PackLoader(DataLoader):
             )
         return self._count(super().__iter__())
 
-    def _count(self, packs: Iterator[Any]) -> Iterator[Any]:
-        for pack in packs:
-            self._consumed += 1
-            yield pack
+    def _count(self, items: Iterator[Any]) -> Iterator[Any]:
+        for item in items:
+            for pack in item if self._chunked else (item,):
+                self._consumed += 1
+                yield pack
 
     def state_dict(self) -> dict[str, Any]:
         """The cursor (JSON-friendly; the same on every rank)."""

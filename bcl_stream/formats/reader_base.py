@@ -5,8 +5,9 @@ Cursor passing: the main process writes (epoch, first pack) into a ``share_memor
 before each ``iter()``. Persistent workers keep their dataset copy forever, so plain attributes
 set later in the main process never reach them; the shared tensor does.
 
-Worker split: worker w of K yields packs start+w, start+w+K, ...; torch's DataLoader takes one
-item from each worker in turn, which restores the plan order for any K (and K=0). Each process
+Worker split: worker w of K yields chunks w, w+K, ... of ``chunk`` consecutive packs from the
+cursor on (``chunk`` = 1: single packs); torch's DataLoader takes one item from each worker in
+turn, which restores the plan order for any K (and K=0). Each process
 plans its rank's windows lazily as it reaches them (``plan_source.ReaderPlan``), so no process
 holds the epoch's plan.
 
@@ -65,6 +66,8 @@ class PlanDataset(IterableDataset[Pack]):
         # (epoch, first pack), shared with worker processes, persistent ones included.
         self._cursor = torch.zeros(2, dtype=torch.int64).share_memory_()
         self._plan: AnyPlan | None = None
+        self.chunk = 1
+        """Packs per DataLoader item (PackLoader sets it for worker processes)."""
         self._plan_segments: tuple[Segment, ...] = ()
 
     # -- cursor ---------------------------------------------------------------------------
@@ -117,16 +120,32 @@ class PlanDataset(IterableDataset[Pack]):
         return self.plan().remainder_counts()
 
     # -- iteration ------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[Pack]:
+    def __iter__(self) -> Iterator[Any]:
+        """Packs from the cursor on; with ``chunk`` > 1, lists of up to ``chunk`` consecutive
+        packs (one DataLoader item each: see :class:`~bcl_stream.loader.PackLoader`)."""
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        start = self.start
+        start, chunk = self.start, self.chunk
+        current: list[Pack] = []
+        current_id = -1
         for first, packs in self.plan().iter_rank_packs(self.rank, start):
-            # this worker's packs: start+worker, start+worker+workers, ... (global indices)
-            offset = (start + worker - first) % workers
-            mine = packs[offset::workers]
-            if mine.shape[0]:
-                yield from self._read_packs(mine)
+            # chunk c = packs start + c*chunk ...; worker w takes chunks w, w+workers, ...
+            position = first - start + np.arange(packs.shape[0])
+            ids = position // chunk
+            mask = ids % workers == worker
+            if not mask.any():
+                continue
+            for pack_id, pack in zip(ids[mask], self._read_packs(packs[mask]), strict=True):
+                if chunk == 1:
+                    yield pack
+                    continue
+                if pack_id != current_id and current:
+                    yield current
+                    current = []
+                current_id = int(pack_id)
+                current.append(pack)
+        if current:
+            yield current
 
     def _read_packs(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
         """Yield one list of sample dicts per row of ``packs`` (global sample ids), in order."""
