@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.errors import PlanError
+from bcl_stream.planner import checks
 from bcl_stream.planner.carry import hold_back
 from bcl_stream.planner.config import PlanConfig
 from bcl_stream.planner.order import Ids
@@ -201,19 +202,14 @@ def plan_windows(
     """Windows ``[start, stop)`` of ``rows``. ``carry``: what window ``start - 1`` held back
     (None at the start of the epoch). Scope ``world`` must plan every row together."""
     config = streams.config
-    row_ids = np.asarray(rows, dtype=np.int64).reshape(-1)
-    if config.scope == "world" and row_ids.size != streams.n_rows:
-        raise ValueError("scope 'world' plans every node row together (nodes share targets)")
+    row_ids, start, stop = _check_call(streams, costs, tokens, rows, start, stop)
     n_windows = streams.n_windows
-    stop = n_windows if stop is None else stop
-    if not 0 <= start <= stop <= n_windows:
-        raise ValueError(f"windows [{start}, {stop}) outside [0, {n_windows})")
     group, size, window = config.group_size, config.pack_size, config.window
     first_pack = start * window
     end_pack = min(stop * window, streams.n_packs)
     out = np.empty((row_ids.size * group, end_pack - first_pack, size), dtype=np.int64)
-    carried = np.empty((row_ids.size, 0), np.int64) if carry is None else carry
     runs = carry_runs(streams.n_packs, config)
+    carried = _check_carry(streams, runs, row_ids, start, carry)
     for run in runs:
         lo, hi = max(run.first_window, start), min(run.first_window + run.n_windows, stop)
         if lo >= hi:
@@ -242,6 +238,75 @@ def plan_windows(
         packs, loads = partition_windows(windows, costs, tokens, run.per_rank, config)
         _place(packs, loads, (lo - start) * window, lo * window, config, out)
     return WindowBatch(out, carried, first_pack)
+
+
+def _check_call(
+    streams: EpochStreams,
+    costs: Costs,
+    tokens: npt.NDArray[np.integer] | None,
+    rows: npt.ArrayLike,
+    start: object,
+    stop: object,
+) -> tuple[Ids, int, int]:
+    """Validate :func:`plan_windows`' arguments; output: (row ids, start, stop)."""
+    checks.per_record(costs, "costs", streams.n_records)
+    if tokens is not None:
+        checks.per_record(tokens, "tokens", streams.n_records)
+    row_ids = checks.array(rows, "rows", whole=True)
+    if row_ids.size == 0 or np.any((row_ids < 0) | (row_ids >= streams.n_rows)):
+        raise ValueError(f"rows must be one or more row ids in [0, {streams.n_rows}), got {rows!r}")
+    if streams.config.scope == "world" and not np.array_equal(
+        np.sort(row_ids), np.arange(streams.n_rows)
+    ):
+        raise ValueError("rows: scope 'world' plans every node row together (nodes share targets)")
+    n_windows = streams.n_windows
+    first = checks.integer(start, "start window", 0, n_windows)
+    last = n_windows if stop is None else checks.integer(stop, "stop window", first, n_windows)
+    return row_ids, first, last
+
+
+def _check_carry(
+    streams: EpochStreams, runs: list[Run], row_ids: Ids, start: int, carry: object
+) -> Ids:
+    """``carry`` as (rows, held) ids if it is what window ``start - 1`` held back, else a
+    ValueError naming it.
+
+    A window holds back only records it read fresh (``hold_back``), so a genuine carry is a
+    duplicate-free subset of the previous window's fresh records of the same row: that is
+    checked exactly (one window of ids per row). Its width is checked against the run.
+    """
+    if carry is None:
+        return np.empty((row_ids.size, 0), np.int64)
+    arr = np.asarray(carry)
+    if arr.dtype.kind not in "iu" or arr.ndim != 2:
+        raise ValueError(
+            f"carry must be an integer array of shape (rows, held records), got "
+            f"{arr.dtype} {arr.shape}: pass the WindowBatch.carry of the previous call"
+        )
+    if arr.shape[0] != row_ids.size:
+        raise ValueError(f"carry has {arr.shape[0]} rows but {row_ids.size} rows are planned")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= streams.n_records):
+        raise ValueError(
+            f"carry holds ids outside [0, {streams.n_records}): not a carry of this plan"
+        )
+    ids = arr.astype(np.int64)
+    if ids.shape[1] == 0 or start == 0:
+        return ids
+    k = start - 1
+    run = next(r for r in runs if r.first_window <= k < r.first_window + r.n_windows)
+    fresh = run.fresh(streams.config)
+    read_from = run.read_from + (k - run.first_window) * fresh
+    previous = streams.fetch(row_ids, read_from, read_from + fresh)
+    for i, row in enumerate(row_ids):
+        held = ids[i]
+        if np.unique(held).size != held.size or not np.isin(held, previous[i]).all():
+            raise ValueError(
+                f"carry of row {int(row)} holds records not held back by window {k} (duplicates "
+                "or ids of other windows): it is not the carry this plan produced. Pass the "
+                "WindowBatch.carry of the call that planned window "
+                f"{k}, or re-plan from window 0"
+            )
+    return ids
 
 
 def _target_mean(streams: EpochStreams) -> float:
