@@ -7,6 +7,13 @@ shard list for WebDataset), because readers take that one as "dataset complete":
   (uint32) and ``cost`` (float32). Loading 1M records takes about a millisecond.
 - ``bcl_index.json``: format version, dataset format, cost model, per-shard sample counts,
   the SHA-256 of the array's bytes, and summary statistics.
+- ``bcl_hashes.npy`` (WebDataset, format 2): one xxh64 per record
+  (:func:`bcl_stream.hashing.record_digest`), which the reader checks on every record it
+  decodes, so a flipped byte inside a record is refused with the shard and record named.
+  MDS shards carry their own hashes in ``index.json``.
+
+Format 1 (no record hashes) is still read: a WebDataset reader warns once that its records
+go unchecked and that ``bcl-stream annotate --overwrite`` adds the hashes.
 
 Token counts are the ground truth; ``CostIndex.costs(model)`` recomputes costs under another
 cost model at read time without rewriting anything. Every problem found on read is a
@@ -27,10 +34,14 @@ import numpy.typing as npt
 
 from bcl_stream.cost import CostModel
 from bcl_stream.errors import CostIndexError
+from bcl_stream.hashing import RECORD_HASH
 
 INDEX_JSON = "bcl_index.json"
 COSTS_NPY = "bcl_costs.npy"
-FORMAT_VERSION = 1
+HASHES_NPY = "bcl_hashes.npy"
+FORMAT_VERSION = 2
+"""2: adds per-record content hashes (``record_hashes``); 1 is still read (no hashes)."""
+READABLE_VERSIONS = (1, 2)
 FORMATS = ("mds", "wds")
 COST_DTYPE = np.dtype([("tokens", "<u4"), ("cost", "<f4")])
 
@@ -57,8 +68,18 @@ class CostIndex:
     """``mds`` or ``wds``."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form provenance (preprocessing report, tokenizer) kept in the JSON."""
+    record_hashes: npt.NDArray[np.uint64] | None = None
+    """xxh64 of each record's members in global sample order (WebDataset), or None."""
 
     def __post_init__(self) -> None:
+        hashes = self.record_hashes
+        if hashes is not None and (
+            hashes.dtype != np.dtype("<u8") or hashes.shape != (len(self.records),)
+        ):
+            raise CostIndexError(
+                f"record hashes have dtype {hashes.dtype} shape {hashes.shape}, expected "
+                f"uint64 ({len(self.records)},)"
+            )
         if self.records.dtype != COST_DTYPE:
             raise CostIndexError(
                 f"cost records have dtype {self.records.dtype}, expected {COST_DTYPE}"
@@ -81,8 +102,10 @@ class CostIndex:
         shards: list[ShardEntry] | tuple[ShardEntry, ...],
         format: str,
         extra: dict[str, Any] | None = None,
+        record_hashes: npt.ArrayLike | None = None,
     ) -> CostIndex:
-        """An index from token counts, computing costs with ``cost_model``."""
+        """An index from token counts, computing costs with ``cost_model``; ``record_hashes``:
+        one :func:`~bcl_stream.hashing.record_digest` per record (WebDataset), or None."""
         tok = np.asarray(tokens)
         if tok.ndim != 1:
             raise ValueError(f"tokens must be 1-D, got shape {tok.shape}")
@@ -91,7 +114,8 @@ class CostIndex:
         records = np.empty(tok.size, dtype=COST_DTYPE)
         records["tokens"] = tok
         records["cost"] = cost_model.cost(tok)
-        return cls(records, cost_model, tuple(shards), format, dict(extra or {}))
+        hashes = None if record_hashes is None else np.asarray(record_hashes, dtype="<u8")
+        return cls(records, cost_model, tuple(shards), format, dict(extra or {}), hashes)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -147,6 +171,13 @@ class CostIndex:
             "shards": [{"name": s.name, "samples": s.samples} for s in self.shards],
             "sha256": self.content_hash(),
             "costs_file": COSTS_NPY,
+            "record_hashes": None
+            if self.record_hashes is None
+            else {
+                "file": HASHES_NPY,
+                "algorithm": RECORD_HASH,
+                "sha256": hashlib.sha256(self.record_hashes.view(np.uint8).data).hexdigest(),
+            },
             "summary": self.summary(),
             "extra": self.extra,
         }
@@ -160,10 +191,14 @@ def write_index(directory: str | os.PathLike[str], index: CostIndex) -> tuple[Pa
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     npy, meta = root / COSTS_NPY, root / INDEX_JSON
-    tmp_npy = root / (COSTS_NPY + ".tmp")
-    with open(tmp_npy, "wb") as fh:
-        np.save(fh, index.records, allow_pickle=False)
-    os.replace(tmp_npy, npy)
+    arrays: list[tuple[str, npt.NDArray[Any]]] = [(COSTS_NPY, index.records)]
+    if index.record_hashes is not None:
+        arrays.append((HASHES_NPY, index.record_hashes))
+    for name, values in arrays:
+        tmp_npy = root / (name + ".tmp")
+        with open(tmp_npy, "wb") as fh:
+            np.save(fh, values, allow_pickle=False)
+        os.replace(tmp_npy, root / name)
     tmp_meta = root / (INDEX_JSON + ".tmp")
     tmp_meta.write_text(json.dumps(index.to_json(), indent=1) + "\n")
     os.replace(tmp_meta, meta)
@@ -189,10 +224,20 @@ def read_index_json(directory: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise _fail(meta, f"expected a JSON object, found {type(data).__name__}")
     version = data.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
         raise _fail(
-            meta, f"format_version {version!r} is not supported (this reader: {FORMAT_VERSION})"
+            meta,
+            f"format_version {version!r} is not supported (this reader reads "
+            f"{READABLE_VERSIONS}; a newer bcl-stream wrote it, or the file is damaged)",
         )
+    hashes = data.get("record_hashes")
+    if hashes is not None and (
+        not isinstance(hashes, dict)
+        or hashes.get("file") != HASHES_NPY
+        or hashes.get("algorithm") != RECORD_HASH
+        or not isinstance(hashes.get("sha256"), str)
+    ):
+        raise _fail(meta, f"field 'record_hashes' is malformed: {hashes!r}")
     for key, kind in (
         ("format", str),
         ("records", int),
@@ -248,10 +293,38 @@ def read_index(directory: str | os.PathLike[str], *, verify: bool = True) -> Cos
         )
     extra = data.get("extra") or {}
     index = CostIndex(
-        records, model, shards, data["format"], extra if isinstance(extra, dict) else {}
+        records,
+        model,
+        shards,
+        data["format"],
+        extra if isinstance(extra, dict) else {},
+        _read_hashes(root, data, len(records), verify),
     )
     if verify and index.content_hash() != data["sha256"]:
         raise _fail(
             npy, "content hash does not match bcl_index.json (the array was changed or corrupted)"
         )
     return index
+
+
+def _read_hashes(
+    root: Path, data: dict[str, Any], n_records: int, verify: bool
+) -> npt.NDArray[np.uint64] | None:
+    """The per-record hashes ``bcl_index.json`` names (None when it names none)."""
+    named = data.get("record_hashes")
+    if named is None:
+        return None
+    path = root / HASHES_NPY
+    if not path.is_file():
+        raise _fail(path, "the record hashes are missing although bcl_index.json names them")
+    try:
+        hashes = np.load(path, allow_pickle=False)
+    except Exception as exc:  # numpy parses the header with ast/tokenize: many error types
+        raise _fail(path, f"unreadable record hashes ({exc})") from exc
+    if hashes.dtype != np.dtype("<u8") or hashes.shape != (n_records,):
+        raise _fail(
+            path, f"holds {hashes.dtype} {hashes.shape}, expected uint64 ({n_records},) hashes"
+        )
+    if verify and hashlib.sha256(hashes.view(np.uint8).data).hexdigest() != named["sha256"]:
+        raise _fail(path, "SHA-256 does not match bcl_index.json (changed or corrupted)")
+    return hashes

@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from bcl_stream.errors import CostIndexError, DatasetError
-from bcl_stream.index import COSTS_NPY, INDEX_JSON, CostIndex, read_index
+from bcl_stream.index import (
+    COSTS_NPY,
+    HASHES_NPY,
+    INDEX_JSON,
+    CostIndex,
+    read_index,
+    read_index_json,
+)
 
 DEFAULT_RETRIES = 3
 
@@ -102,8 +109,9 @@ def open_cost_index(
 ) -> tuple[CostIndex, Path]:
     """Load a dataset's cost index, local or remote. Output: (index, local directory holding it).
 
-    Remote: ``bcl_index.json`` is always fetched fresh (it is small); ``bcl_costs.npy`` only
-    when the cached copy is missing or its hash differs.
+    Remote: ``bcl_index.json`` is always fetched fresh (it is small); ``bcl_costs.npy`` (and
+    ``bcl_hashes.npy`` when the JSON names it) only when a cached copy is missing or its hash
+    differs.
     """
     if not is_remote(location):
         root = Path(location.removeprefix("file://"))
@@ -123,5 +131,9 @@ def open_cost_index(
     try:
         return read_index(root), root
     except CostIndexError:
-        download(join(location, COSTS_NPY), root / COSTS_NPY)
+        names = [COSTS_NPY]
+        if read_index_json(root).get("record_hashes"):
+            names.append(HASHES_NPY)
+        for name in names:
+            download(join(location, name), root / name)
         return read_index(root), root
