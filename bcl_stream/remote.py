@@ -11,8 +11,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bcl_stream.errors import CostIndexError, DatasetError
 from bcl_stream.index import (
@@ -25,6 +26,7 @@ from bcl_stream.index import (
 )
 
 DEFAULT_RETRIES = 3
+T = TypeVar("T")
 
 
 def is_remote(location: str | os.PathLike[str]) -> bool:
@@ -38,21 +40,33 @@ def join(location: str, name: str) -> str:
     return location.rstrip("/") + "/" + name
 
 
-def _with_retries(what: str, action: Any, retries: int, backoff: float) -> None:
+def with_retries(
+    what: str, action: Callable[[], T], retries: int = DEFAULT_RETRIES, backoff: float = 0.2
+) -> T:
+    """``action()`` retried up to ``retries`` times with exponential backoff; then one
+    :class:`DatasetError` line naming ``what``, the last error and what to do (chained)."""
     for attempt in range(retries + 1):
         try:
-            action()
-            return
+            return action()
         except FileNotFoundError:
             raise
         except Exception as exc:
             if attempt == retries:
                 raise DatasetError(
-                    f"{what} failed after {retries + 1} attempts: {type(exc).__name__}: {exc}. "
-                    "Check the endpoint (S3_ENDPOINT_URL), credentials and network, then resume "
-                    "from the last checkpoint."
-                ) from None
+                    f"{what} failed after {retries + 1} attempts: {type(exc).__name__}: "
+                    f"{_one_line(exc)}. Check the endpoint (S3_ENDPOINT_URL), credentials and "
+                    "network, then resume from the last checkpoint."
+                ) from exc
             time.sleep(backoff * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _with_retries(what: str, action: Any, retries: int, backoff: float) -> None:
+    with_retries(what, action, retries, backoff)
 
 
 def download(
@@ -96,10 +110,13 @@ def upload(
     staging = tempfile.mkdtemp(prefix="bcl_upload_")
     try:
         shutil.copyfile(local, os.path.join(staging, name))
-        uploader = CloudUploader.get((staging, remote_dir), keep_local=False, exist_ok=True)
-        _with_retries(
-            f"upload of {name} to {remote_dir}", lambda: uploader.upload_file(name), retries, 0.2
+        what = f"upload of {name} to {remote_dir}"
+        uploader = with_retries(
+            what,
+            lambda: CloudUploader.get((staging, remote_dir), keep_local=False, exist_ok=True),
+            retries,
         )
+        with_retries(what, lambda: uploader.upload_file(name), retries)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

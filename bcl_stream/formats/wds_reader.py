@@ -305,7 +305,12 @@ class WDSPackDataset(PlanDataset):
         name = self.index.shards[shard].name
         target = self.root / name
         if not target.is_file():
-            download(join(self.location, name), target)
+            try:
+                download(join(self.location, name), target)
+            except DatasetError as exc:
+                raise DatasetError(
+                    f"{self.location}: cannot read shard {shard} ({name}): {exc}"
+                ) from exc
         return target
 
     def _read_packs(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:

@@ -40,9 +40,14 @@ def remote_listing(output: str) -> list[str]:
     """Object names under a remote dataset location (relative to it)."""
     from streaming.base.storage import CloudUploader
 
-    uploader = CloudUploader.get(output, keep_local=False, exist_ok=True)
+    from bcl_stream.remote import with_retries
+
+    what = f"listing of {output}"
+    uploader = with_retries(
+        what, lambda: CloudUploader.get(output, keep_local=False, exist_ok=True)
+    )
     try:
-        keys = uploader.list_objects() or []
+        keys = with_retries(what, lambda: uploader.list_objects() or [])
     finally:
         shutil.rmtree(uploader.local, ignore_errors=True)
     prefix = urlparse(output).path.strip("/")
