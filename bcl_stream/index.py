@@ -7,6 +7,13 @@ shard list for WebDataset), because readers take that one as "dataset complete":
   (uint32) and ``cost`` (float32), 8 bytes per record.
 - ``bcl_index.json``: format version, dataset format, cost model, per-shard sample counts,
   the SHA-256 of the array's bytes, and summary statistics.
+- ``bcl_hashes.npy`` (WebDataset, format 2): one xxh64 per record
+  (:func:`bcl_stream.hashing.record_digest`), which the reader checks on every record it
+  decodes, so a flipped byte inside a record is refused with the shard and record named.
+  MDS shards carry their own hashes in ``index.json``.
+
+Format 1 (no record hashes) is still read: a WebDataset reader warns once that its records
+go unchecked and that ``bcl-stream annotate --overwrite`` adds the hashes.
 
 Memory: :func:`read_index` maps ``bcl_costs.npy`` read-only (``np.memmap``) instead of loading
 it. Every process of a node (ranks and their DataLoader workers) then shares one copy through
@@ -40,10 +47,14 @@ import numpy.typing as npt
 
 from bcl_stream.cost import CostModel
 from bcl_stream.errors import CostIndexError
+from bcl_stream.hashing import RECORD_HASH
 
 INDEX_JSON = "bcl_index.json"
 COSTS_NPY = "bcl_costs.npy"
-FORMAT_VERSION = 1
+HASHES_NPY = "bcl_hashes.npy"
+FORMAT_VERSION = 2
+"""2: adds per-record content hashes (``record_hashes``); 1 is still read (no hashes)."""
+READABLE_VERSIONS = (1, 2)
 FORMATS = ("mds", "wds")
 COST_DTYPE = np.dtype([("tokens", "<u4"), ("cost", "<f4")])
 HASH_CHUNK = 16 << 20
@@ -75,12 +86,22 @@ class CostIndex:
     """``mds`` or ``wds``."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Free-form provenance (preprocessing report, tokenizer) kept in the JSON."""
+    record_hashes: npt.NDArray[np.uint64] | None = None
+    """xxh64 of each record's members in global sample order (WebDataset), or None."""
     source: FileIdentity | None = field(default=None, compare=False, repr=False)
     """The file ``records`` is mapped from (None: the records are in memory)."""
     _sha256: list[str] = field(default_factory=list, init=False, compare=False, repr=False)
     """Cache of :meth:`content_hash` (read-only records only; a list: the class is frozen)."""
 
     def __post_init__(self) -> None:
+        hashes = self.record_hashes
+        if hashes is not None and (
+            hashes.dtype != np.dtype("<u8") or hashes.shape != (len(self.records),)
+        ):
+            raise CostIndexError(
+                f"record hashes have dtype {hashes.dtype} shape {hashes.shape}, expected "
+                f"uint64 ({len(self.records)},)"
+            )
         if self.records.dtype != COST_DTYPE:
             raise CostIndexError(
                 f"cost records have dtype {self.records.dtype}, expected {COST_DTYPE}"
@@ -103,8 +124,10 @@ class CostIndex:
         shards: list[ShardEntry] | tuple[ShardEntry, ...],
         format: str,
         extra: dict[str, Any] | None = None,
+        record_hashes: npt.ArrayLike | None = None,
     ) -> CostIndex:
-        """An index from token counts, computing costs with ``cost_model``."""
+        """An index from token counts, computing costs with ``cost_model``; ``record_hashes``:
+        one :func:`~bcl_stream.hashing.record_digest` per record (WebDataset), or None."""
         tok = np.asarray(tokens)
         if tok.ndim != 1:
             raise ValueError(f"tokens must be 1-D, got shape {tok.shape}")
@@ -114,7 +137,8 @@ class CostIndex:
         records["tokens"] = tok
         records["cost"] = cost_model.cost(tok)
         records.flags.writeable = False  # an index is immutable (its hash is cached)
-        return cls(records, cost_model, tuple(shards), format, dict(extra or {}))
+        hashes = None if record_hashes is None else np.asarray(record_hashes, dtype="<u8")
+        return cls(records, cost_model, tuple(shards), format, dict(extra or {}), hashes)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -122,7 +146,7 @@ class CostIndex:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickle a mapped index as its file name, not its bytes (spawned workers, ddp_spawn):
         the child maps the same file. An in-memory index pickles its records."""
-        fields = (self.cost_model, self.shards, self.format, self.extra)
+        fields = (self.cost_model, self.shards, self.format, self.extra, self.record_hashes)
         digest = self._sha256[0] if self._sha256 else None
         if self.source is not None:
             return _remap, (self.source, len(self.records), *fields, digest)
@@ -219,6 +243,13 @@ class CostIndex:
             "shards": [{"name": s.name, "samples": s.samples} for s in self.shards],
             "sha256": self.content_hash(),
             "costs_file": COSTS_NPY,
+            "record_hashes": None
+            if self.record_hashes is None
+            else {
+                "file": HASHES_NPY,
+                "algorithm": RECORD_HASH,
+                "sha256": hashlib.sha256(self.record_hashes.view(np.uint8).data).hexdigest(),
+            },
             "summary": self.summary(),
             "extra": self.extra,
         }
@@ -232,10 +263,14 @@ def write_index(directory: str | os.PathLike[str], index: CostIndex) -> tuple[Pa
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     npy, meta = root / COSTS_NPY, root / INDEX_JSON
-    tmp_npy = root / (COSTS_NPY + ".tmp")
-    with open(tmp_npy, "wb") as fh:
-        np.save(fh, index.records, allow_pickle=False)
-    os.replace(tmp_npy, npy)
+    arrays: list[tuple[str, npt.NDArray[Any]]] = [(COSTS_NPY, index.records)]
+    if index.record_hashes is not None:
+        arrays.append((HASHES_NPY, index.record_hashes))
+    for name, values in arrays:
+        tmp_npy = root / (name + ".tmp")
+        with open(tmp_npy, "wb") as fh:
+            np.save(fh, values, allow_pickle=False)
+        os.replace(tmp_npy, root / name)
     tmp_meta = root / (INDEX_JSON + ".tmp")
     tmp_meta.write_text(json.dumps(index.to_json(), indent=1) + "\n")
     os.replace(tmp_meta, meta)
@@ -261,10 +296,20 @@ def read_index_json(directory: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise _fail(meta, f"expected a JSON object, found {type(data).__name__}")
     version = data.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
         raise _fail(
-            meta, f"format_version {version!r} is not supported (this reader: {FORMAT_VERSION})"
+            meta,
+            f"format_version {version!r} is not supported (this reader reads "
+            f"{READABLE_VERSIONS}; a newer bcl-stream wrote it, or the file is damaged)",
         )
+    hashes = data.get("record_hashes")
+    if hashes is not None and (
+        not isinstance(hashes, dict)
+        or hashes.get("file") != HASHES_NPY
+        or hashes.get("algorithm") != RECORD_HASH
+        or not isinstance(hashes.get("sha256"), str)
+    ):
+        raise _fail(meta, f"field 'record_hashes' is malformed: {hashes!r}")
     for key, kind in (
         ("format", str),
         ("records", int),
@@ -313,7 +358,13 @@ def read_index(directory: str | os.PathLike[str], *, verify: bool = True) -> Cos
         )
     extra = data.get("extra") or {}
     index = CostIndex(
-        records, model, shards, data["format"], extra if isinstance(extra, dict) else {}, source
+        records,
+        model,
+        shards,
+        data["format"],
+        extra if isinstance(extra, dict) else {},
+        _read_hashes(root, data, len(records), verify),
+        source,
     )
     if digest is not None:
         if digest != data["sha256"]:
@@ -404,6 +455,7 @@ def _remap(
     shards: tuple[ShardEntry, ...],
     format: str,
     extra: dict[str, Any],
+    record_hashes: npt.NDArray[np.uint64] | None,
     digest: str | None,
 ) -> CostIndex:
     """Unpickle a mapped index: map the same file again, refusing one replaced meanwhile."""
@@ -415,7 +467,7 @@ def _remap(
             "the file changed after this index was opened in the parent process (replaced or "
             "rewritten); restart the job so every process reads the same index",
         )
-    index = CostIndex(records, cost_model, shards, format, extra, source)
+    index = CostIndex(records, cost_model, shards, format, extra, record_hashes, source)
     if digest is not None:
         index._sha256.append(digest)
     return index
@@ -427,12 +479,36 @@ def _rebuild(
     shards: tuple[ShardEntry, ...],
     format: str,
     extra: dict[str, Any],
+    record_hashes: npt.NDArray[np.uint64] | None,
     digest: str | None,
 ) -> CostIndex:
     """Unpickle an in-memory index (its hash stays cached: the records stay read-only)."""
     if digest is not None:
         records.flags.writeable = False
-    index = CostIndex(records, cost_model, shards, format, extra)
+    index = CostIndex(records, cost_model, shards, format, extra, record_hashes)
     if digest is not None:
         index._sha256.append(digest)
     return index
+
+
+def _read_hashes(
+    root: Path, data: dict[str, Any], n_records: int, verify: bool
+) -> npt.NDArray[np.uint64] | None:
+    """The per-record hashes ``bcl_index.json`` names (None when it names none)."""
+    named = data.get("record_hashes")
+    if named is None:
+        return None
+    path = root / HASHES_NPY
+    if not path.is_file():
+        raise _fail(path, "the record hashes are missing although bcl_index.json names them")
+    try:
+        hashes = np.load(path, allow_pickle=False)
+    except Exception as exc:  # numpy parses the header with ast/tokenize: many error types
+        raise _fail(path, f"unreadable record hashes ({exc})") from exc
+    if hashes.dtype != np.dtype("<u8") or hashes.shape != (n_records,):
+        raise _fail(
+            path, f"holds {hashes.dtype} {hashes.shape}, expected uint64 ({n_records},) hashes"
+        )
+    if verify and hashlib.sha256(hashes.view(np.uint8).data).hexdigest() != named["sha256"]:
+        raise _fail(path, "SHA-256 does not match bcl_index.json (changed or corrupted)")
+    return hashes

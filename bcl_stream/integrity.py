@@ -25,12 +25,11 @@ server behind a proxy that starts answering 503 mid-epoch: the reader hung (kill
 the shard back to ``REMOTE`` on failure, so the error surfaces and a later retry downloads it.
 
 Every problem is a :class:`~bcl_stream.errors.DatasetError` naming the file, what is wrong
-and what to do. Nothing here imports streaming unless a content hash must be computed.
+and what to do. Nothing here imports streaming; content hashes come from :mod:`bcl_stream.hashing`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,20 +40,13 @@ from tqdm import tqdm
 
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.layout import read_mds_index
+from bcl_stream.hashing import digest
 from bcl_stream.index import CostIndex
 
 FIX = (
     "Re-download or re-copy the dataset (for a remote dataset, delete the local cache copy), "
     "or re-run `bcl-stream preprocess --overwrite`; then resume from the last checkpoint."
 )
-
-
-def _digest(algo: str, data: bytes) -> str:
-    if algo in hashlib.algorithms_available:
-        return hashlib.new(algo, data).hexdigest()
-    from streaming.base.hashing import get_hash  # xxh* algorithms
-
-    return str(get_hash(algo, data))
 
 
 def _header_problem(data: bytes, samples: int) -> str | None:
@@ -104,7 +96,7 @@ def mds_shard_problem(
     hashes = info.get("hashes") or {}
     if check_hash:
         for algo, expected in sorted(hashes.items()):
-            if _digest(algo, data) != expected:
+            if digest(algo, data) != expected:
                 return f"{name}: {algo} content hash differs from index.json (corrupted bytes)"
     return None
 

@@ -11,15 +11,24 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 from bcl_stream.errors import BCLStreamError, CostIndexError, DatasetError, RemoteAccessError
 from bcl_stream.formats.layout import MDS_INDEX, WDS_SUFFIXES, detect_format, read_mds_index
-from bcl_stream.index import COSTS_NPY, INDEX_JSON, CostIndex, read_index
+from bcl_stream.index import (
+    COSTS_NPY,
+    HASHES_NPY,
+    INDEX_JSON,
+    CostIndex,
+    read_index,
+    read_index_json,
+)
 
 DEFAULT_RETRIES = 3
+T = TypeVar("T")
 
 
 def is_remote(location: str | os.PathLike[str]) -> bool:
@@ -125,6 +134,19 @@ def _with_retries(what: str, url: str, action: Any, retries: int, backoff: float
     raise AssertionError("unreachable")
 
 
+def with_retries(
+    what: str,
+    action: Callable[[], T],
+    retries: int = DEFAULT_RETRIES,
+    backoff: float = 0.2,
+    url: str | None = None,
+) -> T:
+    """``action()`` with the bounded retries every remote call here uses: an access problem
+    (credentials, endpoint, permission, bucket) fails at once, other faults after ``retries``
+    more attempts, each as one line naming ``what`` with the cause chained."""
+    return _with_retries(what, url or what, action, retries, backoff)
+
+
 def list_remote(location: str, *, retries: int = DEFAULT_RETRIES) -> list[str]:
     """Object names under a remote location, relative to it (``[]`` when nothing is there).
 
@@ -205,16 +227,16 @@ def upload(
     try:
         # The uploader is made while ``staging`` is still empty: streaming warns ("exists and
         # not empty") about a non-empty local directory, which here is expected, not a problem.
-        uploader = CloudUploader.get((staging, remote_dir), keep_local=False, exist_ok=True)
-        shutil.copyfile(local, os.path.join(staging, name))
-        url = join(remote_dir, name)
-        _with_retries(
-            f"upload of {name} to {remote_dir}",
+        what, url = f"upload of {name} to {remote_dir}", join(remote_dir, name)
+        uploader = _with_retries(  # creating it checks the bucket: a request that can fail
+            what,
             url,
-            lambda: uploader.upload_file(name),
+            lambda: CloudUploader.get((staging, remote_dir), keep_local=False, exist_ok=True),
             retries,
             0.2,
         )
+        shutil.copyfile(local, os.path.join(staging, name))
+        _with_retries(what, url, lambda: uploader.upload_file(name), retries, 0.2)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -261,8 +283,9 @@ def open_cost_index(
 ) -> tuple[CostIndex, Path]:
     """Load a dataset's cost index, local or remote. Output: (index, local directory holding it).
 
-    Remote: ``bcl_index.json`` is always fetched fresh (it is small); ``bcl_costs.npy`` only
-    when the cached copy is missing or its hash differs. A location without a cost index gets
+    Remote: ``bcl_index.json`` is always fetched fresh (it is small); ``bcl_costs.npy`` (and
+    ``bcl_hashes.npy`` when the JSON names it) only when a cached copy is missing or its hash
+    differs. A location without a cost index gets
     the error of :func:`missing_index_error` (not a dataset / incomplete / needs annotate).
     """
     if not is_remote(location):
@@ -287,5 +310,9 @@ def open_cost_index(
     try:
         return read_index(root), root
     except CostIndexError:
-        download(join(location, COSTS_NPY), root / COSTS_NPY)
+        names = [COSTS_NPY]
+        if read_index_json(root).get("record_hashes"):
+            names.append(HASHES_NPY)
+        for name in names:
+            download(join(location, name), root / name)
         return read_index(root), root

@@ -149,10 +149,51 @@ def _mds_problems(root: Path, index: CostIndex) -> list[str]:
     return problems
 
 
+def wds_record_problems(path: Path, first: int, hashes: np.ndarray) -> list[str]:
+    """Records of one tar whose members differ from their hash in the cost index.
+
+    Reads every payload of the shard once (``inspect``); readers check only what they read.
+    """
+    from bcl_stream.formats.tar_scan import TarFormatError, tar_members
+    from bcl_stream.hashing import record_digest
+
+    problems: list[str] = []
+    key: str | None = None
+    members: list[tuple[str, bytes]] = []
+    sample = first - 1
+
+    def check() -> None:
+        if key is not None and sample < hashes.size and record_digest(members) != hashes[sample]:
+            problems.append(
+                f"{path.name}: record {sample} (key {key!r}): xxh64 content hash differs from "
+                "the cost index (corrupted bytes)"
+            )
+
+    try:
+        for name, read in tar_members(path):
+            base = name.rsplit("/", 1)[-1]
+            member_key, _, ext = base.partition(".")
+            member_key = name[: len(name) - len(base)] + member_key
+            if member_key != key:
+                check()
+                key, members, sample = member_key, [], sample + 1
+            members.append((ext, read()))
+        check()
+    except (OSError, TarFormatError, tarfile.TarError) as exc:
+        problems.append(f"{path.name}: unreadable tar shard ({exc})")
+    return problems
+
+
 def _wds_problems(root: Path, index: CostIndex) -> list[str]:
     problems: list[str] = []
     on_disk = set(wds_shards_on_disk(root))
+    first = 0
     for shard in index.shards:
+        first += shard.samples
+        if index.record_hashes is not None and (root / shard.name).is_file():
+            problems += wds_record_problems(
+                root / shard.name, first - shard.samples, index.record_hashes
+            )[:5]
         path = root / shard.name
         if not path.is_file():
             problems.append(f"shard file missing: {shard.name}")
@@ -177,7 +218,8 @@ def check_integrity(local_dir: str | os.PathLike[str], index: CostIndex) -> list
 
     Checks the index's hash against ``bcl_index.json`` when that file is present, the format,
     the shard list and per-shard record counts (MDS: ``index.json`` counts and shard file
-    presence; WDS: tar member keys counted per shard).
+    presence; WDS: tar member keys counted per shard, and every record against its hash when
+    the index has record hashes).
     """
     root = Path(local_dir)
     problems: list[str] = []

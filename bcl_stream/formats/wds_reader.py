@@ -28,6 +28,7 @@ import json
 import os
 import re
 import tarfile
+import warnings
 from collections.abc import Callable, Container, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -39,6 +40,7 @@ import numpy.typing as npt
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.reader_base import Pack, PlanDataset, Sample
 from bcl_stream.formats.tar_scan import TarFormatError, tar_members
+from bcl_stream.hashing import record_digest
 from bcl_stream.index import CostIndex
 from bcl_stream.plan_source import ReaderConfig, Segment, epoch_plan
 from bcl_stream.remote import download, is_remote, join, open_cost_index
@@ -54,10 +56,16 @@ def _split_name(fname: str) -> tuple[str, str]:
 
 
 def tar_samples(
-    shards: Iterable[tuple[str, Path, int, int]], wanted: Container[int]
+    shards: Iterable[tuple[str, Path, int, int]],
+    wanted: Container[int],
+    hashes: npt.NDArray[np.uint64] | None = None,
 ) -> Iterator[tuple[int, str, Raw]]:
     """Shards (name, local path, first sample id, record count) -> (sample id, key, members)
     for the records in ``wanted``; the others are skipped without reading their payload.
+
+    ``hashes`` (per global sample id, from the cost index): each wanted record's members are
+    checked against it before the record is yielded; a mismatch is a DatasetError naming the
+    shard and the record.
     """
     for name, path, first, count in shards:
         ordinal = -1
@@ -68,23 +76,39 @@ def tar_samples(
                 member_key, suffix = _split_name(member_name)
                 if member_key != key:
                     if key is not None and first + ordinal in wanted:
+                        _check_hash(name, first + ordinal, key, members, hashes)
                         yield first + ordinal, key, members
                     key, ordinal, members = member_key, ordinal + 1, {}
                     _check_key(name, key, first + ordinal)
                 if first + ordinal in wanted:
                     members[suffix] = read()
             if key is not None and first + ordinal in wanted:
+                _check_hash(name, first + ordinal, key, members, hashes)
                 yield first + ordinal, key, members
         except (tarfile.TarError, TarFormatError, OSError, EOFError) as exc:
             raise DatasetError(
                 f"{name}: unreadable tar shard ({type(exc).__name__}: {exc}) at record "
                 f"{first + max(ordinal, 0)}. Re-download or rewrite the shard."
-            ) from None
+            ) from exc
         if ordinal + 1 != count:
             raise DatasetError(
                 f"{name}: holds {ordinal + 1} records but the cost index says {count}. The shard "
                 "was changed after the cost index was written: rebuild it with `bcl-stream annotate`."
             )
+
+
+def _check_hash(
+    shard: str, sample_id: int, key: str, members: Raw, hashes: npt.NDArray[np.uint64] | None
+) -> None:
+    if hashes is None or sample_id >= hashes.size:
+        return  # a record beyond the index is reported by the record count check
+    if record_digest(members.items()) != int(hashes[sample_id]):
+        raise DatasetError(
+            f"{shard}: record {sample_id} (key {os.path.basename(key)!r}): xxh64 content hash "
+            "differs from the cost index (corrupted bytes). Re-download or re-copy the shard "
+            "(for a remote dataset, delete its local cache copy), then resume from the last "
+            "checkpoint."
+        )
 
 
 def _check_key(shard: str, key: str, sample_id: int) -> None:
@@ -196,6 +220,23 @@ def bcl_packs(
     return follow_plan(src, packs[start::step])
 
 
+_WARNED: set[str] = set()
+
+
+def _warn_unhashed(location: str) -> None:
+    """Say once per dataset and process that its records go unchecked (index format 1)."""
+    if location in _WARNED:
+        return
+    _WARNED.add(location)
+    warnings.warn(
+        f"{location}: the cost index has no record hashes (bcl_index.json format 1): a flipped "
+        "byte inside a WebDataset record will NOT be detected. Add them with "
+        f"`bcl-stream annotate --overwrite {location}` (the shards are not rewritten).",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
 class WDSPackDataset(PlanDataset):
     """One rank's packs of a costed WebDataset dataset (local directory or ``s3://``).
 
@@ -224,6 +265,8 @@ class WDSPackDataset(PlanDataset):
                 f"{location}: the cost index says format {index.format!r}; use MDSPackDataset"
             )
         super().__init__(index, config, rank)
+        if index.record_hashes is None:
+            _warn_unhashed(location)
         self.location = location
         self.remote = is_remote(location)
         self.root = local_root
@@ -262,11 +305,17 @@ class WDSPackDataset(PlanDataset):
         name = self.index.shards[shard].name
         target = self.root / name
         if not target.is_file():
-            download(join(self.location, name), target)
+            try:
+                download(join(self.location, name), target)
+            except DatasetError as exc:
+                raise DatasetError(
+                    f"{self.location}: cannot read shard {shard} ({name}): {exc}"
+                ) from exc
         return target
 
     def _read_packs(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
         wanted = set(int(i) for i in packs.ravel())
-        raw = tar_samples(self._local_shards(self.shard_order(packs)), wanted)
+        hashes = self.index.record_hashes
+        raw = tar_samples(self._local_shards(self.shard_order(packs)), wanted, hashes)
         decoded = (decode_sample(sid, key, members) for sid, key, members in raw)
         yield from follow_plan(decoded, packs)

@@ -2,6 +2,8 @@
 
 Each record becomes one tar sample: ``<key>.input_ids.npy`` (the token ids, ``np.save``
 bytes, decoded by stock ``.decode()``) and ``<key>.json`` with ``{"source", "tokens", ...}``.
+Members are encoded here (webdataset's own encoder), so the bytes hashed into the record's
+xxh64 (``bcl_hashes.npy``, checked by the reader) are exactly the bytes in the tar.
 Keys are the global sample id, zero-padded (no dots: WebDataset groups members by the prefix
 before the first dot).
 
@@ -30,6 +32,7 @@ import webdataset as wds
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.formats.layout import as_token_array
 from bcl_stream.formats.writer_base import FinishOnExit, seal_cost_index
+from bcl_stream.hashing import record_digest
 from bcl_stream.index import CostIndex, ShardEntry
 from bcl_stream.remote import is_remote, upload
 
@@ -72,6 +75,8 @@ class CostedWDSWriter(FinishOnExit):
         self.local.mkdir(parents=True, exist_ok=True)
         self.shards: list[ShardEntry] = []
         self._tokens = array("I")  # 4 bytes per record, not a Python int each
+        self._hashes = array("Q")
+        self._encode = wds.writer.make_encoder(True)
         self._in_shard = 0
         self._index: CostIndex | None = None
         pattern = SHARD_PATTERN + (".gz" if compress else "")
@@ -81,6 +86,7 @@ class CostedWDSWriter(FinishOnExit):
             maxsize=maxsize,
             post=self._closed,
             verbose=0,
+            encoder=False,  # members arrive encoded (see write): what is hashed is what is stored
         )
 
     def _closed(self, fname: str) -> None:
@@ -115,9 +121,11 @@ class CostedWDSWriter(FinishOnExit):
             raise ValueError(f"record {n}: no {self.tokens_field!r} and no tokens=n given")
         meta["tokens"] = int(tokens)
         member["json"] = json.dumps(meta).encode()
+        member = self._encode(member)
         self._writer.write(member)
         self._in_shard += 1
         self._tokens.append(int(tokens))
+        self._hashes.append(record_digest((k, v) for k, v in member.items() if k != "__key__"))
 
     def finish(self) -> CostIndex:
         """Close the last shard, write (and upload) the cost index last; output: the index."""
@@ -125,7 +133,14 @@ class CostedWDSWriter(FinishOnExit):
             return self._index
         self._writer.close()
         index = seal_cost_index(
-            self._tokens, self.cost_model, self.shards, "wds", self.extra, self.local, self.remote
+            self._tokens,
+            self.cost_model,
+            self.shards,
+            "wds",
+            self.extra,
+            self.local,
+            self.remote,
+            self._hashes,
         )
         if self.remote:
             shutil.rmtree(self.local, ignore_errors=True)

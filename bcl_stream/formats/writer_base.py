@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 
 from bcl_stream.cost import CostModel
-from bcl_stream.index import COSTS_NPY, INDEX_JSON, CostIndex, ShardEntry, write_index
+from bcl_stream.index import (
+    COSTS_NPY,
+    HASHES_NPY,
+    INDEX_JSON,
+    CostIndex,
+    ShardEntry,
+    write_index,
+)
 from bcl_stream.remote import upload
 
 
@@ -29,8 +36,10 @@ def seal_cost_index(
     extra: dict[str, Any],
     local: str | os.PathLike[str],
     remote: str | None,
+    hashes: array[int] | None = None,
 ) -> CostIndex:
-    """Build the index from the collected counts, write it locally, upload it if remote.
+    """Build the index from the collected counts (and per-record hashes, an ``array('Q')``),
+    write it locally, upload it if remote (the JSON last).
 
     A preprocessing report in ``extra`` gets its ``shards`` count here: the pipeline stores the
     report before the last shard closes, so only the sealed shard list knows the number.
@@ -39,11 +48,17 @@ def seal_cost_index(
     if isinstance(report, dict) and "shards" in report:
         extra = {**extra, "preprocess": {**report, "shards": len(shards)}}
     index = CostIndex.build(
-        np.frombuffer(tokens, dtype=np.uint32).copy(), cost_model, tuple(shards), format, extra
+        np.frombuffer(tokens, dtype=np.uint32).copy(),
+        cost_model,
+        tuple(shards),
+        format,
+        extra,
+        None if hashes is None else np.frombuffer(hashes, dtype=np.uint64).copy(),
     )
     write_index(local, index)
     if remote:
-        for name in (COSTS_NPY, INDEX_JSON):
+        names = [COSTS_NPY] + ([HASHES_NPY] if hashes is not None else []) + [INDEX_JSON]
+        for name in names:
             upload(os.path.join(local, name), remote, name)
     return index
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from bcl_stream.planner import checks
 from bcl_stream.planner.order import DEFAULT_SHARD_GROUP
 from bcl_stream.planner.partition import ALGORITHMS
 
@@ -14,6 +15,11 @@ SCOPES = ("rank", "node", "world")
 PACK_ORDERS = ("desc", "stream")
 REASON_TOO_LONG = "longer_than_max_tokens"
 REASON_TAIL = "epoch_tail"
+MAX_RANKS = 1 << 20
+"""Largest world size accepted (as in reader states): more is a typo or corruption, and
+planning it would exhaust memory."""
+MAX_SIZE = 1 << 31
+"""Largest pack size, window, group or iteration count accepted."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,36 +75,44 @@ class PlanConfig:
     against the shard cache (a node holds at most 2 groups)."""
 
     def __post_init__(self) -> None:
-        for name in ("world_size", "pack_size", "window", "ranks_per_node", "grad_accum"):
-            value = getattr(self, name)
-            if not isinstance(value, int | np.integer) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        """Check every field's type and range; a ValueError names the field and the value."""
+        for name in ("world_size", "ranks_per_node"):
+            checks.integer(getattr(self, name), name, 1, MAX_RANKS)
+        for name in ("pack_size", "window", "grad_accum", "shard_group"):
+            checks.integer(getattr(self, name), name, 1, MAX_SIZE)
+        checks.integer(self.refine, "refine", 0, MAX_SIZE)
         if self.world_size % self.ranks_per_node:
             raise ValueError(
                 f"ranks_per_node={self.ranks_per_node} does not divide world_size={self.world_size}"
             )
-        if self.scope not in SCOPES:
-            raise ValueError(f"scope must be one of {SCOPES}, got {self.scope!r}")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1 or None, got {self.max_tokens!r}")
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(
-                f"algorithm must be one of {sorted(ALGORITHMS)}, got {self.algorithm!r}"
-            )
-        if self.refine < 0:
-            raise ValueError(f"refine must be >= 0, got {self.refine}")
-        if self.pack_order not in PACK_ORDERS:
-            raise ValueError(f"pack_order must be one of {PACK_ORDERS}, got {self.pack_order!r}")
-        if self.carry is not None and not 0 <= self.carry < self.window * self.pack_size:
-            raise ValueError(
-                f"carry must be in [0, window*pack_size={self.window * self.pack_size}), got {self.carry!r}"
-            )
-        if not isinstance(self.carry_span, int | np.integer) or self.carry_span < 0:
-            raise ValueError(f"carry_span must be an integer >= 0, got {self.carry_span!r}")
-        if not 0.0 <= self.split_shards <= 1.0:
-            raise ValueError(f"split_shards must be in [0, 1], got {self.split_shards!r}")
-        if not isinstance(self.shard_group, int | np.integer) or self.shard_group < 1:
-            raise ValueError(f"shard_group must be an integer >= 1, got {self.shard_group!r}")
+        for name, allowed in (
+            ("scope", SCOPES),
+            ("algorithm", tuple(sorted(ALGORITHMS))),
+            ("pack_order", PACK_ORDERS),
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        if self.max_tokens is not None:
+            checks.integer(self.max_tokens, "max_tokens", 1)
+        for name in ("step_fill", "shuffle", "stratify"):
+            if not isinstance(getattr(self, name), bool | np.bool_):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.carry is not None:
+            top = self.window * self.pack_size
+            checks.integer(self.carry, "carry", -MAX_SIZE, MAX_SIZE)
+            if not 0 <= self.carry < top:
+                raise ValueError(
+                    f"carry must be in [0, window*pack_size={top}) or None, got {self.carry!r}"
+                )
+        split = self.split_shards
+        if (
+            isinstance(split, bool | np.bool_)
+            or not isinstance(split, int | float | np.integer | np.floating)
+            or not 0.0 <= split <= 1.0
+        ):
+            raise ValueError(f"split_shards must be a number in [0, 1], got {split!r}")
+        checks.integer(self.carry_span, "carry_span", 0, MAX_SIZE)
 
     @property
     def carry_records(self) -> int:

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from bcl_stream.planner import checks
+
 JITTER = 0.05
 """Relative noise on shard totals before dealing: varies the deal between epochs while keeping
 node totals within a few percent of one shard."""
@@ -91,21 +93,26 @@ class ShardTable:
         weight: npt.ArrayLike | None = None,
         split: npt.ArrayLike | None = None,
     ) -> ShardTable:
-        """A validated table; ``usable`` defaults to ``counts``, ``weight`` to zeros."""
-        c = np.asarray(counts, dtype=np.int64).reshape(-1)
+        """A validated table; ``usable`` defaults to ``counts``, ``weight`` to zeros.
+
+        Every argument is checked (1-D, numeric, whole where counts are meant, equal lengths,
+        values in range) and refused with a ValueError naming it."""
+        c = checks.array(counts, "shard counts", whole=True)
         if np.any(c < 0):
             raise ValueError(f"shard counts must be >= 0, got min {int(c.min())}")
-        u = c.copy() if usable is None else np.asarray(usable, dtype=np.int64).reshape(-1)
-        w = np.zeros(c.size) if weight is None else np.asarray(weight, np.float64).reshape(-1)
+        u = c.copy() if usable is None else checks.array(usable, "usable counts", whole=True)
+        w = np.zeros(c.size) if weight is None else checks.array(weight, "weight", whole=False)
         if u.shape != c.shape or w.shape != c.shape:
             raise ValueError(f"usable {u.shape} and weight {w.shape} must match counts {c.shape}")
         if np.any(u < 0) or np.any(u > c):
             raise ValueError("usable counts must lie in [0, counts] for every shard")
         if not np.all(np.isfinite(w)):
             raise ValueError("shard weights must be finite")
-        pieces = None if split is None else np.asarray(split, dtype=np.int64).reshape(-1)
+        pieces = None if split is None else checks.array(split, "split", whole=True)
         if pieces is not None and pieces.shape != c.shape:
             raise ValueError(f"split {pieces.shape} must match counts {c.shape}")
+        if pieces is not None and np.any((pieces < -1) | (pieces >= c.size)):
+            raise ValueError(f"split must hold -1 or a shard index in [0, {c.size}) per entry")
         return cls(c, u, w, pieces)
 
     @property

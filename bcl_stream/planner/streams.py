@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from bcl_stream.planner import checks
 from bcl_stream.planner.config import PlanConfig
 from bcl_stream.planner.order import (
     Ids,
@@ -41,6 +42,7 @@ class EpochStreams:
         costs: npt.NDArray[np.floating] | None = None,
     ) -> None:
         self.config = config
+        _check_inputs(table, config, seed, epoch, keep, costs)
         table = split_heavy_shards(table, config.n_nodes, config.split_shards, costs, keep)
         self.table = table
         """The shard table the streams read: the heaviest shards may be split in pieces."""
@@ -64,6 +66,11 @@ class EpochStreams:
         per_node = config.ranks_per_node * config.pack_size
         self.n_packs = min(len(s) for s in self.nodes) // per_node
         """Packs per rank, the same on every rank: the shortest node stream decides."""
+
+    @property
+    def n_records(self) -> int:
+        """Records in the dataset (every id the streams may hold is below this)."""
+        return self.table.n_records
 
     @property
     def n_rows(self) -> int:
@@ -115,3 +122,29 @@ class EpochStreams:
         """Shard of each sample id."""
         ends = np.cumsum(self.table.counts)
         return np.searchsorted(ends, ids, side="right").astype(np.int64)
+
+
+def _check_inputs(
+    table: ShardTable,
+    config: PlanConfig,
+    seed: object,
+    epoch: object,
+    keep: KeepFilter | None,
+    costs: npt.NDArray[np.floating] | None,
+) -> None:
+    """Refuse inputs that would otherwise fail deep inside numpy, naming the argument."""
+    checks.integer(seed, "seed", 0, (1 << 128) - 1)
+    checks.integer(epoch, "epoch", 0)
+    n = table.n_records
+    if costs is not None:
+        checks.per_record(costs, "costs", n)
+    if keep is not None and keep.tokens is not None:
+        checks.per_record(keep.tokens, "keep filter tokens", n)
+    if table.split is not None:
+        cut = table.split[table.split >= 0]
+        pieces = np.unique(cut, return_counts=True)[1]
+        if np.any(pieces != config.n_nodes):
+            raise ValueError(
+                f"split: every cut shard must have one piece per node ({config.n_nodes}), got "
+                f"{sorted(set(pieces.tolist()))}"
+            )

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.errors import PlanError
+from bcl_stream.planner import checks
 from bcl_stream.planner.carry import hold_back
 from bcl_stream.planner.config import PlanConfig
 from bcl_stream.planner.order import Ids
@@ -219,25 +220,25 @@ def plan_windows(
 ) -> WindowBatch:
     """Windows ``[start, stop)`` of ``rows``. ``carry``: what window ``start - 1`` held back, as
     returned by the batch before; None replays it (at most ``carry_span - 1`` hold-backs, no
-    partitioning). Scope ``world`` must plan every row together."""
+    partitioning). A carry is checked for shape, range, duplicates and for holding only records
+    window ``start - 1`` read fresh; one that passes but is not the carry the plan produced gives
+    another plan, so pass the previous call's carry or None. Scope ``world`` must plan every row
+    together."""
     config = streams.config
-    row_ids = np.asarray(rows, dtype=np.int64).reshape(-1)
-    if config.scope == "world" and row_ids.size != streams.n_rows:
-        raise ValueError("scope 'world' plans every node row together (nodes share targets)")
+    row_ids, start, stop = _check_call(streams, costs, tokens, rows, start, stop)
     n_windows = streams.n_windows
-    stop = n_windows if stop is None else stop
-    if not 0 <= start <= stop <= n_windows:
-        raise ValueError(f"windows [{start}, {stop}) outside [0, {n_windows})")
     if carry is None:
         span = config.carry_span or max(n_windows, 1)
-        carry = _walk(streams, costs, None, row_ids, start - start % span, start, None, None)
+        carried = _walk(streams, costs, None, row_ids, start - start % span, start, None, None)
+    else:
+        carried = _check_carry(streams, carry_runs(streams.n_packs, config), row_ids, start, carry)
     window = config.window
     first_pack = start * window
     end_pack = min(stop * window, streams.n_packs)
     out = np.empty(
         (row_ids.size * config.group_size, end_pack - first_pack, config.pack_size), np.int64
     )
-    carried = _walk(streams, costs, tokens, row_ids, start, stop, carry, out)
+    carried = _walk(streams, costs, tokens, row_ids, start, stop, carried, out)
     return WindowBatch(out, carried, first_pack)
 
 
@@ -261,12 +262,10 @@ def _walk(
         lo, hi = max(run.first_window, start), min(run.first_window + run.n_windows, stop)
         if lo >= hi:
             continue
-        if carried.shape[0] != row_ids.size or carried.shape[1] != (
-            run.carry_in if lo == run.first_window else run.hold
-        ):
+        width = run.carry_in if lo == run.first_window else run.hold
+        if carried.shape[1] != width:
             raise ValueError(
-                f"window {lo} needs a carry of {run.carry_in} records for each of "
-                f"{row_ids.size} rows, got shape {carried.shape}"
+                f"window {lo} needs a carry of {width} records per row, got {carried.shape[1]}"
             )
         fresh = run.fresh(config)
         read_from = run.read_from + (lo - run.first_window) * fresh
@@ -286,6 +285,75 @@ def _walk(
             packs, loads = partition_windows(windows, costs, tokens, run.per_rank, config)
             _place(packs, loads, (lo - start) * window, lo * window, config, out)
     return carried
+
+
+def _check_call(
+    streams: EpochStreams,
+    costs: Costs,
+    tokens: npt.NDArray[np.integer] | None,
+    rows: npt.ArrayLike,
+    start: object,
+    stop: object,
+) -> tuple[Ids, int, int]:
+    """Validate :func:`plan_windows`' arguments; output: (row ids, start, stop)."""
+    checks.per_record(costs, "costs", streams.n_records)
+    if tokens is not None:
+        checks.per_record(tokens, "tokens", streams.n_records)
+    row_ids = checks.array(rows, "rows", whole=True)
+    if row_ids.size == 0 or np.any((row_ids < 0) | (row_ids >= streams.n_rows)):
+        raise ValueError(f"rows must be one or more row ids in [0, {streams.n_rows}), got {rows!r}")
+    if streams.config.scope == "world" and not np.array_equal(
+        np.sort(row_ids), np.arange(streams.n_rows)
+    ):
+        raise ValueError("rows: scope 'world' plans every node row together (nodes share targets)")
+    n_windows = streams.n_windows
+    first = checks.integer(start, "start window", 0, n_windows)
+    last = n_windows if stop is None else checks.integer(stop, "stop window", first, n_windows)
+    return row_ids, first, last
+
+
+def _check_carry(
+    streams: EpochStreams, runs: tuple[Run, ...], row_ids: Ids, start: int, carry: object
+) -> Ids:
+    """``carry`` as (rows, held) ids if it is what window ``start - 1`` held back, else a
+    ValueError naming it.
+
+    A window holds back only records it read fresh (``hold_back``), so a genuine carry is a
+    duplicate-free subset of the previous window's fresh records of the same row: that is
+    checked exactly (one window of ids per row). Its width is checked against the run.
+    """
+    if carry is None:
+        return np.empty((row_ids.size, 0), np.int64)
+    arr = np.asarray(carry)
+    if arr.dtype.kind not in "iu" or arr.ndim != 2:
+        raise ValueError(
+            f"carry must be an integer array of shape (rows, held records), got "
+            f"{arr.dtype} {arr.shape}: pass the WindowBatch.carry of the previous call"
+        )
+    if arr.shape[0] != row_ids.size:
+        raise ValueError(f"carry has {arr.shape[0]} rows but {row_ids.size} rows are planned")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= streams.n_records):
+        raise ValueError(
+            f"carry holds ids outside [0, {streams.n_records}): not a carry of this plan"
+        )
+    ids = arr.astype(np.int64)
+    if ids.shape[1] == 0 or start == 0:
+        return ids
+    k = start - 1
+    run = next(r for r in runs if r.first_window <= k < r.first_window + r.n_windows)
+    fresh = run.fresh(streams.config)
+    read_from = run.read_from + (k - run.first_window) * fresh
+    previous = streams.fetch(row_ids, read_from, read_from + fresh)
+    for i, row in enumerate(row_ids):
+        held = ids[i]
+        if np.unique(held).size != held.size or not np.isin(held, previous[i]).all():
+            raise ValueError(
+                f"carry of row {int(row)} holds records not held back by window {k} (duplicates "
+                "or ids of other windows): it is not the carry this plan produced. Pass the "
+                "WindowBatch.carry of the call that planned window "
+                f"{k}, or re-plan from window 0"
+            )
+    return ids
 
 
 def _target_mean(streams: EpochStreams) -> float:

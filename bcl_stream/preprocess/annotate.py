@@ -8,8 +8,10 @@ the order stock ``webdataset`` yields without shuffling: ``<key>.<tokens_field>.
 ids, ``length_field`` is read from the ``json`` member or from a ``<key>.<length_field>``
 text member.
 
-Only ``bcl_costs.npy``, ``bcl_index.json`` and (MDS) the pointer key in ``index.json`` are
-written, in that order.
+WebDataset records also get a content hash each (``bcl_hashes.npy``, the one the reader checks).
+
+Only ``bcl_costs.npy`` (+ ``bcl_hashes.npy``), ``bcl_index.json`` and (MDS) the pointer key in
+``index.json`` are written, in that order.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import os
 import tarfile
 import tempfile
+from array import array
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +40,9 @@ from bcl_stream.formats.layout import (
     wds_shards_on_disk,
 )
 from bcl_stream.formats.mds_lengths import shard_counts
+from bcl_stream.hashing import record_digest
 from bcl_stream.index import INDEX_JSON, CostIndex, ShardEntry, write_index
+from bcl_stream.preprocess.lock import holding_output_lock
 from bcl_stream.remote import is_remote
 
 
@@ -141,21 +146,25 @@ def _wds_count(key: str, members: dict[str, bytes], field: str, as_length: bool,
 
 def _wds_counts(
     root: Path, field: str, as_length: bool, bar: Any
-) -> tuple[list[int], list[ShardEntry]]:
+) -> tuple[list[int], list[ShardEntry], array[int]]:
+    """Token counts, shards and one record hash (xxh64 of its members) per record."""
     counts: list[int] = []
+    hashes = array("Q")
     shards: list[ShardEntry] = []
     for name in wds_shards_on_disk(root):
         before = len(counts)
         try:
             for key, members in _wds_samples(root / name):
                 counts.append(_wds_count(key, members, field, as_length, name))
+                hashes.append(record_digest(members.items()))
                 bar.update()
         except (OSError, tarfile.TarError) as exc:
-            raise DatasetError(f"{root / name}: unreadable tar shard ({exc})") from None
+            raise DatasetError(f"{root / name}: unreadable tar shard ({exc})") from exc
         shards.append(ShardEntry(name, len(counts) - before))
-    return counts, shards
+    return counts, shards, hashes
 
 
+@holding_output_lock("annotate", "directory")
 def annotate(
     directory: str | os.PathLike[str],
     *,
@@ -168,7 +177,8 @@ def annotate(
     """Write the cost index of a dataset directory or remote URL; output: the index written.
 
     A remote dataset is downloaded whole to a temporary directory (see ``fetch``) and only the
-    cost index and the MDS ``index.json`` pointer are uploaded back.
+    cost index and the MDS ``index.json`` pointer are uploaded back. Another live ``annotate`` or
+    ``preprocess`` writing the same location is refused at once (``preprocess/lock.py``).
     """
     if is_remote(directory):
         from bcl_stream.preprocess.fetch import fetch_dataset, push_index
@@ -201,18 +211,26 @@ def _annotate_local(
         )
     field, as_length = (length_field, True) if length_field else (tokens_field, False)
     bar = tqdm(unit="rec", desc="annotate", disable=not progress, mininterval=0.5)
+    hashes: array[int] | None = None
     try:
         if fmt == "mds":
             shards = mds_shard_entries(root)
             counts = _mds_counts(root, field, as_length, bar)
         else:
-            counts, shards = _wds_counts(root, field, as_length, bar)
+            counts, shards, hashes = _wds_counts(root, field, as_length, bar)
     finally:
         bar.close()
     if not counts:
         raise DatasetError(f"{root}: the dataset holds no records; nothing to annotate")
     source = {"length_field": field} if as_length else {"tokens_field": field}
-    index = CostIndex.build(counts, model, shards, fmt, {"annotate": source})
+    index = CostIndex.build(
+        counts,
+        model,
+        shards,
+        fmt,
+        {"annotate": source},
+        None if hashes is None else np.frombuffer(hashes, dtype=np.uint64),
+    )
     write_index(root, index)
     if fmt == "mds":
         data = read_mds_index(root)

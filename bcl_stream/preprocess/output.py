@@ -23,7 +23,7 @@ from bcl_stream.index import INDEX_JSON
 from bcl_stream.remote import is_remote, list_remote
 
 DATASET_FILE = re.compile(
-    r"^(index\.json|bcl_index\.json|bcl_costs\.npy|shard\.\d+\.mds(\.\w+)?|shard-\d+\.tar(\.gz)?"
+    r"^(index\.json|bcl_index\.json|bcl_costs\.npy|bcl_hashes\.npy|shard\.\d+\.mds(\.\w+)?|shard-\d+\.tar(\.gz)?"
     r"|.*\.tmp)$"
 )
 

@@ -19,6 +19,7 @@ from tqdm import tqdm
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.errors import DatasetError
 from bcl_stream.preprocess.chat import TEMPLATE
+from bcl_stream.preprocess.lock import holding_output_lock
 from bcl_stream.preprocess.outliers import OutlierPolicy
 from bcl_stream.preprocess.output import prepare_output
 from bcl_stream.preprocess.sources import Bad, check_inputs, read_records
@@ -136,6 +137,7 @@ def _open_writer(
     )
 
 
+@holding_output_lock("preprocess", "output")
 def preprocess(
     inputs: list[str],
     output: str,
@@ -157,7 +159,8 @@ def preprocess(
     """Tokenize ``inputs`` (JSONL/Parquet) into a costed dataset at ``output`` (dir or s3://).
 
     Raises :class:`DatasetError` on the first bad record (unless ``skip_bad``), on an outlier
-    under ``outliers="error"``, on empty input and on an existing output (unless ``overwrite``).
+    under ``outliers="error"``, on empty input, on an existing output (unless ``overwrite``)
+    and at once when another live process writes the same output (``preprocess/lock.py``).
     """
     if format not in FORMATS:
         raise ValueError(f"--format must be one of {FORMATS}, got {format!r}")

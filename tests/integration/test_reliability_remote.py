@@ -10,6 +10,7 @@ fails requests on demand (``reliability_scripts/faulty_proxy.py``).
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from urllib.parse import urlparse
@@ -99,3 +100,99 @@ def test_unreachable_cost_index_is_named(s3_dataset, tmp_path: Path) -> None:  #
     with pytest.raises(CostIndexError, match=rf"{remote}/bcl_index\.json: cannot fetch.*failed after \d+ attempts"):  # fmt: skip
         MDSPackDataset(remote, CONFIG, 0, cache_dir=tmp_path / "cache")
     assert 0 < proxy.counts()[1] <= MAX_FAILED_REQUESTS
+
+
+# -- WebDataset, inspect and annotate over the same faults ------------------------------
+WDS_CONFIG = ReaderConfig(world_size=1, pack_size=4, window=2, seed=3, shard_group=2)
+
+
+@pytest.fixture
+def s3_wds(moto_s3, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """(remote URL, proxy): a 300-record WebDataset (9 shards) on moto, read through the proxy."""
+    import os
+
+    from conftest import write_wds
+
+    name = f"relw-{os.getpid()}-{id(monkeypatch) % 10_000}"
+    remote = moto_s3(name) + "/train"
+    write_wds(remote, 300)
+    proxy = FaultyProxy(urlparse(os.environ["S3_ENDPOINT_URL"]).port or 0)
+    monkeypatch.setenv("S3_ENDPOINT_URL", proxy.endpoint)
+    yield remote, proxy
+    proxy.close()
+
+
+def wds_dataset(remote: str, cache: Path):  # type: ignore[no-untyped-def]
+    from bcl_stream.formats.wds_reader import WDSPackDataset
+
+    return WDSPackDataset(remote, WDS_CONFIG, 0, cache_dir=cache, prefetch=0)
+
+
+def test_wds_transient_failures_are_retried(s3_wds, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    remote, proxy = s3_wds
+    proxy.fail_next(3)  # the cost index download
+    dataset = wds_dataset(remote, tmp_path / "cache")
+    assert proxy.counts()[1] == 3
+    plan = dataset.plan(0).rank_packs(0).tolist()
+    proxy.fail_next(2, path_contains="shard-")
+    got = [ids(pack) for pack in PackLoader(dataset)]
+    assert got == plan
+    assert proxy.counts()[1] == 5
+
+
+def test_wds_server_down_mid_epoch_then_resume(s3_wds, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    remote, proxy = s3_wds
+    dataset = wds_dataset(remote, tmp_path / "cache")
+    plan = dataset.plan(0).rank_packs(0).tolist()
+    loader = PackLoader(dataset)
+    got: list[list[int]] = []
+    it = iter(loader)
+    for _ in range(8):
+        got.append(ids(next(it)))
+    state = loader.state_dict()
+    proxy.set_down(True)
+    before = proxy.counts()[1]
+    match = rf"^{remote}: cannot read shard \d+ \(shard-\d+\.tar\): download of .* failed after 4 attempts: .*503.*resume from the last checkpoint\.$"  # fmt: skip
+    with pytest.raises(DatasetError, match=match) as caught:
+        for pack in it:
+            got.append(ids(pack))
+            state = loader.state_dict()
+    assert "\n" not in str(caught.value)
+    failed = proxy.counts()[1] - before
+    assert 0 < failed <= MAX_FAILED_REQUESTS
+    del it
+    proxy.set_down(False)
+    resumed = PackLoader(dataset)
+    resumed.load_state_dict(state)
+    assert state["packs_consumed"] == len(got)
+    got += [ids(pack) for pack in resumed]
+    assert got == plan
+
+
+def test_inspect_and_annotate_on_a_faulty_remote(s3_wds, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A few failed requests are retried; a server that is down gives one line naming the URL
+    after a bounded number of requests; once it is back the same command succeeds."""
+    from bcl_stream.preprocess.annotate import annotate
+    from bcl_stream.preprocess.inspection import inspect_dataset
+
+    remote, proxy = s3_wds
+    proxy.fail_next(3)
+    report = inspect_dataset(remote)
+    assert report["ok"] and report["records"] == 300 and proxy.counts()[1] == 3
+    proxy.fail_next(3, path_contains="shard-")
+    assert len(annotate(remote, cost_model="tokens", overwrite=True, progress=False)) == 300
+
+    proxy.set_down(True)
+    before = proxy.counts()[1]
+    report = inspect_dataset(remote)
+    assert not report["ok"] and len(report["problems"]) == 1
+    assert re.match(rf"listing of {remote} failed after 4 attempts: .*503", report["problems"][0])
+    with pytest.raises(DatasetError, match=rf"listing of {remote} failed after 4 attempts"):
+        annotate(remote, cost_model="tokens", overwrite=True, progress=False)
+    assert 0 < proxy.counts()[1] - before <= 2 * MAX_FAILED_REQUESTS
+
+    proxy.set_down(False)
+    annotate(remote, cost_model="tokens", overwrite=True, progress=False)
+    assert inspect_dataset(remote)["ok"]
+    plan = wds_dataset(remote, tmp_path / "c2").plan(0).rank_packs(0).tolist()
+    assert [ids(p) for p in PackLoader(wds_dataset(remote, tmp_path / "c2"))] == plan

@@ -97,8 +97,8 @@ def test_wds_to_s3_uploads_index_last(
     preprocess([_corpus(tmp_path / "c.jsonl")], remote, format="wds", maxcount=30, progress=False)
     names = [name for name, _ in seen]
     shards = ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
-    assert names == [*shards, "bcl_costs.npy", "bcl_index.json"]
-    assert {"shard-000002.tar", "bcl_costs.npy"} <= seen[-1][1]
+    assert names == [*shards, "bcl_costs.npy", "bcl_hashes.npy", "bcl_index.json"]
+    assert {"shard-000002.tar", "bcl_costs.npy", "bcl_hashes.npy"} <= seen[-1][1]
     index, _ = open_cost_index(remote, tmp_path / "idx")
     local = [download(f"{remote}/{s.name}", tmp_path / "dl" / s.name) for s in index.shards]
     samples = list(wds.WebDataset([str(p) for p in local], shardshuffle=False).decode())

@@ -32,6 +32,10 @@ trainer:
     - class_path: slow_steps.SlowSteps
       init_args:
         seconds: {sleep}
+    - class_path: slow_steps.SlowSave
+      init_args:
+        marker_dir: "{markers}"
+        seconds: {save_sleep}
 model:
   class_path: lightning_module.tinygpt.TinyGPT
   init_args:
@@ -49,6 +53,7 @@ data:
   window: 4
   seed: 3
   num_workers: {workers}
+  persistent_workers: {persistent}
 """
 
 
@@ -62,19 +67,27 @@ def write_config(
     sleep: float = 0.0,
     pack: int = 4,
     workers: int = 0,
+    persistent: bool = False,
+    ckpt: Path | None = None,
+    save_sleep: float = 0.0,
 ) -> Path:
-    """Write the YAML for one run whose logs go to ``work/logs`` and checkpoints to ``work/ckpt``."""
+    """Write the YAML for one run whose logs go to ``work/logs`` and checkpoints to ``work/ckpt``
+    (or ``ckpt``: a directory several resumed runs share). Each checkpoint save writes a
+    ``work/markers/saving-<step>`` file, then sleeps ``save_sleep`` seconds."""
     path.write_text(
         TEMPLATE.format(
             epochs=epochs,
             work=work,
             logs=work / "logs",
-            ckpt=work / "ckpt",
+            ckpt=ckpt or work / "ckpt",
             every=every,
             sleep=sleep,
             data=data,
             pack=pack,
             workers=workers,
+            persistent=str(persistent).lower(),
+            markers=work / "markers",
+            save_sleep=save_sleep,
         )
     )
     return path

@@ -1,0 +1,46 @@
+"""Content hashes: one helper for MDS shard hashes and WebDataset record hashes.
+
+MDS shards carry the hash streaming's writer records in ``index.json`` (``xxh64`` by default
+in our writer); :func:`digest` recomputes any of those. WebDataset has no index of its own, so
+our cost index stores one xxh64 per record (:func:`record_digest`): the reader checks each
+record it decodes, which names the damaged record, and keeps the WebDataset reader's main
+saving (records other ranks read are skipped from their tar header, never read) instead of
+hashing whole shards. Measured: about 1.6 µs per two-member record (mostly Python call
+overhead; xxh64 itself runs at GB/s), against ~70 µs to read and decode a record
+(tools/bench_loader.py).
+
+The record digest covers exactly what a reader yields: each member's extension (lower case,
+as readers key members) and bytes, in extension order, so it does not depend on the order a
+writer put members in the tar. Keys starting with ``_`` (metadata ``ShardWriter`` does not
+store) are left out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+import xxhash
+
+RECORD_HASH = "xxh64"
+"""Algorithm of the per-record hashes in the cost index."""
+
+
+def digest(algo: str, data: bytes) -> str:
+    """Hex digest of ``data`` under ``algo``: an xxhash algorithm (``xxh64``, ``xxh3_64``, ...)
+    or any of ``hashlib``'s; the same strings streaming writes into MDS ``index.json``."""
+    if algo.startswith("xxh") and algo in xxhash.algorithms_available:
+        return str(getattr(xxhash, algo)(data).hexdigest())
+    if algo in hashlib.algorithms_available:
+        return hashlib.new(algo, data).hexdigest()
+    raise ValueError(f"unknown hash algorithm {algo!r}")
+
+
+def record_digest(members: Iterable[tuple[str, bytes]]) -> int:
+    """xxh64 of one record's members ``(extension, bytes)``, as an unsigned 64-bit int."""
+    h = xxhash.xxh64()
+    for ext, data in sorted((e.lower(), d) for e, d in members if not e.startswith("_")):
+        name = ext.encode("utf-8")
+        h.update(len(name).to_bytes(4, "little") + name + len(data).to_bytes(8, "little"))
+        h.update(data)
+    return int(h.intdigest())
