@@ -70,8 +70,8 @@ class ReaderConfig:
     """Swap-refinement iterations of the planner."""
     pack_order: str = "desc"
     """Order of packs inside a window: ``desc`` or ``stream``."""
-    carry: int | None = None
-    """Records carried between windows by the planner (None: its default W*B/4; 0: none)."""
+    carry: int | None = 0
+    """Records carried between windows by the planner (0: none, the default; None: W*B/4)."""
     cost_model: str | None = None
     """Preset name or JSON path to recompute costs from tokens; None uses the stored costs."""
 

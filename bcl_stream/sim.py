@@ -167,7 +167,7 @@ class SimConfig:
     shuffle: bool = True
     """False streams in write order (``--no-shuffle``)."""
     shard_group: int = DEFAULT_SHARD_GROUP
-    carry: int | None = None
+    carry: int | None = 0
     step_fill: bool = True
     split_shards: float = 0.05
     stratify: bool = True

@@ -180,14 +180,14 @@ ABLATION = {
     "sequential": (16, {}),
     "bcl-world@16": (16, {}),
     "bcl-world+no_stratify@16": (16, {"stratify": False}),
-    "bcl-world+no_carry@16": (16, {"carry": 0}),
+    "bcl-world+carry_wb4@16": (16, {"carry": None}),
     "bcl-world+no_step_fill@16": (16, {"step_fill": False}),
     "bcl-world+split_shards_0.05@16": (16, {"split_shards": 0.05}),
     "bcl-world+shard_group_8@16": (16, {"shard_group": 8}),
     "bcl-world+shard_group_32@16": (16, {"shard_group": 32}),
     "bcl-rank@32": (32, {}),
     "bcl-rank+no_stratify@32": (32, {"stratify": False}),
-    "bcl-rank+no_carry@32": (32, {"carry": 0}),
+    "bcl-rank+carry_wb4@32": (32, {"carry": None}),
 }
 
 

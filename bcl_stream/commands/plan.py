@@ -34,7 +34,9 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="shuffle seed")
     p.add_argument("--epoch", type=int, default=0, help="epoch to plan (its order depends on it)")
     p.add_argument("--max-tokens", type=int, default=None, help="memory cap M per pack")
-    p.add_argument("--carry", type=int, default=None, help="planner carry-over records")
+    p.add_argument(
+        "--carry", type=int, default=0, help="planner carry-over records per rank (0: none)"
+    )
     p.add_argument(
         "--shard-group",
         type=int,

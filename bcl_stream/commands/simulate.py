@@ -83,9 +83,7 @@ def add_parser(sub: Any) -> None:
         default=DEFAULT_SHARD_GROUP,
         help="shards a node shuffles together (shuffle quality vs shard cache)",
     )
-    p.add_argument(
-        "--carry", type=int, default=None, help="carry-over records per rank (default W*B/4)"
-    )
+    p.add_argument("--carry", type=int, default=0, help="carry-over records per rank (0: none)")
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated list")
     p.add_argument(
         "--layout",
