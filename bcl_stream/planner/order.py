@@ -42,8 +42,8 @@ JITTER = 0.05
 """Relative noise on shard totals before dealing: varies the deal between epochs while keeping
 node totals within a few percent of one shard."""
 
-CHUNK = 1 << 22
-"""Records per chunk of passes over the whole cost array (32 MB of float64 temporaries)."""
+CHUNK = 1 << 20
+"""Records per chunk of passes over the whole cost array (8 MB of float64 temporaries)."""
 
 CUT_FACTOR = 3.0
 """A shard whose excess cost is this many times the node's mean |excess| is a lump: cut into
@@ -136,14 +136,20 @@ def shard_weights(
     n = int(ends[-1]) if ends.size else 0
     if costs.shape[0] != n:
         raise ValueError(f"costs hold {costs.shape[0]} records, the shard counts {n}")
+    starts = ends - c
     for lo in range(0, n, CHUNK):  # chunked: no full-size temporary beside a mapped array
-        chunk = np.asarray(costs[lo : lo + CHUNK])
+        chunk = np.asarray(costs[lo : lo + CHUNK], dtype=np.float64)
         bad = ~np.isfinite(chunk) | (chunk < 0)
         if bad.any():
             first = lo + int(np.flatnonzero(bad)[0])
             raise ValueError(f"costs must be finite and >= 0; costs[{first}] = {costs[first]!r}")
-        shard = np.searchsorted(ends, np.arange(lo, lo + chunk.size), side="right")
-        sums += np.bincount(shard, weights=chunk.astype(np.float64), minlength=c.size)[: c.size]
+        hi = lo + chunk.size
+        first_shard = int(np.searchsorted(ends, lo, side="right"))
+        last_shard = int(np.searchsorted(ends, hi - 1, side="right"))
+        shards = np.arange(first_shard, last_shard + 1)
+        shards = shards[c[shards] > 0]  # empty shards own no records (reduceat would misread)
+        local = np.maximum(starts[shards] - lo, 0)
+        sums[shards] += np.add.reduceat(chunk, local)
     return np.divide(sums, c, out=np.zeros(c.size), where=c > 0)
 
 
