@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from bcl_stream.errors import BCLStreamError
+from bcl_stream.errors import BCLStreamError, PlanError
 from bcl_stream.planner import PlanConfig, ShardTable, plan_epoch, plan_windows, shard_weights
 from bcl_stream.planner.bcl import epoch_streams
 from bcl_stream.planner.order import KeepFilter
@@ -258,7 +258,11 @@ def test_plan_config_with_one_bad_field(name: str, value: Any) -> None:
     except Exception as exc:
         refused_with_a_name(exc, name)
         return
-    plan = plan_epoch(COSTS, TABLE, config, seed=0, epoch=0, tokens=np.ones(400, np.int64))
+    try:
+        plan = plan_epoch(COSTS, TABLE, config, seed=0, epoch=0, tokens=np.ones(400, np.int64))
+    except PlanError as exc:  # a valid config the data cannot meet (max_tokens below B tokens)
+        refused_with_a_name(exc, name)
+        return
     assert plan.packs.shape[:1] == (config.world_size,)
     used = plan.packs.ravel()
     assert len(np.unique(used)) == used.size
