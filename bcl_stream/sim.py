@@ -313,12 +313,8 @@ def schedules(
 
 
 def plan_config(config: SimConfig, scope: str) -> PlanConfig:
-    """The planner configuration a simulated BCL strategy uses.
-
-    ``padded`` layout: the ``padded`` partition (``planner/padded.py``), without the step fill,
-    which balances sums; ``algorithm`` is then ignored.
-    """
-    padded = check_layout(config.layout) == "padded"
+    """The planner configuration a simulated BCL strategy uses (with the ``padded`` layout the
+    planner partitions by length: ``PlanConfig.partition_algorithm``)."""
     return PlanConfig(
         world_size=config.ranks,
         ranks_per_node=config.ranks_per_node,
@@ -326,14 +322,15 @@ def plan_config(config: SimConfig, scope: str) -> PlanConfig:
         window=config.window,
         scope=scope,
         max_tokens=config.max_tokens,
-        algorithm="padded" if padded else config.algorithm,
+        algorithm=config.algorithm,
+        layout=config.layout,
         refine=config.refine,
         pack_order=config.pack_order,
         grad_accum=config.grad_accum,
         shuffle=config.shuffle,
         shard_group=config.shard_group,
         carry=config.carry,
-        step_fill=config.step_fill and not padded,
+        step_fill=config.step_fill,
         split_shards=config.split_shards,
         stratify=config.stratify,
     )

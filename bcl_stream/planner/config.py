@@ -9,6 +9,7 @@ import numpy.typing as npt
 
 from bcl_stream.planner import checks
 from bcl_stream.planner.order import DEFAULT_SHARD_GROUP
+from bcl_stream.planner.padded import LAYOUTS
 from bcl_stream.planner.partition import ALGORITHMS
 
 SCOPES = ("rank", "node", "world")
@@ -73,6 +74,10 @@ class PlanConfig:
     every node (``order.split_heavy_shards``); 0 keeps every shard on one node. Measured on
     length-sorted heavy-tailed corpora (tools/bench_balance.py, 4 nodes x 8): 0.05 lifts the
     world efficiency by 3-6 points there and changes other corpora by < 0.3 points."""
+    layout: str = "packed"
+    """How the trainer runs a pack (``planner/padded.py``): ``packed`` (varlen attention, a
+    pack costs the sum of its records' costs) or ``padded`` (B x its costliest record): packs
+    of similar lengths (``algorithm`` ``padded``; no sum-based refinement or step fill)."""
     shard_group: int = DEFAULT_SHARD_GROUP
     """Shards whose records a node shuffles together (``planner/order.py``): shuffle quality
     against the shard cache (a node holds at most 2 groups)."""
@@ -116,6 +121,16 @@ class PlanConfig:
         ):
             raise ValueError(f"split_shards must be a number in [0, 1], got {split!r}")
         checks.integer(self.carry_span, "carry_span", 0, MAX_SIZE)
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+
+    @property
+    def partition_algorithm(self) -> str:
+        """The partition that serves the layout: ``padded`` for the padded layout (but for the
+        unbalanced ``stream`` baseline, which keeps stream order whatever the layout)."""
+        if self.layout == "padded" and self.algorithm != "stream":
+            return "padded"
+        return self.algorithm
 
     @property
     def carry_records(self) -> int:

@@ -160,8 +160,9 @@ def partition_windows(
     m, size = per_rank * config.group_size, config.pack_size
     flat_ids = windows.reshape(rows * n, count)
     window_costs = _gather_costs(costs, flat_ids)
-    assign = partition(window_costs, m, config.algorithm, config.refine)
-    if config.step_fill and config.pack_order == "desc" and config.algorithm not in UNREFINED:
+    algorithm = config.partition_algorithm
+    assign = partition(window_costs, m, algorithm, config.refine)
+    if config.step_fill and config.pack_order == "desc" and algorithm not in UNREFINED:
         if config.scope == "world" and rows > 1:
             assign = fill_steps_joint(window_costs, assign, config.group_size, config.refine, rows)
         else:

@@ -13,6 +13,7 @@ import pytest
 
 from bcl_stream.cli import main
 from bcl_stream.cost import get_preset
+from bcl_stream.planner.baselines import sequential_config
 from bcl_stream.planner.padded import pack_cost
 from bcl_stream.sim import STRATEGIES, SimConfig, plan_config, schedules, simulate
 
@@ -74,9 +75,11 @@ def test_padded_bcl_plans_similar_lengths_together() -> None:
 
 
 def test_plan_config_selects_the_padded_partition_only_for_padded() -> None:
-    assert plan_config(SimConfig(layout="padded"), "world").algorithm == "padded"
-    assert plan_config(SimConfig(layout="padded"), "world").step_fill is False
-    assert plan_config(SimConfig(), "world").algorithm == "lpt"
+    padded = plan_config(SimConfig(layout="padded"), "world")
+    assert (padded.layout, padded.partition_algorithm) == ("padded", "padded")
+    assert plan_config(SimConfig(), "world").partition_algorithm == "lpt"
+    # the unbalanced baseline keeps stream order whatever the layout
+    assert sequential_config(padded).partition_algorithm == "stream"
     with pytest.raises(ValueError, match="layout must be one of"):
         schedules(_lengths(100), get_preset("tokens"), SimConfig(layout="ragged"))
 
