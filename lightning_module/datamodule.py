@@ -39,7 +39,14 @@ from bcl_stream.errors import StateError
 from bcl_stream.formats.reader_base import Pack, PlanDataset
 from bcl_stream.loader import PackLoader
 from bcl_stream.plan_checks import require_packs
-from bcl_stream.plan_source import EpochPlan, ReaderConfig, Segment, sequential_plan
+from bcl_stream.plan_source import (
+    PLAN_FIELDS,
+    EpochPlan,
+    ReaderConfig,
+    Segment,
+    sequential_plan,
+)
+from bcl_stream.planner import PlanConfig
 from lightning_module.collate import LABELS, collate_packed, collate_padded
 
 PACKINGS = ("bcl", "sequential")
@@ -183,6 +190,39 @@ def _explain_len_warning() -> None:
     warnings.filterwarnings("ignore", message=LEN_WARNING)
 
 
+OWN_ARGUMENTS = (
+    "world_size",
+    "ranks_per_node",
+    "pack_size",
+    "window",
+    "scope",
+    "max_tokens",
+    "shuffle",
+)
+"""PlanConfig fields with an argument of their own (or set from the trainer): not in ``plan``."""
+
+
+def check_plan_knobs(
+    plan: dict[str, Any] | None, *, pack_size: int, window: int, scope: str
+) -> dict[str, Any]:
+    """``BCLDataModule(plan=...)`` checked now (not in a worker): known PlanConfig fields, none
+    that has its own argument, values PlanConfig accepts. Returns a copy."""
+    knobs = dict(plan or {})
+    unknown = sorted(set(knobs) - PLAN_FIELDS)
+    if unknown:
+        raise ValueError(
+            f"plan has unknown keys {unknown}; planner knobs are {sorted(PLAN_FIELDS)}"
+        )
+    own = sorted(set(knobs) & set(OWN_ARGUMENTS))
+    if own:
+        raise ValueError(
+            f"plan sets {own}: give them as BCLDataModule arguments (world_size comes from the "
+            "trainer), not inside plan"
+        )
+    PlanConfig(world_size=1, pack_size=pack_size, window=window, scope=scope, **knobs)
+    return knobs
+
+
 class BCLDataModule(pl.LightningDataModule):
     """Balanced, resumable training packs from a costed MDS or WebDataset dataset.
 
@@ -206,6 +246,11 @@ class BCLDataModule(pl.LightningDataModule):
         cache_dir: local cache for a remote dataset (required for ``s3://``).
         ranks_per_node: ranks per node; None takes the trainer's devices per node.
         allow_resize: resume a state saved under another world size (elastic) or refuse it.
+        plan: any other planner knob, by ``PlanConfig`` field name (``algorithm``, ``refine``,
+            ``pack_order``, ``step_fill``, ``carry``, ``carry_span``, ``grad_accum``,
+            ``stratify``, ``split_shards``, ``shard_group``); unset ones keep PlanConfig's
+            defaults. YAML: ``data.init_args.plan: {carry_span: 32}``. The knobs above with
+            their own argument, and ``world_size`` (the trainer's), are refused here.
     """
 
     def __init__(
@@ -229,8 +274,10 @@ class BCLDataModule(pl.LightningDataModule):
         cache_dir: str | None = None,
         ranks_per_node: int | None = None,
         allow_resize: bool = True,
+        plan: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        self.plan = check_plan_knobs(plan, pack_size=pack_size, window=window, scope=scope)
         if format not in ("mds", "wds"):
             raise ValueError(f"format must be 'mds' or 'wds', got {format!r}")
         if packing not in PACKINGS:
@@ -276,7 +323,7 @@ class BCLDataModule(pl.LightningDataModule):
         """Build the dataset for an explicit layout (Fabric scripts and tests call this)."""
         local = self.ranks_per_node or ranks_per_node
         set_streaming_env(local)
-        config = ReaderConfig(
+        config = ReaderConfig.build(
             world_size=world_size,
             pack_size=self.pack_size,
             window=self.window,
@@ -286,6 +333,7 @@ class BCLDataModule(pl.LightningDataModule):
             shuffle=self.shuffle,
             max_tokens=self.max_tokens,
             cost_model=self.cost_model,
+            **self.plan,
         )
         self.dataset = make_dataset(
             self.format, self.packing, self.data, config, rank, cache_dir=self.cache_dir
@@ -336,7 +384,7 @@ class BCLDataModule(pl.LightningDataModule):
             rank_zero_info(
                 f"BCLDataModule: {self.packing} packing, {plan.n_packs} packs of "
                 f"{self.pack_size} records per rank in epoch {plan.epoch} on "
-                f"{ds.config.world_size} ranks; records of that epoch not yielded, by reason: "
+                f"{ds.config.plan.world_size} ranks; records of that epoch not yielded, by reason: "
                 f"{counts or 'none'}"
             )
         return self._loader

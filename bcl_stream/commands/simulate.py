@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from bcl_stream.commands.config_options import add_plan_config_options, plan_fields
 from bcl_stream.cost import CostModel, resolve
-from bcl_stream.planner.order import DEFAULT_SHARD_GROUP
 from bcl_stream.planner.padded import LAYOUTS
 from bcl_stream.sim import (
     STRATEGIES,
@@ -33,6 +33,7 @@ from bcl_stream.sim import (
 )
 
 DEFAULT_COST_MODEL = "llama3-8b"
+SIM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SimConfig)}
 
 
 def add_parser(sub: Any) -> None:
@@ -47,20 +48,22 @@ def add_parser(sub: Any) -> None:
         help="1-D .npy of integer token counts, or a dataset's bcl_costs.npy",
     )
     p.add_argument("--cache-dir", default=None, help="local cache for an s3:// --dataset")
-    p.add_argument("--ranks", type=int, default=8, help="data-parallel ranks R")
-    p.add_argument(
-        "--ranks-per-node", type=int, default=None, help="ranks per node (default: min(R, 8))"
+    add_plan_config_options(
+        p,
+        skip=frozenset({"scope"}),  # each bcl-* strategy sets its own scope
+        defaults={
+            "world_size": SIM_DEFAULTS["ranks"],
+            "ranks_per_node": None,  # min(R, 8), below
+            **{k: SIM_DEFAULTS[k] for k in ("pack_size", "window", "grad_accum")},
+        },
+        aliases={"world_size": ("--ranks",)},
     )
-    p.add_argument("--pack-size", type=int, default=8, help="records per pack B")
-    p.add_argument("--window", type=int, default=16, help="packs per rank per window W")
-    p.add_argument("--grad-accum", type=int, default=4, help="micro-batches per optimizer step G")
     p.add_argument(
         "--cost-model",
         default=None,
         help="preset name or cost-model JSON (default: the dataset's own with --dataset, "
         f"{DEFAULT_COST_MODEL} with --lengths)",
     )
-    p.add_argument("--max-tokens", type=int, default=None, help="memory cap / MFFD bin capacity M")
     p.add_argument(
         "--sync",
         choices=["microbatch", "step"],
@@ -76,14 +79,6 @@ def add_parser(sub: Any) -> None:
         default=4096,
         help="the array is the dataset in write order, cut into shards of K records",
     )
-    p.add_argument("--no-shuffle", action="store_true", help="stream in write order")
-    p.add_argument(
-        "--shard-group",
-        type=int,
-        default=DEFAULT_SHARD_GROUP,
-        help="shards a node shuffles together (shuffle quality vs shard cache)",
-    )
-    p.add_argument("--carry", type=int, default=0, help="carry-over records per rank (0: none)")
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated list")
     p.add_argument(
         "--layout",
@@ -136,22 +131,18 @@ def run(args: argparse.Namespace) -> int:
         lengths, model = load_lengths(args.lengths), resolve(DEFAULT_COST_MODEL)
     if args.cost_model is not None:
         model = resolve(args.cost_model)
+    planner = plan_fields(args)
+    world = planner.pop("world_size")
+    planner["ranks_per_node"] = planner["ranks_per_node"] or min(world, 8)
     config = SimConfig(
-        ranks=args.ranks,
-        ranks_per_node=args.ranks_per_node or min(args.ranks, 8),
-        pack_size=args.pack_size,
-        window=args.window,
-        grad_accum=args.grad_accum,
-        max_tokens=args.max_tokens,
+        ranks=world,
         sync=args.sync,
         seed=args.seed,
         epoch=args.epoch,
         overhead=args.overhead,
         shard_records=args.shard_records,
-        shuffle=not args.no_shuffle,
-        shard_group=args.shard_group,
-        carry=args.carry,
         layout=args.layout,
+        **planner,
     )
     names = tuple(s for s in args.strategies.split(",") if s)
     table = shard_table(lengths, model.cost(lengths), config.shard_records)

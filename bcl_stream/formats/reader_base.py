@@ -52,13 +52,13 @@ class PlanDataset(IterableDataset[Pack]):
         self.index = index
         self.config = config
         self.rank = detect_rank() if rank is None else int(rank)
-        if not 0 <= self.rank < config.world_size:
-            raise ValueError(f"rank must be in [0, {config.world_size}), got {self.rank}")
+        if not 0 <= self.rank < config.plan.world_size:
+            raise ValueError(f"rank must be in [0, {config.plan.world_size}), got {self.rank}")
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             world = torch.distributed.get_world_size()
-            if world != config.world_size:
+            if world != config.plan.world_size:
                 raise ValueError(
-                    f"ReaderConfig.world_size={config.world_size} but the process group has "
+                    f"ReaderConfig.world_size={config.plan.world_size} but the process group has "
                     f"{world} ranks; ranks would disagree on the plan. Set world_size={world}."
                 )
         self.fingerprint = index.fingerprint()

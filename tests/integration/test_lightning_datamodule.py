@@ -73,7 +73,7 @@ def test_estimated_stepping_batches_with_max_epochs_resumes_exactly(
 
 def test_sequential_packing_is_the_planner_baseline(mds_dir: Path) -> None:
     index = read_index(mds_dir)
-    config = ReaderConfig(world_size=2, ranks_per_node=2, pack_size=8, window=4, seed=1)
+    config = ReaderConfig.build(world_size=2, ranks_per_node=2, pack_size=8, window=4, seed=1)
     expected = sequential_plan(index, config, 0).plan.packs
     for rank in range(2):
         module = dm(mds_dir, packing="sequential")
