@@ -323,20 +323,28 @@ class BCLDataModule(pl.LightningDataModule):
         """Build the dataset for an explicit layout (Fabric scripts and tests call this)."""
         local = self.ranks_per_node or ranks_per_node
         set_streaming_env(local)
-        config = ReaderConfig.build(
+        self.dataset = make_dataset(
+            self.format,
+            self.packing,
+            self.data,
+            self.reader_config(world_size, local),
+            rank,
+            cache_dir=self.cache_dir,
+        )
+
+    def reader_config(self, world_size: int, ranks_per_node: int) -> ReaderConfig:
+        """The readers' configuration under a layout: the arguments plus ``plan``'s knobs."""
+        return ReaderConfig.build(
             world_size=world_size,
             pack_size=self.pack_size,
             window=self.window,
-            ranks_per_node=local,
+            ranks_per_node=ranks_per_node,
             scope=self.scope,
             seed=self.seed,
             shuffle=self.shuffle,
             max_tokens=self.max_tokens,
             cost_model=self.cost_model,
             **self.plan,
-        )
-        self.dataset = make_dataset(
-            self.format, self.packing, self.data, config, rank, cache_dir=self.cache_dir
         )
 
     def _require_dataset(self) -> PlanDataset:

@@ -54,7 +54,7 @@ def field_docs() -> dict[str, str]:
 
 def _first_sentence(text: str) -> str:
     cut = text.find(". ")
-    return (text if cut < 0 else text[: cut + 1]).replace("%", "%%")
+    return (text if cut < 0 else text[: cut + 1]).replace("``", "").replace("%", "%%")
 
 
 def _int_or_none(text: str) -> int | None:
@@ -89,8 +89,7 @@ def add_plan_config_options(
         names = (option(f.name), *aliases.get(f.name, ()))
         kwargs: dict[str, Any] = {"dest": f.name, "help": _first_sentence(docs.get(f.name, ""))}
         if f.name in defaults:
-            kwargs["default"] = defaults[f.name]
-            kwargs["help"] += f" (default: {defaults[f.name]})"
+            kwargs["default"] = defaults[f.name]  # the help formatter shows it
         elif f.default is MISSING:
             kwargs["required"] = True
         else:

@@ -124,17 +124,12 @@ def dataset_lengths(location: str, cache: str | None) -> tuple[np.ndarray, CostM
     return index.tokens.astype(np.int64), index.cost_model
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.dataset is not None:
-        lengths, model = dataset_lengths(args.dataset, args.cache_dir)
-    else:
-        lengths, model = load_lengths(args.lengths), resolve(DEFAULT_COST_MODEL)
-    if args.cost_model is not None:
-        model = resolve(args.cost_model)
+def sim_config(args: argparse.Namespace) -> SimConfig:
+    """The simulated setting the options describe (planner fields: PlanConfig's names)."""
     planner = plan_fields(args)
     world = planner.pop("world_size")
     planner["ranks_per_node"] = planner["ranks_per_node"] or min(world, 8)
-    config = SimConfig(
+    return SimConfig(
         ranks=world,
         sync=args.sync,
         seed=args.seed,
@@ -144,6 +139,16 @@ def run(args: argparse.Namespace) -> int:
         layout=args.layout,
         **planner,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.dataset is not None:
+        lengths, model = dataset_lengths(args.dataset, args.cache_dir)
+    else:
+        lengths, model = load_lengths(args.lengths), resolve(DEFAULT_COST_MODEL)
+    if args.cost_model is not None:
+        model = resolve(args.cost_model)
+    config = sim_config(args)
     names = tuple(s for s in args.strategies.split(",") if s)
     table = shard_table(lengths, model.cost(lengths), config.shard_records)
     planned = schedules(lengths, model, config, names)
