@@ -7,12 +7,14 @@ What it adds on top of the readers (``MDSPackDataset`` / ``WDSPackDataset`` + ``
   those three to name its shared memory, and without them two ranks collide
   (``FileExistsError: '/0000NN_locals'``). :meth:`setup` sets them from the trainer before the
   dataset exists.
-- **The cursor in two places.** Lightning saves the loader's ``state_dict()`` and restores it
-  before ``iter()``, except under bug #20550 (``configure_optimizers`` reading
-  ``trainer.estimated_stepping_batches`` with ``max_epochs`` set): then the loader state is
-  silently dropped and the run restarts the epoch. The DataModule's own ``state_dict`` is
-  restored in every case (before ``configure_optimizers``), so it carries the same cursor and
-  hands it to the loader it builds. Loading the same cursor twice is harmless.
+- **One cursor, saved twice.** The loader (``PackLoader``) owns the cursor. Lightning saves
+  the loader's ``state_dict()`` and restores it before ``iter()``, except under bug #20550
+  (``configure_optimizers`` reading ``trainer.estimated_stepping_batches`` with ``max_epochs``
+  set): then the loader state is silently dropped and the run restarts the epoch. The
+  DataModule's ``state_dict`` is restored in every case (before ``configure_optimizers``), so
+  it saves the loader's cursor too and its ``load_state_dict`` hands it to the loader (held
+  only until the loader exists, when loaded before setup). Loading the same cursor twice is
+  harmless.
 - **Collate.** Packs become padded (``input_ids``, ``attention_mask``, ``labels``) or packed
   varlen (``input_ids``, ``cu_seqlens``, ``position_ids``, ``labels``) batches
   (``lightning_module.collate``); the batch also carries ``sample_ids``, ``tokens`` and
@@ -300,8 +302,10 @@ class BCLDataModule(pl.LightningDataModule):
         self.seed, self.shuffle, self.cache_dir = seed, shuffle, cache_dir
         self.ranks_per_node, self.allow_resize = ranks_per_node, allow_resize
         self.dataset: PlanDataset | None = None
-        self._loader: PackLoader | None = None
+        self._loader: TrainerPackLoader | None = None
         self._pending: dict[str, Any] | None = None
+        """A cursor loaded before setup; the loader takes it over when built."""
+        self._announced = False
 
     # -- building -------------------------------------------------------------------------
     def _layout_from_trainer(self) -> tuple[int, int, int]:
@@ -366,21 +370,10 @@ class BCLDataModule(pl.LightningDataModule):
         the loader will follow, after any checkpoint's cursor (an elastic resume included).
         """
         ds = self._require_dataset()
-        fresh = self._loader is None
-        if self._loader is None:
-            _explain_len_warning()
-            self._loader = TrainerPackLoader(
-                ds,
-                num_workers=self.num_workers,
-                persistent_workers=self.persistent_workers,
-                collate_fn=self.collate(),
-                allow_resize=self.allow_resize,
-            )
-        if self._pending is not None:
-            self._loader.load_state_dict(self._pending)
-            self._pending = None
-        if fresh:
-            plan = self._loader.current_plan()
+        loader = self._make_loader()
+        if not self._announced:
+            self._announced = True
+            plan = loader.current_plan()
             require_packs(
                 self.data,
                 plan,
@@ -395,10 +388,30 @@ class BCLDataModule(pl.LightningDataModule):
                 f"{ds.config.plan.world_size} ranks; records of that epoch not yielded, by reason: "
                 f"{counts or 'none'}"
             )
+        return loader
+
+    def _make_loader(self) -> TrainerPackLoader:
+        """The one loader (built once, after setup): the owner of the cursor. A cursor loaded
+        before setup is applied to it here."""
+        if self._loader is None:
+            _explain_len_warning()
+            self._loader = TrainerPackLoader(
+                self._require_dataset(),
+                num_workers=self.num_workers,
+                persistent_workers=self.persistent_workers,
+                collate_fn=self.collate(),
+                allow_resize=self.allow_resize,
+            )
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._loader.load_state_dict(pending)
         return self._loader
 
     def remainder_counts(self) -> dict[str, int]:
-        """Records of the current epoch no rank yields, by reason (the same on every rank)."""
+        """Records of the current epoch no rank yields, by reason (the same on every rank):
+        the epoch the loader's cursor is in, once the loader exists."""
+        if self._loader is not None:
+            return self._loader.current_plan().remainder_counts()
         return self._require_dataset().remainder_counts()
 
     # -- state ----------------------------------------------------------------------------
@@ -419,7 +432,7 @@ class BCLDataModule(pl.LightningDataModule):
         reader = state_dict.get(KEY_READER)
         if reader is None:
             return
-        if self._loader is not None:
-            self._loader.load_state_dict(reader)
+        if self.dataset is None:
+            self._pending = reader  # no loader before setup: applied when it is built
         else:
-            self._pending = reader
+            self._make_loader().load_state_dict(reader)

@@ -1,8 +1,9 @@
 """What the MDS and WebDataset readers share: a torch IterableDataset that yields one rank's
 packs of the epoch plan, from a cursor, split over DataLoader workers.
 
-Cursor passing: the main process writes (epoch, first pack) into a ``share_memory_()`` tensor
-before each ``iter()``. Persistent workers keep their dataset copy forever, so plain attributes
+Cursor passing: the cursor's owner is ``PackLoader`` (``bcl_stream/loader.py``); it writes
+(epoch, first pack, segments) here with :meth:`PlanDataset.set_cursor` right before each
+``iter()``, and (epoch, first pack) go into a ``share_memory_()`` tensor. Persistent workers keep their dataset copy forever, so plain attributes
 set later in the main process never reach them; the shared tensor does.
 
 Worker split: worker w of K yields chunks w, w+K, ... of ``chunk`` consecutive packs from the

@@ -129,6 +129,32 @@ def test_state_round_trip_and_refusals(mds_dir: Path, wds_dir: Path) -> None:
         changed.load_state_dict(state)
 
 
+def test_the_loader_owns_the_cursor(mds_dir: Path) -> None:
+    """A cursor loaded after setup goes straight into the loader; the DataModule's state and
+    remainder report are the loader's (no second copy that could disagree)."""
+    first = dm(mds_dir)
+    first.setup_for(0, 1, 1)
+    loader = first.train_dataloader()
+    n_packs = len(loader)
+    it = iter(loader)
+    for _ in range(2):
+        next(it)
+    state = first.state_dict()
+    assert state["reader"] == loader.state_dict()
+
+    second = dm(mds_dir)
+    second.setup_for(0, 1, 1)
+    second.load_state_dict(state)
+    assert second.state_dict() == state
+    resumed = second.train_dataloader()
+    assert resumed.state_dict() == state["reader"]
+    assert len(list(resumed)) == n_packs - 2
+    # After the epoch's last pack the cursor is in the next epoch, and so is the report.
+    assert second.state_dict()["reader"]["epoch"] == 1
+    assert second.remainder_counts() == resumed.current_plan().remainder_counts()
+    assert resumed.current_plan().epoch == 1
+
+
 def dm_loader(root: Path) -> Any:
     module = dm(root)
     module.setup_for(0, 1, 1)
