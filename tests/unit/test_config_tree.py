@@ -181,3 +181,15 @@ def test_sim_config_holds_every_plan_field_but_world_size_and_scope() -> None:
         assert f.name in sim, f.name
         if f.name not in ("ranks_per_node", "pack_size", "window", "grad_accum"):
             assert sim[f.name] == f.default, f"SimConfig.{f.name} repeats a different default"
+
+
+def test_datamodule_plan_from_yaml_as_lightning_cli_reads_it() -> None:
+    """``data.init_args.plan`` in a LightningCLI YAML: jsonargparse reads the signature."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_class_arguments(BCLDataModule, "data")
+    text = "data:\n  data: DIR\n  window: 4\n  plan: {carry_span: 32, stratify: false}\n"
+    module = BCLDataModule(**parser.parse_string(text).data.as_dict())
+    plan = module.reader_config(2, 1).plan
+    assert (plan.window, plan.carry_span, plan.stratify) == (4, 32, False)
