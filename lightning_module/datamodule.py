@@ -408,10 +408,8 @@ class BCLDataModule(pl.LightningDataModule):
         return self._loader
 
     def remainder_counts(self) -> dict[str, int]:
-        """Records of the current epoch no rank yields, by reason (the same on every rank):
-        the epoch the loader's cursor is in, once the loader exists."""
-        if self._loader is not None:
-            return self._loader.current_plan().remainder_counts()
+        """Records no rank yields, by reason (the same on every rank), of the epoch the loader
+        last started (after training: the epoch that ran, not the next one)."""
         return self._require_dataset().remainder_counts()
 
     # -- state ----------------------------------------------------------------------------
