@@ -82,8 +82,10 @@ class PackLoader(DataLoader):
             collate_fn=ChunkCollate(collate) if num_workers > 0 else collate,
             **kwargs,
         )
-        self._chunked = num_workers > 0
         self.allow_resize = allow_resize
+        # The cursor: this loader owns it and pushes it into the dataset (a copy the worker
+        # processes read) right before each iter(). It starts where the dataset was put
+        # (``dataset.set_epoch`` before the loader is built).
         self._epoch = dataset.epoch
         self._consumed = dataset.start
         self._segments: tuple[Segment, ...] = dataset.segments
@@ -149,7 +151,7 @@ class PackLoader(DataLoader):
 
     def _count(self, items: Iterator[Any]) -> Iterator[Any]:
         for item in items:
-            for pack in item if self._chunked else (item,):
+            for pack in item if self.num_workers > 0 else (item,):
                 self._consumed += 1
                 yield pack
 
@@ -201,8 +203,8 @@ class PackLoader(DataLoader):
             last.ranks_per_node,
             last.packs_consumed,
             self._epoch,
-            config.world_size,
-            config.ranks_per_node,
+            config.plan.world_size,
+            config.plan.ranks_per_node,
             plan.consumed.size,
             self._epoch,
             n_packs,

@@ -35,9 +35,9 @@ def require_packs(
         return
     counts = plan.remainder_counts()
     left = ", ".join(f"{reason} {n}" for reason, n in sorted(counts.items())) or "none"
-    need = config.world_size * config.pack_size
+    need = config.plan.world_size * config.plan.pack_size
     raise PlanError(
         f"{location}: no pack for any rank in epoch {plan.epoch}: {records} records (left out: "
-        f"{left}) cannot give each of {config.world_size} ranks one pack of {config.pack_size} "
+        f"{left}) cannot give each of {config.plan.world_size} ranks one pack of {config.plan.pack_size} "
         f"records (needs at least {need} per epoch). {fix}"
     )

@@ -35,7 +35,6 @@ from bcl_stream.planner import (
     shard_weights,
 )
 from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG
-from bcl_stream.planner.order import DEFAULT_SHARD_GROUP
 
 REASON_CONSUMED = "consumed_before_resize"
 CACHE_SIZE = 4
@@ -43,76 +42,82 @@ CACHE_SIZE = 4
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReaderConfig:
-    """Everything besides the data, the rank and the epoch that decides what a reader yields."""
+    """Everything besides the data, the rank and the epoch that decides what a reader yields:
+    the planner's :class:`PlanConfig` (every planning knob and its default, in one place) plus
+    what only readers need. ``ReaderConfig.build(world_size=..., pack_size=..., window=...)``
+    spells the planner fields flat."""
 
-    world_size: int
-    """Data-parallel ranks R."""
-    pack_size: int
-    """Records per pack B."""
-    window: int
-    """Packs per rank planned together W."""
-    ranks_per_node: int = 1
-    """Ranks per node (scope ``node`` balances these jointly)."""
-    scope: str = "rank"
-    """``rank`` | ``node`` | ``world``."""
+    plan: PlanConfig
+    """Every planning knob (``bcl_stream.planner.config.PlanConfig``)."""
     seed: int = 0
     """Shuffle seed; the epoch order is a pure function of (seed, epoch)."""
-    shuffle: bool = True
-    """False keeps the write order (useful for debugging and benchmarks)."""
-    shard_group: int = DEFAULT_SHARD_GROUP
-    """Shards whose records a node shuffles together (bounds the shard cache and the
-    WebDataset buffer: a node needs at most two groups' shards at once)."""
-    max_tokens: int | None = None
-    """Memory cap M per pack; longer records go to the remainder."""
-    algorithm: str = "lpt"
-    """Partition algorithm of the planner."""
-    refine: int = 8
-    """Swap-refinement iterations of the planner."""
-    pack_order: str = "desc"
-    """Order of packs inside a window: ``desc`` or ``stream``."""
-    carry: int | None = 0
-    """Records carried between windows by the planner (0: none, the default; None: W*B/4)."""
     cost_model: str | None = None
     """Preset name or JSON path to recompute costs from tokens; None uses the stored costs."""
 
     def __post_init__(self) -> None:
-        self.plan_config()  # validates every planner field with its own message
-        if not isinstance(self.seed, int) or self.seed < 0:
+        if not isinstance(self.plan, PlanConfig):
+            raise ValueError(f"plan must be a PlanConfig, got {type(self.plan).__name__}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if self.cost_model is not None and not isinstance(self.cost_model, str):
+            raise ValueError(f"cost_model must be a string or None, got {self.cost_model!r}")
+
+    @classmethod
+    def build(
+        cls, *, seed: int = 0, cost_model: str | None = None, **plan_fields: Any
+    ) -> ReaderConfig:
+        """A config from flat keyword arguments: ``plan_fields`` are :class:`PlanConfig`'s."""
+        unknown = set(plan_fields) - PLAN_FIELDS
+        if unknown:
+            raise ValueError(
+                f"unknown reader config fields {sorted(unknown)}; planner fields are "
+                f"{sorted(PLAN_FIELDS)}, plus seed and cost_model"
+            )
+        return cls(plan=PlanConfig(**plan_fields), seed=seed, cost_model=cost_model)
 
     def plan_config(self) -> PlanConfig:
-        """The planner's view of this config."""
-        return PlanConfig(
-            world_size=self.world_size,
-            pack_size=self.pack_size,
-            window=self.window,
-            ranks_per_node=self.ranks_per_node,
-            scope=self.scope,
-            max_tokens=self.max_tokens,
-            algorithm=self.algorithm,
-            refine=self.refine,
-            pack_order=self.pack_order,
-            carry=self.carry,
-            shuffle=self.shuffle,
-            shard_group=self.shard_group,
-        )
+        """The planner's view of this config (``self.plan``; kept for existing callers)."""
+        return self.plan
+
+    def flat(self) -> dict[str, Any]:
+        """Every field by name, planner fields included (for comparisons and messages)."""
+        return {**asdict(self.plan), "seed": self.seed, "cost_model": self.cost_model}
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly form (stored in reader states)."""
-        return asdict(self)
+        """JSON-friendly nested form (stored in reader states): ``{plan: {...}, seed,
+        cost_model}``."""
+        return {"plan": asdict(self.plan), "seed": self.seed, "cost_model": self.cost_model}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ReaderConfig:
-        """Inverse of :meth:`to_dict`; unknown keys are an error."""
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
+        """Inverse of :meth:`to_dict`; unknown keys and the old flat layout are errors."""
+        if "plan" not in data and PLAN_FIELDS & set(data):
+            raise ValueError(
+                "reader config has the old flat layout (planner fields such as "
+                f"{sorted(PLAN_FIELDS & set(data))[:3]} at the top level); this release nests "
+                "them under 'plan'. Resume with the bcl-stream release that wrote it, or drop "
+                "the data loader's state from the checkpoint to start the epoch over"
+            )
+        unknown = set(data) - {"plan", "seed", "cost_model"}
         if unknown:
             raise ValueError(f"reader config has unknown keys {sorted(unknown)}")
-        return cls(**data)
+        plan = data.get("plan")
+        if not isinstance(plan, dict):
+            raise ValueError(f"reader config 'plan' must be a dict, got {type(plan).__name__}")
+        unknown = set(plan) - PLAN_FIELDS
+        if unknown:
+            raise ValueError(f"reader config 'plan' has unknown keys {sorted(unknown)}")
+        rest = {k: v for k, v in data.items() if k != "plan"}
+        return cls(plan=PlanConfig(**plan), **rest)
 
     def resized(self, world_size: int, ranks_per_node: int) -> ReaderConfig:
         """The same config under another world size (elastic resume)."""
-        return replace(self, world_size=world_size, ranks_per_node=ranks_per_node)
+        plan = replace(self.plan, world_size=world_size, ranks_per_node=ranks_per_node)
+        return replace(self, plan=plan)
+
+
+PLAN_FIELDS = frozenset(f.name for f in fields(PlanConfig))
+"""The planner's field names (``ReaderConfig.build`` keywords, ``to_dict()["plan"]`` keys)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,20 +192,20 @@ class ReaderPlan:
         self.consumed = _consumed(index, config, epoch, segments)
         costs, table = _costs_and_table(index, config)
         self._costs = costs
-        self._tokens = None if config.max_tokens is None else index.tokens
+        self._tokens = None if config.plan.max_tokens is None else index.tokens
         self._streams = epoch_streams(
             costs,
             table,
-            config.plan_config(),
+            config.plan,
             seed=config.seed,
             epoch=epoch,
             tokens=self._tokens,
             excluded=self.consumed if self.consumed.size else None,
         )
         self._too_long = 0
-        if self._tokens is not None and config.max_tokens is not None:
-            over = int(np.count_nonzero(np.asarray(self._tokens) > config.max_tokens))
-            gone = np.asarray(self._tokens[self.consumed]) > config.max_tokens
+        if self._tokens is not None and config.plan.max_tokens is not None:
+            over = int(np.count_nonzero(np.asarray(self._tokens) > config.plan.max_tokens))
+            gone = np.asarray(self._tokens[self.consumed]) > config.plan.max_tokens
             self._too_long = over - int(np.count_nonzero(gone))
 
     @property
@@ -213,7 +218,7 @@ class ReaderPlan:
         c = self.config
         usable = int(self._streams.table.usable.sum())
         counts = {
-            REASON_TAIL: usable - self.n_packs * c.world_size * c.pack_size,
+            REASON_TAIL: usable - self.n_packs * c.plan.world_size * c.plan.pack_size,
             REASON_TOO_LONG: self._too_long,
             REASON_CONSUMED: int(self.consumed.size),
         }
@@ -225,9 +230,9 @@ class ReaderPlan:
         """(index of the first pack, packs (n, B)) of ``rank`` from pack ``start`` on, a batch
         of windows at a time."""
         c = self.config
-        if not 0 <= rank < c.world_size:
-            raise ValueError(f"rank must be in [0, {c.world_size}), got {rank}")
-        streams, pc = self._streams, c.plan_config()
+        if not 0 <= rank < c.plan.world_size:
+            raise ValueError(f"rank must be in [0, {c.plan.world_size}), got {rank}")
+        streams, pc = self._streams, c.plan
         rows: list[int] = list(range(streams.n_rows)) if pc.scope == "world" else []
         if pc.scope != "world":
             rows = [rank // pc.group_size]
@@ -244,7 +249,7 @@ class ReaderPlan:
     def rank_packs(self, rank: int) -> npt.NDArray[np.int64]:
         """(n_packs, pack_size) sample ids of one rank (materialized: tools and tests)."""
         parts = [packs for _, packs in self.iter_rank_packs(rank)]
-        size = self.config.pack_size
+        size = self.config.plan.pack_size
         return np.concatenate(parts) if parts else np.empty((0, size), dtype=np.int64)
 
 
@@ -268,7 +273,7 @@ def _consumed(
             raise ValueError(
                 f"segment consumed {seg.packs_consumed} packs but its plan has {old_plan.n_packs}"
             )
-        taken = [old_plan.rank_packs(r)[: seg.packs_consumed] for r in range(old.world_size)]
+        taken = [old_plan.rank_packs(r)[: seg.packs_consumed] for r in range(old.plan.world_size)]
         consumed = np.union1d(old_plan.consumed, np.concatenate(taken).ravel())
     return consumed
 
@@ -330,11 +335,11 @@ def _plan_one(
 ) -> Plan:
     costs, table = _costs_and_table(index, config)
     # Token counts only matter under a memory cap.
-    tokens = None if config.max_tokens is None else index.tokens
+    tokens = None if config.plan.max_tokens is None else index.tokens
     return plan_epoch(
         costs,
         table,
-        config.plan_config(),
+        config.plan,
         seed=config.seed,
         epoch=epoch,
         tokens=tokens,
@@ -346,9 +351,7 @@ def sequential_plan(index: CostIndex, config: ReaderConfig, epoch: int) -> Epoch
     """The ``sequential`` baseline over the same streams: each rank's next B records, unbalanced
     (records over ``max_tokens`` are left out, but the per-pack cap is not enforced)."""
     costs, table = _costs_and_table(index, config)
-    plan = sequential(
-        costs, table, config.plan_config(), seed=config.seed, epoch=epoch, tokens=index.tokens
-    )
+    plan = sequential(costs, table, config.plan, seed=config.seed, epoch=epoch, tokens=index.tokens)
     return EpochPlan(plan, epoch)
 
 

@@ -29,7 +29,7 @@ refinement or step fill).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -39,7 +39,7 @@ from bcl_stream.cost import CostModel
 from bcl_stream.planner.baselines import global_order, sequential
 from bcl_stream.planner.bcl import plan_epoch, validate_costs
 from bcl_stream.planner.config import Plan, PlanConfig
-from bcl_stream.planner.order import DEFAULT_SHARD_GROUP, ShardTable, shard_weights
+from bcl_stream.planner.order import ShardTable, shard_weights
 from bcl_stream.planner.padded import Packs, check_layout, ragged_pack_costs
 from bcl_stream.planner.peers import POOLED, REAL_PEERS, plan_pooled
 from bcl_stream.planner.pools import micro_batches_per_batch
@@ -143,34 +143,49 @@ def plan_costs(
     return ragged_pack_costs(plan.packs, costs, layout)
 
 
+_PLAN_DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in fields(PlanConfig) if f.default is not MISSING
+}
+SIM_PLAN_FIELDS = tuple(f.name for f in fields(PlanConfig) if f.name not in ("world_size", "scope"))
+"""PlanConfig fields a SimConfig holds under the same name (``plan_config`` copies them)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimConfig:
-    """One simulated setting (the ``bcl-stream simulate`` flags)."""
+    """One simulated setting (the ``bcl-stream simulate`` flags).
+
+    Every PlanConfig field but ``world_size`` (here ``ranks``) and ``scope`` (set by the
+    strategy: ``bcl-rank``/``bcl-node``/``bcl-world``) is a field of the same name; those
+    without a scenario default of their own take PlanConfig's (``_PLAN_DEFAULTS``), so a
+    planner default lives in one place. The scenario defaults (8 ranks on one node, B=8, W=16,
+    G=4) describe the simulated job, not the planner.
+    """
 
     ranks: int = 8
     ranks_per_node: int = 8
     pack_size: int = 8
     window: int = 16
     grad_accum: int = 4
-    max_tokens: int | None = None
+    max_tokens: int | None = _PLAN_DEFAULTS["max_tokens"]
     """Memory cap for BCL, bin capacity for ``nemo_mffd``/``pooled_mffd_split``, token budget
     for ``verl_dynbsz``; None: max(longest, B*mean)."""
     sync: str = "microbatch"
     seed: int = 0
     epoch: int = 0
     overhead: float = 0.0
-    algorithm: str = "lpt"
-    pack_order: str = "desc"
-    refine: int = 8
+    algorithm: str = _PLAN_DEFAULTS["algorithm"]
+    pack_order: str = _PLAN_DEFAULTS["pack_order"]
+    refine: int = _PLAN_DEFAULTS["refine"]
     shard_records: int = 4096
     """The dataset in write order is cut into shards of this many records."""
-    shuffle: bool = True
+    shuffle: bool = _PLAN_DEFAULTS["shuffle"]
     """False streams in write order (``--no-shuffle``)."""
-    shard_group: int = DEFAULT_SHARD_GROUP
-    carry: int | None = 0
-    step_fill: bool = True
-    split_shards: float = 0.05
-    stratify: bool = True
+    shard_group: int = _PLAN_DEFAULTS["shard_group"]
+    carry: int | None = _PLAN_DEFAULTS["carry"]
+    carry_span: int = _PLAN_DEFAULTS["carry_span"]
+    step_fill: bool = _PLAN_DEFAULTS["step_fill"]
+    split_shards: float = _PLAN_DEFAULTS["split_shards"]
+    stratify: bool = _PLAN_DEFAULTS["stratify"]
     layout: str = "packed"
     """``packed`` (pack cost = sum of record costs) or ``padded`` (B x the costliest record)."""
 
@@ -313,27 +328,11 @@ def schedules(
 
 
 def plan_config(config: SimConfig, scope: str) -> PlanConfig:
-    """The planner configuration a simulated BCL strategy uses (with the ``padded`` layout the
-    planner partitions by length: ``PlanConfig.partition_algorithm``)."""
-    return PlanConfig(
-        world_size=config.ranks,
-        ranks_per_node=config.ranks_per_node,
-        pack_size=config.pack_size,
-        window=config.window,
-        scope=scope,
-        max_tokens=config.max_tokens,
-        algorithm=config.algorithm,
-        layout=config.layout,
-        refine=config.refine,
-        pack_order=config.pack_order,
-        grad_accum=config.grad_accum,
-        shuffle=config.shuffle,
-        shard_group=config.shard_group,
-        carry=config.carry,
-        step_fill=config.step_fill,
-        split_shards=config.split_shards,
-        stratify=config.stratify,
-    )
+    """The planner configuration a simulated BCL strategy uses: every shared field copied by
+    name (with the ``padded`` layout the planner partitions by length:
+    ``PlanConfig.partition_algorithm``)."""
+    shared = {name: getattr(config, name) for name in SIM_PLAN_FIELDS}
+    return PlanConfig(world_size=config.ranks, scope=scope, **shared)
 
 
 def simulate(

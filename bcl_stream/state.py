@@ -14,11 +14,12 @@ world size (or ranks per node) is an elastic resume: the old plan becomes a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from bcl_stream.errors import StateError
 from bcl_stream.plan_source import ReaderConfig, Segment
+from bcl_stream.planner import PlanConfig
 
 STATE_VERSION = 2
 """2: planner v2 (node-local shard deal, stratified shuffle); its epoch order differs from 1's,
@@ -30,6 +31,8 @@ KEY_FINGERPRINT = "fingerprint"
 KEY_CONFIG = "config"
 KEY_SEGMENTS = "segments"
 RESIZABLE = ("world_size", "ranks_per_node")
+BOOL_FIELDS = frozenset(f.name for f in fields(PlanConfig) if f.type == "bool")
+"""Planner fields that are flags (any other bool in a state's config is corruption)."""
 MAX_COUNT = 1 << 62
 """Largest epoch or pack count a state may hold: beyond any real run, safely inside int64."""
 MAX_RANKS = 1 << 20
@@ -118,17 +121,19 @@ def parse_state(state: Any) -> Cursor:
     _count(epoch, KEY_EPOCH, 0, MAX_COUNT)
     _count(consumed, KEY_CONSUMED, 0, MAX_COUNT)
     raw_config = _need(state, KEY_CONFIG, dict)
+    raw_plan = raw_config.get("plan")
+    view = {**raw_config, **raw_plan} if isinstance(raw_plan, dict) else raw_config
     for name in RESIZABLE:
-        if name in raw_config:
-            _count(raw_config[name], f"config.{name}", 1, MAX_RANKS)
-    flags = [k for k, v in raw_config.items() if isinstance(v, bool) and k != "shuffle"]
+        if name in view:
+            _count(view[name], f"config.{name}", 1, MAX_RANKS)
+    flags = [k for k, v in view.items() if isinstance(v, bool) and k not in BOOL_FIELDS]
     if flags:
         raise StateError(f"reader state config {flags[0]!r} is a bool, expected a number")
     segments = tuple(_segment(s, i) for i, s in enumerate(_need(state, KEY_SEGMENTS, list)))
     try:
         config = ReaderConfig.from_dict(raw_config)
     except (TypeError, ValueError) as exc:
-        raise StateError(f"reader state has an invalid config or segment list: {exc}") from None
+        raise StateError(f"reader state has an invalid config or segment list: {exc}") from exc
     return Cursor(epoch, consumed, _need(state, KEY_FINGERPRINT, str), config, segments)
 
 
@@ -148,7 +153,7 @@ def resolve_state(
             f"dataset {fingerprint}): the shards or the cost index changed. Resume on the "
             "original dataset, or start a fresh run without the loader state."
         )
-    old, new = saved.config.to_dict(), config.to_dict()
+    old, new = saved.config.flat(), config.flat()
     for name in old:
         if name not in RESIZABLE and old[name] != new[name]:
             raise StateError(
@@ -164,5 +169,6 @@ def resolve_state(
             f"reader state was saved with another layout ({changes}) and elastic resume is "
             "disabled for this reader; resume with the original layout."
         )
-    segment = Segment(saved.config.world_size, saved.config.ranks_per_node, saved.packs_consumed)
+    old_plan = saved.config.plan
+    segment = Segment(old_plan.world_size, old_plan.ranks_per_node, saved.packs_consumed)
     return Cursor(saved.epoch, 0, fingerprint, config, (*saved.segments, segment))

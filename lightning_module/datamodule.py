@@ -7,12 +7,14 @@ What it adds on top of the readers (``MDSPackDataset`` / ``WDSPackDataset`` + ``
   those three to name its shared memory, and without them two ranks collide
   (``FileExistsError: '/0000NN_locals'``). :meth:`setup` sets them from the trainer before the
   dataset exists.
-- **The cursor in two places.** Lightning saves the loader's ``state_dict()`` and restores it
-  before ``iter()``, except under bug #20550 (``configure_optimizers`` reading
-  ``trainer.estimated_stepping_batches`` with ``max_epochs`` set): then the loader state is
-  silently dropped and the run restarts the epoch. The DataModule's own ``state_dict`` is
-  restored in every case (before ``configure_optimizers``), so it carries the same cursor and
-  hands it to the loader it builds. Loading the same cursor twice is harmless.
+- **One cursor, saved twice.** The loader (``PackLoader``) owns the cursor. Lightning saves
+  the loader's ``state_dict()`` and restores it before ``iter()``, except under bug #20550
+  (``configure_optimizers`` reading ``trainer.estimated_stepping_batches`` with ``max_epochs``
+  set): then the loader state is silently dropped and the run restarts the epoch. The
+  DataModule's ``state_dict`` is restored in every case (before ``configure_optimizers``), so
+  it saves the loader's cursor too and its ``load_state_dict`` hands it to the loader (held
+  only until the loader exists, when loaded before setup). Loading the same cursor twice is
+  harmless.
 - **Collate.** Packs become padded (``input_ids``, ``attention_mask``, ``labels``) or packed
   varlen (``input_ids``, ``cu_seqlens``, ``position_ids``, ``labels``) batches
   (``lightning_module.collate``); the batch also carries ``sample_ids``, ``tokens`` and
@@ -39,7 +41,14 @@ from bcl_stream.errors import StateError
 from bcl_stream.formats.reader_base import Pack, PlanDataset
 from bcl_stream.loader import PackLoader
 from bcl_stream.plan_checks import require_packs
-from bcl_stream.plan_source import EpochPlan, ReaderConfig, Segment, sequential_plan
+from bcl_stream.plan_source import (
+    PLAN_FIELDS,
+    EpochPlan,
+    ReaderConfig,
+    Segment,
+    sequential_plan,
+)
+from bcl_stream.planner import PlanConfig
 from lightning_module.collate import LABELS, collate_packed, collate_padded
 
 PACKINGS = ("bcl", "sequential")
@@ -183,6 +192,39 @@ def _explain_len_warning() -> None:
     warnings.filterwarnings("ignore", message=LEN_WARNING)
 
 
+OWN_ARGUMENTS = (
+    "world_size",
+    "ranks_per_node",
+    "pack_size",
+    "window",
+    "scope",
+    "max_tokens",
+    "shuffle",
+)
+"""PlanConfig fields with an argument of their own (or set from the trainer): not in ``plan``."""
+
+
+def check_plan_knobs(
+    plan: dict[str, Any] | None, *, pack_size: int, window: int, scope: str
+) -> dict[str, Any]:
+    """``BCLDataModule(plan=...)`` checked now (not in a worker): known PlanConfig fields, none
+    that has its own argument, values PlanConfig accepts. Returns a copy."""
+    knobs = dict(plan or {})
+    unknown = sorted(set(knobs) - PLAN_FIELDS)
+    if unknown:
+        raise ValueError(
+            f"plan has unknown keys {unknown}; planner knobs are {sorted(PLAN_FIELDS)}"
+        )
+    own = sorted(set(knobs) & set(OWN_ARGUMENTS))
+    if own:
+        raise ValueError(
+            f"plan sets {own}: give them as BCLDataModule arguments (world_size comes from the "
+            "trainer), not inside plan"
+        )
+    PlanConfig(world_size=1, pack_size=pack_size, window=window, scope=scope, **knobs)
+    return knobs
+
+
 class BCLDataModule(pl.LightningDataModule):
     """Balanced, resumable training packs from a costed MDS or WebDataset dataset.
 
@@ -206,6 +248,11 @@ class BCLDataModule(pl.LightningDataModule):
         cache_dir: local cache for a remote dataset (required for ``s3://``).
         ranks_per_node: ranks per node; None takes the trainer's devices per node.
         allow_resize: resume a state saved under another world size (elastic) or refuse it.
+        plan: any other planner knob, by ``PlanConfig`` field name (``algorithm``, ``refine``,
+            ``pack_order``, ``step_fill``, ``carry``, ``carry_span``, ``grad_accum``,
+            ``stratify``, ``split_shards``, ``shard_group``); unset ones keep PlanConfig's
+            defaults. YAML: ``data.init_args.plan: {carry_span: 32}``. The knobs above with
+            their own argument, and ``world_size`` (the trainer's), are refused here.
     """
 
     def __init__(
@@ -229,8 +276,10 @@ class BCLDataModule(pl.LightningDataModule):
         cache_dir: str | None = None,
         ranks_per_node: int | None = None,
         allow_resize: bool = True,
+        plan: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        self.plan = check_plan_knobs(plan, pack_size=pack_size, window=window, scope=scope)
         if format not in ("mds", "wds"):
             raise ValueError(f"format must be 'mds' or 'wds', got {format!r}")
         if packing not in PACKINGS:
@@ -253,8 +302,10 @@ class BCLDataModule(pl.LightningDataModule):
         self.seed, self.shuffle, self.cache_dir = seed, shuffle, cache_dir
         self.ranks_per_node, self.allow_resize = ranks_per_node, allow_resize
         self.dataset: PlanDataset | None = None
-        self._loader: PackLoader | None = None
+        self._loader: TrainerPackLoader | None = None
         self._pending: dict[str, Any] | None = None
+        """A cursor loaded before setup; the loader takes it over when built."""
+        self._announced = False
 
     # -- building -------------------------------------------------------------------------
     def _layout_from_trainer(self) -> tuple[int, int, int]:
@@ -276,19 +327,28 @@ class BCLDataModule(pl.LightningDataModule):
         """Build the dataset for an explicit layout (Fabric scripts and tests call this)."""
         local = self.ranks_per_node or ranks_per_node
         set_streaming_env(local)
-        config = ReaderConfig(
+        self.dataset = make_dataset(
+            self.format,
+            self.packing,
+            self.data,
+            self.reader_config(world_size, local),
+            rank,
+            cache_dir=self.cache_dir,
+        )
+
+    def reader_config(self, world_size: int, ranks_per_node: int) -> ReaderConfig:
+        """The readers' configuration under a layout: the arguments plus ``plan``'s knobs."""
+        return ReaderConfig.build(
             world_size=world_size,
             pack_size=self.pack_size,
             window=self.window,
-            ranks_per_node=local,
+            ranks_per_node=ranks_per_node,
             scope=self.scope,
             seed=self.seed,
             shuffle=self.shuffle,
             max_tokens=self.max_tokens,
             cost_model=self.cost_model,
-        )
-        self.dataset = make_dataset(
-            self.format, self.packing, self.data, config, rank, cache_dir=self.cache_dir
+            **self.plan,
         )
 
     def _require_dataset(self) -> PlanDataset:
@@ -310,21 +370,10 @@ class BCLDataModule(pl.LightningDataModule):
         the loader will follow, after any checkpoint's cursor (an elastic resume included).
         """
         ds = self._require_dataset()
-        fresh = self._loader is None
-        if self._loader is None:
-            _explain_len_warning()
-            self._loader = TrainerPackLoader(
-                ds,
-                num_workers=self.num_workers,
-                persistent_workers=self.persistent_workers,
-                collate_fn=self.collate(),
-                allow_resize=self.allow_resize,
-            )
-        if self._pending is not None:
-            self._loader.load_state_dict(self._pending)
-            self._pending = None
-        if fresh:
-            plan = self._loader.current_plan()
+        loader = self._make_loader()
+        if not self._announced:
+            self._announced = True
+            plan = loader.current_plan()
             require_packs(
                 self.data,
                 plan,
@@ -336,13 +385,31 @@ class BCLDataModule(pl.LightningDataModule):
             rank_zero_info(
                 f"BCLDataModule: {self.packing} packing, {plan.n_packs} packs of "
                 f"{self.pack_size} records per rank in epoch {plan.epoch} on "
-                f"{ds.config.world_size} ranks; records of that epoch not yielded, by reason: "
+                f"{ds.config.plan.world_size} ranks; records of that epoch not yielded, by reason: "
                 f"{counts or 'none'}"
             )
+        return loader
+
+    def _make_loader(self) -> TrainerPackLoader:
+        """The one loader (built once, after setup): the owner of the cursor. A cursor loaded
+        before setup is applied to it here."""
+        if self._loader is None:
+            _explain_len_warning()
+            self._loader = TrainerPackLoader(
+                self._require_dataset(),
+                num_workers=self.num_workers,
+                persistent_workers=self.persistent_workers,
+                collate_fn=self.collate(),
+                allow_resize=self.allow_resize,
+            )
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._loader.load_state_dict(pending)
         return self._loader
 
     def remainder_counts(self) -> dict[str, int]:
-        """Records of the current epoch no rank yields, by reason (the same on every rank)."""
+        """Records no rank yields, by reason (the same on every rank), of the epoch the loader
+        last started (after training: the epoch that ran, not the next one)."""
         return self._require_dataset().remainder_counts()
 
     # -- state ----------------------------------------------------------------------------
@@ -363,7 +430,7 @@ class BCLDataModule(pl.LightningDataModule):
         reader = state_dict.get(KEY_READER)
         if reader is None:
             return
-        if self._loader is not None:
-            self._loader.load_state_dict(reader)
+        if self.dataset is None:
+            self._pending = reader  # no loader before setup: applied when it is built
         else:
-            self._pending = reader
+            self._make_loader().load_state_dict(reader)

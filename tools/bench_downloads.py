@@ -79,7 +79,7 @@ def rank_main(rank: int, world: int, per_node: int, remote: str, dist_port: int)
         if cmd["op"] == "exit":
             break
         if cmd["op"] == "build":
-            config = ReaderConfig(
+            config = ReaderConfig.build(
                 world_size=world,
                 ranks_per_node=per_node,
                 pack_size=cmd["pack_size"],

@@ -104,7 +104,7 @@ def ours_mds(source: str, cache: Path | None, workers: int) -> int:
     from bcl_stream.loader import PackLoader
     from bcl_stream.plan_source import ReaderConfig
 
-    config = ReaderConfig(world_size=1, pack_size=B, window=16)
+    config = ReaderConfig.build(world_size=1, pack_size=B, window=16)
     dataset = MDSPackDataset(source, config, 0, cache_dir=cache)
     count = 0
     for pack in PackLoader(dataset, num_workers=workers, collate_fn=as_list):
@@ -118,7 +118,7 @@ def raw_getitem(source: str) -> int:
     from bcl_stream.formats.mds_reader import MDSPackDataset
     from bcl_stream.plan_source import ReaderConfig
 
-    dataset = MDSPackDataset(source, ReaderConfig(world_size=1, pack_size=B, window=16), 0)
+    dataset = MDSPackDataset(source, ReaderConfig.build(world_size=1, pack_size=B, window=16), 0)
     count = 0
     for sid in dataset.rank_packs().ravel():
         count += dataset.streaming.get_item(int(sid))["input_ids"].size > 0
@@ -143,7 +143,7 @@ def ours_wds(root: Path) -> int:
     from bcl_stream.loader import PackLoader
     from bcl_stream.plan_source import ReaderConfig
 
-    dataset = WDSPackDataset(root, ReaderConfig(world_size=4, pack_size=B, window=16), 0)
+    dataset = WDSPackDataset(root, ReaderConfig.build(world_size=4, pack_size=B, window=16), 0)
     return sum(sum(s["input_ids"].size > 0 for s in pack) for pack in PackLoader(dataset))
 
 
@@ -286,7 +286,9 @@ def rss_child(root: str, packs: int) -> None:
     proc = psutil.Process()
     gc.collect()
     base = proc.memory_info().rss / 2**20
-    config = ReaderConfig(world_size=8, ranks_per_node=8, pack_size=8, window=16, scope="node")
+    config = ReaderConfig.build(
+        world_size=8, ranks_per_node=8, pack_size=8, window=16, scope="node"
+    )
     dataset = MDSPackDataset(root, config, 0)
     after_open = proc.memory_info().rss / 2**20
     read, high = 0, after_open

@@ -36,7 +36,7 @@ def open_dataset(location: str, config: Any, rank: int, cache: str | None) -> An
     from bcl_stream.remote import open_cost_index
 
     index, _ = open_cost_index(location, cache)
-    check_format_scope(location, index.format, config.scope)
+    check_format_scope(location, index.format, config.plan.scope)
     if index.format == "wds":
         from bcl_stream.formats.wds_reader import WDSPackDataset
 

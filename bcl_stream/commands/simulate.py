@@ -19,9 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from bcl_stream.commands.config_options import add_plan_config_options, plan_fields
 from bcl_stream.cost import CostModel, resolve
-from bcl_stream.planner.order import DEFAULT_SHARD_GROUP
-from bcl_stream.planner.padded import LAYOUTS
 from bcl_stream.sim import (
     STRATEGIES,
     Metrics,
@@ -33,6 +32,7 @@ from bcl_stream.sim import (
 )
 
 DEFAULT_COST_MODEL = "llama3-8b"
+SIM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SimConfig)}
 
 
 def add_parser(sub: Any) -> None:
@@ -47,20 +47,22 @@ def add_parser(sub: Any) -> None:
         help="1-D .npy of integer token counts, or a dataset's bcl_costs.npy",
     )
     p.add_argument("--cache-dir", default=None, help="local cache for an s3:// --dataset")
-    p.add_argument("--ranks", type=int, default=8, help="data-parallel ranks R")
-    p.add_argument(
-        "--ranks-per-node", type=int, default=None, help="ranks per node (default: min(R, 8))"
+    add_plan_config_options(
+        p,
+        skip=frozenset({"scope"}),  # each bcl-* strategy sets its own scope
+        defaults={
+            "world_size": SIM_DEFAULTS["ranks"],
+            "ranks_per_node": None,  # min(R, 8), below
+            **{k: SIM_DEFAULTS[k] for k in ("pack_size", "window", "grad_accum")},
+        },
+        aliases={"world_size": ("--ranks",)},
     )
-    p.add_argument("--pack-size", type=int, default=8, help="records per pack B")
-    p.add_argument("--window", type=int, default=16, help="packs per rank per window W")
-    p.add_argument("--grad-accum", type=int, default=4, help="micro-batches per optimizer step G")
     p.add_argument(
         "--cost-model",
         default=None,
         help="preset name or cost-model JSON (default: the dataset's own with --dataset, "
         f"{DEFAULT_COST_MODEL} with --lengths)",
     )
-    p.add_argument("--max-tokens", type=int, default=None, help="memory cap / MFFD bin capacity M")
     p.add_argument(
         "--sync",
         choices=["microbatch", "step"],
@@ -76,22 +78,7 @@ def add_parser(sub: Any) -> None:
         default=4096,
         help="the array is the dataset in write order, cut into shards of K records",
     )
-    p.add_argument("--no-shuffle", action="store_true", help="stream in write order")
-    p.add_argument(
-        "--shard-group",
-        type=int,
-        default=DEFAULT_SHARD_GROUP,
-        help="shards a node shuffles together (shuffle quality vs shard cache)",
-    )
-    p.add_argument("--carry", type=int, default=0, help="carry-over records per rank (0: none)")
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated list")
-    p.add_argument(
-        "--layout",
-        choices=LAYOUTS,
-        default="packed",
-        help="packed: pack cost = sum of record costs; padded: B x costliest record "
-        "(also reports the packed layout and the padding waste)",
-    )
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--plot", type=Path, default=None, help="PNG of per-step cost across ranks")
     p.set_defaults(run=run)
@@ -129,6 +116,22 @@ def dataset_lengths(location: str, cache: str | None) -> tuple[np.ndarray, CostM
     return index.tokens.astype(np.int64), index.cost_model
 
 
+def sim_config(args: argparse.Namespace) -> SimConfig:
+    """The simulated setting the options describe (planner fields: PlanConfig's names)."""
+    planner = plan_fields(args)
+    world = planner.pop("world_size")
+    planner["ranks_per_node"] = planner["ranks_per_node"] or min(world, 8)
+    return SimConfig(
+        ranks=world,
+        sync=args.sync,
+        seed=args.seed,
+        epoch=args.epoch,
+        overhead=args.overhead,
+        shard_records=args.shard_records,
+        **planner,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     if args.dataset is not None:
         lengths, model = dataset_lengths(args.dataset, args.cache_dir)
@@ -136,32 +139,16 @@ def run(args: argparse.Namespace) -> int:
         lengths, model = load_lengths(args.lengths), resolve(DEFAULT_COST_MODEL)
     if args.cost_model is not None:
         model = resolve(args.cost_model)
-    config = SimConfig(
-        ranks=args.ranks,
-        ranks_per_node=args.ranks_per_node or min(args.ranks, 8),
-        pack_size=args.pack_size,
-        window=args.window,
-        grad_accum=args.grad_accum,
-        max_tokens=args.max_tokens,
-        sync=args.sync,
-        seed=args.seed,
-        epoch=args.epoch,
-        overhead=args.overhead,
-        shard_records=args.shard_records,
-        shuffle=not args.no_shuffle,
-        shard_group=args.shard_group,
-        carry=args.carry,
-        layout=args.layout,
-    )
+    config = sim_config(args)
     names = tuple(s for s in args.strategies.split(",") if s)
     table = shard_table(lengths, model.cost(lengths), config.shard_records)
     planned = schedules(lengths, model, config, names)
-    layouts = {args.layout: (planned, score(planned, config, table))}
-    if args.layout == "padded":
+    layouts = {config.layout: (planned, score(planned, config, table))}
+    if config.layout == "padded":
         packed = dataclasses.replace(config, layout="packed")
         packed_plans = schedules(lengths, model, packed, names)
         layouts = {"packed": (packed_plans, score(packed_plans, packed, table)), **layouts}
-    results = layouts[args.layout][1]
+    results = layouts[config.layout][1]
     versus = speedups(planned, config)  # per unit of cost, over nemo_mffd / verl_kk if present
     if args.plot is not None:
         from bcl_stream.plots import plot_step_costs

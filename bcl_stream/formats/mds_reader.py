@@ -107,7 +107,7 @@ class MDSPackDataset(PlanDataset):
         self.location = location
         self.prefetch = prefetch
         self.remote = is_remote(location)
-        kwargs: dict[str, Any] = {"shuffle": False, "batch_size": config.pack_size}
+        kwargs: dict[str, Any] = {"shuffle": False, "batch_size": config.plan.pack_size}
         kwargs.update(streaming_kwargs)
         if self.remote:
             kwargs.update(remote=location, local=str(local_root))

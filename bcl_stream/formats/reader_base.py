@@ -1,8 +1,9 @@
 """What the MDS and WebDataset readers share: a torch IterableDataset that yields one rank's
 packs of the epoch plan, from a cursor, split over DataLoader workers.
 
-Cursor passing: the main process writes (epoch, first pack) into a ``share_memory_()`` tensor
-before each ``iter()``. Persistent workers keep their dataset copy forever, so plain attributes
+Cursor passing: the cursor's owner is ``PackLoader`` (``bcl_stream/loader.py``); it writes
+(epoch, first pack, segments) here with :meth:`PlanDataset.set_cursor` right before each
+``iter()``, and (epoch, first pack) go into a ``share_memory_()`` tensor. Persistent workers keep their dataset copy forever, so plain attributes
 set later in the main process never reach them; the shared tensor does.
 
 Worker split: worker w of K yields chunks w, w+K, ... of ``chunk`` consecutive packs from the
@@ -52,13 +53,13 @@ class PlanDataset(IterableDataset[Pack]):
         self.index = index
         self.config = config
         self.rank = detect_rank() if rank is None else int(rank)
-        if not 0 <= self.rank < config.world_size:
-            raise ValueError(f"rank must be in [0, {config.world_size}), got {self.rank}")
+        if not 0 <= self.rank < config.plan.world_size:
+            raise ValueError(f"rank must be in [0, {config.plan.world_size}), got {self.rank}")
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             world = torch.distributed.get_world_size()
-            if world != config.world_size:
+            if world != config.plan.world_size:
                 raise ValueError(
-                    f"ReaderConfig.world_size={config.world_size} but the process group has "
+                    f"ReaderConfig.world_size={config.plan.world_size} but the process group has "
                     f"{world} ranks; ranks would disagree on the plan. Set world_size={world}."
                 )
         self.fingerprint = index.fingerprint()

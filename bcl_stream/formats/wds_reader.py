@@ -253,9 +253,9 @@ class WDSPackDataset(PlanDataset):
         cache_dir: str | os.PathLike[str] | None = None,
         prefetch: int = 2,
     ) -> None:
-        if config.scope != "rank":
+        if config.plan.scope != "rank":
             raise ValueError(
-                f"the WebDataset reader supports scope 'rank' only (got {config.scope!r}): it "
+                f"the WebDataset reader supports scope 'rank' only (got {config.plan.scope!r}): it "
                 "reads shards sequentially; use MDS for scopes 'node' and 'world'"
             )
         location = str(location)

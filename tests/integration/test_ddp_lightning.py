@@ -77,7 +77,9 @@ def logs(tmp: Path, name: str) -> list[list[dict]]:
 def test_ddp_two_ranks_balanced_disjoint_and_resumable(mds_dir: Path, tmp_path: Path) -> None:
     fit(write_config(tmp_path, "full", mds_dir))
     full = logs(tmp_path, "full")
-    config = ReaderConfig(world_size=2, pack_size=PACK, window=WINDOW, ranks_per_node=2, seed=5)
+    config = ReaderConfig.build(
+        world_size=2, pack_size=PACK, window=WINDOW, ranks_per_node=2, seed=5
+    )
     plan = epoch_plan(read_index(mds_dir), config, 0)
     assert [len(rank) for rank in full] == [plan.n_packs, plan.n_packs]
     for rank, lines in enumerate(full):

@@ -44,7 +44,7 @@ def test_two_gloo_ranks_follow_the_plan(mds_dir: Path, wds_dir: Path, tmp_path: 
 
 def check_ranks(ranks: list[dict[str, Any]], root: Path) -> None:
     index, _ = open_cost_index(str(root))
-    config = ReaderConfig(world_size=2, pack_size=4, window=3, seed=9)
+    config = ReaderConfig.build(world_size=2, pack_size=4, window=3, seed=9)
     assert [r["rank"] for r in ranks] == [0, 1]
     assert ranks[0]["len"] == ranks[1]["len"]
     assert ranks[0]["states"] == ranks[1]["states"]  # what Lightning saves from rank 0 fits rank 1

@@ -73,7 +73,7 @@ def test_estimated_stepping_batches_with_max_epochs_resumes_exactly(
 
 def test_sequential_packing_is_the_planner_baseline(mds_dir: Path) -> None:
     index = read_index(mds_dir)
-    config = ReaderConfig(world_size=2, ranks_per_node=2, pack_size=8, window=4, seed=1)
+    config = ReaderConfig.build(world_size=2, ranks_per_node=2, pack_size=8, window=4, seed=1)
     expected = sequential_plan(index, config, 0).plan.packs
     for rank in range(2):
         module = dm(mds_dir, packing="sequential")
@@ -127,6 +127,31 @@ def test_state_round_trip_and_refusals(mds_dir: Path, wds_dir: Path) -> None:
     changed.train_dataloader()
     with pytest.raises(StateError, match="pack_size=8"):
         changed.load_state_dict(state)
+
+
+def test_the_loader_owns_the_cursor(mds_dir: Path) -> None:
+    """A cursor loaded after setup goes straight into the loader; the DataModule's state is
+    the loader's (no second copy that could disagree)."""
+    first = dm(mds_dir)
+    first.setup_for(0, 1, 1)
+    loader = first.train_dataloader()
+    n_packs = len(loader)
+    it = iter(loader)
+    for _ in range(2):
+        next(it)
+    state = first.state_dict()
+    assert state["reader"] == loader.state_dict()
+
+    second = dm(mds_dir)
+    second.setup_for(0, 1, 1)
+    second.load_state_dict(state)
+    assert second.state_dict() == state
+    resumed = second.train_dataloader()
+    assert resumed.state_dict() == state["reader"]
+    assert len(list(resumed)) == n_packs - 2
+    # After the epoch's last pack the saved cursor is in the next epoch.
+    assert second.state_dict()["reader"] == resumed.state_dict()
+    assert resumed.state_dict()["epoch"] == 1
 
 
 def dm_loader(root: Path) -> Any:

@@ -55,10 +55,10 @@ def test_every_rank_yields_its_plan_and_records_are_used_once(
     fmt: str, scope: str, workers: int, mds_dir: Path, wds_dir: Path
 ) -> None:
     root = mds_dir if fmt == "mds" else wds_dir
-    config = ReaderConfig(world_size=4, ranks_per_node=2, pack_size=3, window=4, scope=scope)
+    config = ReaderConfig.build(world_size=4, ranks_per_node=2, pack_size=3, window=4, scope=scope)
     seen: list[int] = []
     lengths = set()
-    for rank in range(config.world_size):
+    for rank in range(config.plan.world_size):
         dataset = open_reader(fmt, root, config, rank)
         dataset.set_epoch(1)
         loader = PackLoader(dataset, num_workers=workers)
@@ -68,7 +68,7 @@ def test_every_rank_yields_its_plan_and_records_are_used_once(
         # the reader's lazy, window-by-window plan is the whole-epoch plan
         assert packs == epoch_plan(dataset.index, config, 1).rank_packs(rank).tolist()
         assert len(packs) == len(loader)
-        assert all(len(p) == config.pack_size for p in packs)
+        assert all(len(p) == config.plan.pack_size for p in packs)
         seen += [i for p in packs for i in p]
     assert len(lengths) == 1
     left = epoch_plan(dataset.index, config, 1).plan.remainder
@@ -80,7 +80,7 @@ def test_every_rank_yields_its_plan_and_records_are_used_once(
 @pytest.mark.parametrize("fmt", ["mds", "wds"])
 def test_persistent_workers_follow_new_epochs(fmt: str, mds_dir: Path, wds_dir: Path) -> None:
     root = mds_dir if fmt == "mds" else wds_dir
-    config = ReaderConfig(world_size=2, pack_size=4, window=3, seed=5)
+    config = ReaderConfig.build(world_size=2, pack_size=4, window=3, seed=5)
     dataset = open_reader(fmt, root, config, 1)
     loader = PackLoader(dataset, num_workers=2, persistent_workers=True)
     epochs = [read_ids(loader) for _ in range(3)]
@@ -91,7 +91,7 @@ def test_persistent_workers_follow_new_epochs(fmt: str, mds_dir: Path, wds_dir: 
 
 
 def test_set_epoch_restarts_and_len_is_exact(mds_dir: Path) -> None:
-    config = ReaderConfig(world_size=3, pack_size=5, window=2, seed=1)
+    config = ReaderConfig.build(world_size=3, pack_size=5, window=2, seed=1)
     loader = PackLoader(MDSPackDataset(mds_dir, config, 2))
     it = iter(loader)
     next(it)
@@ -138,7 +138,7 @@ def test_wds_shard_with_missing_records_is_reported(wds_dir: Path, tmp_path: Pat
     with tarfile.open(shard, "w") as tar:
         for member, data in members[:-2]:  # drop the last record's two members
             tar.addfile(member, io.BytesIO(data))
-    config = ReaderConfig(world_size=1, pack_size=2, window=2, shuffle=False)
+    config = ReaderConfig.build(world_size=1, pack_size=2, window=2, shuffle=False)
     with pytest.raises(DatasetError, match=r"shard-000002\.tar: holds 36 records but the cost"):
         read_ids(PackLoader(WDSPackDataset(broken, config, 0)))
 
@@ -149,13 +149,13 @@ def test_mds_index_mismatch_is_reported(mds_dir: Path, tmp_path: Path) -> None:
     meta = json.loads((other / "index.json").read_text())
     meta["shards"] = meta["shards"][:-1]
     (other / "index.json").write_text(json.dumps(meta))
-    config = ReaderConfig(world_size=1, pack_size=2, window=2)
+    config = ReaderConfig.build(world_size=1, pack_size=2, window=2)
     with pytest.raises(DatasetError, match=r"index\.json and bcl_index\.json disagree"):
         MDSPackDataset(other, config, 0)
 
 
 def test_memory_cap_reports_long_records_and_caps_packs(mds_dir: Path) -> None:
-    config = ReaderConfig(world_size=2, pack_size=1, window=4, max_tokens=60, scope="world")
+    config = ReaderConfig.build(world_size=2, pack_size=1, window=4, max_tokens=60, scope="world")
     seen: list[int] = []
     for rank in range(2):
         dataset = MDSPackDataset(mds_dir, config, rank)
@@ -174,7 +174,7 @@ def test_bcl_packs_stage_in_a_stock_webdataset_pipeline(wds_dir: Path) -> None:
 
     from bcl_stream.formats.wds_reader import bcl_packs
 
-    config = ReaderConfig(world_size=2, pack_size=4, window=3, seed=8)
+    config = ReaderConfig.build(world_size=2, pack_size=4, window=3, seed=8)
     dataset = WDSPackDataset(wds_dir, config, 1)
     # Shards in the order the plan first needs them keep the stage's buffer small.
     urls = [
@@ -210,7 +210,7 @@ def test_cli_read_resumes_into_the_next_epoch_and_refuses_past_it(
 def test_loader_reports_the_remainder_each_epoch(
     mds_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = ReaderConfig(world_size=2, pack_size=4, window=3)
+    config = ReaderConfig.build(world_size=2, pack_size=4, window=3)
     loader = PackLoader(MDSPackDataset(mds_dir, config, 0))
     with caplog.at_level("INFO", logger="bcl_stream.loader"):
         read_ids(loader)

@@ -30,7 +30,7 @@ from bcl_stream.plan_source import ReaderConfig
 pytestmark = pytest.mark.slow
 
 SCRIPTS = Path(__file__).parent / "reliability_scripts"
-CONFIG = ReaderConfig(world_size=1, pack_size=4, window=2, shuffle=False)
+CONFIG = ReaderConfig.build(world_size=1, pack_size=4, window=2, shuffle=False)
 SHARD = "shard.00002.mds"
 
 
@@ -213,7 +213,7 @@ def test_state_from_another_dataset_or_configuration(mds_dir: Path, tmp_path: Pa
     write_mds(other, 300, seed=9)
     with pytest.raises(StateError, match="saved on other data"):
         PackLoader(MDSPackDataset(other, CONFIG, 0)).load_state_dict(state)
-    wider = ReaderConfig(world_size=1, pack_size=4, window=3, shuffle=False)
+    wider = ReaderConfig.build(world_size=1, pack_size=4, window=3, shuffle=False)
     with pytest.raises(StateError, match=r"window=2 but the loader has window=3"):
         PackLoader(MDSPackDataset(mds_dir, wider, 0)).load_state_dict(state)
 

@@ -28,7 +28,7 @@ from faulty_proxy import FaultyProxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
-CONFIG = ReaderConfig(world_size=1, pack_size=4, window=2, seed=3, shard_group=2)
+CONFIG = ReaderConfig.build(world_size=1, pack_size=4, window=2, seed=3, shard_group=2)
 """Small shuffle blocks: the epoch walks shard after shard, so shards download mid-epoch."""
 MAX_FAILED_REQUESTS = 40
 """A stopped server may see this many requests before the reader gives up (boto retries x
@@ -103,7 +103,7 @@ def test_unreachable_cost_index_is_named(s3_dataset, tmp_path: Path) -> None:  #
 
 
 # -- WebDataset, inspect and annotate over the same faults ------------------------------
-WDS_CONFIG = ReaderConfig(world_size=1, pack_size=4, window=2, seed=3, shard_group=2)
+WDS_CONFIG = ReaderConfig.build(world_size=1, pack_size=4, window=2, seed=3, shard_group=2)
 
 
 @pytest.fixture

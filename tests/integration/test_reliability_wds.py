@@ -25,7 +25,7 @@ from bcl_stream.plan_source import ReaderConfig
 
 pytestmark = pytest.mark.slow
 
-CONFIG = ReaderConfig(world_size=1, pack_size=4, window=2, shuffle=False)
+CONFIG = ReaderConfig.build(world_size=1, pack_size=4, window=2, shuffle=False)
 SHARD = "shard-000002.tar"
 FIRST = 2 * 37  # global id of the shard's first record
 
@@ -99,7 +99,7 @@ def test_flipped_header_byte_is_named(wds_dir: Path, tmp_path: Path) -> None:
 def test_a_rank_that_skips_the_damaged_record_is_not_stopped(wds_dir: Path, tmp_path: Path) -> None:
     """Only records a reader decodes are checked: another rank's damaged record is never read
     by this rank (the header scan skips it), so this rank trains on."""
-    config = ReaderConfig(world_size=2, pack_size=4, window=2, shuffle=False)
+    config = ReaderConfig.build(world_size=2, pack_size=4, window=2, shuffle=False)
     root = copy_of(wds_dir, tmp_path)
     mine = set(WDSPackDataset(root, config, 0).rank_packs().ravel().tolist())
     theirs = set(WDSPackDataset(root, config, 1).rank_packs().ravel().tolist())

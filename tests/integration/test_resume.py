@@ -110,7 +110,7 @@ def _dataset(fmt: str, root: Path, config: ReaderConfig, rank: int) -> PlanDatas
     return dataset
 
 
-CONFIG = ReaderConfig(world_size=2, pack_size=4, window=3, seed=11)
+CONFIG = ReaderConfig.build(world_size=2, pack_size=4, window=3, seed=11)
 
 
 @pytest.mark.parametrize("fmt", ["mds", "wds"])
@@ -131,7 +131,9 @@ def test_resume_with_workers(fmt: str, persistent: bool, mds_dir: Path, wds_dir:
 
 
 def test_world_scope_resume(mds_dir: Path) -> None:
-    config = ReaderConfig(world_size=3, ranks_per_node=3, pack_size=2, window=5, scope="world")
+    config = ReaderConfig.build(
+        world_size=3, ranks_per_node=3, pack_size=2, window=5, scope="world"
+    )
     run_test_save_load_state(
         lambda: PackLoader(_dataset("mds", mds_dir, config, 2)), positions=[3, 49, 50, 51]
     )
@@ -139,7 +141,7 @@ def test_world_scope_resume(mds_dir: Path) -> None:
 
 def test_state_is_identical_on_every_rank(mds_dir: Path) -> None:
     states = []
-    for rank in range(CONFIG.world_size):
+    for rank in range(CONFIG.plan.world_size):
         loader = PackLoader(_dataset("mds", mds_dir, CONFIG, rank))
         _take(loader, 6)
         states.append(loader.state_dict())
@@ -153,7 +155,7 @@ def test_state_from_other_data_or_config_is_refused(mds_dir: Path, wds_dir: Path
     state = loader.state_dict()
     with pytest.raises(StateError, match="saved on other data"):
         PackLoader(WDSPackDataset(wds_dir, CONFIG, 0)).load_state_dict(state)
-    other = ReaderConfig.from_dict({**CONFIG.to_dict(), "seed": 12})
+    other = ReaderConfig.build(**{**CONFIG.flat(), "seed": 12})
     with pytest.raises(StateError, match="saved with seed=11 but the loader has seed=12"):
         PackLoader(MDSPackDataset(mds_dir, other, 0)).load_state_dict(state)
     with pytest.raises(StateError, match="this plan has 37 per rank"):
@@ -166,7 +168,7 @@ def test_state_from_other_data_or_config_is_refused(mds_dir: Path, wds_dir: Path
 def test_elastic_resume_uses_every_record_once(
     old: int, new: int, after: int, mds_dir: Path
 ) -> None:
-    config = ReaderConfig(world_size=old, pack_size=4, window=3, seed=2)
+    config = ReaderConfig.build(world_size=old, pack_size=4, window=3, seed=2)
     consumed: list[int] = []
     state: dict[str, Any] = {}
     for rank in range(old):
@@ -193,7 +195,7 @@ def test_elastic_resume_uses_every_record_once(
 
 
 def test_elastic_state_reaches_live_persistent_workers(mds_dir: Path) -> None:
-    old = ReaderConfig(world_size=2, pack_size=4, window=3, seed=2)
+    old = ReaderConfig.build(world_size=2, pack_size=4, window=3, seed=2)
     saver = PackLoader(_dataset("mds", mds_dir, old, 0))
     _take(saver, 4)
     state = saver.state_dict()

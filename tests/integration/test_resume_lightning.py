@@ -18,7 +18,7 @@ from bcl_stream.plan_source import ReaderConfig
 pytestmark = pytest.mark.slow
 L = pytest.importorskip("lightning")
 
-CONFIG = ReaderConfig(world_size=2, pack_size=4, window=3, seed=6)
+CONFIG = ReaderConfig.build(world_size=2, pack_size=4, window=3, seed=6)
 _DATASETS: dict[Path, MDSPackDataset] = {}
 
 

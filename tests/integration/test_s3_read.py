@@ -17,7 +17,7 @@ from bcl_stream.plan_source import ReaderConfig
 
 pytestmark = pytest.mark.slow
 
-CONFIG = ReaderConfig(world_size=2, pack_size=4, window=3, seed=4, scope="world")
+CONFIG = ReaderConfig.build(world_size=2, pack_size=4, window=3, seed=4, scope="world")
 
 
 def ids(loader: PackLoader) -> list[list[int]]:
@@ -53,7 +53,7 @@ def test_wds_from_s3_via_cli(  # type: ignore[no-untyped-def]
 ) -> None:
     remote = moto_s3("bcl-wds") + "/train"
     dataset_writers[1](remote, 200, maxcount=23)
-    config = ReaderConfig(world_size=2, pack_size=4, window=3, seed=4)
+    config = ReaderConfig.build(world_size=2, pack_size=4, window=3, seed=4)
     dataset = WDSPackDataset(remote, config, 0, cache_dir=tmp_path / "c1")
     assert ids(PackLoader(dataset, num_workers=2)) == dataset.plan(0).rank_packs(0).tolist()
     argv = ["--world-size", "2", "--pack-size", "4", "--window", "3", "--seed", "4", "--json"]

@@ -21,7 +21,7 @@ def make_index(n: int = 500, shard: int = 60, seed: int = 0) -> CostIndex:
     return CostIndex.build(tokens, get_preset("tokens"), shards, "mds")
 
 
-CONFIG = ReaderConfig(world_size=4, ranks_per_node=2, pack_size=4, window=3, seed=7)
+CONFIG = ReaderConfig.build(world_size=4, ranks_per_node=2, pack_size=4, window=3, seed=7)
 
 
 def state(**changes: object) -> dict[str, object]:
@@ -72,7 +72,7 @@ def test_other_data_is_refused_naming_both_fingerprints() -> None:
     [("pack_size", 8), ("seed", 8), ("window", 2), ("scope", "world"), ("max_tokens", 100)],
 )
 def test_config_mismatch_names_the_field(field: str, value: object) -> None:
-    other = ReaderConfig.from_dict({**CONFIG.to_dict(), field: value})
+    other = ReaderConfig.build(**{**CONFIG.flat(), field: value})
     with pytest.raises(StateError, match=rf"saved with {field}=.* loader has {field}="):
         resolve_state(state(), fingerprint="abc", config=other)
 
@@ -97,7 +97,9 @@ def test_elastic_plan_yields_every_record_once(
     scope: str, old_world: int, new_world: int, consumed: int
 ) -> None:
     index = make_index()
-    old = ReaderConfig(world_size=old_world, ranks_per_node=2, pack_size=4, window=3, scope=scope)
+    old = ReaderConfig.build(
+        world_size=old_world, ranks_per_node=2, pack_size=4, window=3, scope=scope
+    )
     new = old.resized(new_world, 2)
     first = epoch_plan(index, old, 3)
     resumed = epoch_plan(index, new, 3, (Segment(old_world, 2, consumed),))
@@ -135,8 +137,8 @@ def test_epochs_reshuffle_and_cache_returns_the_same_plan() -> None:
 
 def test_reader_config_checks() -> None:
     with pytest.raises(ValueError, match="seed must be"):
-        ReaderConfig(world_size=2, pack_size=2, window=2, seed=-1)
+        ReaderConfig.build(world_size=2, pack_size=2, window=2, seed=-1)
     with pytest.raises(ValueError, match="ranks_per_node=3 does not divide"):
-        ReaderConfig(world_size=4, ranks_per_node=3, pack_size=2, window=2)
+        ReaderConfig.build(world_size=4, ranks_per_node=3, pack_size=2, window=2)
     with pytest.raises(ValueError, match="unknown keys"):
         ReaderConfig.from_dict({**CONFIG.to_dict(), "bogus": 1})

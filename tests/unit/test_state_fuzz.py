@@ -32,7 +32,7 @@ from bcl_stream.state import parse_state
 FUZZ = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-CONFIG = ReaderConfig(world_size=2, pack_size=3, window=2, seed=5, shard_group=4)
+CONFIG = ReaderConfig.build(world_size=2, pack_size=3, window=2, seed=5, shard_group=4)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -83,6 +83,18 @@ def saved_state(consumed: int = 2) -> dict[str, Any]:
 
 
 GOOD = saved_state()
+CONFIG_KEYS = sorted(
+    [(key,) for key in GOOD["config"]] + [("plan", key) for key in GOOD["config"]["plan"]]
+)
+"""Paths of the config's keys: top level and the nested planner fields."""
+
+
+def _config_parent(state: dict[str, Any], key: tuple[str, ...]) -> Any:
+    """The dict holding ``key``'s last element inside ``state["config"]`` (None: gone)."""
+    parent: Any = state["config"]
+    for part in key[:-1]:
+        parent = parent.get(part) if isinstance(parent, dict) else None
+    return parent if isinstance(parent, dict) and key[-1] in parent else None
 
 
 def load_or_state_error(state: Any) -> None:
@@ -146,12 +158,14 @@ def test_one_top_level_field_replaced(key: str, value: Any) -> None:
 
 @FUZZ
 @given(
-    key=st.sampled_from(sorted(GOOD["config"])),
+    key=st.sampled_from(CONFIG_KEYS),
     value=json_values | st.integers(-3, 40) | st.sampled_from(["rank", "node", "world", "lpt"]),
 )
-def test_one_config_field_replaced(key: str, value: Any) -> None:
+def test_one_config_field_replaced(key: tuple[str, ...], value: Any) -> None:
     state = copy.deepcopy(GOOD)
-    state["config"][key] = value
+    parent = _config_parent(state, key)
+    assert parent is not None
+    parent[key[-1]] = value
     load_or_state_error(state)
 
 
@@ -176,16 +190,18 @@ def test_random_elastic_segments(segments: list[Any]) -> None:
 @FUZZ
 @given(
     drop=st.sets(st.sampled_from(sorted(GOOD))),
-    drop_cfg=st.sets(st.sampled_from(sorted(GOOD["config"]))),
+    drop_cfg=st.sets(st.sampled_from(CONFIG_KEYS)),
 )
-def test_truncated_states_missing_keys(drop: set[str], drop_cfg: set[str]) -> None:
+def test_truncated_states_missing_keys(drop: set[str], drop_cfg: set[tuple[str, ...]]) -> None:
     """A state cut short (keys lost) is refused unless nothing essential went missing."""
     state = copy.deepcopy(GOOD)
     for key in drop:
         del state[key]
     if "config" in state:
-        for key in drop_cfg:
-            del state["config"][key]
+        for key in sorted(drop_cfg, key=len, reverse=True):  # plan fields before "plan"
+            parent = _config_parent(state, key)
+            if parent is not None:
+                del parent[key[-1]]
     load_or_state_error(state)
 
 
@@ -234,7 +250,7 @@ def test_named_refusals(field: str, value: Any, match: str) -> None:
 
 def test_state_from_another_configuration_is_named() -> None:
     state = copy.deepcopy(GOOD)
-    state["config"]["pack_size"] = 4
+    state["config"]["plan"]["pack_size"] = 4
     with pytest.raises(StateError, match=r"pack_size=4 .* pack_size=3"):
         fresh_loader().load_state_dict(state)
 

@@ -18,7 +18,7 @@ from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.loader import PackLoader
 from bcl_stream.plan_source import ReaderConfig
 
-CONFIG = ReaderConfig(world_size=1, pack_size=4, window=2, seed=3, shard_group=2)
+CONFIG = ReaderConfig.build(world_size=1, pack_size=4, window=2, seed=3, shard_group=2)
 
 
 def main(url: str, cache: str, mode: str) -> None:

@@ -25,7 +25,7 @@ def run_reader(fmt: str, root: str) -> list[object]:
     from bcl_stream.loader import PackLoader
     from bcl_stream.plan_source import ReaderConfig
 
-    config = ReaderConfig(world_size=WORLD, pack_size=4, window=3, seed=9)
+    config = ReaderConfig.build(world_size=WORLD, pack_size=4, window=3, seed=9)
     if fmt == "mds":
         from bcl_stream.formats.mds_reader import MDSPackDataset
 
@@ -59,7 +59,7 @@ def wrong_world_error(root: str) -> str:
     from bcl_stream.plan_source import ReaderConfig
 
     try:
-        WDSPackDataset(root, ReaderConfig(world_size=WORLD + 1, pack_size=4, window=3), 0)
+        WDSPackDataset(root, ReaderConfig.build(world_size=WORLD + 1, pack_size=4, window=3), 0)
     except ValueError as exc:
         return str(exc)
     return ""

@@ -1,0 +1,121 @@
+"""Command-line options generated from :class:`~bcl_stream.planner.PlanConfig`'s fields.
+
+``plan``, ``read`` and ``simulate`` all take every planning knob. Writing those options by hand
+in each command let them drift apart (each command knew a different subset, with its own
+default), so they are generated here from the dataclass: the option is the field name with
+dashes, the help text the first sentence of the field's docstring, the type and choices follow
+the annotation. Options that are not given stay absent from the namespace
+(``argparse.SUPPRESS``), so :func:`plan_fields` passes only what the user set and the defaults
+stay PlanConfig's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import inspect
+import itertools
+from dataclasses import MISSING, fields
+from functools import cache
+from typing import Any
+
+from bcl_stream.planner import config as plan_config_module
+from bcl_stream.planner.config import PACK_ORDERS, SCOPES, PlanConfig
+from bcl_stream.planner.padded import LAYOUTS
+from bcl_stream.planner.partition import ALGORITHMS
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "scope": SCOPES,
+    "algorithm": tuple(sorted(ALGORITHMS)),
+    "pack_order": PACK_ORDERS,
+    "layout": LAYOUTS,
+}
+NONE = "none"
+"""Spelling of None on the command line for ``int | None`` fields (``--carry none``)."""
+
+
+@cache
+def field_docs() -> dict[str, str]:
+    """PlanConfig's attribute docstrings (the string literal after each field), by name."""
+    tree = ast.parse(inspect.getsource(plan_config_module))
+    docs: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == "PlanConfig":
+            body = node.body
+            for stmt, after in itertools.pairwise(body):
+                if (
+                    isinstance(stmt, ast.AnnAssign)
+                    and isinstance(stmt.target, ast.Name)
+                    and isinstance(after, ast.Expr)
+                    and isinstance(after.value, ast.Constant)
+                    and isinstance(after.value.value, str)
+                ):
+                    docs[stmt.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def _first_sentence(text: str) -> str:
+    cut = text.find(". ")
+    return (text if cut < 0 else text[: cut + 1]).replace("``", "").replace("%", "%%")
+
+
+def _int_or_none(text: str) -> int | None:
+    if text == NONE:
+        return None
+    try:
+        return int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected an integer or {NONE!r}, got {text!r}") from exc
+
+
+def option(name: str) -> str:
+    """The command-line spelling of a PlanConfig field."""
+    return "--" + name.replace("_", "-")
+
+
+def add_plan_config_options(
+    p: argparse.ArgumentParser,
+    *,
+    skip: frozenset[str] = frozenset(),
+    defaults: dict[str, Any] | None = None,
+    aliases: dict[str, tuple[str, ...]] | None = None,
+) -> None:
+    """One option per PlanConfig field (except ``skip``). Fields without a default are
+    required unless ``defaults`` gives one (a command's own scenario default, e.g.
+    ``simulate``'s); ``aliases`` adds spellings (``--ranks`` for ``--world-size``)."""
+    docs, defaults, aliases = field_docs(), defaults or {}, aliases or {}
+    group = p.add_argument_group("planner (bcl_stream.planner.PlanConfig)")
+    for f in fields(PlanConfig):
+        if f.name in skip:
+            continue
+        names = (option(f.name), *aliases.get(f.name, ()))
+        kwargs: dict[str, Any] = {"dest": f.name, "help": _first_sentence(docs.get(f.name, ""))}
+        if f.name in defaults:
+            kwargs["default"] = defaults[f.name]  # the help formatter shows it
+        elif f.default is MISSING:
+            kwargs["required"] = True
+        else:
+            kwargs["default"] = argparse.SUPPRESS
+            shown = NONE if f.default is None else f.default
+            kwargs["help"] += f" (default: {shown})"
+        if f.type == "bool":
+            group.add_argument(*names, action=argparse.BooleanOptionalAction, **kwargs)
+            continue
+        if f.type == "int":
+            kwargs["type"] = int
+        elif f.type == "int | None":
+            kwargs["type"] = _int_or_none
+            kwargs["metavar"] = f"INT|{NONE}"
+        elif f.type == "float":
+            kwargs["type"] = float
+        elif f.type == "str":
+            kwargs["choices"] = CHOICES.get(f.name)
+        else:  # a new field type needs a parser here
+            raise TypeError(f"PlanConfig.{f.name}: no command-line type for {f.type!r}")
+        group.add_argument(*names, **kwargs)
+
+
+def plan_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The PlanConfig fields set on the command line (the rest keep PlanConfig's defaults)."""
+    given = vars(args)
+    return {f.name: given[f.name] for f in fields(PlanConfig) if f.name in given}
