@@ -69,3 +69,16 @@ def per_record(value: Any, name: str, n_records: int) -> None:
         )
     if np.dtype(dtype).kind not in "biuf":
         raise ValueError(f"{name} must be numbers, got dtype {dtype}")
+
+
+def window_shape(costs: npt.NDArray[np.float64], n_packs: int) -> int:
+    """Pack size B of (n_windows, n_packs*B) window costs split into ``n_packs`` equal packs."""
+    if costs.ndim != 2:
+        raise ValueError(f"costs must be 2-D (windows, records), got shape {costs.shape}")
+    if n_packs < 1:
+        raise ValueError(f"n_packs must be >= 1, got {n_packs}")
+    if costs.shape[1] % n_packs:
+        raise ValueError(
+            f"window of {costs.shape[1]} records does not split into {n_packs} equal packs"
+        )
+    return int(costs.shape[1] // n_packs)

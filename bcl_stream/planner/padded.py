@@ -37,6 +37,8 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from bcl_stream.planner.checks import window_shape
+
 LAYOUTS = ("packed", "padded")
 
 Packs = npt.NDArray[np.int64] | Sequence[Sequence[npt.NDArray[np.int64]]]
@@ -101,13 +103,6 @@ def partition_padded(costs: npt.NDArray[np.float64], n_packs: int) -> npt.NDArra
     window's row (``partition.Assignment``), packs in ascending cost, records in each pack
     ascending. Ties keep stream order (stable sort), so the result is deterministic.
     """
-    if costs.ndim != 2:
-        raise ValueError(f"costs must be 2-D (windows, records), got shape {costs.shape}")
-    if n_packs < 1:
-        raise ValueError(f"n_packs must be >= 1, got {n_packs}")
-    if costs.shape[1] % n_packs:
-        raise ValueError(
-            f"window of {costs.shape[1]} records does not split into {n_packs} equal packs"
-        )
+    pack_size = window_shape(costs, n_packs)
     by_cost = np.argsort(costs, axis=1, kind="stable")
-    return by_cost.reshape(costs.shape[0], n_packs, costs.shape[1] // n_packs).astype(np.int64)
+    return by_cost.reshape(costs.shape[0], n_packs, pack_size).astype(np.int64)

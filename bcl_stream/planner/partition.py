@@ -24,22 +24,11 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
+from bcl_stream.planner.checks import window_shape
 from bcl_stream.planner.padded import partition_padded
 
 Assignment = npt.NDArray[np.int64]
 """(n_windows, m, B): for each window, the positions (into that window's row) of each pack."""
-
-
-def _check(costs: npt.NDArray[np.float64], n_packs: int) -> int:
-    if costs.ndim != 2:
-        raise ValueError(f"costs must be 2-D (windows, records), got shape {costs.shape}")
-    if n_packs < 1:
-        raise ValueError(f"n_packs must be >= 1, got {n_packs}")
-    if costs.shape[1] % n_packs:
-        raise ValueError(
-            f"window of {costs.shape[1]} records does not split into {n_packs} equal packs"
-        )
-    return costs.shape[1] // n_packs
 
 
 def lpt_rounds(
@@ -52,7 +41,7 @@ def lpt_rounds(
     With ``targets`` (n_windows, n_packs) each round hands the largest record to the pack
     with the most room left (target - load) instead of the lightest one.
     """
-    pack_size = _check(costs, n_packs)
+    pack_size = window_shape(costs, n_packs)
     n_windows = costs.shape[0]
     rows = np.arange(n_windows)[:, None]
     by_cost = np.argsort(-costs, axis=1, kind="stable")
@@ -69,7 +58,7 @@ def lpt_rounds(
 
 def snake(costs: npt.NDArray[np.float64], n_packs: int) -> Assignment:
     """Boustrophedon dealing of records sorted by decreasing cost. Output (n_windows, n_packs, B)."""
-    pack_size = _check(costs, n_packs)
+    pack_size = window_shape(costs, n_packs)
     by_cost = np.argsort(-costs, axis=1, kind="stable")
     dealt = by_cost.reshape(costs.shape[0], pack_size, n_packs).copy()
     dealt[:, 1::2, :] = dealt[:, 1::2, ::-1]
@@ -119,7 +108,7 @@ def refine_swaps(
 
 def stream(costs: npt.NDArray[np.float64], n_packs: int) -> Assignment:
     """No balancing: pack i takes records i*B .. i*B+B-1 of the window (a plain loader)."""
-    pack_size = _check(costs, n_packs)
+    pack_size = window_shape(costs, n_packs)
     flat = np.arange(n_packs * pack_size, dtype=np.int64).reshape(n_packs, pack_size)
     return np.broadcast_to(flat, (costs.shape[0], n_packs, pack_size)).copy()
 
