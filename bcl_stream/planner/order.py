@@ -23,8 +23,9 @@ dataset's mixture at every moment, and the shard cache a node needs stays bounde
    resolved group by group: taking records ``[a, b)`` permutes only the groups they touch, so a
    reader's memory is O(group), never O(dataset), and no step sorts the whole dataset.
 
-``shuffle=False`` keeps the write order: nodes take contiguous spans of shards with equal
-record counts and groups are read in order (debugging, benchmarks of write order).
+``shuffle=False`` keeps the write order: shards are dealt to nodes round robin (every node
+reads the same region of the write order at the same time) and read in order, records in
+write order (debugging, benchmarks of write order).
 """
 
 from __future__ import annotations
@@ -203,17 +204,15 @@ def deal_shards(
     """Shard ids of each node, ``n_nodes`` arrays; each shard goes to exactly one node.
 
     Shuffled: :func:`balanced_deal` on the shards' cost totals (equal shard counts, node totals
-    within about one shard), each node's shards in write order. Not shuffled: contiguous spans
-    with about equal usable records.
+    within about one shard), each node's shards in write order. Not shuffled: shard i goes to
+    node i mod n_nodes, so at any time every node reads the same region of the write order
+    (contiguous spans per node would give one node all the long records of sorted data).
     """
     if n_nodes < 1:
         raise ValueError(f"n_nodes must be >= 1, got {n_nodes}")
     n_shards = table.counts.size
-    if not shuffle:
-        bounds = np.cumsum(table.usable)
-        total = int(bounds[-1]) if n_shards else 0
-        cuts = np.searchsorted(bounds, total * np.arange(1, n_nodes) / n_nodes, side="left")
-        return [s.astype(np.int64) for s in np.split(np.arange(n_shards), cuts + 1)]
+    if not shuffle:  # round robin: all nodes read neighbouring shards at the same time
+        return [np.arange(n, n_shards, n_nodes, dtype=np.int64) for n in range(n_nodes)]
     rng = epoch_rng(seed, epoch, 0)
     totals = excess_cost(table)
     owner = np.full(n_shards, -1, dtype=np.int64)
