@@ -269,7 +269,7 @@ def calibrate(
     """Build the model (import path or factory), time designed packs, fit c(L) per record."""
     import torch
 
-    from lightning_module.collate import collate_packed, collate_padded
+    from bcl_stream.collate import collate_packed, collate_padded
 
     cfg = config or CalibrationConfig()
     factory = load_factory(model) if isinstance(model, str) else model

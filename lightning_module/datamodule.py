@@ -17,7 +17,7 @@ What it adds on top of the readers (``MDSPackDataset`` / ``WDSPackDataset`` + ``
   harmless.
 - **Collate.** Packs become padded (``input_ids``, ``attention_mask``, ``labels``) or packed
   varlen (``input_ids``, ``cu_seqlens``, ``position_ids``, ``labels``) batches
-  (``lightning_module.collate``); the batch also carries ``sample_ids``, ``tokens`` and
+  (``bcl_stream.collate``); the batch also carries ``sample_ids``, ``tokens`` and
   ``est_cost`` (the pack's estimated cost) for ``PackLogger``.
 - **A ``sequential`` baseline through the same reader path** (``packing="sequential"``): the
   next B records of the rank's share of the same epoch order, what a plain loader does. Only
@@ -36,6 +36,7 @@ import numpy.typing as npt
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from bcl_stream.collate import LABELS, collate_packed, collate_padded
 from bcl_stream.cost import resolve
 from bcl_stream.errors import StateError
 from bcl_stream.formats.reader_base import Pack, PlanDataset
@@ -49,7 +50,6 @@ from bcl_stream.plan_source import (
     sequential_plan,
 )
 from bcl_stream.planner import PlanConfig
-from lightning_module.collate import LABELS, collate_packed, collate_padded
 
 PACKINGS = ("bcl", "sequential")
 LAYOUTS = ("padded", "packed")

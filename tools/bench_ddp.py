@@ -115,7 +115,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from lightning_module.collate import collate_packed
+    from bcl_stream.collate import collate_packed
     from lightning_module.tinygpt import TinyGPT
 
     torch.set_num_threads(1)

@@ -129,7 +129,7 @@ def measure(
     """Median CPU and wall seconds of every distinct pack (strategies interleaved)."""
     import torch
 
-    from lightning_module.collate import collate_packed
+    from bcl_stream.collate import collate_packed
     from lightning_module.tinygpt import TinyGPT
 
     unique = sorted({tuple(sorted(p.tolist())) for ps in plans.values() for r in ps for p in r})

@@ -179,8 +179,8 @@ def replay(
     token values do not change compute. Output: per strategy, C[r, t] in seconds."""
     import torch
 
+    from bcl_stream.collate import collate_packed
     from bcl_stream.index import read_index
-    from lightning_module.collate import collate_packed
     from lightning_module.tinygpt import TinyGPT, TinyGPTConfig
 
     torch.set_num_threads(1)
