@@ -118,11 +118,6 @@ class EpochStreams:
         used = self.n_packs * self.config.ranks_per_node * self.config.pack_size
         return stream.take(np.arange(used, len(stream), dtype=np.int64))
 
-    def shards_of(self, ids: Ids) -> Ids:
-        """Shard of each sample id."""
-        ends = np.cumsum(self.table.counts)
-        return np.searchsorted(ends, ids, side="right").astype(np.int64)
-
 
 def _check_inputs(
     table: ShardTable,
