@@ -202,11 +202,14 @@ class ReaderPlan:
             tokens=self._tokens,
             excluded=self.consumed if self.consumed.size else None,
         )
-        self._too_long = 0
+        # Records the filter removed are the too-long ones plus the consumed ones that were not
+        # too long: derived from the table the streams already built (no second pass).
+        removed = len(index) - int(self._streams.table.usable.sum())
+        short_consumed = int(self.consumed.size)
         if self._tokens is not None and config.plan.max_tokens is not None:
-            over = int(np.count_nonzero(np.asarray(self._tokens) > config.plan.max_tokens))
-            gone = np.asarray(self._tokens[self.consumed]) > config.plan.max_tokens
-            self._too_long = over - int(np.count_nonzero(gone))
+            long = np.asarray(self._tokens[self.consumed]) > config.plan.max_tokens
+            short_consumed -= int(np.count_nonzero(long))
+        self._too_long = removed - short_consumed
 
     @property
     def n_packs(self) -> int:

@@ -265,15 +265,18 @@ def schedules(
     cost_model: CostModel,
     config: SimConfig,
     strategies: tuple[str, ...] = STRATEGIES,
+    table: ShardTable | None = None,
 ) -> dict[str, Schedule]:
-    """Plan one epoch of ``tokens`` (record lengths, write order) under each strategy."""
+    """Plan one epoch of ``tokens`` (record lengths, write order) under each strategy.
+    ``table``: the shard table of these tokens and costs (:func:`shard_table`), when the caller
+    already has it (it takes a pass over every record)."""
     tok = np.asarray(tokens, dtype=np.int64)
     if tok.ndim != 1 or tok.size == 0:
         raise ValueError(f"tokens must be a non-empty 1-D array, got shape {tok.shape}")
     if np.any(tok < 0):
         raise ValueError(f"tokens must be >= 0; found {int(tok.min())}")
     costs = validate_costs(cost_model.cost(tok))
-    table = shard_table(tok, costs, config.shard_records)
+    table = shard_table(tok, costs, config.shard_records) if table is None else table
     seed, epoch = config.seed, config.epoch
     layout = check_layout(config.layout)
 
@@ -343,8 +346,8 @@ def simulate(
 ) -> dict[str, Metrics]:
     """Plan one epoch under each strategy and score it with DESIGN.md's metrics."""
     tok = np.asarray(tokens, dtype=np.int64)
-    planned = schedules(tok, cost_model, config, strategies)
-    return score(planned, config, shard_table(tok, cost_model.cost(tok), config.shard_records))
+    table = shard_table(tok, cost_model.cost(tok), config.shard_records)
+    return score(schedules(tok, cost_model, config, strategies, table), config, table)
 
 
 def score(

@@ -145,7 +145,7 @@ def run_setting(
     for label, (window, extra) in plans.items():
         strategy = label.split("@")[0].split("+")[0]
         cfg = dataclasses.replace(base_cfg, window=window, **extra)
-        planned[label] = schedules(tok, model, cfg, (strategy,))[strategy]
+        planned[label] = schedules(tok, model, cfg, (strategy,), table)[strategy]
         configs[label] = cfg
     base = {name: planned[name] for name in ("sequential", *PEERS) if name in planned}
     out: dict[str, dict[str, float]] = {}

@@ -142,11 +142,11 @@ def run(args: argparse.Namespace) -> int:
     config = sim_config(args)
     names = tuple(s for s in args.strategies.split(",") if s)
     table = shard_table(lengths, model.cost(lengths), config.shard_records)
-    planned = schedules(lengths, model, config, names)
+    planned = schedules(lengths, model, config, names, table)
     layouts = {config.layout: (planned, score(planned, config, table))}
     if config.layout == "padded":
         packed = dataclasses.replace(config, layout="packed")
-        packed_plans = schedules(lengths, model, packed, names)
+        packed_plans = schedules(lengths, model, packed, names, table)
         layouts = {"packed": (packed_plans, score(packed_plans, packed, table)), **layouts}
     results = layouts[config.layout][1]
     versus = speedups(planned, config)  # per unit of cost, over nemo_mffd / verl_kk if present

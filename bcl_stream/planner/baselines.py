@@ -23,9 +23,10 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.planner.bcl import plan_epoch, too_long
-from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG, Plan, PlanConfig
+from bcl_stream.planner.config import REASON_TOO_LONG, Plan, PlanConfig
 from bcl_stream.planner.mffd import mffd
 from bcl_stream.planner.order import ShardTable, epoch_rng
+from bcl_stream.planner.pools import global_batches
 
 
 def sequential_config(config: PlanConfig) -> PlanConfig:
@@ -109,20 +110,13 @@ def pooled_mffd_split(
     Global batches of R*B*G records are packed one at a time, in stream order; a last partial
     global batch is left out (``epoch_tail``) as a trainer would.
     """
-    if min(world_size, pack_size, grad_accum) < 1:
-        raise ValueError(
-            f"world_size, pack_size, grad_accum must be >= 1, got {world_size}, {pack_size}, {grad_accum}"
-        )
-    ids = np.asarray(order, dtype=np.int64)
+    batches, tail = global_batches(order, world_size, pack_size, grad_accum)
     tok = np.asarray(tokens, dtype=np.int64)
-    pool = world_size * pack_size * grad_accum
-    n_pools = ids.size // pool
     per_rank: list[list[npt.NDArray[np.int64]]] = [[] for _ in range(world_size)]
-    for p in range(n_pools):
-        members = ids[p * pool : (p + 1) * pool]
+    for members in batches:
         sizes = tok[members]
         bins = mffd(sizes, capacity)
         _split_to_multiple(bins, sizes, world_size)
         for b, positions in enumerate(bins):
             per_rank[b % world_size].append(members[np.asarray(positions, dtype=np.int64)])
-    return per_rank, {REASON_TAIL: ids[n_pools * pool :]}
+    return per_rank, tail

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -126,31 +127,48 @@ class ShardTable:
         return int(self.counts.sum())
 
 
-def shard_weights(
-    counts: npt.ArrayLike, costs: npt.NDArray[np.floating]
+def shard_sums(
+    counts: npt.ArrayLike, columns: Callable[[int, int], npt.NDArray[np.float64]], rows: int = 1
 ) -> npt.NDArray[np.float64]:
-    """Mean cost per record of each shard: one pass over the cost array (O(records), once per
-    dataset and cost model), refusing NaN, infinite and negative costs with the first bad index."""
+    """Per-shard sums (rows, shards) of ``columns(lo, hi)``, a (rows, hi - lo) array of per-record
+    values for records [lo, hi), in chunks of ``CHUNK`` records: a pass over every record with
+    no full-size temporary beside a mapped array."""
     c = np.asarray(counts, dtype=np.int64)
-    sums = np.zeros(c.size)
     ends = np.cumsum(c)
-    n = int(ends[-1]) if ends.size else 0
-    if costs.shape[0] != n:
-        raise ValueError(f"costs hold {costs.shape[0]} records, the shard counts {n}")
     starts = ends - c
-    for lo in range(0, n, CHUNK):  # chunked: no full-size temporary beside a mapped array
-        chunk = np.asarray(costs[lo : lo + CHUNK], dtype=np.float64)
-        bad = ~np.isfinite(chunk) | (chunk < 0)
-        if bad.any():
-            first = lo + int(np.flatnonzero(bad)[0])
-            raise ValueError(f"costs must be finite and >= 0; costs[{first}] = {costs[first]!r}")
-        hi = lo + chunk.size
+    n = int(ends[-1]) if ends.size else 0
+    sums = np.zeros((rows, c.size))
+    for lo in range(0, n, CHUNK):
+        hi = min(lo + CHUNK, n)
+        values = np.reshape(columns(lo, hi), (rows, hi - lo))
         first_shard = int(np.searchsorted(ends, lo, side="right"))
         last_shard = int(np.searchsorted(ends, hi - 1, side="right"))
         shards = np.arange(first_shard, last_shard + 1)
         shards = shards[c[shards] > 0]  # empty shards own no records (reduceat would misread)
         local = np.maximum(starts[shards] - lo, 0)
-        sums[shards] += np.add.reduceat(chunk, local)
+        sums[:, shards] += np.add.reduceat(values, local, axis=1)
+    return sums
+
+
+def shard_weights(
+    counts: npt.ArrayLike, costs: npt.NDArray[np.floating]
+) -> npt.NDArray[np.float64]:
+    """Mean cost per record of each shard: one chunked pass over the cost array (once per
+    dataset and cost model), refusing NaN, infinite and negative costs with the first bad index."""
+    c = np.asarray(counts, dtype=np.int64)
+    n = int(c.sum())
+    if costs.shape[0] != n:
+        raise ValueError(f"costs hold {costs.shape[0]} records, the shard counts {n}")
+
+    def checked(lo: int, hi: int) -> npt.NDArray[np.float64]:
+        chunk = np.asarray(costs[lo:hi], dtype=np.float64)
+        bad = ~np.isfinite(chunk) | (chunk < 0)
+        if bad.any():
+            first = lo + int(np.flatnonzero(bad)[0])
+            raise ValueError(f"costs must be finite and >= 0; costs[{first}] = {costs[first]!r}")
+        return chunk
+
+    sums = shard_sums(c, checked)[0]
     return np.divide(sums, c, out=np.zeros(c.size), where=c > 0)
 
 
@@ -582,20 +600,18 @@ class KeepFilter:
     def kept_table(self, table: ShardTable, costs: npt.NDArray[np.floating]) -> ShardTable:
         """``table`` with usable counts and mean costs over the records kept.
 
-        One vectorized pass over the records (only when the filter is active; ~1 B of
-        temporary memory per record); unfiltered tables are returned as they are.
+        One chunked pass over the records, only when the filter is active (unfiltered tables
+        are returned as they are).
         """
         if not self.active:
             return table
         counts = table.counts
-        nonempty = counts > 0
-        usable = np.zeros(counts.size, dtype=np.int64)
-        sums = np.zeros(counts.size)
-        if nonempty.any():
-            mask = self(np.arange(table.n_records, dtype=np.int64))
-            starts = table.starts[nonempty]
-            usable[nonempty] = np.add.reduceat(mask, starts, dtype=np.int64)
-            kept_costs = np.where(mask, np.asarray(costs, dtype=np.float64), 0.0)
-            sums[nonempty] = np.add.reduceat(kept_costs, starts)
+
+        def kept(lo: int, hi: int) -> npt.NDArray[np.float64]:
+            mask = self(np.arange(lo, hi, dtype=np.int64))
+            return np.stack([mask, np.where(mask, np.asarray(costs[lo:hi], np.float64), 0.0)])
+
+        kept_count, sums = shard_sums(counts, kept, rows=2)
+        usable = np.rint(kept_count).astype(np.int64)
         weight = np.divide(sums, usable, out=np.zeros(counts.size), where=usable > 0)
         return ShardTable.build(counts, usable, weight)

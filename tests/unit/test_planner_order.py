@@ -18,6 +18,7 @@ from bcl_stream.planner import (
 )
 from bcl_stream.planner.carry import hold_back
 from bcl_stream.planner.order import (
+    KeepFilter,
     NodeStream,
     balanced_deal,
     deal_shards,
@@ -262,3 +263,35 @@ def test_the_window_before_the_last_keeps_the_drain_in_view() -> None:
     miss = abs(costs[held].sum() + then[0] - then_target)
     miss_blind = abs(costs[blind].sum() + then[0] - then_target)
     assert miss <= miss_blind + 1e-9
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 40), max_size=25),
+    chunk=st.integers(1, 70),
+    seed=st.integers(0, 99),
+)
+def test_chunked_shard_passes_equal_the_direct_ones(
+    counts: list[int], chunk: int, seed: int
+) -> None:
+    """Per-shard means and the memory cap's kept table, chunk by chunk, whatever the chunk."""
+    import bcl_stream.planner.order as order
+
+    rng = np.random.default_rng(seed)
+    n = sum(counts)
+    costs, tokens = rng.random(n), rng.integers(1, 100, n)
+    ends = np.cumsum(counts, dtype=np.int64)
+    spans = list(zip(ends - np.asarray(counts, dtype=np.int64), ends, strict=True))
+    keep = KeepFilter(tokens, 50, rng.choice(n, min(n, 3), replace=False) if n else None)
+    kept = keep(np.arange(n, dtype=np.int64))
+    old = order.CHUNK
+    order.CHUNK = chunk
+    try:
+        means = shard_weights(counts, costs)
+        table = keep.kept_table(ShardTable.build(counts), costs)
+    finally:
+        order.CHUNK = old
+    assert np.allclose(means, [costs[a:b].mean() if b > a else 0.0 for a, b in spans])
+    assert table.usable.tolist() == [int(kept[a:b].sum()) for a, b in spans]
+    expected = [costs[a:b][kept[a:b]].mean() if kept[a:b].any() else 0.0 for a, b in spans]
+    assert np.allclose(table.weight, expected)
