@@ -99,12 +99,17 @@ def _check_labels(labels: str) -> None:
         raise ValueError(f"labels must be one of {LABELS}, got {labels!r}")
 
 
-def _audit(ids: list[Tensor], sample_ids: list[int], cut: list[int]) -> dict[str, Tensor]:
-    return {
+def _audit(
+    ids: list[Tensor], sample_ids: list[int], cut: list[int], pack: Sequence[Mapping[str, Any]]
+) -> dict[str, Tensor]:
+    out = {
         "sample_ids": torch.tensor(sample_ids, dtype=torch.long),
         "tokens": torch.tensor([t.numel() for t in ids], dtype=torch.long),
         "truncated_tokens": torch.tensor(cut, dtype=torch.long),
     }
+    if all("stream" in record for record in pack):  # a mixture: whose record each one is
+        out["streams"] = torch.tensor([int(r["stream"]) for r in pack], dtype=torch.long)
+    return out
 
 
 def collate_padded(
@@ -126,7 +131,7 @@ def collate_padded(
         "input_ids": input_ids,
         "attention_mask": mask,
         "labels": targets,
-        **_audit(ids, sample_ids, cut),
+        **_audit(ids, sample_ids, cut, pack),
     }
 
 
@@ -147,5 +152,5 @@ def collate_packed(
         "labels": torch.cat(
             [_shifted(t) if labels == "shifted" else _unshifted(t, True) for t in ids]
         )[None, :],
-        **_audit(ids, sample_ids, cut),
+        **_audit(ids, sample_ids, cut, pack),
     }

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 from bcl_stream.errors import StateError
 from bcl_stream.formats.reader_base import Pack, PlanDataset
 from bcl_stream.plan_source import AnyPlan, Segment
-from bcl_stream.state import Cursor, resolve_state
+from bcl_stream.state import MIXTURE_CHANGES, Cursor, resolve_state
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,8 @@ class ChunkCollate:
 class PackLoader(DataLoader):
     """Yields the dataset's packs (through ``collate_fn``) with an exact ``len()`` and a
     resumable ``state_dict()``. ``allow_resize=False`` refuses states saved under another world
-    size instead of re-planning the rest of their epoch.
+    size instead of re-planning the rest of their epoch. ``on_mixture_change``: ``refuse`` a
+    state saved on another mixture (the error names every change) or ``restart_epoch``.
     """
 
     def __init__(
@@ -62,8 +63,13 @@ class PackLoader(DataLoader):
         persistent_workers: bool = False,
         collate_fn: Callable[[Pack], Any] | None = None,
         allow_resize: bool = True,
+        on_mixture_change: str = "refuse",
         **kwargs: Any,
     ) -> None:
+        if on_mixture_change not in MIXTURE_CHANGES:
+            raise ValueError(
+                f"on_mixture_change must be one of {MIXTURE_CHANGES}, got {on_mixture_change!r}"
+            )
         if not isinstance(dataset, PlanDataset):
             raise ValueError(
                 f"PackLoader needs a plan-following dataset (MDSPackDataset, WDSPackDataset), "
@@ -83,6 +89,7 @@ class PackLoader(DataLoader):
             **kwargs,
         )
         self.allow_resize = allow_resize
+        self.on_mixture_change = on_mixture_change
         # The cursor: this loader owns it and pushes it into the dataset (a copy the worker
         # processes read) right before each iter(). It starts where the dataset was put
         # (``dataset.set_epoch`` before the loader is built).
@@ -159,7 +166,15 @@ class PackLoader(DataLoader):
         """The cursor (JSON-friendly; the same on every rank)."""
         epoch, consumed, segments = self._normalized()
         dataset = self.plan_dataset
-        return Cursor(epoch, consumed, dataset.fingerprint, dataset.config, segments).to_dict()
+        mixture = dataset.describe_mixture()
+        return Cursor(
+            epoch,
+            consumed,
+            dataset.fingerprint,
+            dataset.config,
+            segments,
+            None if mixture is None else tuple(mixture),
+        ).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a cursor (validated; a changed world size re-plans the rest of its epoch)."""
@@ -169,6 +184,8 @@ class PackLoader(DataLoader):
             fingerprint=dataset.fingerprint,
             config=dataset.config,
             allow_resize=self.allow_resize,
+            mixture=dataset.describe_mixture(),
+            on_mixture_change=self.on_mixture_change,
         )
         try:
             n_packs = self._n_packs(cursor.epoch, cursor.segments)

@@ -17,13 +17,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.cost import resolve
 from bcl_stream.index import CostIndex
+from bcl_stream.mixture import MixtureIndex
 from bcl_stream.planner import (
     Plan,
     PlanConfig,
@@ -35,9 +36,31 @@ from bcl_stream.planner import (
     shard_weights,
 )
 from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG
+from bcl_stream.planner.mixture import EpochSample
 
 REASON_CONSUMED = "consumed_before_resize"
 CACHE_SIZE = 4
+
+PlanData = CostIndex | MixtureIndex
+"""What a plan is made from: one dataset's cost index, or a mixture of several."""
+
+
+def epoch_sample(index: PlanData, config: ReaderConfig, epoch: int) -> EpochSample | None:
+    """A mixture's draw of ``epoch`` (None for one dataset: every record, once)."""
+    if isinstance(index, MixtureIndex):
+        return index.sample(config.seed, epoch)
+    return None
+
+
+def tokens_of(index: PlanData) -> npt.NDArray[np.integer[Any]]:
+    """Token counts by id: the mapped column, or a mixture's view over its streams' (which
+    indexes like an array: all the planner does with it)."""
+    return cast("npt.NDArray[np.integer[Any]]", index.tokens)
+
+
+def epoch_records(index: PlanData, sample: EpochSample | None) -> int:
+    """Records the epoch holds before any filter (a mixture: its draw)."""
+    return len(index) if sample is None else int(sample.usable.sum())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -180,7 +203,7 @@ class ReaderPlan:
 
     def __init__(
         self,
-        index: CostIndex,
+        index: PlanData,
         config: ReaderConfig,
         epoch: int,
         segments: tuple[Segment, ...] = (),
@@ -192,7 +215,8 @@ class ReaderPlan:
         self.consumed = _consumed(index, config, epoch, segments)
         costs, table = _costs_and_table(index, config)
         self._costs = costs
-        self._tokens = None if config.plan.max_tokens is None else index.tokens
+        self._tokens = None if config.plan.max_tokens is None else tokens_of(index)
+        sample = epoch_sample(index, config, epoch)
         self._streams = epoch_streams(
             costs,
             table,
@@ -201,10 +225,11 @@ class ReaderPlan:
             epoch=epoch,
             tokens=self._tokens,
             excluded=self.consumed if self.consumed.size else None,
+            sample=sample,
         )
         # Records the filter removed are the too-long ones plus the consumed ones that were not
         # too long: derived from the table the streams already built (no second pass).
-        removed = len(index) - int(self._streams.table.usable.sum())
+        removed = epoch_records(index, sample) - int(self._streams.table.usable.sum())
         short_consumed = int(self.consumed.size)
         if self._tokens is not None and config.plan.max_tokens is not None:
             long = np.asarray(self._tokens[self.consumed]) > config.plan.max_tokens
@@ -265,7 +290,7 @@ per-call overhead (tools/bench_plan_scale.py) while memory stays O(window)."""
 
 
 def _consumed(
-    index: CostIndex, config: ReaderConfig, epoch: int, segments: tuple[Segment, ...]
+    index: PlanData, config: ReaderConfig, epoch: int, segments: tuple[Segment, ...]
 ) -> npt.NDArray[np.int64]:
     """Records consumed this epoch under earlier world sizes (elastic resume), sorted."""
     consumed = np.empty(0, dtype=np.int64)
@@ -285,7 +310,7 @@ _READER_PLANS: OrderedDict[tuple[Any, ...], ReaderPlan] = OrderedDict()
 
 
 def reader_plan(
-    index: CostIndex,
+    index: PlanData,
     config: ReaderConfig,
     epoch: int,
     segments: tuple[Segment, ...] = (),
@@ -304,26 +329,22 @@ def reader_plan(
 _CACHE: OrderedDict[tuple[Any, ...], EpochPlan] = OrderedDict()
 
 
-def _costs(index: CostIndex, config: ReaderConfig) -> npt.NDArray[np.float64]:
-    model = None if config.cost_model is None else resolve(config.cost_model)
-    return index.costs(model)
+_TABLES: OrderedDict[tuple[str, str | None], tuple[Any, ShardTable]] = OrderedDict()
 
 
-_TABLES: OrderedDict[tuple[str, str | None], tuple[npt.NDArray[np.float64], ShardTable]] = (
-    OrderedDict()
-)
-
-
-def _costs_and_table(
-    index: CostIndex, config: ReaderConfig
-) -> tuple[npt.NDArray[np.float64], ShardTable]:
-    """Per-record costs and the shard table (mean cost per shard), once per data and model."""
+def _costs_and_table(index: PlanData, config: ReaderConfig) -> tuple[Any, ShardTable]:
+    """Per-record costs and the shard table (mean cost per shard), once per data and model.
+    For a mixture the costs are a view over its streams' indexes (each its own cost model)."""
     key = (index.fingerprint(), config.cost_model)
     hit = _TABLES.get(key)
     if hit is None:
-        costs = _costs(index, config)
-        counts = index.shard_counts
-        hit = (costs, ShardTable.build(counts, weight=shard_weights(counts, costs)))
+        model = None if config.cost_model is None else resolve(config.cost_model)
+        if isinstance(index, MixtureIndex):
+            hit = (index.costs(model), index.shard_table(model))
+        else:
+            costs = index.costs(model)
+            counts = index.shard_counts
+            hit = (costs, ShardTable.build(counts, weight=shard_weights(counts, costs)))
         _TABLES[key] = hit
         while len(_TABLES) > 2:
             _TABLES.popitem(last=False)
@@ -331,14 +352,14 @@ def _costs_and_table(
 
 
 def _plan_one(
-    index: CostIndex,
+    index: PlanData,
     config: ReaderConfig,
     epoch: int,
     exclude: npt.NDArray[np.int64],
 ) -> Plan:
     costs, table = _costs_and_table(index, config)
     # Token counts only matter under a memory cap.
-    tokens = None if config.plan.max_tokens is None else index.tokens
+    tokens = None if config.plan.max_tokens is None else tokens_of(index)
     return plan_epoch(
         costs,
         table,
@@ -347,19 +368,60 @@ def _plan_one(
         epoch=epoch,
         tokens=tokens,
         excluded=exclude if exclude.size else None,
+        sample=epoch_sample(index, config, epoch),
     )
 
 
-def sequential_plan(index: CostIndex, config: ReaderConfig, epoch: int) -> EpochPlan:
+def sequential_plan(index: PlanData, config: ReaderConfig, epoch: int) -> EpochPlan:
     """The ``sequential`` baseline over the same streams: each rank's next B records, unbalanced
     (records over ``max_tokens`` are left out, but the per-pack cap is not enforced)."""
     costs, table = _costs_and_table(index, config)
-    plan = sequential(costs, table, config.plan, seed=config.seed, epoch=epoch, tokens=index.tokens)
+    plan = sequential(
+        costs,
+        table,
+        config.plan,
+        seed=config.seed,
+        epoch=epoch,
+        tokens=tokens_of(index),
+        sample=epoch_sample(index, config, epoch),
+    )
     return EpochPlan(plan, epoch)
 
 
+def stream_report(
+    index: PlanData, config: ReaderConfig, plan: EpochPlan
+) -> list[dict[str, Any]] | None:
+    """Per stream of a mixture (None for one dataset), in the order given: its description,
+    ``records_drawn`` (this epoch's draw, copies counted: ``records_per_epoch`` give or take
+    the per-shard rounding), ``records_used`` (records the epoch's packs hold) and
+    ``records_left`` (by reason: records of the draw no rank yields)."""
+    if not isinstance(index, MixtureIndex):
+        return None
+    n = index.layout.n_streams
+    drawn = index.sample(config.seed, plan.epoch).per_stream()
+    used = np.bincount(index.locate(plan.plan.packs.ravel())[0], minlength=n)
+    left: list[dict[str, int]] = [{} for _ in range(n)]
+    remainder = dict(plan.plan.remainder)
+    if plan.consumed.size:
+        remainder[REASON_CONSUMED] = plan.consumed
+    for reason, ids in remainder.items():
+        per = np.bincount(index.locate(np.asarray(ids, np.int64))[0], minlength=n)
+        for s in range(n):
+            if per[s]:
+                left[s][reason] = int(per[s])
+    return [
+        {
+            **desc,
+            "records_drawn": int(drawn[s]),
+            "records_used": int(used[s]),
+            "records_left": left[s],
+        }
+        for s, desc in enumerate(index.describe())
+    ]
+
+
 def epoch_plan(
-    index: CostIndex,
+    index: PlanData,
     config: ReaderConfig,
     epoch: int,
     segments: tuple[Segment, ...] = (),

@@ -39,7 +39,7 @@ from bcl_stream.cost import CostModel
 from bcl_stream.planner.baselines import global_order, sequential
 from bcl_stream.planner.bcl import plan_epoch, validate_costs
 from bcl_stream.planner.config import Plan, PlanConfig
-from bcl_stream.planner.order import ShardTable, shard_weights
+from bcl_stream.planner.order import Sample, ShardTable, shard_weights
 from bcl_stream.planner.padded import Packs, check_layout, ragged_pack_costs
 from bcl_stream.planner.peers import POOLED, REAL_PEERS, plan_pooled
 from bcl_stream.planner.pools import micro_batches_per_batch
@@ -277,6 +277,21 @@ def schedules(
         raise ValueError(f"tokens must be >= 0; found {int(tok.min())}")
     costs = validate_costs(cost_model.cost(tok))
     table = shard_table(tok, costs, config.shard_records) if table is None else table
+    return plan_schedules(tok, costs, table, config, strategies)
+
+
+def plan_schedules(
+    tokens: npt.NDArray[np.int64],
+    costs: npt.NDArray[np.float64],
+    table: ShardTable,
+    config: SimConfig,
+    strategies: tuple[str, ...] = STRATEGIES,
+    sample: Sample | None = None,
+) -> dict[str, Schedule]:
+    """:func:`schedules` from per-record costs and the shard table, for records already costed
+    (a mixture: each stream under its own model, ``sample`` its epoch's draw; the pooled peers
+    then read a global shuffle of the draw)."""
+    tok = tokens
     seed, epoch = config.seed, config.epoch
     layout = check_layout(config.layout)
 
@@ -296,12 +311,20 @@ def schedules(
     for name in strategies:
         if name == "sequential":
             plan = sequential(
-                costs, table, plan_config(config, "rank"), seed=seed, epoch=epoch, tokens=tok
+                costs,
+                table,
+                plan_config(config, "rank"),
+                seed=seed,
+                epoch=epoch,
+                tokens=tok,
+                sample=sample,
             )
             out[name] = schedule(plan.packs, plan.records_used, plan.records_left)
         elif name in POOLED:
             capacity = config.max_tokens or default_capacity(tok, config.pack_size)
             order = global_order(tok.size, seed, epoch, shuffle=config.shuffle)
+            if sample is not None:
+                order = order[sample(order)]
             bins, left = plan_pooled(
                 name, order, tok, config.ranks, config.pack_size, config.grad_accum, capacity
             )
@@ -318,6 +341,7 @@ def schedules(
                 seed=seed,
                 epoch=epoch,
                 tokens=tok,
+                sample=sample,
             )
             out[name] = schedule(plan.packs, plan.records_used, plan.records_left)
         else:

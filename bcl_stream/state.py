@@ -18,12 +18,19 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from bcl_stream.errors import StateError
+from bcl_stream.mixture import mixture_changes
 from bcl_stream.plan_source import ReaderConfig, Segment
 from bcl_stream.planner import PlanConfig
 
-STATE_VERSION = 2
-"""2: planner v2 (node-local shard deal, stratified shuffle); its epoch order differs from 1's,
-so a version-1 cursor cannot be replayed and is refused with what to do."""
+STATE_VERSION = 3
+"""3: adds ``mixture`` (the streams a mixture plan reads; absent for one dataset). 2: planner
+v2 (node-local shard deal, stratified shuffle), read as a version 3 without a mixture; its
+epoch order differs from 1's, so a version-1 cursor cannot be replayed and is refused with
+what to do."""
+READABLE = (2, STATE_VERSION)
+KEY_MIXTURE = "mixture"
+MIXTURE_CHANGES = ("refuse", "restart_epoch")
+"""What a resume does when the checkpoint's mixture differs from the loader's."""
 KEY_VERSION = "version"
 KEY_EPOCH = "epoch"
 KEY_CONSUMED = "packs_consumed"
@@ -49,10 +56,12 @@ class Cursor:
     config: ReaderConfig
     segments: tuple[Segment, ...] = ()
     """Earlier world sizes of this epoch (elastic resume), oldest first."""
+    mixture: tuple[dict[str, Any], ...] | None = None
+    """A mixture's streams (``MixtureIndex.describe()``: paths, weights, fingerprints)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-friendly state a loader's ``state_dict()`` returns."""
-        return {
+        out = {
             KEY_VERSION: STATE_VERSION,
             KEY_EPOCH: self.epoch,
             KEY_CONSUMED: self.packs_consumed,
@@ -60,6 +69,9 @@ class Cursor:
             KEY_CONFIG: self.config.to_dict(),
             KEY_SEGMENTS: [s.to_dict() for s in self.segments],
         }
+        if self.mixture is not None:
+            out[KEY_MIXTURE] = [dict(s) for s in self.mixture]
+        return out
 
 
 def _need(state: dict[str, Any], key: str, kind: type) -> Any:
@@ -109,11 +121,16 @@ def parse_state(state: Any) -> Cursor:
             "bcl-stream release that wrote it, or drop the data loader's state from the "
             "checkpoint (model and optimizer states stay valid) to start the epoch over"
         )
-    if version != STATE_VERSION:
+    if version not in READABLE:
         raise StateError(
             f"reader state version {version} is not supported (this reader writes "
             f"{STATE_VERSION}); resume with the bcl-stream release that wrote it"
         )
+    mixture = state.get(KEY_MIXTURE)
+    if mixture is not None and (
+        not isinstance(mixture, list) or not all(isinstance(m, dict) for m in mixture)
+    ):
+        raise StateError(f"reader state {KEY_MIXTURE!r} must be a list of dicts, got {mixture!r}")
     epoch = _need(state, KEY_EPOCH, int)
     consumed = _need(state, KEY_CONSUMED, int)
     if epoch < 0 or consumed < 0:
@@ -134,26 +151,76 @@ def parse_state(state: Any) -> Cursor:
         config = ReaderConfig.from_dict(raw_config)
     except (TypeError, ValueError) as exc:
         raise StateError(f"reader state has an invalid config or segment list: {exc}") from exc
-    return Cursor(epoch, consumed, _need(state, KEY_FINGERPRINT, str), config, segments)
+    return Cursor(
+        epoch,
+        consumed,
+        _need(state, KEY_FINGERPRINT, str),
+        config,
+        segments,
+        None if mixture is None else tuple(mixture),
+    )
 
 
 def resolve_state(
-    state: Any, *, fingerprint: str, config: ReaderConfig, allow_resize: bool = True
+    state: Any,
+    *,
+    fingerprint: str,
+    config: ReaderConfig,
+    allow_resize: bool = True,
+    mixture: list[dict[str, Any]] | None = None,
+    on_mixture_change: str = "refuse",
 ) -> Cursor:
-    """The cursor to resume from under ``config`` on data with ``fingerprint``.
+    """The cursor to resume from under ``config`` on data with ``fingerprint`` (a mixture's:
+    ``mixture``, its streams described).
 
     Output: a cursor whose ``config`` is ``config``. Same world size: the saved cursor. A
     different world size: the saved plan appended to ``segments`` and ``packs_consumed=0``.
+    A changed mixture: refused, naming every change, unless ``on_mixture_change`` is
+    ``restart_epoch`` (then the saved epoch starts over, from pack 0, on the new mixture).
     Raises StateError naming the first mismatch.
     """
+    if on_mixture_change not in MIXTURE_CHANGES:
+        raise ValueError(f"on_mixture_change must be one of {MIXTURE_CHANGES}")
     saved = parse_state(state)
+    current = None if mixture is None else tuple(mixture)
+    if saved.mixture is not None or current is not None:
+        changes = _mixture_changes(saved.mixture, current)
+        if changes and on_mixture_change == "restart_epoch":
+            _check_config(saved.config, config)
+            return Cursor(saved.epoch, 0, fingerprint, config, (), current)
+        if changes:
+            raise StateError(
+                f"reader state was saved on another mixture ({'; '.join(changes)}). Resume "
+                "with the original streams and weights, or start the epoch over with the new "
+                f"mixture (on_mixture_change='restart_epoch'; epoch {saved.epoch} is then read "
+                "again from its first pack)."
+            )
     if saved.fingerprint != fingerprint:
         raise StateError(
             f"reader state was saved on other data (fingerprint {saved.fingerprint}, this "
             f"dataset {fingerprint}): the shards or the cost index changed. Resume on the "
             "original dataset, or start a fresh run without the loader state."
         )
+    _check_config(saved.config, config)
     old, new = saved.config.flat(), config.flat()
+    if all(old[n] == new[n] for n in RESIZABLE):
+        return Cursor(
+            saved.epoch, saved.packs_consumed, fingerprint, config, saved.segments, current
+        )
+    if not allow_resize:
+        moved = ", ".join(f"{n} {old[n]} -> {new[n]}" for n in RESIZABLE if old[n] != new[n])
+        raise StateError(
+            f"reader state was saved with another layout ({moved}) and elastic resume is "
+            "disabled for this reader; resume with the original layout."
+        )
+    old_plan = saved.config.plan
+    segment = Segment(old_plan.world_size, old_plan.ranks_per_node, saved.packs_consumed)
+    return Cursor(saved.epoch, 0, fingerprint, config, (*saved.segments, segment), current)
+
+
+def _check_config(saved: ReaderConfig, config: ReaderConfig) -> None:
+    """Every field but the resizable ones must match: the replayed plan depends on them."""
+    old, new = saved.flat(), config.flat()
     for name in old:
         if name not in RESIZABLE and old[name] != new[name]:
             raise StateError(
@@ -161,14 +228,13 @@ def resolve_state(
                 f"{name}={new[name]!r}; the replayed plan would differ. Use {name}={old[name]!r} "
                 "to resume, or start a fresh run without the loader state."
             )
-    if all(old[n] == new[n] for n in RESIZABLE):
-        return Cursor(saved.epoch, saved.packs_consumed, fingerprint, config, saved.segments)
-    if not allow_resize:
-        changes = ", ".join(f"{n} {old[n]} -> {new[n]}" for n in RESIZABLE if old[n] != new[n])
-        raise StateError(
-            f"reader state was saved with another layout ({changes}) and elastic resume is "
-            "disabled for this reader; resume with the original layout."
-        )
-    old_plan = saved.config.plan
-    segment = Segment(old_plan.world_size, old_plan.ranks_per_node, saved.packs_consumed)
-    return Cursor(saved.epoch, 0, fingerprint, config, (*saved.segments, segment))
+
+
+def _mixture_changes(
+    saved: tuple[dict[str, Any], ...] | None, current: tuple[dict[str, Any], ...] | None
+) -> list[str]:
+    if saved is None:
+        return ["the state was saved on one dataset, the loader reads a mixture"]
+    if current is None:
+        return ["the state was saved on a mixture, the loader reads one dataset"]
+    return mixture_changes(list(saved), list(current))

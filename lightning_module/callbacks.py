@@ -11,6 +11,8 @@ Line fields:
 - ``step``: optimizer steps completed before this batch (``trainer.global_step``);
 - ``epoch``, ``batch_idx``: Lightning's counters for this batch;
 - ``rank``: global rank; ``sample_ids``: the pack's global sample ids, in pack order;
+- ``streams`` (mixtures only): the stream of each record, by its position in the mixture's
+  list (``sample_ids`` are then ids inside each record's stream);
 - ``tokens``: real (unpadded) tokens in the pack; ``est_cost``: the pack's estimated cost
   under the DataModule's cost model;
 - ``step_seconds``: wall time from batch start to batch end on this rank. Under DDP it
@@ -82,6 +84,7 @@ class PackLogWriter:
             "batch_idx": batch_idx,
             "rank": self.rank,
             "sample_ids": _as_list(batch["sample_ids"]),
+            **({"streams": _as_list(batch["streams"])} if "streams" in batch else {}),
             "tokens": int(_as_float(batch["tokens"])) if "tokens" in batch else None,
             "est_cost": _as_float(batch["est_cost"]) if "est_cost" in batch else None,
             "step_seconds": step_seconds,

@@ -41,6 +41,7 @@ from bcl_stream.cost import resolve
 from bcl_stream.errors import StateError
 from bcl_stream.formats.reader_base import Pack, PlanDataset
 from bcl_stream.loader import PackLoader
+from bcl_stream.mixture import MixtureIndex
 from bcl_stream.plan_checks import require_packs
 from bcl_stream.plan_source import (
     PLAN_FIELDS,
@@ -50,6 +51,7 @@ from bcl_stream.plan_source import (
     sequential_plan,
 )
 from bcl_stream.planner import PlanConfig
+from bcl_stream.state import MIXTURE_CHANGES
 
 PACKINGS = ("bcl", "sequential")
 LAYOUTS = ("padded", "packed")
@@ -62,8 +64,9 @@ class PackCollate:
     """Pack -> batch dict (module level and frozen: picklable for worker processes)."""
 
     layout: str
-    costs: npt.NDArray[np.float64]
-    """Per-record estimated costs by global sample id (the planner's costs)."""
+    costs: npt.NDArray[np.floating[Any]] | tuple[npt.NDArray[np.floating[Any]], ...]
+    """Per-record estimated costs by sample id (the planner's costs): an array, or for a
+    mixture one array per stream."""
     max_seq_len: int | None = None
     labels: str = "shifted"
 
@@ -71,7 +74,10 @@ class PackCollate:
         fn = collate_packed if self.layout == "packed" else collate_padded
         batch = fn(pack, self.max_seq_len, self.labels)
         ids = batch["sample_ids"].numpy()
-        batch["est_cost"] = torch.tensor(float(self.costs[ids].sum()), dtype=torch.float64)
+        streams = batch["streams"].numpy() if "streams" in batch else np.zeros_like(ids)
+        per_stream = self.costs if isinstance(self.costs, tuple) else (self.costs,)
+        cost = sum(float(per_stream[s][i]) for s, i in zip(streams, ids, strict=True))
+        batch["est_cost"] = torch.tensor(cost, dtype=torch.float64)
         return batch
 
 
@@ -119,18 +125,29 @@ class SequentialPlanner:
 def make_dataset(
     format: str,
     packing: str,
-    data: str,
+    data: str | None,
     config: ReaderConfig,
     rank: int,
     *,
     cache_dir: str | None = None,
+    streams: list[Any] | None = None,
+    epoch_size: int | None = None,
 ) -> PlanDataset:
-    """The reader for ``format``; with ``packing='sequential'`` its plan is the baseline's.
+    """The reader for ``format`` (or the mixture of ``streams``, each read in its own format);
+    with ``packing='sequential'`` its plan is the baseline's.
 
     Readers are imported here: ``streaming`` takes seconds to import.
     """
     dataset: PlanDataset
-    if format == "mds":
+    if streams is not None:
+        from bcl_stream.formats.mixture_reader import MixturePackDataset
+
+        dataset = MixturePackDataset(
+            streams, config, rank, cache_dir=cache_dir, epoch_size=epoch_size
+        )
+    elif data is None:
+        raise ValueError("BCLDataModule needs data (one dataset) or streams (a mixture)")
+    elif format == "mds":
         from bcl_stream.formats.mds_reader import MDSPackDataset
 
         dataset = MDSPackDataset(data, config, rank, cache_dir=cache_dir)
@@ -230,6 +247,14 @@ class BCLDataModule(pl.LightningDataModule):
 
     Args:
         data: dataset root, a local directory or ``s3://bucket/prefix`` (what preprocess wrote).
+        streams: a mixture instead of ``data``: a list of streams, each ``"PATH[:key=value]"``
+            or a dict ``{path, proportion | repeat | choose, cost_model}`` (docs/mixtures.md).
+            Each stream is read in its own format; ``format`` is ignored.
+        epoch_size: records per epoch of a mixture given by proportions (default: every
+            stream's records once).
+        on_mixture_change: resuming a checkpoint whose mixture differs (streams, weights,
+            data): ``refuse`` (default, the error says what changed) or ``restart_epoch``
+            (start the checkpoint's epoch over with the new mixture).
         format: ``mds`` or ``wds`` (WebDataset supports scope ``rank`` only).
         pack_size: records per pack B (the trainer's batch size: the record-count contract).
         window: packs per rank planned together W (buffer W*B records per rank).
@@ -257,8 +282,11 @@ class BCLDataModule(pl.LightningDataModule):
 
     def __init__(
         self,
-        data: str,
+        data: str | None = None,
         *,
+        streams: list[Any] | None = None,
+        epoch_size: int | None = None,
+        on_mixture_change: str = "refuse",
         format: str = "mds",
         pack_size: int = 8,
         window: int = 16,
@@ -280,6 +308,22 @@ class BCLDataModule(pl.LightningDataModule):
     ) -> None:
         super().__init__()
         self.plan = check_plan_knobs(plan, pack_size=pack_size, window=window, scope=scope)
+        if (data is None) == (streams is None):
+            raise ValueError("give BCLDataModule either data (one dataset) or streams (a mixture)")
+        if streams is not None:
+            from bcl_stream.mixture import StreamSpec
+
+            if not isinstance(streams, list | tuple) or not streams:
+                raise ValueError(f"streams must be a non-empty list, got {streams!r}")
+            streams = [StreamSpec.of(x).to_dict() for x in streams]  # refuse bad specs now
+        elif epoch_size is not None:
+            raise ValueError("epoch_size applies to a mixture (streams) only")
+        if on_mixture_change not in MIXTURE_CHANGES:
+            raise ValueError(
+                f"on_mixture_change must be one of {MIXTURE_CHANGES}, got {on_mixture_change!r}"
+            )
+        self.streams, self.epoch_size = streams, epoch_size
+        self.on_mixture_change = on_mixture_change
         if format not in ("mds", "wds"):
             raise ValueError(f"format must be 'mds' or 'wds', got {format!r}")
         if packing not in PACKINGS:
@@ -334,6 +378,8 @@ class BCLDataModule(pl.LightningDataModule):
             self.reader_config(world_size, local),
             rank,
             cache_dir=self.cache_dir,
+            streams=self.streams,
+            epoch_size=self.epoch_size,
         )
 
     def reader_config(self, world_size: int, ranks_per_node: int) -> ReaderConfig:
@@ -360,7 +406,13 @@ class BCLDataModule(pl.LightningDataModule):
         """The collate function the loader uses (also handy for inspecting batches)."""
         ds = self._require_dataset()
         model = None if self.cost_model is None else resolve(self.cost_model)
-        return PackCollate(self.layout, ds.index.costs(model), self.max_seq_len, self.labels)
+        index = ds.index
+        if isinstance(index, MixtureIndex):
+            models = index.stream_models(model)
+            costs = tuple(ix.costs(m) for ix, m in zip(index.indexes, models, strict=True))
+        else:
+            costs = (index.costs(model),)
+        return PackCollate(self.layout, costs, self.max_seq_len, self.labels)
 
     def train_dataloader(self) -> PackLoader:
         """One loader per DataModule: it owns the cursor, so a second call returns it again.
@@ -375,7 +427,7 @@ class BCLDataModule(pl.LightningDataModule):
             self._announced = True
             plan = loader.current_plan()
             require_packs(
-                self.data,
+                self.data or ds.location,
                 plan,
                 ds.config,
                 len(ds.index),
@@ -401,6 +453,7 @@ class BCLDataModule(pl.LightningDataModule):
                 persistent_workers=self.persistent_workers,
                 collate_fn=self.collate(),
                 allow_resize=self.allow_resize,
+                on_mixture_change=self.on_mixture_change,
             )
         if self._pending is not None:
             pending, self._pending = self._pending, None

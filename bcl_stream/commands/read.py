@@ -12,7 +12,14 @@ import json
 from itertools import islice
 from typing import Any
 
-from bcl_stream.commands.plan import add_plan_options, cache_dir, config_from_args
+from bcl_stream.commands.plan import (
+    add_plan_options,
+    cache_dir,
+    check_formats,
+    config_from_args,
+    open_plan_data,
+    stream_cache_root,
+)
 from bcl_stream.plan_checks import check_format_scope, require_packs
 
 
@@ -54,9 +61,31 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and value < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
     config = config_from_args(args)
-    dataset = open_dataset(args.location, config, args.rank, cache_dir(args))
+    if args.stream is not None:
+        from bcl_stream.formats.mixture_reader import MixturePackDataset
+        from bcl_stream.mixture import StreamSpec
+
+        if args.location is not None:
+            raise ValueError("give a dataset DIR or --stream (repeated) for a mixture, not both")
+        specs = [StreamSpec.parse(text) for text in args.stream]
+        index, location = open_plan_data(args)  # refuses bad mixtures and scopes first
+        check_formats(index, location, config.plan.scope)
+        dataset = MixturePackDataset(
+            specs,
+            config,
+            args.rank,
+            cache_dir=stream_cache_root(args, specs),
+            epoch_size=args.epoch_size,
+        )
+    else:
+        if args.location is None:
+            raise ValueError("give a dataset DIR or --stream (repeated) for a mixture")
+        if args.epoch_size is not None:
+            raise ValueError("--epoch-size applies to a mixture (--stream) only")
+        location = args.location
+        dataset = open_dataset(location, config, args.rank, cache_dir(args))
     dataset.set_epoch(args.epoch)
-    require_packs(args.location, dataset.plan(), config, len(dataset.index))
+    require_packs(location, dataset.plan(), config, len(dataset.index))
 
     def loader() -> PackLoader:
         persistent = args.persistent_workers and args.num_workers > 0
@@ -74,7 +103,13 @@ def run(args: argparse.Namespace) -> int:
         del it
         first = loader()
         first.load_state_dict(state)
-    packs = [[int(s["sample_id"]) for s in pack] for pack in islice(first, args.packs)]
+    packs = [
+        [
+            [int(s["stream"]), int(s["sample_id"])] if "stream" in s else int(s["sample_id"])
+            for s in pack
+        ]
+        for pack in islice(first, args.packs)
+    ]
     if args.json:
         print(json.dumps({"rank": args.rank, "packs": packs}))
     else:

@@ -30,6 +30,7 @@ import numpy.typing as npt
 from bcl_stream.errors import CostIndexError, DatasetError
 from bcl_stream.formats.layout import read_mds_index
 from bcl_stream.formats.reader_base import Pack, PlanDataset
+from bcl_stream.index import CostIndex
 from bcl_stream.integrity import ShardVerifier, guard_downloads
 from bcl_stream.plan_source import ReaderConfig
 from bcl_stream.remote import is_remote, open_cost_index
@@ -78,6 +79,9 @@ class MDSPackDataset(PlanDataset):
     required for remote datasets; streaming's ``local`` directory. Extra keyword arguments go
     to ``StreamingDataset`` (for example ``cache_limit`` or ``download_timeout``).
     """
+
+    index: CostIndex
+    """The dataset's cost index (one dataset, never a mixture)."""
 
     def __init__(
         self,

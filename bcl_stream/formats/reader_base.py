@@ -26,8 +26,7 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from bcl_stream.index import CostIndex
-from bcl_stream.plan_source import AnyPlan, ReaderConfig, Segment, reader_plan
+from bcl_stream.plan_source import AnyPlan, PlanData, ReaderConfig, Segment, reader_plan
 
 Sample = dict[str, Any]
 Pack = list[Sample]
@@ -48,7 +47,10 @@ class PlanDataset(IterableDataset[Pack]):
     ``len()`` is the number of packs per rank in the current epoch, equal on every rank.
     """
 
-    def __init__(self, index: CostIndex, config: ReaderConfig, rank: int | None = None) -> None:
+    location: str = ""
+    """Where the data is (subclasses set it; for messages)."""
+
+    def __init__(self, index: PlanData, config: ReaderConfig, rank: int | None = None) -> None:
         super().__init__()
         self.index = index
         self.config = config
@@ -108,6 +110,10 @@ class PlanDataset(IterableDataset[Pack]):
         self._plan = reader_plan(self.index, self.config, epoch, segments)
         self._plan_segments = segments
         return self._plan
+
+    def describe_mixture(self) -> list[dict[str, Any]] | None:
+        """The mixture the plan reads, as a cursor records it (None: one dataset)."""
+        return None
 
     def rank_packs(self) -> npt.NDArray[np.int64]:
         """(n_packs, pack_size) sample ids this rank yields in the current epoch."""

@@ -244,6 +244,9 @@ class WDSPackDataset(PlanDataset):
     to ``prefetch`` shards ahead of the one being read, and kept there.
     """
 
+    index: CostIndex
+    """The dataset's cost index (one dataset, never a mixture)."""
+
     def __init__(
         self,
         location: str | os.PathLike[str],

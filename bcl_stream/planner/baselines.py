@@ -25,7 +25,7 @@ import numpy.typing as npt
 from bcl_stream.planner.bcl import plan_epoch, too_long
 from bcl_stream.planner.config import REASON_TOO_LONG, Plan, PlanConfig
 from bcl_stream.planner.mffd import mffd
-from bcl_stream.planner.order import ShardTable, epoch_rng
+from bcl_stream.planner.order import Sample, ShardTable, epoch_rng
 from bcl_stream.planner.pools import global_batches
 
 
@@ -53,6 +53,7 @@ def sequential(
     epoch: int = 0,
     tokens: npt.NDArray[np.integer] | None = None,
     excluded: npt.NDArray[np.int64] | None = None,
+    sample: Sample | None = None,
 ) -> Plan:
     """Rank r's t-th pack = the next B records of its share of its node's stream.
 
@@ -61,10 +62,12 @@ def sequential(
     """
     plain = sequential_config(config)
     if config.max_tokens is None:
-        return plan_epoch(costs, table, plain, seed=seed, epoch=epoch, excluded=excluded)
+        return plan_epoch(
+            costs, table, plain, seed=seed, epoch=epoch, excluded=excluded, sample=sample
+        )
     if tokens is None:
         raise ValueError("tokens are required when max_tokens is set")
-    long_ids = too_long(tokens, config.max_tokens, excluded)
+    long_ids = too_long(tokens, config.max_tokens, excluded, sample)
     skip = long_ids if excluded is None else np.union1d(long_ids, excluded)
     plan = plan_epoch(
         costs,
@@ -73,6 +76,7 @@ def sequential(
         seed=seed,
         epoch=epoch,
         excluded=skip if skip.size else None,
+        sample=sample,
     )
     return Plan(plan.packs, {**plan.remainder, REASON_TOO_LONG: long_ids})
 

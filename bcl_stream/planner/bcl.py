@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG, Plan, PlanConfig
-from bcl_stream.planner.order import Ids, KeepFilter, ShardTable
+from bcl_stream.planner.order import Ids, KeepFilter, Sample, ShardTable
 from bcl_stream.planner.streams import EpochStreams
 from bcl_stream.planner.windows import plan_windows
 
@@ -55,16 +55,18 @@ def epoch_streams(
     epoch: int,
     tokens: npt.NDArray[np.integer] | None = None,
     excluded: Ids | None = None,
+    sample: Sample | None = None,
 ) -> EpochStreams:
     """The epoch's streams; the memory cap and exclusions recompute the table's usable counts
-    and mean costs (one pass over the records, only when either is set)."""
+    and mean costs (one pass over the records, only when either is set); a mixture's
+    ``sample`` gives its counts without a pass."""
     if config.max_tokens is not None and tokens is None:
         raise ValueError("tokens are required when max_tokens is set")
     if costs.shape[0] != table.n_records:
         raise ValueError(
             f"costs hold {costs.shape[0]} records but the shards hold {table.n_records}"
         )
-    keep = KeepFilter(tokens, config.max_tokens, excluded)
+    keep = KeepFilter(tokens, config.max_tokens, excluded, sample)
     return EpochStreams(keep.kept_table(table, costs), config, seed, epoch, keep, costs)
 
 
@@ -77,14 +79,23 @@ def plan_epoch(
     epoch: int = 0,
     tokens: npt.NDArray[np.integer] | None = None,
     excluded: Ids | None = None,
+    sample: Sample | None = None,
 ) -> Plan:
     """Plan one epoch. ``costs`` and ``tokens`` are indexed by global sample id (write order;
     memory-mapped arrays work); ``tokens`` is required when ``config.max_tokens`` is set;
-    ``excluded`` ids are neither planned nor reported. Output: ``Plan.packs`` of shape
-    (world_size, n_packs, pack_size) and the remainder by reason.
+    ``excluded`` ids are neither planned nor reported, nor are ids outside a mixture's
+    ``sample``. Output: ``Plan.packs`` of shape (world_size, n_packs, pack_size) and the
+    remainder by reason.
     """
     streams = epoch_streams(
-        costs, table, config, seed=seed, epoch=epoch, tokens=tokens, excluded=excluded
+        costs,
+        table,
+        config,
+        seed=seed,
+        epoch=epoch,
+        tokens=tokens,
+        excluded=excluded,
+        sample=sample,
     )
     out = np.empty((config.world_size, streams.n_packs, config.pack_size), dtype=np.int64)
     rows = np.arange(streams.n_rows)
@@ -100,13 +111,21 @@ def plan_epoch(
         )
     }
     if config.max_tokens is not None and tokens is not None:
-        remainder[REASON_TOO_LONG] = too_long(tokens, config.max_tokens, excluded)
+        remainder[REASON_TOO_LONG] = too_long(tokens, config.max_tokens, excluded, sample)
     return Plan(out, remainder)
 
 
-def too_long(tokens: npt.NDArray[np.integer], max_tokens: int, excluded: Ids | None = None) -> Ids:
-    """Ids of records longer than the memory cap (not counting ``excluded`` ones)."""
-    ids = np.flatnonzero(np.asarray(tokens) > max_tokens).astype(np.int64)
+def too_long(
+    tokens: npt.NDArray[np.integer],
+    max_tokens: int,
+    excluded: Ids | None = None,
+    sample: Sample | None = None,
+) -> Ids:
+    """Ids of records longer than the memory cap (not counting ``excluded`` ones, nor ids
+    outside a mixture's ``sample``)."""
+    ids = np.flatnonzero(np.asarray(tokens[:]) > max_tokens).astype(np.int64)
     if excluded is not None and excluded.size:
         ids = ids[~np.isin(ids, excluded)]
+    if sample is not None and sample.active:
+        ids = ids[sample(ids)]
     return ids

@@ -34,6 +34,7 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -86,6 +87,10 @@ class ShardTable:
     """For a table whose heaviest shards were cut (:func:`split_heavy_shards`): for each entry,
     the index of the cut shard it is a piece of (pieces of one shard are consecutive, one per
     node), or -1 for a whole shard."""
+    stream: Ids | None = None
+    """For a mixture (``planner.mixture``): the stream (source dataset) of each entry. Streams
+    are dealt to nodes and groups separately, so every node and every group holds each
+    stream's share; None for one dataset."""
 
     @classmethod
     def build(
@@ -94,6 +99,7 @@ class ShardTable:
         usable: npt.ArrayLike | None = None,
         weight: npt.ArrayLike | None = None,
         split: npt.ArrayLike | None = None,
+        stream: npt.ArrayLike | None = None,
     ) -> ShardTable:
         """A validated table; ``usable`` defaults to ``counts``, ``weight`` to zeros.
 
@@ -115,7 +121,27 @@ class ShardTable:
             raise ValueError(f"split {pieces.shape} must match counts {c.shape}")
         if pieces is not None and np.any((pieces < -1) | (pieces >= c.size)):
             raise ValueError(f"split must hold -1 or a shard index in [0, {c.size}) per entry")
-        return cls(c, u, w, pieces)
+        labels = None if stream is None else checks.array(stream, "stream", whole=True)
+        if labels is not None and (labels.shape != c.shape or np.any(labels < 0)):
+            raise ValueError(f"stream {labels.shape} must match counts {c.shape}, values >= 0")
+        return cls(c, u, w, pieces, labels)
+
+    def with_usable(self, usable: npt.ArrayLike, weight: npt.ArrayLike | None = None) -> ShardTable:
+        """The same shards with other usable counts (and mean costs): a filter's view."""
+        return ShardTable.build(
+            self.counts,
+            usable,
+            self.weight if weight is None else weight,
+            self.split,
+            self.stream,
+        )
+
+    def stream_groups(self, entries: Ids) -> list[Ids]:
+        """``entries`` split by stream (one array for one dataset), each in the given order."""
+        if self.stream is None:
+            return [entries]
+        labels = self.stream[entries]
+        return [entries[labels == s] for s in np.unique(labels)]
 
     @property
     def starts(self) -> Ids:
@@ -241,8 +267,12 @@ def deal_shards(
             owner[pieces] = rng.permutation(n_nodes)
             np.add.at(load, owner[pieces], totals[pieces])
     whole = np.flatnonzero(owner < 0)
-    owner[whole] = balanced_deal(totals[whole], n_nodes, rng, load)
-    even_out_records(owner, whole, table.usable, totals, n_nodes)
+    parts = table.stream_groups(whole)  # a mixture's streams one by one: each on every node
+    for part in parts:
+        owner[part] = balanced_deal(totals[part], n_nodes, rng, load)
+        np.add.at(load, owner[part], totals[part])
+    for part in parts:  # swaps inside a stream keep each node's share of it
+        even_out_records(owner, part, table.usable, totals, n_nodes)
     return [np.flatnonzero(owner == n).astype(np.int64) for n in range(n_nodes)]
 
 
@@ -318,6 +348,10 @@ def split_heavy_shards(
         mean = float(totals.sum()) / n
         heavy = np.argsort(-totals, kind="stable")[:n_cut]
         heavy = heavy[(totals[heavy] > 2.0 * mean) & (table.counts[heavy] >= n_nodes)]
+    if table.stream is not None:  # a mixture's small stream: every node needs some of it
+        for part in table.stream_groups(np.arange(n)):
+            if part.size < MIN_SHARDS_PER_NODE * n_nodes:
+                heavy = np.union1d(heavy, part[table.counts[part] >= n_nodes])
     if heavy.size == 0:
         return table
     is_cut = np.zeros(n, dtype=bool)
@@ -327,16 +361,20 @@ def split_heavy_shards(
     usable: list[int] = []
     weight: list[float] = []
     split: list[int] = []
+    label: list[int] = []
+    labels = np.zeros(n, np.int64) if table.stream is None else table.stream
     for shard in range(n):
         if not is_cut[shard]:
             counts.append(int(table.counts[shard]))
             usable.append(int(table.usable[shard]))
             weight.append(float(table.weight[shard]))
             split.append(-1)
+            label.append(int(labels[shard]))
             continue
         cuts = np.linspace(0, int(table.counts[shard]), n_nodes + 1).astype(np.int64)
         for lo, hi in itertools.pairwise(cuts):
             split.append(shard)
+            label.append(int(labels[shard]))
             ids = np.arange(starts[shard] + lo, starts[shard] + hi, dtype=np.int64)
             if keep is not None and keep.active:
                 ids = ids[keep(ids)]
@@ -347,7 +385,7 @@ def split_heavy_shards(
                 weight.append(float(table.weight[shard]))
             else:
                 weight.append(float(piece_costs.mean()))
-    return ShardTable.build(counts, usable, weight, split)
+    return ShardTable.build(counts, usable, weight, split, None if table.stream is None else label)
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,6 +397,9 @@ class NodeGroups:
     usable: Ids
     shards: Ids
     """Every shard the node reads (each once)."""
+    slices: list[list[tuple[int, int]]] | None = None
+    """A mixture's groups (:func:`_stream_slices`): for each range, (skip, take) of its records
+    the filter keeps; None: every kept record of every range."""
 
 
 def shard_groups(
@@ -394,10 +435,10 @@ def shard_groups(
             np.array([int(usable[run].sum()) for run in runs], dtype=np.int64),
             shards,
         )
+    if table.stream is not None:
+        return _stream_slices(table, shards, n_groups, rng, shared)
     excess = excess_cost(table)[shards]
-    lump = CUT_FACTOR * float(np.abs(excess).mean())
-    by_size = np.argsort(-np.abs(excess), kind="stable")[: max(1, group // 4)]
-    cut = by_size[(np.abs(excess[by_size]) > lump) & (counts[shards[by_size]] >= n_groups)]
+    cut = _lumps(table, shards, excess, n_groups, max(1, group // 4))
     whole = np.setdiff1d(np.arange(shards.size), cut)
     ranges: list[list[tuple[int, int]]] = [[] for _ in range(n_groups)]
     kept = np.zeros(n_groups, dtype=np.int64)
@@ -421,6 +462,78 @@ def shard_groups(
     slot = epoch_rng(*shared, 4, n_groups).permutation(n_groups)
     order = [int(by_excess[r]) for r in slot]
     return NodeGroups([ranges[g] for g in order], kept[order], shards)
+
+
+def _lumps(
+    table: ShardTable, shards: Ids, excess: npt.NDArray[np.float64], n_groups: int, most: int
+) -> Ids:
+    """The node's lumps, largest first, as positions in ``shards``: shards whose |excess|
+    exceeds ``CUT_FACTOR`` times the node's mean (the ``most`` largest at most), with a record
+    per group to cut into."""
+    lump = CUT_FACTOR * float(np.abs(excess).mean())
+    by_size = np.argsort(-np.abs(excess), kind="stable")[:most]
+    return by_size[(np.abs(excess[by_size]) > lump) & (table.counts[shards[by_size]] >= n_groups)]
+
+
+def _stream_slices(
+    table: ShardTable,
+    shards: Ids,
+    n_groups: int,
+    rng: np.random.Generator,
+    shared: tuple[int, int],
+) -> NodeGroups:
+    """A mixture node's groups: each holds an equal slice of every stream's usable records.
+
+    Each stream's shards are dealt into ``n_groups`` bins by :func:`balanced_deal` (the load
+    carried from stream to stream, so bin totals stay even), bins are placed in the shared
+    order as in :func:`shard_groups`, and then each stream's shards, bin after bin in that
+    read order, are cut into ``n_groups`` consecutive slices of equal usable record counts
+    (+-1): group r reads slice r of every stream. So every group holds the mixture's
+    proportions exactly, however few shards a small stream has, and each stream is read in one
+    pass, a shard at most straddling two consecutive groups (one more resident shard per
+    stream, never a second download).
+    """
+    excess = excess_cost(table)
+    owner: dict[int, Ids] = {}
+    load = np.zeros(n_groups)
+    lumps = shards[_lumps(table, shards, excess[shards], n_groups, max(1, n_groups // 4))]
+    parts = table.stream_groups(np.setdiff1d(shards, lumps))
+    for i, part in enumerate(parts):
+        owner[i] = balanced_deal(excess[part], n_groups, rng, load)
+        np.add.at(load, owner[i], excess[part])
+    by_excess = np.argsort(-load, kind="stable")
+    slot = epoch_rng(*shared, 4, n_groups).permutation(n_groups)
+    read_position = np.empty(n_groups, dtype=np.int64)
+    read_position[by_excess[slot]] = np.arange(n_groups)
+    ranges: list[list[tuple[int, int]]] = [[] for _ in range(n_groups)]
+    slices: list[list[tuple[int, int]]] = [[] for _ in range(n_groups)]
+    kept = np.zeros(n_groups, dtype=np.int64)
+    starts = table.starts
+    for shard in lumps.tolist():  # a lump: an equal slice in every group
+        bounds = np.arange(n_groups + 1, dtype=np.int64) * int(table.usable[shard]) // n_groups
+        for g in range(n_groups):
+            ranges[g].append((int(starts[shard]), int(table.counts[shard])))
+            slices[g].append((int(bounds[g]), int(bounds[g + 1] - bounds[g])))
+            kept[g] += int(bounds[g + 1] - bounds[g])
+    for i, part in enumerate(parts):
+        sequence = part[np.lexsort((np.arange(part.size), read_position[owner[i]]))]
+        usable = table.usable[sequence]
+        ends = np.cumsum(usable)
+        begins = ends - usable
+        bounds = np.arange(n_groups + 1, dtype=np.int64) * int(ends[-1]) // n_groups
+        for g in range(n_groups):
+            a, b = int(bounds[g]), int(bounds[g + 1])
+            kept[g] += b - a
+            first = int(np.searchsorted(ends, a, side="right"))
+            for j in range(first, sequence.size):
+                if begins[j] >= b:
+                    break
+                lo, hi = max(a, int(begins[j])), min(b, int(ends[j]))
+                if hi > lo:
+                    shard = int(sequence[j])
+                    ranges[g].append((int(starts[shard]), int(table.counts[shard])))
+                    slices[g].append((lo - int(begins[j]), hi - lo))
+    return NodeGroups(ranges, kept, shards, slices)
 
 
 class NodeStream:
@@ -452,6 +565,8 @@ class NodeStream:
         self._keep = keep
         rng = epoch_rng(seed, epoch, 1, node) if shuffle else None
         self.groups = shard_groups(table, node_shards, group, rng, (seed, epoch), keep)
+        self._stream = table.stream
+        self._ends = np.cumsum(table.counts)
         self.bounds = np.concatenate([[0], np.cumsum(self.groups.usable)]).astype(np.int64)
         self._cache: OrderedDict[int, Ids] = OrderedDict()
 
@@ -469,16 +584,13 @@ class NodeStream:
         if hit is not None:
             self._cache.move_to_end(g)
             return hit
-        ids = np.concatenate(
-            [np.arange(lo, lo + n, dtype=np.int64) for lo, n in self.groups.ranges[g]]
-            or [np.empty(0, np.int64)]
-        )
-        if self._keep is not None:
-            ids = ids[self._keep(ids)]
+        ids = self._read_ranges(g)
         if self._shuffle:
             rng = epoch_rng(self._seed, self._epoch, 2, self._node, g)
             if self._costs is not None and self._unit > 0:
-                ids = stratified_permutation(ids, np.asarray(self._costs[ids]), self._unit, rng)
+                ids = stratified_permutation(
+                    ids, np.asarray(self._costs[ids]), self._unit, rng, self._labels(ids)
+                )
             else:
                 ids = rng.permutation(ids)
         expected = int(self.bounds[g + 1] - self.bounds[g])
@@ -491,6 +603,26 @@ class NodeStream:
         while len(self._cache) > 2:
             self._cache.popitem(last=False)
         return ids
+
+    def _read_ranges(self, g: int) -> Ids:
+        """Group ``g``'s kept records in range order (a mixture's: the slice of each range)."""
+        ranges, slices = self.groups.ranges[g], self.groups.slices
+        parts: list[Ids] = []
+        for i, (lo, n) in enumerate(ranges):
+            ids = np.arange(lo, lo + n, dtype=np.int64)
+            if self._keep is not None:
+                ids = ids[self._keep(ids)]
+            if slices is not None:
+                skip, take = slices[g][i]
+                ids = ids[skip : skip + take]
+            parts.append(ids)
+        return np.concatenate(parts or [np.empty(0, np.int64)])
+
+    def _labels(self, ids: Ids) -> Ids | None:
+        """The stream of each id for a mixture (kept together by the stratified shuffle)."""
+        if self._stream is None:
+            return None
+        return self._stream[np.searchsorted(self._ends, ids, side="right")]
 
     def take(self, positions: Ids) -> Ids:
         """Sample ids at stream ``positions`` (any order, each < len)."""
@@ -527,7 +659,11 @@ def _descending_with_random_ties(costs: npt.NDArray[np.float64], rng: np.random.
 
 
 def stratified_permutation(
-    ids: Ids, costs: npt.NDArray[np.floating], unit: int, rng: np.random.Generator
+    ids: Ids,
+    costs: npt.NDArray[np.floating],
+    unit: int,
+    rng: np.random.Generator,
+    labels: Ids | None = None,
 ) -> Ids:
     """A random order of ``ids`` in which every run of ``unit`` records holds one record of
     every cost stratum: a stratified shuffle.
@@ -539,10 +675,14 @@ def stratified_permutation(
     of all ranks and all nodes differ in cost only by about one record of the last stratum,
     instead of by a binomial count of expensive records. Units missing a record (n not a multiple of
     ``unit``) come last so the full ones stay aligned with window boundaries.
+
+    ``labels`` (a mixture's stream of each record): see :func:`_stratified_by_stream`.
     """
     n = ids.size
     if n == 0 or unit <= 1:
         return rng.permutation(ids)
+    if labels is not None:
+        return _stratified_by_stream(ids, costs, unit, rng, np.asarray(labels))
     k = -(-n // unit)
     c = np.asarray(costs, dtype=np.float64)
     by_cost = _descending_with_random_ties(c, rng)
@@ -564,8 +704,66 @@ def stratified_permutation(
     return ids[units[units >= 0]]
 
 
+def _stratified_by_stream(
+    ids: Ids,
+    costs: npt.NDArray[np.floating],
+    unit: int,
+    rng: np.random.Generator,
+    labels: Ids,
+) -> Ids:
+    """The stratified shuffle of a mixture's group: every full unit holds each stream's share
+    to within one record (fewer than one in ``unit`` off), and cost strata inside each stream.
+
+    The ``n mod unit`` records of the last, partial unit are set aside first (each stream's
+    share of them, drawn at random), so the other units are exactly full. Then stream by
+    stream: its records by decreasing cost in rows of k (one per unit), each row dealt
+    heaviest record to the lightest unit (LPT), and its last, partial row to the units with
+    the fewest records so far (then the lightest), so no unit gets a second extra record of
+    a stream before every unit has one."""
+    n = ids.size
+    c = np.asarray(costs, dtype=np.float64)
+    k, rest = divmod(n, unit)
+    streams, sizes = np.unique(labels, return_counts=True)
+    last = np.empty(0, dtype=np.int64)
+    if rest:  # the partial unit: each stream's share of ``rest`` (largest remainders)
+        exact = sizes * rest / n
+        take = np.floor(exact).astype(np.int64)
+        take[np.argsort(-(exact - take), kind="stable")[: rest - int(take.sum())]] += 1
+        last = np.concatenate(
+            [rng.choice(np.flatnonzero(labels == st), t, replace=False) for st, t in
+             zip(streams, take, strict=True)]
+        )  # fmt: skip
+    owner = np.full(n, -1, dtype=np.int64)
+    owner[last] = k
+    count = np.zeros(k, dtype=np.int64)
+    load = np.zeros(k)
+    for st in streams:
+        members = np.flatnonzero((labels == st) & (owner < 0))
+        by_cost = (
+            members[_descending_with_random_ties(c[members], rng)] if members.size else members
+        )
+        full = by_cost.size // k * k if k else 0
+        for lo in range(0, full, k):
+            row = by_cost[lo : lo + k]
+            lightest = np.argsort(load, kind="stable")
+            owner[row] = lightest
+            load[lightest] += c[row]
+            count[lightest] += 1
+        extra = by_cost[full:]
+        if extra.size:
+            pick = np.lexsort((load, count))[: extra.size]
+            owner[extra] = pick
+            load[pick] += c[extra]
+            count[pick] += 1
+    units = np.argsort(owner, kind="stable")  # unit by unit (the partial one last)
+    bounds = np.r_[0, np.cumsum(np.bincount(owner, minlength=k + 1))]
+    parts = [rng.permutation(units[bounds[u] : bounds[u + 1]]) for u in range(k + 1)]
+    return ids[np.concatenate(parts)]
+
+
 class KeepFilter:
-    """Records eligible this epoch: at most ``max_tokens`` tokens and not in ``excluded``.
+    """Records eligible this epoch: at most ``max_tokens`` tokens, not in ``excluded``, and in
+    ``sample`` (a mixture's draw of this epoch, ``planner.mixture.EpochSample``).
 
     A class (not a closure) so a reader holding it stays picklable for DataLoader workers.
     """
@@ -575,21 +773,23 @@ class KeepFilter:
         tokens: npt.NDArray[np.integer] | None,
         max_tokens: int | None,
         excluded: Ids | None = None,
+        sample: Sample | None = None,
     ) -> None:
         self.tokens = tokens
         self.max_tokens = max_tokens
         self.excluded = (
             np.empty(0, np.int64) if excluded is None else np.sort(np.asarray(excluded, np.int64))
         )
+        self.sample = sample if sample is not None and sample.active else None
         if max_tokens is not None and tokens is None:
             raise ValueError("tokens are required when max_tokens is set")
 
     @property
     def active(self) -> bool:
-        return self.max_tokens is not None or self.excluded.size > 0
+        return self.max_tokens is not None or self.excluded.size > 0 or self.sample is not None
 
     def __call__(self, ids: Ids) -> npt.NDArray[np.bool_]:
-        keep = np.ones(ids.shape, dtype=bool)
+        keep = np.ones(ids.shape, dtype=bool) if self.sample is None else self.sample(ids)
         if self.max_tokens is not None and self.tokens is not None:
             keep &= np.asarray(self.tokens[ids]) <= self.max_tokens
         if self.excluded.size:
@@ -600,12 +800,15 @@ class KeepFilter:
     def kept_table(self, table: ShardTable, costs: npt.NDArray[np.floating]) -> ShardTable:
         """``table`` with usable counts and mean costs over the records kept.
 
-        One chunked pass over the records, only when the filter is active (unfiltered tables
-        are returned as they are).
+        One chunked pass over the records when a memory cap or exclusions are set; a sample
+        alone gives its closed-form counts (each shard keeps its mean cost: the draw is
+        uniform inside a shard) and no pass; unfiltered tables are returned as they are.
         """
         if not self.active:
             return table
         counts = table.counts
+        if self.max_tokens is None and not self.excluded.size and self.sample is not None:
+            return table.with_usable(self.sample.usable)
 
         def kept(lo: int, hi: int) -> npt.NDArray[np.float64]:
             mask = self(np.arange(lo, hi, dtype=np.int64))
@@ -614,4 +817,16 @@ class KeepFilter:
         kept_count, sums = shard_sums(counts, kept, rows=2)
         usable = np.rint(kept_count).astype(np.int64)
         weight = np.divide(sums, usable, out=np.zeros(counts.size), where=usable > 0)
-        return ShardTable.build(counts, usable, weight)
+        return table.with_usable(usable, weight)
+
+
+class Sample(Protocol):
+    """What :class:`KeepFilter` needs of an epoch's sample (``planner.mixture.EpochSample``)."""
+
+    @property
+    def active(self) -> bool: ...
+
+    @property
+    def usable(self) -> Ids: ...
+
+    def __call__(self, ids: npt.ArrayLike) -> npt.NDArray[np.bool_]: ...
