@@ -1,0 +1,157 @@
+"""Mixtures end to end: real MDS and WebDataset streams, the CLI, the reader, resume and
+Lightning (a Trainer fit, resumed from a mid-epoch checkpoint, logging each record's stream)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from conftest import record_lengths, write_mds, write_wds
+from lightning_scripts.harness import make_trainer, pack_log, tail_from, tiny_config
+
+from bcl_stream.errors import StateError
+from bcl_stream.formats.mixture_reader import MixturePackDataset
+from bcl_stream.loader import PackLoader
+from bcl_stream.plan_source import ReaderConfig, epoch_plan
+from lightning_module.datamodule import BCLDataModule
+from lightning_module.tinygpt import TinyGPT
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+SIZES = {"a": (300, 0), "b": (200, 1), "c": (150, 2)}  # records, seed (lengths differ)
+
+
+@pytest.fixture(scope="module")
+def streams(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("mix")
+    write_mds(root / "a", 300, seed=0)
+    write_mds(root / "b", 200, seed=1)
+    write_wds(root / "c", 150, seed=2)
+    return {name: root / name for name in SIZES}
+
+
+def specs(streams: dict[str, Path]) -> list[str]:
+    return [f"{streams['a']}:proportion=0.5", f"{streams['b']}:proportion=0.3",
+            f"{streams['c']}:proportion=0.2"]  # fmt: skip
+
+
+def check_record(record: dict[str, Any], names: list[str]) -> None:
+    """Record i of a stream holds [i] * L_i with that stream's lengths: the right stream read."""
+    n, seed = SIZES[names[record["stream"]]]
+    sid = record["sample_id"]
+    assert record["input_ids"].size == record_lengths(n, seed)[sid]
+    assert int(record["input_ids"][0]) == sid
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run([sys.executable, "-m", "bcl_stream.cli", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def stream_args(streams: dict[str, Path]) -> list[str]:
+    return [arg for spec in specs(streams) for arg in ("--stream", spec)]
+
+
+def test_plan_and_read_agree_and_account_for_every_record(streams: dict[str, Path]) -> None:
+    opts = ["--world-size", "2", "--pack-size", "4", "--window", "4", "--epoch", "1", "--json"]
+    plan = cli("plan", *stream_args(streams), *opts)
+    assert plan.returncode == 0, plan.stderr
+    out = json.loads(plan.stdout)
+    assert [s["path"] for s in out["streams"]] == [str(streams[n]) for n in SIZES]
+    for s in out["streams"]:
+        assert s["records_used"] + sum(s["records_left"].values()) == s["records_drawn"]
+    for rank in range(2):
+        read = cli("read", *stream_args(streams), *opts, "--rank", str(rank))
+        assert read.returncode == 0, read.stderr
+        assert json.loads(read.stdout)["packs"] == out["ranks"][rank]["packs"]
+    bad = cli("plan", *stream_args(streams), "--stream", f"{streams['a']}:repeat=2", *opts)
+    assert bad.returncode != 0 and "named twice" in bad.stderr
+
+
+def test_reader_yields_the_plan_with_the_right_records(streams: dict[str, Path]) -> None:
+    names = list(SIZES)
+    config = ReaderConfig.build(world_size=2, pack_size=4, window=4, seed=3)
+    seen: list[tuple[int, int]] = []
+    for rank in range(2):
+        dataset = MixturePackDataset(specs(streams), config, rank)
+        expected = epoch_plan(dataset.index, config, 0).rank_packs(rank)
+        stream, local = dataset.mixture.locate(expected)
+        packs = list(PackLoader(dataset, num_workers=1 if rank else 0))
+        assert len(packs) == expected.shape[0]
+        for pack, srow, lrow in zip(packs, stream, local, strict=True):
+            assert [(r["stream"], r["sample_id"]) for r in pack] == list(
+                zip(srow, lrow, strict=True)
+            )
+            for record in pack:
+                check_record(record, names)
+                seen.append((record["stream"], record["sample_id"]))
+    drawn = dataset.mixture.sample(3, 0).per_stream()
+    counts = np.bincount([s for s, _ in seen], minlength=3)
+    assert np.all(counts <= drawn) and abs(counts / counts.sum() - [0.5, 0.3, 0.2]).max() < 0.02
+
+
+def test_resume_equals_the_uninterrupted_run_and_a_changed_mixture_is_refused(
+    streams: dict[str, Path],
+) -> None:
+    config = ReaderConfig.build(world_size=2, pack_size=4, window=4)
+
+    def ids(loader: PackLoader) -> list[list[tuple[int, int]]]:
+        return [[(r["stream"], r["sample_id"]) for r in pack] for pack in loader]
+
+    full = ids(PackLoader(MixturePackDataset(specs(streams), config, 1)))
+    first = PackLoader(MixturePackDataset(specs(streams), config, 1))
+    it = iter(first)
+    head = [[(r["stream"], r["sample_id"]) for r in next(it)] for _ in range(7)]
+    state = json.loads(json.dumps(first.state_dict()))
+    assert [s["path"] for s in state["mixture"]] == [str(streams[n]) for n in SIZES]
+    again = PackLoader(MixturePackDataset(specs(streams), config, 1))
+    again.load_state_dict(state)
+    assert head + ids(again) == full
+
+    reweighted = [specs(streams)[0], f"{streams['b']}:proportion=0.4", specs(streams)[2]]
+    with pytest.raises(StateError, match=re.escape("proportion 0.3 -> 0.4")):
+        PackLoader(MixturePackDataset(reweighted, config, 1)).load_state_dict(state)
+    restart = PackLoader(
+        MixturePackDataset(reweighted, config, 1), on_mixture_change="restart_epoch"
+    )
+    restart.load_state_dict(state)
+    assert (restart.epoch, restart.packs_consumed) == (0, 0)
+
+
+def test_lightning_fit_resumes_a_mixture_and_logs_streams(
+    streams: dict[str, Path], tmp_path: Path
+) -> None:
+    def module() -> BCLDataModule:
+        return BCLDataModule(streams=specs(streams), pack_size=4, window=4, seed=1)
+
+    def fit(workdir: Path, ckpt: Path | None = None) -> None:
+        torch.manual_seed(0)
+        trainer = make_trainer(workdir, max_epochs=1, save_at=(6,))
+        trainer.fit(TinyGPT(tiny_config()), module(), ckpt_path=ckpt)
+
+    full = tmp_path / "full"
+    fit(full)
+    log = pack_log(full)
+    assert all(len(line["streams"]) == 4 for line in log)
+    assert {s for line in log for s in line["streams"]} == {0, 1, 2}
+    resumed = tmp_path / "resumed"
+    fit(resumed, full / "ckpt" / "step=6.ckpt")
+    got = pack_log(resumed)
+    assert [(g["step"], g["sample_ids"], g["streams"]) for g in got] == [
+        (line["step"], line["sample_ids"], line["streams"]) for line in log if line["step"] >= 6
+    ]
+    assert [(s, e, i) for s, e, i in tail_from(log, 6)] == [
+        (g["step"], g["epoch"], g["sample_ids"]) for g in got
+    ]
