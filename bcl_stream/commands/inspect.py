@@ -12,7 +12,21 @@ from typing import Any
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("inspect", help="statistics and integrity of a costed dataset")
-    p.add_argument("directory", metavar="DIR", help="MDS or WebDataset directory, or s3:// URL")
+    p.add_argument(
+        "directory",
+        metavar="DIR",
+        nargs="?",
+        default=None,
+        help="MDS or WebDataset directory, or s3:// URL (or --stream, repeated)",
+    )
+    p.add_argument(
+        "--stream",
+        action="append",
+        default=None,
+        metavar="PATH[:proportion=P|repeat=R|choose=N]",
+        help="inspect each stream of a mixture and its share (repeat the option)",
+    )
+    p.add_argument("--epoch-size", type=int, default=None, help="records per epoch of a mixture")
     p.add_argument("--max-tokens", type=int, default=None, help="report records above this cap")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="token/cost histogram")
@@ -47,9 +61,48 @@ def _text(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def run_streams(args: argparse.Namespace) -> int:
+    """Every stream's report, plus its place in the mixture (weight, records per epoch)."""
+    from bcl_stream.mixture import StreamSpec
+    from bcl_stream.planner.mixture import choose_counts
+    from bcl_stream.preprocess.inspection import inspect_dataset
+
+    if args.plot is not None:
+        raise ValueError("--plot takes one dataset; inspect the streams one at a time to plot")
+    specs = [StreamSpec.parse(text) for text in args.stream]
+    reports = [inspect_dataset(spec.path, max_tokens=args.max_tokens) for spec in specs]
+    if all(r["format"] is not None and r["records"] for r in reports):
+        per_epoch = choose_counts(
+            [int(r["records"]) for r in reports],
+            proportion=[s.proportion for s in specs],
+            repeat=[s.repeat for s in specs],
+            choose=[s.choose for s in specs],
+            epoch_size=args.epoch_size,
+        )
+        total = sum(per_epoch)
+        for report, spec, n in zip(reports, specs, per_epoch, strict=True):
+            report["mixture"] = {**spec.to_dict(), "records_per_epoch": n, "share": n / total}
+    if args.json:
+        print(json.dumps({"streams": reports}))
+    else:
+        for report in reports:
+            print("\n".join(_text(report)))
+            mix = report.get("mixture")
+            if mix:
+                print(
+                    f"mixture: {mix['records_per_epoch']} records per epoch "
+                    f"({mix['share']:.1%} of the epoch)"
+                )
+    return 0 if all(r["ok"] for r in reports) else 1
+
+
 def run(args: argparse.Namespace) -> int:
     from bcl_stream.preprocess.inspection import inspect_dataset
 
+    if (args.directory is None) == (args.stream is None):
+        raise ValueError("give a dataset DIR or --stream (repeated) for a mixture, not both")
+    if args.stream is not None:
+        return run_streams(args)
     report = inspect_dataset(args.directory, max_tokens=args.max_tokens, plot=args.plot)
     if args.json:
         print(json.dumps(report))

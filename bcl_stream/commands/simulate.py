@@ -1,8 +1,9 @@
 """``bcl-stream simulate``: score every strategy on a dataset's record lengths.
 
 The lengths come from a costed dataset (``--dataset DIR`` or ``s3://...``: the token counts
-of its cost index, with its cost model unless ``--cost-model`` says otherwise) or from a
-``.npy`` file (``--lengths``): a 1-D integer array, or a dataset's ``bcl_costs.npy`` itself.
+of its cost index, with its cost model unless ``--cost-model`` says otherwise), from a
+``.npy`` file (``--lengths``): a 1-D integer array, or a dataset's ``bcl_costs.npy`` itself,
+or from a mixture (``--stream`` repeated: the epoch's draw, each stream with its cost model).
 
 ``--layout padded`` scores the padded layout (a pack costs B x its costliest record) and,
 beside it, the packed layout on the same records, so the two can be compared: speedups are
@@ -21,11 +22,14 @@ import numpy as np
 
 from bcl_stream.commands.config_options import add_plan_config_options, plan_fields
 from bcl_stream.cost import CostModel, resolve
+from bcl_stream.planner.bcl import validate_costs
+from bcl_stream.planner.mixture import EpochSample
+from bcl_stream.planner.order import ShardTable
 from bcl_stream.sim import (
     STRATEGIES,
     Metrics,
     SimConfig,
-    schedules,
+    plan_schedules,
     score,
     shard_table,
     speedups,
@@ -46,7 +50,19 @@ def add_parser(sub: Any) -> None:
         metavar="FILE.npy",
         help="1-D .npy of integer token counts, or a dataset's bcl_costs.npy",
     )
-    p.add_argument("--cache-dir", default=None, help="local cache for an s3:// --dataset")
+    source.add_argument(
+        "--stream",
+        action="append",
+        metavar="PATH[:proportion=P|repeat=R|choose=N][,cost_model=M]",
+        help="a stream of a mixture (repeat the option; docs/mixtures.md): its epoch's draw",
+    )
+    p.add_argument(
+        "--epoch-size",
+        type=int,
+        default=None,
+        help="records per epoch of a mixture given by proportions (default: all streams once)",
+    )
+    p.add_argument("--cache-dir", default=None, help="local cache for s3:// data")
     add_plan_config_options(
         p,
         skip=frozenset({"scope"}),  # each bcl-* strategy sets its own scope
@@ -132,21 +148,72 @@ def sim_config(args: argparse.Namespace) -> SimConfig:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclasses.dataclass(frozen=True)
+class SimInput:
+    """What is simulated: records in write order, their costs, the shard table, and for a
+    mixture its epoch's draw (the pooled peers then shuffle the draw)."""
+
+    lengths: np.ndarray
+    costs: np.ndarray
+    table: ShardTable
+    model: dict[str, Any]
+    sample: EpochSample | None = None
+    streams: list[dict[str, Any]] | None = None
+
+
+def sim_input(args: argparse.Namespace, config: SimConfig) -> SimInput:
+    """The records the options name: ``--dataset``, ``--lengths`` or ``--stream``s."""
+    if args.stream is not None:
+        from bcl_stream.commands.plan import stream_cache_root
+        from bcl_stream.mixture import MixtureIndex, StreamSpec
+        from bcl_stream.remote import open_cost_index
+
+        specs = [StreamSpec.parse(text) for text in args.stream]
+        root = stream_cache_root(args, specs)
+        indexes = [
+            open_cost_index(spec.path, None if root is None else f"{root}/stream-{i}")[0]
+            for i, spec in enumerate(specs)
+        ]
+        mixture = MixtureIndex(specs, indexes, epoch_size=args.epoch_size)
+        model = None if args.cost_model is None else resolve(args.cost_model)
+        sample = mixture.sample(config.seed, config.epoch)
+        drawn = sample.per_stream()
+        return SimInput(
+            np.asarray(mixture.tokens[:], dtype=np.int64),
+            np.asarray(mixture.costs(model)[:], dtype=np.float64),
+            mixture.shard_table(model),
+            {"streams": [None if m is None else m.to_dict() for m in mixture.stream_models(model)]},
+            sample,
+            [
+                {**d, "records_drawn": int(n)}
+                for d, n in zip(mixture.describe(), drawn, strict=True)
+            ],
+        )
+    if args.epoch_size is not None:
+        raise ValueError("--epoch-size applies to a mixture (--stream) only")
     if args.dataset is not None:
         lengths, model = dataset_lengths(args.dataset, args.cache_dir)
     else:
         lengths, model = load_lengths(args.lengths), resolve(DEFAULT_COST_MODEL)
     if args.cost_model is not None:
         model = resolve(args.cost_model)
+    if np.any(lengths < 0):
+        raise ValueError(f"token counts must be >= 0; found {int(lengths.min())}")
+    costs = validate_costs(model.cost(lengths))
+    table = shard_table(lengths, costs, config.shard_records)
+    return SimInput(np.asarray(lengths, dtype=np.int64), costs, table, model.to_dict())
+
+
+def run(args: argparse.Namespace) -> int:
     config = sim_config(args)
     names = tuple(s for s in args.strategies.split(",") if s)
-    table = shard_table(lengths, model.cost(lengths), config.shard_records)
-    planned = schedules(lengths, model, config, names, table)
+    data = sim_input(args, config)
+    table = data.table
+    planned = plan_schedules(data.lengths, data.costs, table, config, names, data.sample)
     layouts = {config.layout: (planned, score(planned, config, table))}
     if config.layout == "padded":
         packed = dataclasses.replace(config, layout="packed")
-        packed_plans = schedules(lengths, model, packed, names, table)
+        packed_plans = plan_schedules(data.lengths, data.costs, table, packed, names, data.sample)
         layouts = {"packed": (packed_plans, score(packed_plans, packed, table)), **layouts}
     results = layouts[config.layout][1]
     versus = speedups(planned, config)  # per unit of cost, over nemo_mffd / verl_kk if present
@@ -156,10 +223,13 @@ def run(args: argparse.Namespace) -> int:
         plot_step_costs({name: s.pack_costs for name, s in planned.items()}, args.plot)
     if args.json:
         settings = {key: getattr(config, key) for key in SimConfig.__slots__}
+        records = int(data.lengths.size if data.sample is None else data.sample.usable.sum())
         payload: dict[str, Any] = {
-            "config": {**settings, "cost_model": model.to_dict(), "records": int(lengths.size)},
+            "config": {**settings, "cost_model": data.model, "records": records},
             "strategies": {name: m.to_dict() for name, m in results.items()},
         }
+        if data.streams is not None:
+            payload["streams"] = data.streams
         if any(versus.values()):
             payload["speedup_vs"] = versus
         if len(layouts) > 1:

@@ -155,3 +155,21 @@ def test_lightning_fit_resumes_a_mixture_and_logs_streams(
     assert [(s, e, i) for s, e, i in tail_from(log, 6)] == [
         (g["step"], g["epoch"], g["sample_ids"]) for g in got
     ]
+
+
+def test_simulate_and_inspect_take_streams(streams: dict[str, Path]) -> None:
+    sim = cli("simulate", *stream_args(streams), "--ranks", "2", "--pack-size", "4",
+              "--window", "4", "--strategies", "sequential,bcl-rank,verl_kk", "--json")  # fmt: skip
+    assert sim.returncode == 0, sim.stderr
+    out = json.loads(sim.stdout)
+    drawn = sum(s["records_drawn"] for s in out["streams"])
+    assert out["config"]["records"] == drawn
+    for name, m in out["strategies"].items():
+        assert m["records_used"] + m["records_left"] == drawn, name
+    inspect = cli("inspect", *stream_args(streams), "--json")
+    assert inspect.returncode == 0, inspect.stderr
+    reports = json.loads(inspect.stdout)["streams"]
+    assert [r["mixture"]["proportion"] for r in reports] == [0.5, 0.3, 0.2]
+    assert sum(r["mixture"]["records_per_epoch"] for r in reports) == sum(
+        n for n, _ in SIZES.values()
+    )
