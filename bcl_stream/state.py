@@ -23,11 +23,11 @@ from bcl_stream.plan_source import ReaderConfig, Segment
 from bcl_stream.planner import PlanConfig
 
 STATE_VERSION = 3
-"""3: adds ``mixture`` (the streams a mixture plan reads; absent for one dataset). 2: planner
-v2 (node-local shard deal, stratified shuffle), read as a version 3 without a mixture; its
-epoch order differs from 1's, so a version-1 cursor cannot be replayed and is refused with
-what to do."""
-READABLE = (2, STATE_VERSION)
+"""3: adds ``mixture`` (the streams a mixture plan reads; absent for one dataset), and the
+stratified shuffle's units are aligned with windows across shard groups, which changes the
+epoch order of datasets of more than one group per node. Versions 1 (planner v1) and 2 are
+refused with what to do: their position cannot be replayed exactly."""
+READABLE = (STATE_VERSION,)
 KEY_MIXTURE = "mixture"
 MIXTURE_CHANGES = ("refuse", "restart_epoch")
 """What a resume does when the checkpoint's mixture differs from the loader's."""
@@ -120,6 +120,14 @@ def parse_state(state: Any) -> Cursor:
             "this release's: its position cannot be replayed exactly. Resume it with the "
             "bcl-stream release that wrote it, or drop the data loader's state from the "
             "checkpoint (model and optimizer states stay valid) to start the epoch over"
+        )
+    if version == 2:
+        raise StateError(
+            "reader state version 2 was written before the stratified shuffle was aligned with "
+            "windows across shard groups; this release orders the epoch differently, so its "
+            "position cannot be replayed exactly. Resume it with the bcl-stream release that "
+            "wrote it, or drop the data loader's state from the checkpoint (model and "
+            "optimizer states stay valid) to start the epoch over"
         )
     if version not in READABLE:
         raise StateError(

@@ -589,7 +589,12 @@ class NodeStream:
             rng = epoch_rng(self._seed, self._epoch, 2, self._node, g)
             if self._costs is not None and self._unit > 0:
                 ids = stratified_permutation(
-                    ids, np.asarray(self._costs[ids]), self._unit, rng, self._labels(ids)
+                    ids,
+                    np.asarray(self._costs[ids]),
+                    self._unit,
+                    rng,
+                    self._labels(ids),
+                    offset=int(self.bounds[g]),
                 )
             else:
                 ids = rng.permutation(ids)
@@ -664,101 +669,120 @@ def stratified_permutation(
     unit: int,
     rng: np.random.Generator,
     labels: Ids | None = None,
+    offset: int = 0,
 ) -> Ids:
     """A random order of ``ids`` in which every run of ``unit`` records holds one record of
     every cost stratum: a stratified shuffle.
 
-    Records sorted by cost form strata of K = ceil(n / unit) neighbours; the heaviest stratum
-    is dealt one record per unit at random, each next stratum heaviest record to the lightest
-    unit so far (LPT with one record per unit per stratum), then each unit is shuffled. Every unit (one rank's
-    window, W*B records) then holds the group's mix of cheap and expensive records, so windows
-    of all ranks and all nodes differ in cost only by about one record of the last stratum,
-    instead of by a binomial count of expensive records. Units missing a record (n not a multiple of
-    ``unit``) come last so the full ones stay aligned with window boundaries.
+    Records sorted by cost form strata of k = n / unit neighbours; the heaviest stratum is
+    dealt one record per unit at random, each next stratum heaviest record to the lightest
+    unit so far (LPT with one record per unit per stratum), then each unit is shuffled. Every
+    unit (one rank's window, W*B records) then holds the group's mix of cheap and expensive
+    records, so windows of all ranks and all nodes differ in cost only by about one record of
+    the last stratum, instead of by a binomial count of expensive records.
+
+    Units are aligned with windows: ``offset`` is the stream position of the first record, so
+    the first ``-offset mod unit`` records complete the window a previous group began, and the
+    last ``rest`` records begin the next one. Both partial units are systematic samples of the
+    records sorted by cost (by stream, then cost, for a mixture), so a window that spans two
+    groups is stratified too; without the alignment every window after the first group would
+    straddle two units and hold a random, unstratified mix (measured: 0.88 instead of 0.99
+    rank-scope efficiency after the first group).
 
     ``labels`` (a mixture's stream of each record): see :func:`_stratified_by_stream`.
     """
     n = ids.size
     if n == 0 or unit <= 1:
         return rng.permutation(ids)
-    if labels is not None:
-        return _stratified_by_stream(ids, costs, unit, rng, np.asarray(labels))
-    k = -(-n // unit)
     c = np.asarray(costs, dtype=np.float64)
-    by_cost = _descending_with_random_ties(c, rng)
-    grid = np.full(unit * k, -1, dtype=np.int64)
-    grid[:n] = by_cost
-    dealt = grid.reshape(unit, k).copy()  # row j = stratum j; column u = unit u's records
-    dealt[0] = rng.permutation(dealt[0])
-    load = np.zeros(k)
-    load[dealt[0] >= 0] = c[dealt[0][dealt[0] >= 0]]
-    padded_costs = np.append(c, 0.0)  # index -1 (padding) costs nothing
+    lab = None if labels is None else np.asarray(labels)
+    head = min((-int(offset)) % unit, n)
+    tail = (n - head) % unit
+    pool = np.arange(n, dtype=np.int64)
+    parts: list[Ids] = []
+    for size in (head, tail):
+        picked = _systematic(pool, c, lab, size, rng)
+        parts.append(rng.permutation(picked))
+        pool = np.setdiff1d(pool, picked, assume_unique=True)
+    if lab is not None:
+        body = pool[_stratified_by_stream(c[pool], unit, rng, lab[pool])]
+    else:
+        body = pool[_stratified_units(c[pool], unit, rng)]
+    return ids[np.concatenate([parts[0], body, parts[1]])]
+
+
+def _systematic(
+    pool: Ids,
+    costs: npt.NDArray[np.float64],
+    labels: Ids | None,
+    size: int,
+    rng: np.random.Generator,
+) -> Ids:
+    """``size`` of ``pool`` evenly spaced in cost order (stream, then cost for a mixture):
+    a partial unit that holds each stratum's and each stream's share."""
+    if size == 0:
+        return np.empty(0, dtype=np.int64)
+    order = pool[_descending_with_random_ties(costs[pool], rng)]
+    if labels is not None:
+        order = order[np.argsort(labels[order], kind="stable")]
+    at = np.floor((np.arange(size) + rng.random()) * (order.size / size)).astype(np.int64)
+    return order[np.minimum(at, order.size - 1)]
+
+
+def _stratified_units(costs: npt.NDArray[np.float64], unit: int, rng: np.random.Generator) -> Ids:
+    """Positions of ``costs`` (a multiple of ``unit`` records) in units of one record per
+    cost stratum, LPT-dealt (:func:`stratified_permutation`)."""
+    n = costs.size
+    k = n // unit
+    if k == 0:
+        return np.empty(0, dtype=np.int64)
+    dealt = _descending_with_random_ties(costs, rng).reshape(unit, k).copy()
+    dealt[0] = rng.permutation(dealt[0])  # row j = stratum j; column u = unit u's records
+    load = costs[dealt[0]].copy()
     for j in range(1, unit):  # LPT: the stratum's heaviest record to the lightest unit
         lightest = np.argsort(load, kind="stable")
         row = dealt[j].copy()
         dealt[j, lightest] = row
-        load[lightest] += padded_costs[row]
-    full = (dealt >= 0).all(axis=0)
-    columns = np.concatenate([np.flatnonzero(full), np.flatnonzero(~full)])
-    units = rng.permuted(dealt[:, columns].T, axis=1).reshape(-1)
-    return ids[units[units >= 0]]
+        load[lightest] += costs[row]
+    return rng.permuted(dealt.T, axis=1).reshape(-1)
 
 
 def _stratified_by_stream(
-    ids: Ids,
-    costs: npt.NDArray[np.floating],
-    unit: int,
-    rng: np.random.Generator,
-    labels: Ids,
+    costs: npt.NDArray[np.float64], unit: int, rng: np.random.Generator, labels: Ids
 ) -> Ids:
-    """The stratified shuffle of a mixture's group: every full unit holds each stream's share
-    to within one record (fewer than one in ``unit`` off), and cost strata inside each stream.
+    """Positions of a mixture group's records (a multiple of ``unit``) in units that hold each
+    stream's share to within one record, and cost strata inside each stream.
 
-    The ``n mod unit`` records of the last, partial unit are set aside first (each stream's
-    share of them, drawn at random), so the other units are exactly full. Then stream by
-    stream: its records by decreasing cost in rows of k (one per unit), each row dealt
-    heaviest record to the lightest unit (LPT), and its last, partial row to the units with
-    the fewest records so far (then the lightest), so no unit gets a second extra record of
-    a stream before every unit has one."""
-    n = ids.size
-    c = np.asarray(costs, dtype=np.float64)
-    k, rest = divmod(n, unit)
-    streams, sizes = np.unique(labels, return_counts=True)
-    last = np.empty(0, dtype=np.int64)
-    if rest:  # the partial unit: each stream's share of ``rest`` (largest remainders)
-        exact = sizes * rest / n
-        take = np.floor(exact).astype(np.int64)
-        take[np.argsort(-(exact - take), kind="stable")[: rest - int(take.sum())]] += 1
-        last = np.concatenate(
-            [rng.choice(np.flatnonzero(labels == st), t, replace=False) for st, t in
-             zip(streams, take, strict=True)]
-        )  # fmt: skip
+    Stream by stream: its records by decreasing cost in rows of k (one per unit), each row
+    dealt heaviest record to the lightest unit (LPT), and its last, partial row to the units
+    with the fewest records so far (then the lightest), so no unit gets a second extra record
+    of a stream before every unit has one, and every unit ends exactly full."""
+    n = costs.size
+    k = n // unit
+    if k == 0:
+        return np.empty(0, dtype=np.int64)
     owner = np.full(n, -1, dtype=np.int64)
-    owner[last] = k
     count = np.zeros(k, dtype=np.int64)
     load = np.zeros(k)
-    for st in streams:
-        members = np.flatnonzero((labels == st) & (owner < 0))
-        by_cost = (
-            members[_descending_with_random_ties(c[members], rng)] if members.size else members
-        )
-        full = by_cost.size // k * k if k else 0
+    for st in np.unique(labels):
+        members = np.flatnonzero(labels == st)
+        by_cost = members[_descending_with_random_ties(costs[members], rng)]
+        full = by_cost.size // k * k
         for lo in range(0, full, k):
             row = by_cost[lo : lo + k]
             lightest = np.argsort(load, kind="stable")
             owner[row] = lightest
-            load[lightest] += c[row]
+            load[lightest] += costs[row]
             count[lightest] += 1
         extra = by_cost[full:]
         if extra.size:
             pick = np.lexsort((load, count))[: extra.size]
             owner[extra] = pick
-            load[pick] += c[extra]
+            load[pick] += costs[extra]
             count[pick] += 1
-    units = np.argsort(owner, kind="stable")  # unit by unit (the partial one last)
-    bounds = np.r_[0, np.cumsum(np.bincount(owner, minlength=k + 1))]
-    parts = [rng.permutation(units[bounds[u] : bounds[u + 1]]) for u in range(k + 1)]
-    return ids[np.concatenate(parts)]
+    units = np.argsort(owner, kind="stable")
+    bounds = np.r_[0, np.cumsum(np.bincount(owner, minlength=k))]
+    return np.concatenate([rng.permutation(units[bounds[u] : bounds[u + 1]]) for u in range(k)])
 
 
 class KeepFilter:

@@ -179,9 +179,9 @@ def test_mixture_changes_name_what_changed() -> None:
         assert word in changes
 
 
-def test_version_2_single_dataset_states_still_resume() -> None:
+def test_version_2_states_are_refused_with_what_to_do() -> None:
     config = ReaderConfig.build(world_size=2, pack_size=4, window=4)
     state = Cursor(1, 2, "fp", config).to_dict()
     state["version"] = 2
-    cursor = resolve_state(state, fingerprint="fp", config=config)
-    assert (cursor.epoch, cursor.packs_consumed, cursor.mixture) == (1, 2, None)
+    with pytest.raises(StateError, match="drop the data loader's state"):
+        resolve_state(state, fingerprint="fp", config=config)
