@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_process import bcl_stream_cli
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 PLAN = ["--world-size", "2", "--pack-size", "4", "--window", "4"]
@@ -28,18 +27,9 @@ def cli(
 ) -> subprocess.CompletedProcess[str]:
     """``bcl-stream ARGS``; ``debug_env`` sets ``BCL_STREAM_DEBUG=1`` (else it is unset)."""
     env = {k: v for k, v in os.environ.items() if k != "BCL_STREAM_DEBUG"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     if debug_env:
         env["BCL_STREAM_DEBUG"] = "1"
-    return subprocess.run(
-        [sys.executable, "-m", "bcl_stream.cli", *args],
-        cwd=cwd or ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    return bcl_stream_cli(*args, env=env, cwd=cwd)
 
 
 def one_error(proc: subprocess.CompletedProcess[str]) -> str:
