@@ -132,7 +132,7 @@ def load_factory(spec: str) -> Callable[[], Any]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"model {spec!r}: cannot import {module_name!r} ({exc})") from None
+        raise ValueError(f"model {spec!r}: cannot import {module_name!r} ({exc})") from exc
     factory = module
     for part in attr.split("."):
         if not hasattr(factory, part):

@@ -5,7 +5,8 @@ import heavy libraries (streaming, torch) inside ``run``, so ``bcl-stream --help
 ``simulate`` and ``inspect`` start in a fraction of a second (``tools/bench_cli_startup.py``;
 ``tests/unit/test_cli_imports.py`` guards the imports). Our own errors (:class:`BCLStreamError`,
 ``ValueError`` from argument checks, ``OSError`` on files) print as one line on stderr with exit
-code 2; ``--debug`` prints the whole chain of causes as a traceback instead.
+code 2; ``--debug`` (or ``BCL_STREAM_DEBUG=1`` in the environment) prints the traceback with
+the whole chain of causes before that line.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-import traceback
 from collections.abc import Sequence
 
-from bcl_stream.errors import BCLStreamError
+from bcl_stream.errors import DEBUG_ENV, BCLStreamError, report
 
 COMMANDS = ["simulate", "plan", "read", "calibrate", "preprocess", "annotate", "inspect"]
 
@@ -68,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     parser.add_argument(
-        "--debug", action="store_true", help="on error, print the traceback with every cause"
+        "--debug",
+        action="store_true",
+        help=f"on error, print the traceback with every cause (or set {DEBUG_ENV}=1)",
     )
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser
@@ -85,10 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args))
     except (BCLStreamError, ValueError, OSError) as exc:
-        if args.debug:
-            traceback.print_exception(exc)
-        print(f"bcl-stream {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return report(f"bcl-stream {args.command}", exc, debug=args.debug)
 
 
 if __name__ == "__main__":

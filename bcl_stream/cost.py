@@ -106,7 +106,7 @@ class CostModel:
         try:
             data = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"cannot read cost model {path}: {exc}") from None
+            raise ValueError(f"cannot read cost model {path}: {exc}") from exc
         return cls.from_dict(data)
 
 

@@ -190,7 +190,7 @@ class PackLoader(DataLoader):
         try:
             n_packs = self._n_packs(cursor.epoch, cursor.segments)
         except ValueError as exc:
-            raise StateError(f"reader state does not fit this dataset's plan: {exc}") from None
+            raise StateError(f"reader state does not fit this dataset's plan: {exc}") from exc
         if cursor.packs_consumed > n_packs:
             raise StateError(
                 f"reader state says {cursor.packs_consumed} packs consumed in epoch "

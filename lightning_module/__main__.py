@@ -10,20 +10,22 @@ stale one). Lightning's ``ddp`` launcher re-runs this module in each extra rank 
 ``LOCAL_RANK`` set; those skip the cleanup.
 
 Errors of ours (:class:`~bcl_stream.errors.BCLStreamError`: bad data, a plan with no pack, a
-checkpoint that does not fit) print as one line and exit 2; ``BCL_STREAM_DEBUG=1`` shows the
-traceback with its causes instead.
+checkpoint that does not fit) print as one line and exit 2. ``--debug`` before the subcommand
+(``python -m lightning_module --debug fit ...``) or ``BCL_STREAM_DEBUG=1`` prints the traceback
+with its chain of causes before that line, as ``bcl-stream --debug`` does. ``--debug`` is taken
+off the arguments before LightningCLI parses them (it has no such option) and exported as
+``BCL_STREAM_DEBUG=1``, so the ranks Lightning's ``ddp`` launcher starts report the same way.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import traceback
 
 import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningCLI
 
-from bcl_stream.errors import BCLStreamError
+from bcl_stream.errors import DEBUG_ENV, BCLStreamError, report
 from lightning_module.datamodule import BCLDataModule, clean_stale_shared_memory_once
 
 PROG = "python -m lightning_module"
@@ -42,15 +44,22 @@ def main(args: list[str] | None = None) -> LightningCLI:
     )
 
 
-def run() -> int:
-    """:func:`main` with our errors as one line on stderr (exit 2)."""
+def run(argv: list[str] | None = None) -> int:
+    """:func:`main` with our errors as one line on stderr (exit 2); leading ``--debug`` flags
+    are ours (see the module docstring)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = False
+    while args and args[0] == "--debug":
+        args.pop(0)
+        debug = True
+    if debug:
+        os.environ[DEBUG_ENV] = "1"  # inherited by the ranks the ddp launcher starts
+    if argv is None:
+        sys.argv[1:] = args  # LightningCLI and the ddp launcher read sys.argv, not ours
     try:
-        main()
+        main(None if argv is None else args)
     except BCLStreamError as exc:
-        if os.environ.get("BCL_STREAM_DEBUG") == "1":
-            traceback.print_exception(exc)
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+        return report(PROG, exc)
     return 0
 
 

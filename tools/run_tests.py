@@ -5,11 +5,18 @@ alive until interpreter exit (``atexit`` cleanup), and each new ``StreamingDatas
 handle to every prefix still registered. In one long pytest process the open file count
 grows quadratically with the datasets built (we measured ~2,300 descriptors after one
 integration file, and the whole suite in one process ran out of the 20,000 allowed). One
-process per file bounds it. The summary line at the end adds up every run's counts.
+process per file bounds it. A fixture cannot bound it instead: the handles are reachable only
+through streaming's ``atexit`` registrations, and closing them while a module- or
+session-scoped dataset still maps them would pull the memory from under that dataset. The unit
+tests build no ``StreamingDataset`` and share one process. The summary line at the end adds up
+every run's counts.
 
-A group that fails is run once more. If it then passes it is listed as FLAKY in the summary
-(with its first failure above) and does not fail the run: the 2-process gloo test has shown
-a rare SIGABRT in process teardown on a loaded machine that we could not reproduce alone.
+There is no retry: a test that fails fails the run. (An earlier version reran a failing group
+once and passed it as FLAKY, for a rare SIGABRT of the 2-process gloo test on a loaded
+machine that was never reproduced. One hazard it had is gone: its script called streaming's
+``clean_stale_shared_memory()`` unconditionally, which unlinks the shared memory of every
+streaming job on the machine, live ones included, where test suites of several checkouts run
+at once. The gloo and DDP tests now set ``BCL_STREAM_KEEP_SHM=1`` and skip it.)
 """
 
 from __future__ import annotations
@@ -48,31 +55,22 @@ def main(argv: list[str]) -> int:
     ]
     total = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     failed_groups: list[str] = []
-    flaky_groups: list[str] = []
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         for i, paths in enumerate(groups):
             name = " ".join(paths)
-            for attempt in (1, 2):
-                report = Path(tmp) / f"{i}-{attempt}.xml"
-                cmd = [sys.executable, "-m", "pytest", "-q", "-ra", f"--junitxml={report}"]
-                print(f"\n=== {name}" + (" (second attempt)" if attempt == 2 else ""), flush=True)
-                code = subprocess.call([*cmd, *argv, *paths], cwd=ROOT)
-                got = counts(report)
-                ok = code in (0, 5) and not got["failures"] and not got["errors"]
-                if ok:
-                    break
+            report = Path(tmp) / f"{i}.xml"
+            cmd = [sys.executable, "-m", "pytest", "-q", "-ra", f"--junitxml={report}"]
+            print(f"\n=== {name}", flush=True)
+            code = subprocess.call([*cmd, *argv, *paths], cwd=ROOT)
+            got = counts(report)
             for key in total:
                 total[key] += got[key]
-            if not ok:
-                failed_groups.append(name)
-            elif attempt == 2:
-                flaky_groups.append(name)
+            if code not in (0, 5) or got["failures"] or got["errors"]:
+                failed_groups.append(f"{name} (pytest exit code {code})")
     passed = total["tests"] - total["failures"] - total["errors"] - total["skipped"]
     failed = total["failures"] + total["errors"]
     print(f"\ntest groups: {len(groups)}, wall {time.time() - started:.0f} s")
-    for group in flaky_groups:
-        print(f"FLAKY group (failed once, passed on the second attempt): {group}")
     for group in failed_groups:
         print(f"FAILED group: {group}")
     print(f"{passed} passed, {failed} failed, {total['skipped']} skipped")

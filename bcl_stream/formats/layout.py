@@ -90,7 +90,7 @@ def read_mds_index(root: Path) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         raise DatasetError(
             f"{path}: unreadable index.json ({exc}); re-run preprocess with --overwrite"
-        ) from None
+        ) from exc
     if not isinstance(data, dict) or not isinstance(data.get("shards"), list):
         raise DatasetError(f"{path}: not an MDS index (no 'shards' list)")
     return data
@@ -102,8 +102,8 @@ def mds_shard_entries(root: Path) -> list[ShardEntry]:
     for i, shard in enumerate(read_mds_index(root)["shards"]):
         try:
             entries.append(ShardEntry(shard["raw_data"]["basename"], int(shard["samples"])))
-        except (KeyError, TypeError, ValueError):
-            raise DatasetError(f"{root / MDS_INDEX}: shard entry {i} is malformed") from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DatasetError(f"{root / MDS_INDEX}: shard entry {i} is malformed") from exc
     return entries
 
 
@@ -118,7 +118,7 @@ def tar_record_counts(path: Path) -> int:
                     prefix = member.name[: len(member.name) - len(base)]
                     keys.add(prefix + base.split(".", 1)[0])
     except (OSError, tarfile.TarError) as exc:
-        raise DatasetError(f"{path}: unreadable tar shard ({exc})") from None
+        raise DatasetError(f"{path}: unreadable tar shard ({exc})") from exc
     return len(keys)
 
 
@@ -277,12 +277,12 @@ def open_layout(
         )
     try:
         index = read_index(root, verify=verify)
-    except CostIndexError:
+    except CostIndexError as exc:
         if not (root / INDEX_JSON).is_file():
             raise CostIndexError(
                 f"{root}: complete MDS dataset without a cost index; "
                 f"run `bcl-stream annotate {root}`"
-            ) from None
+            ) from exc
         raise
     if check:
         problems = check_integrity(root, index)

@@ -126,7 +126,7 @@ class MDSPackDataset(PlanDataset):
                 "'Reused local directory' error means another live dataset (or a crashed job's "
                 "shared memory: call streaming.base.util.clean_stale_shared_memory() once at job "
                 "start) holds this cache_dir."
-            ) from None
+            ) from exc
         guard_downloads(self.streaming)  # a failed download must not hang later reads
         self._check_layout()
         self.verifier = ShardVerifier(local_root, index, location=location)
@@ -170,7 +170,7 @@ class MDSPackDataset(PlanDataset):
                 f"{self.location}: cannot read record {sample_id} (shard {shard}, {name}): "
                 f"{problem or f'{type(exc).__name__}: {exc}'}. "
                 "Check the shard file and the remote, then resume from the last checkpoint."
-            ) from None
+            ) from exc
         if self.remote:
             self.verifier.check_shard(shard)
         self.verifier.check_record(sample_id, record)

@@ -159,7 +159,7 @@ def decode_sample(sample_id: int, key: str, members: Raw) -> Sample:
             raise DatasetError(
                 f"record {sample_id} (key {key!r}): member .{suffix} cannot be decoded "
                 f"({type(exc).__name__}: {exc}). Rewrite the record or drop it at preprocessing."
-            ) from None
+            ) from exc
     return out
 
 

@@ -52,8 +52,8 @@ def _count(value: Any, where: str, as_length: bool) -> int:
             value = value.decode("utf-8", "replace").strip()
         try:
             n = int(value) if not isinstance(value, np.ndarray) else int(value.reshape(-1)[0])
-        except (TypeError, ValueError):
-            raise DatasetError(f"{where}: length {value!r} is not an integer") from None
+        except (TypeError, ValueError) as exc:
+            raise DatasetError(f"{where}: length {value!r} is not an integer") from exc
     else:
         if not hasattr(value, "__len__"):
             raise DatasetError(f"{where}: token field is a {type(value).__name__}, not a sequence")

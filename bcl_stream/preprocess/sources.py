@@ -69,7 +69,7 @@ def _parquet(path: str, counts: dict[str, int]) -> Iterator[Raw]:
     try:
         pf = pq.ParquetFile(path)
     except (OSError, pa.ArrowException) as exc:
-        raise DatasetError(f"{path}: not a readable Parquet file ({exc})") from None
+        raise DatasetError(f"{path}: not a readable Parquet file ({exc})") from exc
     counts["bytes_read"] += os.path.getsize(path)
     row = 0
     for batch in pf.iter_batches(batch_size=1024):

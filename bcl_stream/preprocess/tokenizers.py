@@ -48,7 +48,7 @@ def load_tokenizer(spec: str) -> Tokenizer:
     try:
         hf = HFTokenizer.from_file(path)
     except Exception as exc:
-        raise ValueError(f"--tokenizer {path}: cannot load ({exc})") from None
+        raise ValueError(f"--tokenizer {path}: cannot load ({exc})") from exc
 
     def encode(text: str) -> list[int]:
         return list(hf.encode(text, add_special_tokens=False).ids)

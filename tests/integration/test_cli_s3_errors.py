@@ -12,12 +12,11 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_process import bcl_stream_cli
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 PLAN = ["--world-size", "2", "--pack-size", "4", "--window", "2"]
@@ -34,16 +33,7 @@ def closed_port() -> int:
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**env, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run(
-        [sys.executable, "-m", "bcl_stream.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=BOUND_S,
-        check=False,
-    )
+    return bcl_stream_cli(*args, env=env, timeout=BOUND_S)
 
 
 @pytest.fixture(scope="module")

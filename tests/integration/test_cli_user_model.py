@@ -94,7 +94,7 @@ def fit(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     (tmp / "mymodel.py").write_text(USER_MODEL)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "BCL_STREAM_KEEP_SHM": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp), str(ROOT), env.get("PYTHONPATH", "")])
-    for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+    for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "BCL_STREAM_DEBUG"):
         env.pop(key, None)
     return subprocess.run(
         [sys.executable, "-m", "lightning_module", *args],
@@ -152,6 +152,10 @@ def test_no_pack_is_one_line_and_exit_2(mds_dir: Path, tmp_path: Path) -> None:
     assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "no pack for any rank" in errors[0] and "300 records" in errors[0]
     assert "pack_size" in errors[0]
+    debug = fit(tmp_path, "--debug", "fit", "--config", str(path), "--data.pack_size", "400")
+    assert debug.returncode == 2, debug.stderr[-3000:]
+    assert "Traceback" in debug.stderr and "PlanError" in debug.stderr  # the type, not only text
+    assert debug.stderr.strip().splitlines()[-1] == errors[0]
 
 
 def test_help_names_the_command(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 Each test names the point of the "user's path" issue it checks: a directory that is not a
 dataset (3), ``simulate --dataset`` (5), the stored preprocess report (6), WebDataset scopes
 (7), a pack size larger than the data (8), ``--skip-bad`` on an empty file (10), help,
-defaults, ``--version`` and ``--debug`` (11). Remote faults are in ``test_cli_s3_errors.py``.
+defaults, ``--version``, ``--debug`` and ``BCL_STREAM_DEBUG`` (11). Remote faults are in ``test_cli_s3_errors.py``.
 """
 
 from __future__ import annotations
@@ -11,32 +11,25 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_process import bcl_stream_cli
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 PLAN = ["--world-size", "2", "--pack-size", "4", "--window", "4"]
 
 
-def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "bcl_stream.cli", *args],
-        cwd=cwd or ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+def cli(
+    *args: str, cwd: Path | None = None, debug_env: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``bcl-stream ARGS``; ``debug_env`` sets ``BCL_STREAM_DEBUG=1`` (else it is unset)."""
+    env = {k: v for k, v in os.environ.items() if k != "BCL_STREAM_DEBUG"}
+    if debug_env:
+        env["BCL_STREAM_DEBUG"] = "1"
+    return bcl_stream_cli(*args, env=env, cwd=cwd)
 
 
 def one_error(proc: subprocess.CompletedProcess[str]) -> str:
@@ -184,3 +177,31 @@ def test_11_version_and_debug(tmp_path: Path) -> None:
     assert debug.returncode == 2
     assert "Traceback" in debug.stderr and "direct cause" in debug.stderr  # the chain is kept
     assert debug.stderr.strip().splitlines()[-1].startswith("bcl-stream simulate: error:")
+
+
+@pytest.mark.parametrize("broken", ["index.json", "cost model"])
+def test_11_debug_and_env_show_the_original_cause(
+    broken: str, mds_dir: Path, tmp_path: Path
+) -> None:
+    """A corrupt file: one line by default; with ``--debug`` or ``BCL_STREAM_DEBUG=1`` the
+    traceback names the JSON error our message was raised from, then the same line."""
+    import shutil
+
+    copy = tmp_path / "ds"
+    shutil.copytree(mds_dir, copy)
+    if broken == "index.json":
+        (copy / "index.json").write_text('{"version": 2, "shards": [')
+        args = ["annotate", str(copy), "--no-progress", "--overwrite"]
+        expected = "unreadable index.json"
+    else:
+        (tmp_path / "model.json").write_text('{"name": "mine", "a": ')
+        args = ["plan", str(copy), *PLAN, "--cost-model", str(tmp_path / "model.json")]
+        expected = "cannot read cost model"
+    line = one_error(cli(*args))
+    assert expected in line
+    for proc in (cli("--debug", *args), cli(*args, debug_env=True)):
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        cause, _, effect = proc.stderr.partition("direct cause of the following exception")
+        assert "json.decoder.JSONDecodeError" in cause, proc.stderr[-3000:]  # the original
+        assert "Traceback" in effect and expected in effect
+        assert proc.stderr.strip().splitlines()[-1] == line

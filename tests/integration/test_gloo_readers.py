@@ -5,6 +5,7 @@ loader states."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -28,8 +29,11 @@ def free_port() -> int:
 
 def test_two_gloo_ranks_follow_the_plan(mds_dir: Path, wds_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.json"
+    # Keep shared memory: other streaming jobs may be alive on this machine.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "BCL_STREAM_KEEP_SHM": "1"}
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), str(mds_dir), str(wds_dir), str(free_port()), str(out)],
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,

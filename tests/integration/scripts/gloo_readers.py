@@ -3,7 +3,8 @@ collective per pack (uneven pack counts would hang or fail), and rank 0 writes w
 yielded plus their loader states as JSON.
 
 Usage: python gloo_readers.py MDS_DIR WDS_DIR PORT OUT_JSON (one job, both readers: process
-start-up dominates the run time). Output: {"mds": [per rank], "wds": [per rank]}.
+start-up dominates the run time). Output: {"mds": [per rank], "wds": [per rank]}. Set
+``BCL_STREAM_KEEP_SHM=1`` where other streaming jobs may be alive (see the job-start cleanup).
 """
 
 from __future__ import annotations
@@ -90,7 +91,10 @@ def worker(rank: int, mds_root: str, wds_root: str, port: int, out: str) -> None
 
 if __name__ == "__main__":
     mds_root, wds_root, port, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    from streaming.base.util import clean_stale_shared_memory
+    from lightning_module.datamodule import clean_stale_shared_memory_once
 
-    clean_stale_shared_memory()  # once per job, before any process group exists
+    # Once per job, before any process group exists, and skipped under BCL_STREAM_KEEP_SHM=1
+    # (the test sets it): streaming's cleanup unlinks the shared memory of every streaming job
+    # on the machine, live ones included, such as the test suite of another checkout.
+    clean_stale_shared_memory_once()
     mp.spawn(worker, args=(mds_root, wds_root, port, out), nprocs=WORLD, join=True)

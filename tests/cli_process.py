@@ -1,0 +1,35 @@
+"""``bcl-stream`` as a user runs it: a real ``python -m bcl_stream.cli`` process on this
+checkout's code (importable from every test: pytest puts ``tests/`` on the path for its
+conftest)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bcl_stream_cli(
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``bcl-stream ARGS`` with ``env`` (default: this process's environment), this
+    checkout first on ``PYTHONPATH``; stdout and stderr captured as text, never raises on the
+    exit code."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [sys.executable, "-m", "bcl_stream.cli", *args],
+        cwd=cwd or ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
