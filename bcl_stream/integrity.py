@@ -203,36 +203,6 @@ class ShardVerifier:
             )
 
 
-def last_complete_checkpoint(
-    directory: str | os.PathLike[str], pattern: str = "*.ckpt"
-) -> Path | None:
-    """The newest checkpoint in ``directory`` that loads (``None`` if there is none).
-
-    Why: a job killed while saving (SIGKILL, node loss) can leave the newest ``.ckpt`` cut
-    short; ``torch.load`` then fails deep inside its zip reader. Newest is by modification
-    time; each candidate is opened with ``torch.load(mmap=True)`` (no tensor data is read) and
-    the unreadable ones are skipped, each named in a warning.
-    """
-    import warnings
-
-    import torch
-
-    candidates = sorted(
-        Path(directory).glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True
-    )
-    for path in candidates:
-        try:
-            torch.load(path, map_location="cpu", mmap=True, weights_only=False)
-        except Exception as exc:  # torch's zip reader raises RuntimeError, EOFError, ...
-            warnings.warn(
-                f"{path}: unreadable checkpoint skipped ({type(exc).__name__}: {exc})",
-                stacklevel=2,
-            )
-            continue
-        return path
-    return None
-
-
 def verify_mds(
     root: str | os.PathLike[str], *, check_hash: bool = True, progress: bool = False
 ) -> list[str]:
