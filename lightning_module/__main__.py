@@ -24,7 +24,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningCLI
 
 from bcl_stream.errors import BCLStreamError
-from lightning_module.datamodule import BCLDataModule, clean_stale_shared_memory_once
+from bcl_stream.io.streaming_compat import clean_stale_shared_memory_once
+from lightning_module.datamodule import BCLDataModule
 
 PROG = "python -m lightning_module"
 

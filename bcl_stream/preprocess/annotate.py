@@ -3,7 +3,7 @@
 Token counts come from a token-id column/member (``tokens_field``: the count is its length)
 or from an integer length column (``length_field``). MDS samples are decoded with streaming's
 own reader (so every encoding it supports works); compressed-only shards are decompressed to
-a temporary file first. WebDataset tars are walked member by member in file order, which is
+a temporary file first (both through :mod:`bcl_stream.io.streaming_compat`). WebDataset tars are walked member by member in file order, which is
 the order stock ``webdataset`` yields without shuffling: ``<key>.<tokens_field>.npy`` gives
 ids, ``length_field`` is read from the ``json`` member or from a ``<key>.<length_field>``
 text member.
@@ -75,8 +75,7 @@ def _mds_counts(root: Path, field: str, as_length: bool, bar: Any) -> list[int]:
             counts += fast
             bar.update(len(fast))
             continue
-        from streaming.base.compression import decompress
-        from streaming.base.format import reader_from_json
+        from bcl_stream.io import streaming_compat  # imports streaming: only when needed
 
         with tempfile.TemporaryDirectory(prefix="bcl_annotate_") as tmp:
             dirname = str(root)
@@ -85,9 +84,11 @@ def _mds_counts(root: Path, field: str, as_length: bool, bar: Any) -> list[int]:
                 zipped = root / str(zip_info.get("basename"))
                 if not zip_info or not zipped.is_file():
                     raise DatasetError(f"{root}: shard file {raw} is missing")
-                Path(tmp, raw).write_bytes(decompress(shard["compression"], zipped.read_bytes()))
+                Path(tmp, raw).write_bytes(
+                    streaming_compat.decompress(shard["compression"], zipped.read_bytes())
+                )
                 dirname = tmp
-            reader = reader_from_json(dirname, None, shard)
+            reader = streaming_compat.mds_shard_reader(dirname, shard)
             columns = shard.get("column_names", [])
             if field not in columns:
                 raise DatasetError(
