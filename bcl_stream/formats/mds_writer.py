@@ -18,8 +18,6 @@ would finish the dataset anyway), so an interrupted write stays detectably incom
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 from array import array
 from collections.abc import Mapping
@@ -29,9 +27,15 @@ from streaming import MDSWriter
 
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.layout import MDS_INDEX, POINTER_KEY, as_token_array
+from bcl_stream.formats.layout import (
+    MDS_INDEX,
+    MDS_INDEX_VERSION,
+    as_token_array,
+    shard_entries,
+    write_mds_index,
+)
 from bcl_stream.formats.writer_base import FinishOnExit, seal_cost_index
-from bcl_stream.index import INDEX_JSON, CostIndex, ShardEntry
+from bcl_stream.index import CostIndex
 from bcl_stream.io import streaming_compat
 from bcl_stream.remote import upload
 
@@ -98,9 +102,6 @@ class CostedMDSWriter(FinishOnExit, MDSWriter):
         super().write(sample)
         self._tokens.append(tokens)
 
-    def _shard_entries(self) -> list[ShardEntry]:
-        return [ShardEntry(s["raw_data"]["basename"], int(s["samples"])) for s in self.shards]
-
     def write_dataset_index(self) -> None:
         """The end of ``finish()``: every shard uploaded, then the cost index, then
         ``index.json`` (see the module docstring)."""
@@ -112,19 +113,13 @@ class CostedMDSWriter(FinishOnExit, MDSWriter):
         index = seal_cost_index(
             self._tokens,
             self.cost_model,
-            self._shard_entries(),
+            shard_entries(self.shards, f"{self.local} (shards written)"),
             "mds",
             self.extra,
             self.local,
             self.remote,
         )
-        path = os.path.join(self.local, MDS_INDEX)
-        tmp = path + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(
-                {"version": 2, "shards": self.shards, POINTER_KEY: INDEX_JSON}, fh, sort_keys=True
-            )
-        os.replace(tmp, path)
+        path = write_mds_index(self.local, {"version": MDS_INDEX_VERSION, "shards": self.shards})
         if self.remote:
             upload(path, self.remote, MDS_INDEX)
         self._index = index

@@ -16,7 +16,6 @@ them.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -26,11 +25,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import webdataset as wds
 
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.formats.layout import as_token_array
+from bcl_stream.formats.npy import npy_bytes
 from bcl_stream.formats.writer_base import FinishOnExit, seal_cost_index
 from bcl_stream.hashing import record_digest
 from bcl_stream.index import CostIndex, ShardEntry
@@ -38,13 +37,6 @@ from bcl_stream.io import streaming_compat
 from bcl_stream.remote import is_remote, upload
 
 SHARD_PATTERN = "shard-%06d.tar"
-
-
-def npy_bytes(arr: np.ndarray) -> bytes:
-    """``np.save`` bytes (what stock ``webdataset`` decodes for a ``.npy`` member)."""
-    buf = io.BytesIO()
-    np.save(buf, arr, allow_pickle=False)
-    return buf.getvalue()
 
 
 class CostedWDSWriter(FinishOnExit):
