@@ -17,12 +17,9 @@ inside ``streaming/base/format``; none names the problem. Three cheap layers fix
 3. :func:`verify_mds` runs 1 over a whole dataset (with a progress bar) for ``inspect``-style
    checks before a long job.
 
-Remote downloads have a fourth trap, :func:`guard_downloads`: in streaming 0.13 a download that
-raises (remote down, retries exhausted) leaves the shard in state ``PREPARING`` for good, and
-every later ``get_item`` on it waits for that state to change: forever. Measured with a moto
-server behind a proxy that starts answering 503 mid-epoch: the reader hung (killed after
-300 s) instead of failing. :func:`guard_downloads` makes every download of one dataset put
-the shard back to ``REMOTE`` on failure, so the error surfaces and a later retry downloads it.
+Remote downloads have a fourth trap (a failed download hangs later reads of its shard); its
+fix reaches into streaming's internals, so it lives with the others:
+:func:`bcl_stream.io.streaming_compat.guard_downloads`.
 
 Every problem is a :class:`~bcl_stream.errors.DatasetError` naming the file, what is wrong
 and what to do. Nothing here imports streaming; content hashes come from :mod:`bcl_stream.hashing`.
@@ -101,44 +98,6 @@ def mds_shard_problem(
     return None
 
 
-class _ResettingPrepare:
-    """Stands in for one ``StreamingDataset``'s ``prepare_shard`` (see :func:`guard_downloads`).
-
-    A module-level class, not a closure, so the dataset still pickles (spawned workers)."""
-
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-
-    def __call__(self, shard_id: int, blocking: bool = True) -> None:
-        dataset = self.dataset
-        try:
-            type(dataset).prepare_shard(dataset, shard_id, blocking)
-        except Exception:
-            from streaming.base.dataset import _ShardState
-
-            lock = getattr(dataset, "_cache_filelock", None)
-            if lock is not None:
-                with lock:
-                    if dataset._shard_states[shard_id] == _ShardState.PREPARING:
-                        dataset._shard_states[shard_id] = _ShardState.REMOTE
-            raise
-
-
-def guard_downloads(dataset: Any) -> Any:
-    """Make a failed shard download of ``dataset`` (a ``StreamingDataset``) recoverable.
-
-    Installs, on this instance only, a ``prepare_shard`` that puts a shard left in
-    ``PREPARING`` by a failed download back to ``REMOTE`` and re-raises. ``get_item`` calls
-    ``self.prepare_shard`` internally, so every download path is covered: the reader's, the
-    prefetch thread's and streaming's own. Only the caller whose download failed sees an
-    exception (waiters poll the state), so the reset never takes a shard from a download that
-    is still running. Output: ``dataset`` (idempotent).
-    """
-    if not isinstance(vars(dataset).get("prepare_shard"), _ResettingPrepare):
-        dataset.prepare_shard = _ResettingPrepare(dataset)
-    return dataset
-
-
 def _error(location: str | os.PathLike[str], problem: str) -> DatasetError:
     return DatasetError(f"{location}: damaged shard: {problem}. {FIX}")
 
@@ -201,36 +160,6 @@ class ShardVerifier:
                 "damaged). Rebuild the cost index with `bcl-stream annotate`, or re-copy the "
                 "dataset."
             )
-
-
-def last_complete_checkpoint(
-    directory: str | os.PathLike[str], pattern: str = "*.ckpt"
-) -> Path | None:
-    """The newest checkpoint in ``directory`` that loads (``None`` if there is none).
-
-    Why: a job killed while saving (SIGKILL, node loss) can leave the newest ``.ckpt`` cut
-    short; ``torch.load`` then fails deep inside its zip reader. Newest is by modification
-    time; each candidate is opened with ``torch.load(mmap=True)`` (no tensor data is read) and
-    the unreadable ones are skipped, each named in a warning.
-    """
-    import warnings
-
-    import torch
-
-    candidates = sorted(
-        Path(directory).glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True
-    )
-    for path in candidates:
-        try:
-            torch.load(path, map_location="cpu", mmap=True, weights_only=False)
-        except Exception as exc:  # torch's zip reader raises RuntimeError, EOFError, ...
-            warnings.warn(
-                f"{path}: unreadable checkpoint skipped ({type(exc).__name__}: {exc})",
-                stacklevel=2,
-            )
-            continue
-        return path
-    return None
 
 
 def verify_mds(

@@ -91,8 +91,8 @@ class StreamSpec:
                 values[key] = (
                     raw if key == "cost_model" else int(raw) if key == "choose" else float(raw)
                 )
-            except ValueError:
-                raise ValueError(f"--stream {text}: {key}={raw!r} is not a number") from None
+            except ValueError as exc:
+                raise ValueError(f"--stream {text}: {key}={raw!r} is not a number") from exc
         return cls(path, **values)
 
     @classmethod

@@ -1,8 +1,9 @@
 """Remote datasets (``s3://`` and the other schemes Mosaic Streaming supports).
 
 We use streaming's own downloaders and uploaders (credentials, endpoints such as
-``S3_ENDPOINT_URL``, retries inside boto) and add bounded retries with a clear error on top.
-streaming is imported lazily: it takes seconds to import and the planner must not need it.
+``S3_ENDPOINT_URL``, retries inside boto), reached through :mod:`bcl_stream.io.streaming_compat`,
+and add bounded retries with a clear error on top. streaming is imported lazily: it takes
+seconds to import and the planner must not need it.
 """
 
 from __future__ import annotations
@@ -169,13 +170,9 @@ def list_remote(location: str, *, retries: int = DEFAULT_RETRIES) -> list[str]:
         return keys
 
     def list_other() -> list[str]:
-        from streaming.base.storage import CloudUploader
+        from bcl_stream.io.streaming_compat import list_objects
 
-        uploader = CloudUploader.get(location, keep_local=False, exist_ok=True)
-        try:
-            return list(uploader.list_objects() or [])
-        finally:
-            shutil.rmtree(uploader.local, ignore_errors=True)
+        return list_objects(location)
 
     action = list_s3 if parsed.scheme == "s3" else list_other
     try:
@@ -194,7 +191,7 @@ def download(
     timeout: float = 60.0,
 ) -> Path:
     """Download one file (replacing any local copy) with bounded retries."""
-    from streaming.base.storage import CloudDownloader
+    from bcl_stream.io.streaming_compat import download_file
 
     target = Path(local)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -203,11 +200,7 @@ def download(
     os.unlink(tmp_name)
 
     def fetch() -> None:
-        downloader = CloudDownloader.get(remote)
-        try:
-            downloader.download(remote, tmp_name, timeout)
-        finally:
-            downloader.clean_up()
+        download_file(remote, tmp_name, timeout)
 
     try:
         _with_retries(f"download of {remote}", remote, fetch, retries, backoff)
@@ -221,7 +214,7 @@ def upload(
     local: str | os.PathLike[str], remote_dir: str, name: str, *, retries: int = DEFAULT_RETRIES
 ) -> None:
     """Upload ``local`` to ``remote_dir/name`` with bounded retries."""
-    from streaming.base.storage import CloudUploader
+    from bcl_stream.io.streaming_compat import open_uploader
 
     staging = tempfile.mkdtemp(prefix="bcl_upload_")
     try:
@@ -231,7 +224,7 @@ def upload(
         uploader = _with_retries(  # creating it checks the bucket: a request that can fail
             what,
             url,
-            lambda: CloudUploader.get((staging, remote_dir), keep_local=False, exist_ok=True),
+            lambda: open_uploader(staging, remote_dir),
             retries,
             0.2,
         )

@@ -5,13 +5,13 @@
 Lightning and torch (not streaming: the readers load when a dataset is built).
 """
 
+from bcl_stream.io.streaming_compat import clean_stale_shared_memory_once
 from lightning_module.callbacks import PackLogger, PackLogWriter, read_pack_log
 from lightning_module.datamodule import (
     BCLDataModule,
     PackCollate,
     SequentialPlanner,
     TrainerPackLoader,
-    clean_stale_shared_memory_once,
 )
 
 __all__ = [

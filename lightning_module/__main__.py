@@ -26,7 +26,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.cli import LightningCLI
 
 from bcl_stream.errors import DEBUG_ENV, BCLStreamError, report
-from lightning_module.datamodule import BCLDataModule, clean_stale_shared_memory_once
+from bcl_stream.io.streaming_compat import clean_stale_shared_memory_once
+from lightning_module.datamodule import BCLDataModule
 
 PROG = "python -m lightning_module"
 

@@ -174,25 +174,6 @@ def set_streaming_env(local_world_size: int) -> None:
     os.environ["LOCAL_WORLD_SIZE"] = str(local_world_size)
 
 
-def clean_stale_shared_memory_once() -> None:
-    """Remove shared memory leaked by killed streaming jobs; call once per job, in the process
-    that starts it, before any dataset exists. Skipped inside launched ranks (``LOCAL_RANK``
-    set): there it would open a process group of its own or race the other ranks.
-
-    Streaming's cleanup also unlinks the shared memory of *live* streaming jobs on the same
-    machine (it cannot tell them apart). Set ``BCL_STREAM_KEEP_SHM=1`` where other streaming
-    jobs may be running (test suites, shared workstations); a fresh local cache directory per
-    job then avoids any collision with stale memory.
-    """
-    if os.environ.get("BCL_STREAM_KEEP_SHM") == "1":
-        return
-    if "LOCAL_RANK" in os.environ or os.environ.get("SLURM_LOCALID", "0") != "0":
-        return
-    from streaming.base.util import clean_stale_shared_memory
-
-    clean_stale_shared_memory()
-
-
 LEN_WARNING = r"Your `IterableDataset` has `__len__` defined"
 
 

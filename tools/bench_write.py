@@ -155,7 +155,8 @@ def bench_writers(
     from streaming import MDSWriter
 
     from bcl_stream.formats.mds_writer import CostedMDSWriter
-    from bcl_stream.formats.wds_writer import CostedWDSWriter, npy_bytes
+    from bcl_stream.formats.npy import npy_bytes
+    from bcl_stream.formats.wds_writer import CostedWDSWriter
 
     cols = {"input_ids": "ndarray:uint32", "source": "str"}
 

@@ -14,15 +14,18 @@ Completion markers, in the order writers produce them:
   was written by someone else and needs ``bcl-stream annotate``).
 
 Counting WDS records needs the tar headers only: :func:`tar_record_counts` walks them with
-``tarfile`` (which seeks over member payloads of an uncompressed tar), so checking a 1 GB shard
-reads a few hundred kB.
+:mod:`bcl_stream.formats.tar_scan` (the one tar reader, which seeks over member payloads of an
+uncompressed tar), so checking a 1 GB shard reads a few hundred kB.
+
+MDS ``index.json`` is written by :func:`write_mds_index` only, and our shard list is built from
+its entries by :func:`shard_entries` only.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tarfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -30,9 +33,12 @@ from typing import Any, Literal
 import numpy as np
 
 from bcl_stream.errors import CostIndexError, DatasetError
+from bcl_stream.formats.tar_scan import TAR_ERRORS, split_member, tar_members, tar_records
 from bcl_stream.index import COSTS_NPY, INDEX_JSON, CostIndex, ShardEntry, read_index
 
 MDS_INDEX = "index.json"
+MDS_INDEX_VERSION = 2
+"""The ``version`` streaming's MDS writer puts in ``index.json``."""
 POINTER_KEY = "bcl_index"
 """The one top-level key we add to MDS ``index.json`` (stock readers ignore top-level extras)."""
 WDS_SUFFIXES = (".tar", ".tar.gz", ".tgz")
@@ -96,30 +102,50 @@ def read_mds_index(root: Path) -> dict[str, Any]:
     return data
 
 
-def mds_shard_entries(root: Path) -> list[ShardEntry]:
-    """Shards and sample counts as MDS ``index.json`` lists them (raw basename as the name)."""
+def shard_entries(
+    shards: Sequence[Mapping[str, Any]], where: str | os.PathLike[str]
+) -> list[ShardEntry]:
+    """Our shard list from MDS ``index.json`` shard entries (the ``shards`` list streaming's
+    writer keeps and writes): the raw basename as the name, the sample count. ``where`` names
+    the source in the error a malformed entry raises."""
     entries = []
-    for i, shard in enumerate(read_mds_index(root)["shards"]):
+    for i, shard in enumerate(shards):
         try:
             entries.append(ShardEntry(shard["raw_data"]["basename"], int(shard["samples"])))
         except (KeyError, TypeError, ValueError) as exc:
-            raise DatasetError(f"{root / MDS_INDEX}: shard entry {i} is malformed") from exc
+            raise DatasetError(f"{where}: shard entry {i} is malformed") from exc
     return entries
 
 
+def mds_shard_entries(root: Path) -> list[ShardEntry]:
+    """Shards and sample counts as MDS ``index.json`` lists them (raw basename as the name)."""
+    return shard_entries(read_mds_index(root)["shards"], root / MDS_INDEX)
+
+
+def write_mds_index(root: str | os.PathLike[str], data: Mapping[str, Any]) -> Path:
+    """Write MDS ``index.json`` into ``root``, atomically, with our pointer key; output: its path.
+
+    ``data``: the index's other keys (``version``, ``shards``, any top-level extras), kept as
+    given. The only writer of ``index.json`` (the costed writer's ending, ``annotate``): the
+    file is the "dataset complete" marker, so it is replaced in one rename, never half written.
+    """
+    path = Path(root) / MDS_INDEX
+    tmp = path.with_name(MDS_INDEX + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump({**data, POINTER_KEY: INDEX_JSON}, fh, sort_keys=True)
+    os.replace(tmp, path)
+    return path
+
+
 def tar_record_counts(path: Path) -> int:
-    """Records in one WebDataset tar: distinct keys (member name up to the first dot)."""
-    keys: set[str] = set()
+    """Records in one WebDataset tar: distinct keys (member name up to the first dot), from
+    the member headers alone (payloads are skipped, never read)."""
     try:
-        with tarfile.open(path) as tar:
-            for member in tar:
-                if member.isfile():
-                    base = member.name.rsplit("/", 1)[-1]
-                    prefix = member.name[: len(member.name) - len(base)]
-                    keys.add(prefix + base.split(".", 1)[0])
-    except (OSError, tarfile.TarError) as exc:
-        raise DatasetError(f"{path}: unreadable tar shard ({exc})") from exc
-    return len(keys)
+        return len({split_member(name)[0] for name, _ in tar_members(path)})
+    except TAR_ERRORS as exc:
+        raise DatasetError(
+            f"{path}: unreadable tar shard ({exc}); re-download or rewrite the shard"
+        ) from exc
 
 
 def _mds_problems(root: Path, index: CostIndex) -> list[str]:
@@ -154,32 +180,17 @@ def wds_record_problems(path: Path, first: int, hashes: np.ndarray) -> list[str]
 
     Reads every payload of the shard once (``inspect``); readers check only what they read.
     """
-    from bcl_stream.formats.tar_scan import TarFormatError, tar_members
     from bcl_stream.hashing import record_digest
 
     problems: list[str] = []
-    key: str | None = None
-    members: list[tuple[str, bytes]] = []
-    sample = first - 1
-
-    def check() -> None:
-        if key is not None and sample < hashes.size and record_digest(members) != hashes[sample]:
-            problems.append(
-                f"{path.name}: record {sample} (key {key!r}): xxh64 content hash differs from "
-                "the cost index (corrupted bytes)"
-            )
-
     try:
-        for name, read in tar_members(path):
-            base = name.rsplit("/", 1)[-1]
-            member_key, _, ext = base.partition(".")
-            member_key = name[: len(name) - len(base)] + member_key
-            if member_key != key:
-                check()
-                key, members, sample = member_key, [], sample + 1
-            members.append((ext, read()))
-        check()
-    except (OSError, TarFormatError, tarfile.TarError) as exc:
+        for sample, (key, members) in enumerate(tar_records(path), start=first):
+            if sample < hashes.size and record_digest(members) != hashes[sample]:
+                problems.append(
+                    f"{path.name}: record {sample} (key {key!r}): xxh64 content hash differs "
+                    "from the cost index (corrupted bytes)"
+                )
+    except TAR_ERRORS as exc:
         problems.append(f"{path.name}: unreadable tar shard ({exc})")
     return problems
 

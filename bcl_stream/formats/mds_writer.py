@@ -2,8 +2,9 @@
 
 Why a subclass and not a wrapper: ``MDSWriter`` already owns shard rollover, compression,
 hashing and background uploads; we only need (1) the token count of each record as it is
-written and (2) a different ending. The ending is the one override, ``_write_index``
-(streaming 0.13 is pinned exactly, so the private hook is stable):
+written and (2) a different ending. The ending, :meth:`CostedMDSWriter.write_dataset_index`,
+replaces streaming's own index writing through ``streaming_compat.own_index_writing`` (the
+one module that touches streaming's internals; streaming is pinned exactly):
 
 1. wait for every shard upload to finish (stock streaming only waits for the queue to drain,
    so ``index.json`` can overtake the last shard);
@@ -17,8 +18,6 @@ would finish the dataset anyway), so an interrupted write stays detectably incom
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 from array import array
 from collections.abc import Mapping
@@ -28,14 +27,22 @@ from streaming import MDSWriter
 
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.layout import MDS_INDEX, POINTER_KEY, as_token_array
+from bcl_stream.formats.layout import (
+    MDS_INDEX,
+    MDS_INDEX_VERSION,
+    as_token_array,
+    shard_entries,
+    write_mds_index,
+)
 from bcl_stream.formats.writer_base import FinishOnExit, seal_cost_index
-from bcl_stream.index import INDEX_JSON, CostIndex, ShardEntry
+from bcl_stream.index import CostIndex
+from bcl_stream.io import streaming_compat
 from bcl_stream.remote import upload
 
 DEFAULT_COLUMNS = {"input_ids": "ndarray:uint32"}
 
 
+@streaming_compat.own_index_writing
 class CostedMDSWriter(FinishOnExit, MDSWriter):
     """``MDSWriter`` that also records each record's token count and writes the cost index.
 
@@ -95,14 +102,10 @@ class CostedMDSWriter(FinishOnExit, MDSWriter):
         super().write(sample)
         self._tokens.append(tokens)
 
-    def _shard_entries(self) -> list[ShardEntry]:
-        return [ShardEntry(s["raw_data"]["basename"], int(s["samples"])) for s in self.shards]
-
-    def _write_index(self) -> None:
-        if self.new_samples:
-            raise RuntimeError("internal error: not every sample was flushed before the index")
-        self.executor.shutdown(wait=True)  # every shard is uploaded before any index
-        if self.event.is_set():
+    def write_dataset_index(self) -> None:
+        """The end of ``finish()``: every shard uploaded, then the cost index, then
+        ``index.json`` (see the module docstring)."""
+        if not streaming_compat.wait_for_shard_uploads(self):
             raise DatasetError(
                 f"uploading shards to {self.remote} failed (see the log above); the dataset is "
                 "incomplete: re-run with --overwrite"
@@ -110,19 +113,13 @@ class CostedMDSWriter(FinishOnExit, MDSWriter):
         index = seal_cost_index(
             self._tokens,
             self.cost_model,
-            self._shard_entries(),
+            shard_entries(self.shards, f"{self.local} (shards written)"),
             "mds",
             self.extra,
             self.local,
             self.remote,
         )
-        path = os.path.join(self.local, MDS_INDEX)
-        tmp = path + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(
-                {"version": 2, "shards": self.shards, POINTER_KEY: INDEX_JSON}, fh, sort_keys=True
-            )
-        os.replace(tmp, path)
+        path = write_mds_index(self.local, {"version": MDS_INDEX_VERSION, "shards": self.shards})
         if self.remote:
             upload(path, self.remote, MDS_INDEX)
         self._index = index
@@ -140,6 +137,6 @@ class CostedMDSWriter(FinishOnExit, MDSWriter):
         Queued shard uploads are let finish (bounded work) rather than cancelled: streaming's
         callbacks log a traceback for every cancelled future.
         """
-        self.executor.shutdown(wait=True)
+        streaming_compat.abandon_shard_uploads(self)
         if self.remote and not self.keep_local:
             shutil.rmtree(self.local, ignore_errors=True)

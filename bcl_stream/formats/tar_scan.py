@@ -7,6 +7,11 @@ stock ``webdataset`` iteration in tools/bench_loader.py. This scanner parses the
 ustar header directly (GNU long names and pax ``path``/``size`` records included), verifies
 its checksum, and seeks over payloads nobody asked for. Compressed shards (``.tar.gz`` ...)
 cannot seek cheaply and go through ``tarfile``.
+
+The one tar reader of the package: readers (:func:`tar_members`, reading only what they need),
+``annotate`` and ``inspect`` (:func:`tar_records`, every record's members) and record counts
+(:func:`split_member` over the member names) all go through it. :data:`TAR_ERRORS` is what a
+damaged or truncated shard raises here; callers turn it into one line naming the shard.
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ Member = tuple[str, Callable[[], bytes]]
 
 class TarFormatError(ValueError):
     """A header that is not a valid tar header (corrupt or truncated shard)."""
+
+
+TAR_ERRORS: tuple[type[Exception], ...] = (OSError, EOFError, TarFormatError, tarfile.TarError)
+"""What reading a damaged, truncated or unreadable shard raises from this module."""
 
 
 def _number(field: bytes) -> int:
@@ -113,3 +122,27 @@ def _tarfile_members(path: Path) -> Iterator[Member]:
                     return handle.read() if handle else b""
 
                 yield info.name, read
+
+
+def split_member(name: str) -> tuple[str, str]:
+    """WebDataset's rule: (record key, extension) of a member name; the key is the name up to
+    the first dot of its base name (directories kept), the extension the rest, case kept."""
+    base = name.rsplit("/", 1)[-1]
+    key, _, ext = base.partition(".")
+    return name[: len(name) - len(base)] + key, ext
+
+
+def tar_records(path: Path) -> Iterator[tuple[str, list[tuple[str, bytes]]]]:
+    """(key, [(extension, payload), ...]) per record of the tar at ``path``, in file order:
+    consecutive members with the same key, every payload read. Raises :data:`TAR_ERRORS`."""
+    key: str | None = None
+    members: list[tuple[str, bytes]] = []
+    for name, read in tar_members(path):
+        member_key, ext = split_member(name)
+        if key is not None and member_key != key:
+            yield key, members
+            members = []
+        key = member_key
+        members.append((ext, read()))
+    if key is not None:
+        yield key, members

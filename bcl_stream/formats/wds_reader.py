@@ -23,21 +23,19 @@ shards but reads and decodes only its own records.
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import re
 import tarfile
 import warnings
 from collections.abc import Callable, Container, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.errors import DatasetError
+from bcl_stream.formats.npy import load_npy
 from bcl_stream.formats.reader_base import Pack, PlanDataset, Sample
 from bcl_stream.formats.tar_scan import TarFormatError, tar_members
 from bcl_stream.hashing import record_digest
@@ -118,28 +116,6 @@ def _check_key(shard: str, key: str, sample_id: int) -> None:
             f"{shard}: record key {base!r} is not the expected global sample id {sample_id}; "
             "the shard order differs from the cost index (shards renamed or reordered?)."
         )
-
-
-_NPY_HEADER = re.compile(
-    r"\{'descr': '([<>|]?[a-z]\d+)', 'fortran_order': False, 'shape': \((\d+),\), \}\s*$"
-)
-
-
-def load_npy(data: bytes) -> npt.NDArray[Any]:
-    """``np.load`` for ``.npy`` bytes, with a fast path for 1-D arrays (what writers store).
-
-    ``np.load`` parses the header with ``ast.literal_eval`` (a compile per record): about a
-    third of the per-record decode cost in tools/bench_loader.py. Anything unusual falls back.
-    """
-    if data[:6] == b"\x93NUMPY" and data[6] == 1:
-        end = 10 + int.from_bytes(data[8:10], "little")
-        match = _NPY_HEADER.match(data[10:end].decode("latin1"))
-        if match:
-            dtype = np.dtype(match.group(1))
-            count = int(match.group(2))
-            if len(data) - end == count * dtype.itemsize:
-                return np.frombuffer(data, dtype=dtype, count=count, offset=end).copy()
-    return np.load(io.BytesIO(data), allow_pickle=False)
 
 
 def decode_sample(sample_id: int, key: str, members: Raw) -> Sample:

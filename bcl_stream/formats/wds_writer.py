@@ -2,7 +2,7 @@
 
 Each record becomes one tar sample: ``<key>.input_ids.npy`` (the token ids, ``np.save``
 bytes, decoded by stock ``.decode()``) and ``<key>.json`` with ``{"source", "tokens", ...}``.
-Members are encoded here (webdataset's own encoder), so the bytes hashed into the record's
+Members are encoded here (webdataset's own encoder, from ``streaming_compat``), so the bytes hashed into the record's
 xxh64 (``bcl_hashes.npy``, checked by the reader) are exactly the bytes in the tar.
 Keys are the global sample id, zero-padded (no dots: WebDataset groups members by the prefix
 before the first dot).
@@ -16,7 +16,6 @@ them.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -26,24 +25,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import webdataset as wds
 
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.formats.layout import as_token_array
+from bcl_stream.formats.npy import npy_bytes
 from bcl_stream.formats.writer_base import FinishOnExit, seal_cost_index
 from bcl_stream.hashing import record_digest
 from bcl_stream.index import CostIndex, ShardEntry
+from bcl_stream.io import streaming_compat
 from bcl_stream.remote import is_remote, upload
 
 SHARD_PATTERN = "shard-%06d.tar"
-
-
-def npy_bytes(arr: np.ndarray) -> bytes:
-    """``np.save`` bytes (what stock ``webdataset`` decodes for a ``.npy`` member)."""
-    buf = io.BytesIO()
-    np.save(buf, arr, allow_pickle=False)
-    return buf.getvalue()
 
 
 class CostedWDSWriter(FinishOnExit):
@@ -76,7 +69,7 @@ class CostedWDSWriter(FinishOnExit):
         self.shards: list[ShardEntry] = []
         self._tokens = array("I")  # 4 bytes per record, not a Python int each
         self._hashes = array("Q")
-        self._encode = wds.writer.make_encoder(True)
+        self._encode = streaming_compat.wds_member_encoder()
         self._in_shard = 0
         self._index: CostIndex | None = None
         pattern = SHARD_PATTERN + (".gz" if compress else "")
@@ -149,9 +142,6 @@ class CostedWDSWriter(FinishOnExit):
 
     def abort(self) -> None:
         """Close the open shard without writing an index: the output stays incomplete."""
-        tar = getattr(self._writer, "tarstream", None)
-        if tar is not None:
-            tar.close()
-            self._writer.tarstream = None
+        streaming_compat.close_open_shard(self._writer)
         if self.remote:
             shutil.rmtree(self.local, ignore_errors=True)

@@ -3,8 +3,9 @@
 Token counts come from a token-id column/member (``tokens_field``: the count is its length)
 or from an integer length column (``length_field``). MDS samples are decoded with streaming's
 own reader (so every encoding it supports works); compressed-only shards are decompressed to
-a temporary file first. WebDataset tars are walked member by member in file order, which is
-the order stock ``webdataset`` yields without shuffling: ``<key>.<tokens_field>.npy`` gives
+a temporary file first (both through :mod:`bcl_stream.io.streaming_compat`). WebDataset tars
+are walked member by member in file order (``tar_scan.tar_records``), which is the order stock
+``webdataset`` yields without shuffling: ``<key>.<tokens_field>.npy`` gives
 ids, ``length_field`` is read from the ``json`` member or from a ``<key>.<length_field>``
 text member.
 
@@ -16,13 +17,10 @@ Only ``bcl_costs.npy`` (+ ``bcl_hashes.npy``), ``bcl_index.json`` and (MDS) the 
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import tarfile
 import tempfile
 from array import array
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +31,15 @@ from bcl_stream.cost import CostModel, resolve
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.layout import (
     MDS_INDEX,
-    POINTER_KEY,
     detect_format,
     mds_shard_entries,
     read_mds_index,
     wds_shards_on_disk,
+    write_mds_index,
 )
 from bcl_stream.formats.mds_lengths import shard_counts
+from bcl_stream.formats.npy import load_npy
+from bcl_stream.formats.tar_scan import TAR_ERRORS, tar_records
 from bcl_stream.hashing import record_digest
 from bcl_stream.index import INDEX_JSON, CostIndex, ShardEntry, write_index
 from bcl_stream.preprocess.lock import holding_output_lock
@@ -75,8 +75,7 @@ def _mds_counts(root: Path, field: str, as_length: bool, bar: Any) -> list[int]:
             counts += fast
             bar.update(len(fast))
             continue
-        from streaming.base.compression import decompress
-        from streaming.base.format import reader_from_json
+        from bcl_stream.io import streaming_compat  # imports streaming: only when needed
 
         with tempfile.TemporaryDirectory(prefix="bcl_annotate_") as tmp:
             dirname = str(root)
@@ -85,9 +84,11 @@ def _mds_counts(root: Path, field: str, as_length: bool, bar: Any) -> list[int]:
                 zipped = root / str(zip_info.get("basename"))
                 if not zip_info or not zipped.is_file():
                     raise DatasetError(f"{root}: shard file {raw} is missing")
-                Path(tmp, raw).write_bytes(decompress(shard["compression"], zipped.read_bytes()))
+                Path(tmp, raw).write_bytes(
+                    streaming_compat.decompress(shard["compression"], zipped.read_bytes())
+                )
                 dirname = tmp
-            reader = reader_from_json(dirname, None, shard)
+            reader = streaming_compat.mds_shard_reader(dirname, shard)
             columns = shard.get("column_names", [])
             if field not in columns:
                 raise DatasetError(
@@ -101,28 +102,6 @@ def _mds_counts(root: Path, field: str, as_length: bool, bar: Any) -> list[int]:
     return counts
 
 
-def _wds_samples(path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """(key, {extension: bytes}) per sample of one tar, grouping consecutive members by key."""
-    key: str | None = None
-    members: dict[str, bytes] = {}
-    with tarfile.open(path) as tar:
-        for info in tar:
-            if not info.isfile():
-                continue
-            base = info.name.rsplit("/", 1)[-1]
-            prefix = info.name[: len(info.name) - len(base)]
-            k, _, ext = base.partition(".")
-            k = prefix + k
-            if key is not None and k != key:
-                yield key, members
-                members = {}
-            key = k
-            fh = tar.extractfile(info)
-            members[ext] = fh.read() if fh else b""
-    if key is not None:
-        yield key, members
-
-
 def _wds_count(key: str, members: dict[str, bytes], field: str, as_length: bool, where: str) -> int:
     if not as_length:
         blob = members.get(f"{field}.npy")
@@ -131,7 +110,7 @@ def _wds_count(key: str, members: dict[str, bytes], field: str, as_length: bool,
                 f"{where} sample {key}: no member {field}.npy (members: {sorted(members)}); "
                 "pass --tokens-field NAME or --length-field NAME"
             )
-        return int(np.load(io.BytesIO(blob), allow_pickle=False).size)
+        return int(load_npy(blob).size)
     if field in members:
         return _count(members[field], f"{where} sample {key}", True)
     if "json" in members:
@@ -154,12 +133,15 @@ def _wds_counts(
     for name in wds_shards_on_disk(root):
         before = len(counts)
         try:
-            for key, members in _wds_samples(root / name):
+            for key, member_list in tar_records(root / name):
+                members = dict(member_list)
                 counts.append(_wds_count(key, members, field, as_length, name))
                 hashes.append(record_digest(members.items()))
                 bar.update()
-        except (OSError, tarfile.TarError) as exc:
-            raise DatasetError(f"{root / name}: unreadable tar shard ({exc})") from exc
+        except TAR_ERRORS as exc:
+            raise DatasetError(
+                f"{root / name}: unreadable tar shard ({exc}); re-download or rewrite the shard"
+            ) from exc
         shards.append(ShardEntry(name, len(counts) - before))
     return counts, shards, hashes
 
@@ -233,9 +215,5 @@ def _annotate_local(
     )
     write_index(root, index)
     if fmt == "mds":
-        data = read_mds_index(root)
-        data[POINTER_KEY] = INDEX_JSON
-        tmp = root / (MDS_INDEX + ".tmp")
-        tmp.write_text(json.dumps(data, sort_keys=True))
-        os.replace(tmp, root / MDS_INDEX)
+        write_mds_index(root, read_mds_index(root))
     return index

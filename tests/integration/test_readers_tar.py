@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bcl_stream.formats.tar_scan import TarFormatError, tar_members
+from bcl_stream.errors import DatasetError
+from bcl_stream.formats.layout import tar_record_counts, write_mds_index
+from bcl_stream.formats.tar_scan import TarFormatError, split_member, tar_members, tar_records
 from bcl_stream.formats.wds_reader import load_npy
 
 
@@ -84,3 +86,46 @@ def test_fast_npy_decode_equals_np_load(array: np.ndarray) -> None:
     got = load_npy(buf.getvalue())
     assert got.dtype == array.dtype and got.shape == array.shape
     assert np.array_equal(got, array) and got.flags.writeable
+
+
+@pytest.mark.parametrize("mode", ["w", "w:gz"])
+def test_records_and_counts_group_members_by_key(tmp_path: Path, mode: str) -> None:
+    members = {
+        "a/0001.input_ids.npy": b"ids",
+        "a/0001.json": b"{}",
+        "a/0002.json": b"[]",
+        "0003.Meta.TXT": b"t",
+    }
+    path = tmp_path / "shard.tar"
+    write_tar(path, members, tarfile.PAX_FORMAT, mode)
+    assert list(tar_records(path)) == [
+        ("a/0001", [("input_ids.npy", b"ids"), ("json", b"{}")]),
+        ("a/0002", [("json", b"[]")]),
+        ("0003", [("Meta.TXT", b"t")]),
+    ]
+    assert tar_record_counts(path) == 3
+    assert split_member("d.x/k.y.z") == ("d.x/k", "y.z")
+
+
+def test_record_count_of_a_damaged_tar_is_one_line_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "shard.tar"
+    write_tar(path, {"0.json": b"{}"}, tarfile.PAX_FORMAT)
+    data = bytearray(path.read_bytes())
+    data[0] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(DatasetError, match=r"shard\.tar: unreadable tar shard .*checksum") as info:
+        tar_record_counts(path)
+    assert "\n" not in str(info.value) and "rewrite the shard" in str(info.value)
+
+
+def test_write_mds_index_adds_the_pointer_and_keeps_the_rest(tmp_path: Path) -> None:
+    import json
+
+    path = write_mds_index(tmp_path, {"version": 2, "shards": [], "extra": 1})
+    assert json.loads(path.read_text()) == {
+        "version": 2,
+        "shards": [],
+        "extra": 1,
+        "bcl_index": "bcl_index.json",
+    }
+    assert [p.name for p in tmp_path.iterdir()] == ["index.json"]  # no temporary left

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from bcl_stream.integrity import last_complete_checkpoint
+from lightning_module.checkpoints import last_complete_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -23,7 +23,7 @@ CONFIG = ReaderConfig.build(world_size=1, pack_size=4, window=2, seed=3, shard_g
 
 def main(url: str, cache: str, mode: str) -> None:
     if mode == "job":
-        from lightning_module.datamodule import clean_stale_shared_memory_once
+        from bcl_stream.io.streaming_compat import clean_stale_shared_memory_once
 
         clean_stale_shared_memory_once()
     try:

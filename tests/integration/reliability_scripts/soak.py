@@ -33,7 +33,7 @@ from typing import Any
 
 from run_config import write_config
 
-from bcl_stream.integrity import last_complete_checkpoint
+from lightning_module.checkpoints import last_complete_checkpoint
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPTS = Path(__file__).resolve().parent
