@@ -32,7 +32,6 @@ import numpy.typing as npt
 
 from bcl_stream.cost import CostModel, Fit, fit_cost_model, get_preset
 
-DEFAULT_MODEL = "lightning_module.tinygpt:TinyGPT"
 LAYOUTS = ("packed", "padded")
 KINDS = ("equal", "one_long", "mixed", "sampled")
 CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.process_time, "wall": time.perf_counter}
@@ -128,7 +127,9 @@ def load_factory(spec: str) -> Callable[[], Any]:
     """``"pkg.module:attr"`` -> the callable (a class or a function) that builds the model."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"model {spec!r}: expected 'pkg.module:factory', e.g. {DEFAULT_MODEL!r}")
+        raise ValueError(
+            f"model {spec!r}: expected 'pkg.module:factory', e.g. 'mypkg.models:build_model'"
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -258,7 +259,7 @@ class Calibration:
 
 
 def calibrate(
-    model: str | Callable[[], Any] = DEFAULT_MODEL,
+    model: str | Callable[[], Any],
     config: CalibrationConfig | None = None,
     *,
     lengths: npt.ArrayLike | None = None,
@@ -266,7 +267,8 @@ def calibrate(
     presets: Sequence[str] = ("tokens",),
     progress: bool = True,
 ) -> Calibration:
-    """Build the model (import path or factory), time designed packs, fit c(L) per record."""
+    """Build the model (``'pkg.module:factory'`` or a factory; required: the core knows no
+    model of its own), time designed packs, fit c(L) per record."""
     import torch
 
     from bcl_stream.collate import collate_packed, collate_padded

@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.cost import resolve
+from bcl_stream.errors import StateError
 from bcl_stream.index import CostIndex
 from bcl_stream.mixture import MixtureIndex
 from bcl_stream.planner import (
@@ -76,8 +77,13 @@ class ReaderConfig:
     """Shuffle seed; the epoch order is a pure function of (seed, epoch)."""
     cost_model: str | None = None
     """Preset name or JSON path to recompute costs from tokens; None uses the stored costs."""
+    packing: str = "bcl"
+    """``bcl`` (balanced packs) or ``sequential`` (the baseline: each rank's next B records of
+    the same epoch order, what a plain loader yields). Both follow the same node streams."""
 
     def __post_init__(self) -> None:
+        if self.packing not in PACKINGS:
+            raise ValueError(f"packing must be one of {PACKINGS}, got {self.packing!r}")
         if not isinstance(self.plan, PlanConfig):
             raise ValueError(f"plan must be a PlanConfig, got {type(self.plan).__name__}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
@@ -87,16 +93,23 @@ class ReaderConfig:
 
     @classmethod
     def build(
-        cls, *, seed: int = 0, cost_model: str | None = None, **plan_fields: Any
+        cls,
+        *,
+        seed: int = 0,
+        cost_model: str | None = None,
+        packing: str = "bcl",
+        **plan_fields: Any,
     ) -> ReaderConfig:
         """A config from flat keyword arguments: ``plan_fields`` are :class:`PlanConfig`'s."""
         unknown = set(plan_fields) - PLAN_FIELDS
         if unknown:
             raise ValueError(
                 f"unknown reader config fields {sorted(unknown)}; planner fields are "
-                f"{sorted(PLAN_FIELDS)}, plus seed and cost_model"
+                f"{sorted(PLAN_FIELDS)}, plus seed, cost_model and packing"
             )
-        return cls(plan=PlanConfig(**plan_fields), seed=seed, cost_model=cost_model)
+        return cls(
+            plan=PlanConfig(**plan_fields), seed=seed, cost_model=cost_model, packing=packing
+        )
 
     def plan_config(self) -> PlanConfig:
         """The planner's view of this config (``self.plan``; kept for existing callers)."""
@@ -104,12 +117,22 @@ class ReaderConfig:
 
     def flat(self) -> dict[str, Any]:
         """Every field by name, planner fields included (for comparisons and messages)."""
-        return {**asdict(self.plan), "seed": self.seed, "cost_model": self.cost_model}
+        return {
+            **asdict(self.plan),
+            "seed": self.seed,
+            "cost_model": self.cost_model,
+            "packing": self.packing,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly nested form (stored in reader states): ``{plan: {...}, seed,
-        cost_model}``."""
-        return {"plan": asdict(self.plan), "seed": self.seed, "cost_model": self.cost_model}
+        cost_model, packing}``."""
+        return {
+            "plan": asdict(self.plan),
+            "seed": self.seed,
+            "cost_model": self.cost_model,
+            "packing": self.packing,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ReaderConfig:
@@ -121,7 +144,7 @@ class ReaderConfig:
                 "them under 'plan'. Resume with the bcl-stream release that wrote it, or drop "
                 "the data loader's state from the checkpoint to start the epoch over"
             )
-        unknown = set(data) - {"plan", "seed", "cost_model"}
+        unknown = set(data) - {"plan", "seed", "cost_model", "packing"}
         if unknown:
             raise ValueError(f"reader config has unknown keys {sorted(unknown)}")
         plan = data.get("plan")
@@ -139,6 +162,8 @@ class ReaderConfig:
         return replace(self, plan=plan)
 
 
+PACKINGS = ("bcl", "sequential")
+"""Planning strategies a reader follows, by name (``ReaderConfig.packing``)."""
 PLAN_FIELDS = frozenset(f.name for f in fields(PlanConfig))
 """The planner's field names (``ReaderConfig.build`` keywords, ``to_dict()["plan"]`` keys)."""
 
@@ -306,7 +331,7 @@ def _consumed(
     return consumed
 
 
-_READER_PLANS: OrderedDict[tuple[Any, ...], ReaderPlan] = OrderedDict()
+_READER_PLANS: OrderedDict[tuple[Any, ...], AnyPlan] = OrderedDict()
 
 
 def reader_plan(
@@ -314,12 +339,17 @@ def reader_plan(
     config: ReaderConfig,
     epoch: int,
     segments: tuple[Segment, ...] = (),
-) -> ReaderPlan:
-    """The lazy plan readers follow (cached per process: two epochs)."""
+) -> AnyPlan:
+    """The plan readers follow (cached per process: two epochs): the lazy BCL plan, or the
+    ``sequential`` baseline's whole-epoch plan (``config.packing``)."""
     key = (index.fingerprint(), config, epoch, segments)
     hit = _READER_PLANS.get(key)
     if hit is None:
-        hit = ReaderPlan(index, config, epoch, segments)
+        hit = (
+            _sequential(index, config, epoch, segments)
+            if config.packing == "sequential"
+            else ReaderPlan(index, config, epoch, segments)
+        )
         _READER_PLANS[key] = hit
         while len(_READER_PLANS) > 2:
             _READER_PLANS.popitem(last=False)
@@ -388,6 +418,17 @@ def sequential_plan(index: PlanData, config: ReaderConfig, epoch: int) -> EpochP
     return EpochPlan(plan, epoch)
 
 
+def _sequential(
+    index: PlanData, config: ReaderConfig, epoch: int, segments: tuple[Segment, ...]
+) -> EpochPlan:
+    if segments:
+        raise StateError(
+            "packing='sequential' cannot resume a state saved under another world size "
+            "(elastic resume is a BCL feature); resume with the original world size."
+        )
+    return sequential_plan(index, config, epoch)
+
+
 def stream_report(
     index: PlanData, config: ReaderConfig, plan: EpochPlan
 ) -> list[dict[str, Any]] | None:
@@ -437,6 +478,8 @@ def epoch_plan(
     if hit is not None:
         _CACHE.move_to_end(key)
         return hit
+    if config.packing == "sequential":
+        return _sequential(index, config, epoch, segments)
     consumed = _consumed(index, config, epoch, segments)
     result = EpochPlan(_plan_one(index, config, epoch, consumed), epoch, consumed)
     _CACHE[key] = result

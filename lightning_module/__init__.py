@@ -10,7 +10,6 @@ from lightning_module.callbacks import PackLogger, PackLogWriter, read_pack_log
 from lightning_module.datamodule import (
     BCLDataModule,
     PackCollate,
-    SequentialPlanner,
     TrainerPackLoader,
 )
 
@@ -19,7 +18,6 @@ __all__ = [
     "PackCollate",
     "PackLogWriter",
     "PackLogger",
-    "SequentialPlanner",
     "TrainerPackLoader",
     "clean_stale_shared_memory_once",
     "read_pack_log",

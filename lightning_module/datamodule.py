@@ -19,7 +19,8 @@ What it adds on top of the readers (``MDSPackDataset`` / ``WDSPackDataset`` + ``
   varlen (``input_ids``, ``cu_seqlens``, ``position_ids``, ``labels``) batches
   (``bcl_stream.collate``); the batch also carries ``sample_ids``, ``tokens`` and
   ``est_cost`` (the pack's estimated cost) for ``PackLogger``.
-- **A ``sequential`` baseline through the same reader path** (``packing="sequential"``): the
+- **A ``sequential`` baseline through the same reader path** (``packing="sequential"``, a
+  planning strategy of the core: ``ReaderConfig.packing``, ``bcl-stream plan --packing``): the
   next B records of the rank's share of the same epoch order, what a plain loader does. Only
   the plan differs, so a measured difference between the two is the planner's doing.
 """
@@ -43,17 +44,10 @@ from bcl_stream.formats.reader_base import Pack, PlanDataset
 from bcl_stream.loader import PackLoader
 from bcl_stream.mixture import MixtureIndex
 from bcl_stream.plan_checks import require_packs
-from bcl_stream.plan_source import (
-    PLAN_FIELDS,
-    EpochPlan,
-    ReaderConfig,
-    Segment,
-    sequential_plan,
-)
+from bcl_stream.plan_source import PACKINGS, PLAN_FIELDS, ReaderConfig
 from bcl_stream.planner import PlanConfig
 from bcl_stream.state import MIXTURE_CHANGES
 
-PACKINGS = ("bcl", "sequential")
 LAYOUTS = ("padded", "packed")
 KEY_READER = "reader"
 KEY_PACKING = "packing"
@@ -96,35 +90,8 @@ class TrainerPackLoader(PackLoader):
         return sum(s.packs_consumed for s in self._segments) + self.plan_len()
 
 
-class SequentialPlanner:
-    """The ``sequential`` baseline plan for a reader (installed as its ``plan``): the next B
-    records of the rank's share of the same epoch order. A module-level callable, so the
-    reader stays picklable for worker processes. With ``max_tokens`` set, records longer than
-    it are left out and reported as BCL does, but the per-pack token cap is not enforced (a
-    plain loader cannot): the baseline may build packs BCL would refuse."""
-
-    def __init__(self, dataset: PlanDataset) -> None:
-        self.dataset = dataset
-        self._cached: EpochPlan | None = None
-
-    def __call__(
-        self, epoch: int | None = None, segments: tuple[Segment, ...] | None = None
-    ) -> EpochPlan:
-        if segments:
-            raise StateError(
-                "packing='sequential' cannot resume a state saved under another world size "
-                "(elastic resume is a BCL feature); resume with the original world size."
-            )
-        ds = self.dataset
-        epoch = ds.epoch if epoch is None else epoch
-        if self._cached is None or self._cached.epoch != epoch:
-            self._cached = sequential_plan(ds.index, ds.config, epoch)
-        return self._cached
-
-
 def make_dataset(
     format: str,
-    packing: str,
     data: str | None,
     config: ReaderConfig,
     rank: int,
@@ -134,7 +101,7 @@ def make_dataset(
     epoch_size: int | None = None,
 ) -> PlanDataset:
     """The reader for ``format`` (or the mixture of ``streams``, each read in its own format);
-    with ``packing='sequential'`` its plan is the baseline's.
+    the planning strategy (``bcl`` or ``sequential``) is ``config.packing``.
 
     Readers are imported here: ``streaming`` takes seconds to import.
     """
@@ -155,8 +122,6 @@ def make_dataset(
         from bcl_stream.formats.wds_reader import WDSPackDataset
 
         dataset = WDSPackDataset(data, config, rank, cache_dir=cache_dir)
-    if packing == "sequential":
-        setattr(dataset, "plan", SequentialPlanner(dataset))  # noqa: B010
     return dataset
 
 
@@ -354,7 +319,6 @@ class BCLDataModule(pl.LightningDataModule):
         set_streaming_env(local)
         self.dataset = make_dataset(
             self.format,
-            self.packing,
             self.data,
             self.reader_config(world_size, local),
             rank,
@@ -375,6 +339,7 @@ class BCLDataModule(pl.LightningDataModule):
             shuffle=self.shuffle,
             max_tokens=self.max_tokens,
             cost_model=self.cost_model,
+            packing=self.packing,
             **self.plan,
         )
 

@@ -37,12 +37,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 from bcl_stream.calibrate import (  # noqa: E402
-    DEFAULT_MODEL,
     CalibrationConfig,
     calibrate,
     make_step,
     time_packs,
 )
+from bcl_stream.commands.calibrate import DEMO_MODEL  # noqa: E402
 from bcl_stream.cost import CostModel, get_preset  # noqa: E402
 from bcl_stream.planner import (  # noqa: E402
     PlanConfig,
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             pack_tokens=int(max(args.pack_size * 16, np.percentile(tokens, 99) * 2)),
             seed=args.seed,
         )
-        fit = calibrate(DEFAULT_MODEL, cfg, lengths=tokens)
+        fit = calibrate(DEMO_MODEL, cfg, lengths=tokens)
         calibrated = fit.fit.model
         calibration = {
             k: v for k, v in fit.report().items() if k not in ("packs", "cost_model", "settings")

@@ -11,7 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bcl_stream.calibrate import DEFAULT_MODEL, LAYOUTS, CalibrationConfig
+from bcl_stream.calibrate import LAYOUTS, CalibrationConfig
+
+DEMO_MODEL = "lightning_module.tinygpt:TinyGPT"
+"""The model ``--model`` defaults to: the demo's TinyGPT (the command line's choice; the
+library's ``calibrate()`` requires a model)."""
 
 
 def add_parser(sub: Any) -> None:
@@ -21,9 +25,9 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--model",
-        default=DEFAULT_MODEL,
+        default=DEMO_MODEL,
         help="'pkg.module:factory' returning a LightningModule, a module with loss(batch), "
-        f"or a callable batch -> loss (default {DEFAULT_MODEL})",
+        f"or a callable batch -> loss (default: the demo model {DEMO_MODEL})",
     )
     p.add_argument("--out", type=Path, default=Path("cost_model.json"), help="cost-model JSON")
     p.add_argument("--report", type=Path, default=None, help="JSON with every pack's timings")

@@ -12,7 +12,7 @@ from typing import Any
 
 from bcl_stream.commands.config_options import add_plan_config_options, plan_fields
 from bcl_stream.plan_checks import check_format_scope, require_packs
-from bcl_stream.plan_source import EpochPlan, PlanData, ReaderConfig
+from bcl_stream.plan_source import PACKINGS, EpochPlan, PlanData, ReaderConfig
 
 
 def add_plan_options(p: argparse.ArgumentParser) -> None:
@@ -27,6 +27,12 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
     )
     add_stream_options(p)
     add_plan_config_options(p)
+    p.add_argument(
+        "--packing",
+        choices=PACKINGS,
+        default="bcl",
+        help="bcl (balanced packs) or sequential (the plain-loader baseline, same epoch order)",
+    )
     p.add_argument("--seed", type=int, default=0, help="shuffle seed")
     p.add_argument("--epoch", type=int, default=0, help="epoch to plan (its order depends on it)")
     p.add_argument("--cost-model", default=None, help="recompute costs: preset or JSON file")
@@ -98,7 +104,9 @@ def check_formats(index: PlanData, location: str, scope: str) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> ReaderConfig:
-    return ReaderConfig.build(seed=args.seed, cost_model=args.cost_model, **plan_fields(args))
+    return ReaderConfig.build(
+        seed=args.seed, cost_model=args.cost_model, packing=args.packing, **plan_fields(args)
+    )
 
 
 def cache_dir(args: argparse.Namespace) -> str | None:

@@ -91,7 +91,7 @@ def worker(rank: int, mds_root: str, wds_root: str, port: int, out: str) -> None
 
 if __name__ == "__main__":
     mds_root, wds_root, port, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    from lightning_module.datamodule import clean_stale_shared_memory_once
+    from bcl_stream.io.streaming_compat import clean_stale_shared_memory_once
 
     # Once per job, before any process group exists, and skipped under BCL_STREAM_KEEP_SHM=1
     # (the test sets it): streaming's cleanup unlinks the shared memory of every streaming job
