@@ -17,7 +17,7 @@ What it adds on top of the readers (``MDSPackDataset`` / ``WDSPackDataset`` + ``
   harmless.
 - **Collate.** Packs become padded (``input_ids``, ``attention_mask``, ``labels``) or packed
   varlen (``input_ids``, ``cu_seqlens``, ``position_ids``, ``labels``) batches
-  (``bcl_stream.collate``); the batch also carries ``sample_ids``, ``tokens`` and
+  (``bcl_stream.loading.collate``); the batch also carries ``sample_ids``, ``tokens`` and
   ``est_cost`` (the pack's estimated cost) for ``PackLogger``.
 - **A ``sequential`` baseline through the same reader path** (``packing="sequential"``, a
   planning strategy of the core: ``ReaderConfig.packing``, ``bcl-stream plan --packing``): the
@@ -37,18 +37,18 @@ import numpy.typing as npt
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from bcl_stream.collate import LABELS, collate_packed, collate_padded
 from bcl_stream.cost import resolve
 from bcl_stream.errors import StateError
 from bcl_stream.formats.reader_base import Pack, PlanDataset
-from bcl_stream.loader import PackLoader
-from bcl_stream.mixture import MixtureIndex
-from bcl_stream.plan_checks import require_packs
-from bcl_stream.plan_source import PACKINGS, PLAN_FIELDS, ReaderConfig
+from bcl_stream.loading.collate import LABELS, collate_packed, collate_padded
+from bcl_stream.loading.loader import PackLoader
+from bcl_stream.plan.checks import require_packs
+from bcl_stream.plan.cursor import MIXTURE_CHANGES
+from bcl_stream.plan.epoch import PACKINGS, PLAN_FIELDS, ReaderConfig
+from bcl_stream.plan.streams import MixtureIndex
 from bcl_stream.planner import PlanConfig
-from bcl_stream.state import MIXTURE_CHANGES
+from bcl_stream.planner.padded import LAYOUTS
 
-LAYOUTS = ("padded", "packed")
 KEY_READER = "reader"
 KEY_PACKING = "packing"
 
@@ -257,7 +257,7 @@ class BCLDataModule(pl.LightningDataModule):
         if (data is None) == (streams is None):
             raise ValueError("give BCLDataModule either data (one dataset) or streams (a mixture)")
         if streams is not None:
-            from bcl_stream.mixture import StreamSpec
+            from bcl_stream.plan.streams import StreamSpec
 
             if not isinstance(streams, list | tuple) or not streams:
                 raise ValueError(f"streams must be a non-empty list, got {streams!r}")
@@ -298,7 +298,7 @@ class BCLDataModule(pl.LightningDataModule):
         self._announced = False
 
     # -- building -------------------------------------------------------------------------
-    def _layout_from_trainer(self) -> tuple[int, int, int]:
+    def _ranks_from_trainer(self) -> tuple[int, int, int]:
         trainer = getattr(self, "trainer", None)
         if trainer is not None:
             return trainer.global_rank, trainer.world_size, max(1, trainer.num_devices)
@@ -311,7 +311,7 @@ class BCLDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         """Build the dataset for this rank (Trainer: called by Lightning on every rank)."""
         if self.dataset is None:
-            self.setup_for(*self._layout_from_trainer())
+            self.setup_for(*self._ranks_from_trainer())
 
     def setup_for(self, rank: int, world_size: int, ranks_per_node: int) -> None:
         """Build the dataset for an explicit layout (Fabric scripts and tests call this)."""

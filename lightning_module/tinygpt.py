@@ -14,7 +14,7 @@ would make the head alone ~100x the rest of the model and CPU demo steps far too
 ids are hashed into the model's vocabulary as ``ids % vocab_size`` (inputs and labels alike).
 Distinct tokens collide; for a balancing demo that is irrelevant, for a real LM it is not.
 
-Two batch layouts (built by ``bcl_stream.collate``):
+Two batch layouts (built by ``bcl_stream.loading.collate``):
 
 - padded: ``input_ids`` (B, T), ``attention_mask`` (B, T) with 1 on real tokens (right
   padding), ``labels`` (B, T) with -100 on padding.

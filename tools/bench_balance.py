@@ -58,9 +58,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpora import PROFILES, sitepackages_lengths, stdlib_lengths
 from tqdm import tqdm
 
+from bcl_stream.analysis.sim import Schedule, SimConfig, metrics_from_costs, schedules, shard_table
+from bcl_stream.analysis.sim import score as sim_score
 from bcl_stream.cost import CostModel, get_preset
-from bcl_stream.sim import Schedule, SimConfig, metrics_from_costs, schedules, shard_table
-from bcl_stream.sim import score as sim_score
 
 RANKS, PACK, ACCUM, MAX_RECORD_TOKENS = 8, 8, 4, 8192
 COST_MODEL = "llama3-8b"

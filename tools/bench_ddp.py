@@ -87,9 +87,9 @@ def plans_for(
     lengths: npt.NDArray[np.int64], args: argparse.Namespace, epoch: int
 ) -> dict[str, npt.NDArray[np.int64]]:
     """(ranks, steps, B) sample ids per strategy, all on the same epoch order."""
+    from bcl_stream.analysis.sim import shard_table
     from bcl_stream.cost import resolve
     from bcl_stream.planner import PlanConfig, plan_epoch, sequential
-    from bcl_stream.sim import shard_table
 
     costs = resolve(args.cost_model).cost(lengths)
     table = shard_table(lengths, costs, lengths.size)  # one shard: the corpus file
@@ -115,7 +115,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from bcl_stream.collate import collate_packed
+    from bcl_stream.loading.collate import collate_packed
     from lightning_module.tinygpt import TinyGPT
 
     torch.set_num_threads(1)

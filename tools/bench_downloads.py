@@ -66,8 +66,8 @@ def rank_main(rank: int, world: int, per_node: int, remote: str, dist_port: int)
             "gloo", init_method=f"tcp://127.0.0.1:{dist_port}", rank=rank, world_size=world
         )
     from bcl_stream.formats.mds_reader import MDSPackDataset
-    from bcl_stream.loader import PackLoader
-    from bcl_stream.plan_source import ReaderConfig
+    from bcl_stream.loading.loader import PackLoader
+    from bcl_stream.plan.epoch import ReaderConfig
 
     def say(kind: str, **data: Any) -> None:
         print(MARK + json.dumps({"kind": kind, "rank": rank, **data}), flush=True)
@@ -213,7 +213,7 @@ def run_benchmark(
     from faulty_proxy import FaultyProxy
     from moto.server import ThreadedMotoServer
 
-    from bcl_stream.index import read_index
+    from bcl_stream.io.index import read_index
 
     isolated = namespaces_available() if isolate is None else isolate
     per_node = ranks_per_node or (2 if isolated else 1)

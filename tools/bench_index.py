@@ -43,7 +43,7 @@ GATHER = 1_000_000
 def write_synthetic(root: Path, n: int) -> None:
     """A valid cost index of ``n`` records with skewed lengths, never whole in memory."""
     from bcl_stream.cost import get_preset
-    from bcl_stream.index import COST_DTYPE, COSTS_NPY, FORMAT_VERSION, INDEX_JSON
+    from bcl_stream.io.index import COST_DTYPE, COSTS_NPY, FORMAT_VERSION, INDEX_JSON
 
     model = get_preset("llama3-8b")
     rng = np.random.default_rng(n)
@@ -88,7 +88,7 @@ def status() -> dict[str, int]:
 
 def child(root: str, mode: str) -> None:
     """Open the index in ``mode``, gather 1M random ids, print one JSON line."""
-    from bcl_stream.index import COSTS_NPY, read_index, read_index_json
+    from bcl_stream.io.index import COSTS_NPY, read_index, read_index_json
 
     ids = np.sort(np.random.default_rng(0).integers(0, read_index_json(root)["records"], GATHER))
     before = status()

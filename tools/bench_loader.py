@@ -101,8 +101,8 @@ def stock_mds(source: str, cache: Path | None, workers: int) -> int:
 def ours_mds(source: str, cache: Path | None, workers: int) -> int:
     """``MDSPackDataset`` + ``PackLoader``: the whole epoch of a one-rank world."""
     from bcl_stream.formats.mds_reader import MDSPackDataset
-    from bcl_stream.loader import PackLoader
-    from bcl_stream.plan_source import ReaderConfig
+    from bcl_stream.loading.loader import PackLoader
+    from bcl_stream.plan.epoch import ReaderConfig
 
     config = ReaderConfig.build(world_size=1, pack_size=B, window=16)
     dataset = MDSPackDataset(source, config, 0, cache_dir=cache)
@@ -116,7 +116,7 @@ def raw_getitem(source: str) -> int:
     """The floor under our MDS reader: ``StreamingDataset.get_item`` in a bare loop over the
     ids our reader yields (no plan lookups, no loader, no checks)."""
     from bcl_stream.formats.mds_reader import MDSPackDataset
-    from bcl_stream.plan_source import ReaderConfig
+    from bcl_stream.plan.epoch import ReaderConfig
 
     dataset = MDSPackDataset(source, ReaderConfig.build(world_size=1, pack_size=B, window=16), 0)
     count = 0
@@ -140,8 +140,8 @@ def plain_wds(root: Path, limit: int) -> int:
 
 def ours_wds(root: Path) -> int:
     from bcl_stream.formats.wds_reader import WDSPackDataset
-    from bcl_stream.loader import PackLoader
-    from bcl_stream.plan_source import ReaderConfig
+    from bcl_stream.loading.loader import PackLoader
+    from bcl_stream.plan.epoch import ReaderConfig
 
     dataset = WDSPackDataset(root, ReaderConfig.build(world_size=4, pack_size=B, window=16), 0)
     return sum(sum(s["input_ids"].size > 0 for s in pack) for pack in PackLoader(dataset))
@@ -280,8 +280,8 @@ def rss_child(root: str, packs: int) -> None:
     import streaming  # noqa: F401  (imported up front: ~200 MB that is not the reader's)
 
     from bcl_stream.formats.mds_reader import MDSPackDataset
-    from bcl_stream.loader import PackLoader
-    from bcl_stream.plan_source import ReaderConfig
+    from bcl_stream.loading.loader import PackLoader
+    from bcl_stream.plan.epoch import ReaderConfig
 
     proc = psutil.Process()
     gc.collect()

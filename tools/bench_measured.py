@@ -5,7 +5,7 @@ chat corpus, cl100k token counts; token *values* are random ids, compute does no
 them) are planned by ``sequential``, the real peers ``nemo_mffd`` (NeMo-RL's packing) and
 ``verl_kk`` (verl's ``balance_batch``), ``bcl-rank`` and ``bcl-world`` with the planner itself
 (``bcl_stream.planner``), BCL once with the ``tokens`` cost model and once with
-a model calibrated on this machine (``bcl_stream.calibrate``). Then TinyGPT's forward+backward
+a model calibrated on this machine (``bcl_stream.analysis.calibrate``). Then TinyGPT's forward+backward
 runs on every pack, one after another in this process, and the step time is the max over
 ranks of the measured pack times, exactly as a synchronous DDP step would wait.
 
@@ -36,12 +36,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from bcl_stream.calibrate import (  # noqa: E402
+from bcl_stream.analysis.calibrate import (  # noqa: E402
     CalibrationConfig,
     calibrate,
     make_step,
     time_packs,
 )
+from bcl_stream.analysis.sim import default_capacity  # noqa: E402
 from bcl_stream.commands.calibrate import DEMO_MODEL  # noqa: E402
 from bcl_stream.cost import CostModel, get_preset  # noqa: E402
 from bcl_stream.planner import (  # noqa: E402
@@ -53,7 +54,6 @@ from bcl_stream.planner import (  # noqa: E402
     shard_weights,
 )
 from bcl_stream.planner.peers import REAL_PEERS, plan_pooled  # noqa: E402
-from bcl_stream.sim import default_capacity  # noqa: E402
 
 Packs = list[list[npt.NDArray[np.int64]]]  # [rank][step] -> sample ids
 
@@ -129,7 +129,7 @@ def measure(
     """Median CPU and wall seconds of every distinct pack (strategies interleaved)."""
     import torch
 
-    from bcl_stream.collate import collate_packed
+    from bcl_stream.loading.collate import collate_packed
     from lightning_module.tinygpt import TinyGPT
 
     unique = sorted({tuple(sorted(p.tolist())) for ps in plans.values() for r in ps for p in r})

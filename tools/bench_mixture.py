@@ -38,10 +38,10 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 from corpora import PROFILES  # noqa: E402
 
+from bcl_stream.analysis.sim import SimConfig, plan_schedules, score  # noqa: E402
 from bcl_stream.cost import CostModel, get_preset  # noqa: E402
 from bcl_stream.planner import ShardTable, shard_weights  # noqa: E402
 from bcl_stream.planner.mixture import MixtureLayout, choose_counts  # noqa: E402
-from bcl_stream.sim import SimConfig, plan_schedules, score  # noqa: E402
 
 MIXES = {  # name -> sources: (name, length profile, proportion, cost factor per record)
     # An image-text source: short captions/questions, each record carrying image tokens that

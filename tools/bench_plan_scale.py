@@ -71,7 +71,7 @@ def write_costs(n: int, path: Path) -> None:
 
 def measure(path: Path, scope: str) -> dict[str, Any]:
     """One process: map, set up, plan this process's windows; timings and private RSS."""
-    from bcl_stream.planner import PlanConfig, ShardTable, epoch_streams, plan_windows
+    from bcl_stream.planner import PlanConfig, ShardTable, build_node_streams, plan_windows
     from bcl_stream.planner.order import shard_weights
 
     base_rss = private_rss()
@@ -83,7 +83,7 @@ def measure(path: Path, scope: str) -> dict[str, Any]:
     config = PlanConfig(
         world_size=RANKS, ranks_per_node=PER_NODE, pack_size=PACK, window=WINDOW, scope=scope
     )
-    streams = epoch_streams(costs, table, config, seed=0, epoch=0)
+    streams = build_node_streams(costs, table, config, seed=0, epoch=0)
     setup_s = time.perf_counter() - t0
     rows = list(range(streams.n_rows)) if scope == "world" else [0]
     t1 = time.perf_counter()

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 from bcl_stream.cost import resolve  # noqa: E402
-from bcl_stream.index import CostIndex, ShardEntry, read_index, write_index  # noqa: E402
+from bcl_stream.io.index import CostIndex, ShardEntry, read_index, write_index  # noqa: E402
 
 
 def corpus(path: Path, limit: int | None, copies: int) -> int:

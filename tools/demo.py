@@ -36,9 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
+from bcl_stream.analysis.plots import plot_step_costs  # noqa: E402
+from bcl_stream.analysis.sim import metrics_from_costs  # noqa: E402
 from bcl_stream.cost import ModelShape, from_shape  # noqa: E402
-from bcl_stream.plots import plot_step_costs  # noqa: E402
-from bcl_stream.sim import metrics_from_costs  # noqa: E402
 
 OUT = ROOT / "results" / "demo"
 WORK = OUT / "work"
@@ -179,8 +179,8 @@ def replay(
     token values do not change compute. Output: per strategy, C[r, t] in seconds."""
     import torch
 
-    from bcl_stream.collate import collate_packed
-    from bcl_stream.index import read_index
+    from bcl_stream.io.index import read_index
+    from bcl_stream.loading.collate import collate_packed
     from lightning_module.tinygpt import TinyGPT, TinyGPTConfig
 
     torch.set_num_threads(1)

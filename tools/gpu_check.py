@@ -12,14 +12,14 @@ so a run stopped by the budget, a signal or an error still leaves what it measur
    boto3 or lightning (the device image has none of the first three).
 2. Builds a Llama-3.2-1B-shaped model (``tools/gpu_llama.py``; random weights, bf16), probes
    the packed layout's attention (varlen flash attention, else one SDPA per record).
-3. Calibrates per layout: designed packs (``bcl_stream.calibrate.design_packs``, lengths drawn
+3. Calibrates per layout: designed packs (``bcl_stream.analysis.calibrate.design_packs``, lengths drawn
    from the corpus) timed forward+backward; c(L) = a L + b L^2 + k fitted by
    ``bcl_stream.cost.fit_cost_model`` with a held-out R^2. A padded pack is fitted as B
    records of its longest length, so its model predicts B x c(max L). A pack of B records of
    16 tokens gives the fixed per-micro-batch cost directly.
 4. Plans R simulated ranks (default 8) with every strategy the simulator has among
    ``sequential``, ``nemo_mffd`` (else ``pooled_mffd``), ``verl_kk``, ``verl_dynbsz``,
-   ``bcl-rank``, ``bcl-world`` (``bcl_stream.sim.schedules``, BCL planning with the model just
+   ``bcl-rank``, ``bcl-world`` (``bcl_stream.analysis.sim.schedules``, BCL planning with the model just
    calibrated for that layout) on the same records of the real stdlib corpus
    (``tools/data/stdlib_cl100k_lengths.npy``). The number of steps is the largest that the
    calibrated model predicts will fit in the budget.
@@ -78,7 +78,7 @@ IMPORTS_LOADED = [m for m in HEAVY_MODULES if m in sys.modules]
 
 import numpy as np  # noqa: E402
 
-from bcl_stream import sim  # noqa: E402
+from bcl_stream.analysis import sim  # noqa: E402
 from bcl_stream.cost import CostModel, ModelShape, from_shape  # noqa: E402
 from bcl_stream.planner.padded import LAYOUTS  # noqa: E402
 
@@ -112,7 +112,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def strategies_to_run(requested: str | None) -> tuple[list[str], list[str]]:
-    """(names to run, names asked for but not in ``bcl_stream.sim.STRATEGIES``)."""
+    """(names to run, names asked for but not in ``bcl_stream.analysis.sim.STRATEGIES``)."""
     available = set(sim.STRATEGIES)
     if requested:
         names = [s for s in requested.split(",") if s]

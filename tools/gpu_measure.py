@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from bcl_stream import sim
-from bcl_stream.calibrate import CalibrationConfig, design_packs, scaled_r2
+from bcl_stream.analysis import sim
+from bcl_stream.analysis.calibrate import CalibrationConfig, design_packs, scaled_r2
 from bcl_stream.cost import CostModel, fit_cost_model
 from bcl_stream.planner.padded import LAYOUTS, padding_waste
 

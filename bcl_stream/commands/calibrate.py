@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bcl_stream.calibrate import LAYOUTS, CalibrationConfig
+from bcl_stream.analysis.calibrate import CalibrationConfig
+from bcl_stream.planner.padded import LAYOUTS
 
 DEMO_MODEL = "lightning_module.tinygpt:TinyGPT"
 """The model ``--model`` defaults to: the demo's TinyGPT (the command line's choice; the
@@ -55,7 +56,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bcl_stream.calibrate import calibrate
+    from bcl_stream.analysis.calibrate import calibrate
     from bcl_stream.commands.simulate import load_lengths
 
     config = CalibrationConfig(

@@ -63,9 +63,9 @@ def _text(report: dict[str, Any]) -> list[str]:
 
 def run_streams(args: argparse.Namespace) -> int:
     """Every stream's report, plus its place in the mixture (weight, records per epoch)."""
-    from bcl_stream.mixture import StreamSpec
+    from bcl_stream.analysis.inspection import inspect_dataset
+    from bcl_stream.plan.streams import StreamSpec
     from bcl_stream.planner.mixture import choose_counts
-    from bcl_stream.preprocess.inspection import inspect_dataset
 
     if args.plot is not None:
         raise ValueError("--plot takes one dataset; inspect the streams one at a time to plot")
@@ -97,7 +97,7 @@ def run_streams(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bcl_stream.preprocess.inspection import inspect_dataset
+    from bcl_stream.analysis.inspection import inspect_dataset
 
     if (args.directory is None) == (args.stream is None):
         raise ValueError("give a dataset DIR or --stream (repeated) for a mixture, not both")

@@ -1,6 +1,6 @@
 """``bcl-stream plan``: every rank's packs of one epoch, computed from the cost index alone.
 
-This is exactly the plan the readers follow (``bcl_stream.plan_source.epoch_plan``), so it
+This is exactly the plan the readers follow (``bcl_stream.plan.epoch.full_plan``), so it
 can be diffed against ``bcl-stream read`` and inspected without touching any shard.
 """
 
@@ -11,8 +11,8 @@ import json
 from typing import Any
 
 from bcl_stream.commands.config_options import add_plan_config_options, plan_fields
-from bcl_stream.plan_checks import check_format_scope, require_packs
-from bcl_stream.plan_source import PACKINGS, EpochPlan, PlanData, ReaderConfig
+from bcl_stream.plan.checks import check_format_scope, require_packs
+from bcl_stream.plan.epoch import PACKINGS, EpochPlan, PlanData, ReaderConfig
 
 
 def add_plan_options(p: argparse.ArgumentParser) -> None:
@@ -60,7 +60,7 @@ def add_stream_options(p: argparse.ArgumentParser) -> None:
 def open_plan_data(args: argparse.Namespace) -> tuple[PlanData, str]:
     """The cost index (one dataset) or the mixture the options name, and a label for messages.
     Remote streams cache under ``<cache-dir>/stream-<i>``."""
-    from bcl_stream.remote import open_cost_index
+    from bcl_stream.io.remote import open_cost_index
 
     if (args.location is None) == (args.stream is None):
         raise ValueError("give a dataset DIR or --stream (repeated) for a mixture, not both")
@@ -69,7 +69,7 @@ def open_plan_data(args: argparse.Namespace) -> tuple[PlanData, str]:
             raise ValueError("--epoch-size applies to a mixture (--stream) only")
         index, _ = open_cost_index(args.location, cache_dir(args))
         return index, args.location
-    from bcl_stream.mixture import MixtureIndex, StreamSpec
+    from bcl_stream.plan.streams import MixtureIndex, StreamSpec
 
     specs = [StreamSpec.parse(text) for text in args.stream]
     root = stream_cache_root(args, specs)
@@ -83,7 +83,7 @@ def open_plan_data(args: argparse.Namespace) -> tuple[PlanData, str]:
 
 def stream_cache_root(args: argparse.Namespace, specs: list[Any]) -> str | None:
     """The cache root for a mixture's remote streams (a temporary one if none was given)."""
-    from bcl_stream.remote import is_remote
+    from bcl_stream.io.remote import is_remote
 
     if args.cache_dir is None and any(is_remote(s.path) for s in specs):
         import tempfile
@@ -94,7 +94,7 @@ def stream_cache_root(args: argparse.Namespace, specs: list[Any]) -> str | None:
 
 def check_formats(index: PlanData, location: str, scope: str) -> None:
     """Refuse a scope some stream's reader cannot serve (WebDataset: rank only)."""
-    from bcl_stream.mixture import MixtureIndex
+    from bcl_stream.plan.streams import MixtureIndex
 
     if isinstance(index, MixtureIndex):
         for spec, ix in zip(index.specs, index.indexes, strict=True):
@@ -111,7 +111,7 @@ def config_from_args(args: argparse.Namespace) -> ReaderConfig:
 
 def cache_dir(args: argparse.Namespace) -> str | None:
     """The remote cache directory (a temporary one if none was given)."""
-    from bcl_stream.remote import is_remote
+    from bcl_stream.io.remote import is_remote
 
     if args.cache_dir is None and args.location is not None and is_remote(args.location):
         import tempfile
@@ -139,7 +139,7 @@ def add_parser(sub: Any) -> None:
 def pack_json(index: PlanData, packs: Any) -> Any:
     """Packs as JSON lists: sample ids, or for a mixture [stream, sample id] pairs (what
     ``read`` prints too, so the two can be diffed)."""
-    from bcl_stream.mixture import MixtureIndex
+    from bcl_stream.plan.streams import MixtureIndex
 
     if not isinstance(index, MixtureIndex):
         return packs.tolist()
@@ -151,12 +151,12 @@ def pack_json(index: PlanData, packs: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bcl_stream.plan_source import epoch_plan, stream_report
+    from bcl_stream.plan.epoch import full_plan, stream_report
 
     config = config_from_args(args)
     index, location = open_plan_data(args)
     check_formats(index, location, config.plan.scope)
-    plan = epoch_plan(index, config, args.epoch)
+    plan = full_plan(index, config, args.epoch)
     require_packs(location, plan, config, len(index))
     streams = stream_report(index, config, plan)
     if args.json:

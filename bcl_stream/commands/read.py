@@ -20,7 +20,7 @@ from bcl_stream.commands.plan import (
     open_plan_data,
     stream_cache_root,
 )
-from bcl_stream.plan_checks import check_format_scope, require_packs
+from bcl_stream.plan.checks import check_format_scope, require_packs
 
 
 def add_parser(sub: Any) -> None:
@@ -40,7 +40,7 @@ def add_parser(sub: Any) -> None:
 
 def open_dataset(location: str, config: Any, rank: int, cache: str | None) -> Any:
     """The reader for the dataset's format (from its cost index)."""
-    from bcl_stream.remote import open_cost_index
+    from bcl_stream.io.remote import open_cost_index
 
     index, _ = open_cost_index(location, cache)
     check_format_scope(location, index.format, config.plan.scope)
@@ -54,7 +54,7 @@ def open_dataset(location: str, config: Any, rank: int, cache: str | None) -> An
 
 
 def run(args: argparse.Namespace) -> int:
-    from bcl_stream.loader import PackLoader
+    from bcl_stream.loading.loader import PackLoader
 
     for name in ("packs", "start_after", "num_workers"):
         value = getattr(args, name)
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if args.stream is not None:
         from bcl_stream.formats.mixture_reader import MixturePackDataset
-        from bcl_stream.mixture import StreamSpec
+        from bcl_stream.plan.streams import StreamSpec
 
         if args.location is not None:
             raise ValueError("give a dataset DIR or --stream (repeated) for a mixture, not both")

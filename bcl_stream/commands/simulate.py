@@ -20,12 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from bcl_stream.commands.config_options import add_plan_config_options, plan_fields
-from bcl_stream.cost import CostModel, resolve
-from bcl_stream.planner.bcl import validate_costs
-from bcl_stream.planner.mixture import EpochSample
-from bcl_stream.planner.order import ShardTable
-from bcl_stream.sim import (
+from bcl_stream.analysis.sim import (
     STRATEGIES,
     Metrics,
     SimConfig,
@@ -34,6 +29,11 @@ from bcl_stream.sim import (
     shard_table,
     speedups,
 )
+from bcl_stream.commands.config_options import add_plan_config_options, plan_fields
+from bcl_stream.cost import CostModel, resolve
+from bcl_stream.planner.bcl import validate_costs
+from bcl_stream.planner.mixture import EpochSample
+from bcl_stream.planner.order import ShardTable
 
 DEFAULT_COST_MODEL = "llama3-8b"
 SIM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SimConfig)}
@@ -120,7 +120,7 @@ def load_lengths(path: str) -> np.ndarray:
 
 def dataset_lengths(location: str, cache: str | None) -> tuple[np.ndarray, CostModel]:
     """Token counts and cost model of a costed dataset (its cost index only: no shard read)."""
-    from bcl_stream.remote import is_remote, open_cost_index
+    from bcl_stream.io.remote import is_remote, open_cost_index
 
     if cache is None and is_remote(location):
         import tempfile
@@ -165,8 +165,8 @@ def sim_input(args: argparse.Namespace, config: SimConfig) -> SimInput:
     """The records the options name: ``--dataset``, ``--lengths`` or ``--stream``s."""
     if args.stream is not None:
         from bcl_stream.commands.plan import stream_cache_root
-        from bcl_stream.mixture import MixtureIndex, StreamSpec
-        from bcl_stream.remote import open_cost_index
+        from bcl_stream.io.remote import open_cost_index
+        from bcl_stream.plan.streams import MixtureIndex, StreamSpec
 
         specs = [StreamSpec.parse(text) for text in args.stream]
         root = stream_cache_root(args, specs)
@@ -218,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
     results = layouts[config.layout][1]
     versus = speedups(planned, config)  # per unit of cost, over nemo_mffd / verl_kk if present
     if args.plot is not None:
-        from bcl_stream.plots import plot_step_costs
+        from bcl_stream.analysis.plots import plot_step_costs
 
         plot_step_costs({name: s.pack_costs for name, s in planned.items()}, args.plot)
     if args.json:

@@ -28,13 +28,13 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.errors import CostIndexError, DatasetError
-from bcl_stream.formats.layout import read_mds_index
+from bcl_stream.formats.dataset_files import read_mds_index
 from bcl_stream.formats.reader_base import Pack, PlanDataset
-from bcl_stream.index import CostIndex
-from bcl_stream.integrity import ShardVerifier
+from bcl_stream.io.index import CostIndex
+from bcl_stream.io.integrity import ShardVerifier
+from bcl_stream.io.remote import is_remote, open_cost_index
 from bcl_stream.io.streaming_compat import guard_downloads
-from bcl_stream.plan_source import ReaderConfig
-from bcl_stream.remote import is_remote, open_cost_index
+from bcl_stream.plan.epoch import ReaderConfig
 
 
 class _Prefetcher:

@@ -27,7 +27,7 @@ from streaming import MDSWriter
 
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.layout import (
+from bcl_stream.formats.dataset_files import (
     MDS_INDEX,
     MDS_INDEX_VERSION,
     as_token_array,
@@ -35,9 +35,9 @@ from bcl_stream.formats.layout import (
     write_mds_index,
 )
 from bcl_stream.formats.writer_base import FinishOnExit, seal_cost_index
-from bcl_stream.index import CostIndex
 from bcl_stream.io import streaming_compat
-from bcl_stream.remote import upload
+from bcl_stream.io.index import CostIndex
+from bcl_stream.io.remote import upload
 
 DEFAULT_COLUMNS = {"input_ids": "ndarray:uint32"}
 
@@ -76,7 +76,7 @@ class CostedMDSWriter(FinishOnExit, MDSWriter):
                 "add it to columns or pass tokens_field=None and write(sample, tokens=n)"
             )
         # A content hash per shard: the only way a reader can see a flipped payload byte
-        # (bcl_stream.integrity checks it before the first read; xxh64: ~3 ms per 64 MB here).
+        # (bcl_stream.io.integrity checks it before the first read; xxh64: ~3 ms per 64 MB here).
         kwargs.setdefault("hashes", ["xxh64"])
         super().__init__(
             columns=cols,

@@ -1,6 +1,6 @@
 """A mixture reader: one rank's packs of a mixture plan, each record read by its stream's reader.
 
-The plan is made over the mixture ids (``bcl_stream.mixture.MixtureIndex``); each stream keeps
+The plan is made over the mixture ids (``bcl_stream.plan.streams.MixtureIndex``); each stream keeps
 its own reader (MDS through a stock ``StreamingDataset``, WebDataset through our tar reader)
 with its own cache directory, integrity checks and prefetch. For a batch of packs this reader
 asks each stream's reader for that stream's records in first-needed order (each record once,
@@ -21,16 +21,16 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.formats.reader_base import Pack, PlanDataset
-from bcl_stream.index import CostIndex
-from bcl_stream.mixture import MixtureIndex, StreamSpec
-from bcl_stream.plan_source import ReaderConfig
+from bcl_stream.io.index import CostIndex
+from bcl_stream.plan.epoch import ReaderConfig
+from bcl_stream.plan.streams import MixtureIndex, StreamSpec
 
 
 def stream_reader(
     spec: StreamSpec, config: ReaderConfig, rank: int | None, cache_dir: str | None
 ) -> PlanDataset:
     """The reader of one stream's format (from its cost index)."""
-    from bcl_stream.remote import open_cost_index
+    from bcl_stream.io.remote import open_cost_index
 
     index, _ = open_cost_index(spec.path, cache_dir)
     if index.format == "wds":

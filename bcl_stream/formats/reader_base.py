@@ -1,7 +1,7 @@
 """What the MDS and WebDataset readers share: a torch IterableDataset that yields one rank's
 packs of the epoch plan, from a cursor, split over DataLoader workers.
 
-Cursor passing: the cursor's owner is ``PackLoader`` (``bcl_stream/loader.py``); it writes
+Cursor passing: the cursor's owner is ``PackLoader`` (``bcl_stream/loading/loader.py``); it writes
 (epoch, first pack, segments) here with :meth:`PlanDataset.set_cursor` right before each
 ``iter()``, and (epoch, first pack) go into a ``share_memory_()`` tensor. Persistent workers keep their dataset copy forever, so plain attributes
 set later in the main process never reach them; the shared tensor does.
@@ -26,7 +26,7 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from bcl_stream.plan_source import AnyPlan, PlanData, ReaderConfig, Segment, reader_plan
+from bcl_stream.plan.epoch import AnyPlan, PlanData, ReaderConfig, Segment, reader_plan
 
 Sample = dict[str, Any]
 Pack = list[Sample]
@@ -129,7 +129,7 @@ class PlanDataset(IterableDataset[Pack]):
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         """Packs from the cursor on; with ``chunk`` > 1, lists of up to ``chunk`` consecutive
-        packs (one DataLoader item each: see :class:`~bcl_stream.loader.PackLoader`)."""
+        packs (one DataLoader item each: see :class:`~bcl_stream.loading.loader.PackLoader`)."""
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         start, chunk = self.start, self.chunk

@@ -38,10 +38,10 @@ from bcl_stream.errors import DatasetError
 from bcl_stream.formats.npy import load_npy
 from bcl_stream.formats.reader_base import Pack, PlanDataset, Sample
 from bcl_stream.formats.tar_scan import TarFormatError, tar_members
-from bcl_stream.hashing import record_digest
-from bcl_stream.index import CostIndex
-from bcl_stream.plan_source import ReaderConfig, Segment, epoch_plan
-from bcl_stream.remote import download, is_remote, join, open_cost_index
+from bcl_stream.io.hashing import record_digest
+from bcl_stream.io.index import CostIndex
+from bcl_stream.io.remote import download, is_remote, join, open_cost_index
+from bcl_stream.plan.epoch import ReaderConfig, Segment, full_plan
 
 Raw = dict[str, bytes]
 
@@ -192,7 +192,7 @@ def bcl_packs(
     segments: tuple[Segment, ...] = (),
 ) -> Iterator[Pack]:
     """Pipeline stage: rank ``rank``'s balanced packs of ``epoch`` (packs start, start+step, ...)."""
-    packs = epoch_plan(index, config, epoch, segments).rank_packs(rank)
+    packs = full_plan(index, config, epoch, segments).rank_packs(rank)
     return follow_plan(src, packs[start::step])
 
 

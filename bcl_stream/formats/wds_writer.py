@@ -28,13 +28,13 @@ from typing import Any
 import webdataset as wds
 
 from bcl_stream.cost import CostModel, resolve
-from bcl_stream.formats.layout import as_token_array
+from bcl_stream.formats.dataset_files import as_token_array
 from bcl_stream.formats.npy import npy_bytes
 from bcl_stream.formats.writer_base import FinishOnExit, seal_cost_index
-from bcl_stream.hashing import record_digest
-from bcl_stream.index import CostIndex, ShardEntry
 from bcl_stream.io import streaming_compat
-from bcl_stream.remote import is_remote, upload
+from bcl_stream.io.hashing import record_digest
+from bcl_stream.io.index import CostIndex, ShardEntry
+from bcl_stream.io.remote import is_remote, upload
 
 SHARD_PATTERN = "shard-%06d.tar"
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from bcl_stream.cost import CostModel
-from bcl_stream.index import (
+from bcl_stream.io.index import (
     COSTS_NPY,
     HASHES_NPY,
     INDEX_JSON,
@@ -25,7 +25,7 @@ from bcl_stream.index import (
     ShardEntry,
     write_index,
 )
-from bcl_stream.remote import upload
+from bcl_stream.io.remote import upload
 
 
 def seal_cost_index(

@@ -1,5 +1,4 @@
-"""Where bcl-stream meets the libraries it builds on.
-
-:mod:`bcl_stream.io.streaming_compat` is the one module that touches Mosaic Streaming's and
-webdataset's private or unstable internals; everything else calls its small typed hooks.
+"""Storage: the cost index (sidecar) and its hashes, local and ``s3://`` access with bounded
+retries, shard verification, and the one module that touches streaming's and webdataset's
+private parts (``streaming_compat``).
 """

@@ -10,7 +10,7 @@ from bcl_stream.planner.baselines import (
     sequential,
     sequential_config,
 )
-from bcl_stream.planner.bcl import epoch_streams, plan_epoch
+from bcl_stream.planner.bcl import build_node_streams, plan_epoch
 from bcl_stream.planner.config import SCOPES, Plan, PlanConfig
 from bcl_stream.planner.order import KeepFilter, ShardTable, shard_weights
 from bcl_stream.planner.windows import WindowBatch, plan_windows
@@ -22,7 +22,7 @@ __all__ = [
     "PlanConfig",
     "ShardTable",
     "WindowBatch",
-    "epoch_streams",
+    "build_node_streams",
     "global_order",
     "plan_epoch",
     "plan_windows",

@@ -25,8 +25,8 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG, Plan, PlanConfig
+from bcl_stream.planner.node_streams import NodeStreams
 from bcl_stream.planner.order import Ids, KeepFilter, Sample, ShardTable
-from bcl_stream.planner.streams import EpochStreams
 from bcl_stream.planner.windows import plan_windows
 
 WINDOW_BATCH = 64
@@ -46,7 +46,7 @@ def validate_costs(costs: npt.NDArray[np.floating], name: str = "costs") -> npt.
     return arr
 
 
-def epoch_streams(
+def build_node_streams(
     costs: npt.NDArray[np.floating],
     table: ShardTable,
     config: PlanConfig,
@@ -56,7 +56,7 @@ def epoch_streams(
     tokens: npt.NDArray[np.integer] | None = None,
     excluded: Ids | None = None,
     sample: Sample | None = None,
-) -> EpochStreams:
+) -> NodeStreams:
     """The epoch's streams; the memory cap and exclusions recompute the table's usable counts
     and mean costs (one pass over the records, only when either is set); a mixture's
     ``sample`` gives its counts without a pass."""
@@ -67,7 +67,7 @@ def epoch_streams(
             f"costs hold {costs.shape[0]} records but the shards hold {table.n_records}"
         )
     keep = KeepFilter(tokens, config.max_tokens, excluded, sample)
-    return EpochStreams(keep.kept_table(table, costs), config, seed, epoch, keep, costs)
+    return NodeStreams(keep.kept_table(table, costs), config, seed, epoch, keep, costs)
 
 
 def plan_epoch(
@@ -87,7 +87,7 @@ def plan_epoch(
     ``sample``. Output: ``Plan.packs`` of shape (world_size, n_packs, pack_size) and the
     remainder by reason.
     """
-    streams = epoch_streams(
+    streams = build_node_streams(
         costs,
         table,
         config,

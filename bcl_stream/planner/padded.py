@@ -40,6 +40,8 @@ import numpy.typing as npt
 from bcl_stream.planner.checks import window_shape
 
 LAYOUTS = ("packed", "padded")
+"""Batch layouts, the one definition (planner, collate, calibration, DataModule): ``packed``
+(varlen, compute ~ the records' sum) or ``padded`` (B x the longest record)."""
 
 Packs = npt.NDArray[np.int64] | Sequence[Sequence[npt.NDArray[np.int64]]]
 """``packs[r][t]``: sample ids of rank r's t-th pack: a (ranks, packs, B) array, or lists of

@@ -23,10 +23,10 @@ from bcl_stream.errors import PlanError
 from bcl_stream.planner import checks
 from bcl_stream.planner.carry import hold_back
 from bcl_stream.planner.config import PlanConfig
+from bcl_stream.planner.node_streams import NodeStreams
 from bcl_stream.planner.order import Ids
 from bcl_stream.planner.partition import UNREFINED, partition
 from bcl_stream.planner.step_fill import fill_steps, fill_steps_joint
-from bcl_stream.planner.streams import EpochStreams
 
 Costs = npt.NDArray[np.floating]
 
@@ -211,7 +211,7 @@ def rank_order(
 
 
 def plan_windows(
-    streams: EpochStreams,
+    streams: NodeStreams,
     costs: Costs,
     tokens: npt.NDArray[np.integer] | None,
     rows: npt.ArrayLike,
@@ -244,7 +244,7 @@ def plan_windows(
 
 
 def _walk(
-    streams: EpochStreams,
+    streams: NodeStreams,
     costs: Costs,
     tokens: npt.NDArray[np.integer] | None,
     row_ids: Ids,
@@ -289,7 +289,7 @@ def _walk(
 
 
 def _check_call(
-    streams: EpochStreams,
+    streams: NodeStreams,
     costs: Costs,
     tokens: npt.NDArray[np.integer] | None,
     rows: npt.ArrayLike,
@@ -314,7 +314,7 @@ def _check_call(
 
 
 def _check_carry(
-    streams: EpochStreams, runs: tuple[Run, ...], row_ids: Ids, start: int, carry: object
+    streams: NodeStreams, runs: tuple[Run, ...], row_ids: Ids, start: int, carry: object
 ) -> Ids:
     """``carry`` as (rows, held) ids if it is what window ``start - 1`` held back, else a
     ValueError naming it.
@@ -357,7 +357,7 @@ def _check_carry(
     return ids
 
 
-def _target_mean(streams: EpochStreams) -> float:
+def _target_mean(streams: NodeStreams) -> float:
     """Mean record cost of the epoch: from the shard table's weights (no pass over records)."""
     table = streams.table
     usable = table.usable.sum()

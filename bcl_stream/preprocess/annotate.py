@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.layout import (
+from bcl_stream.formats.dataset_files import (
     MDS_INDEX,
     detect_format,
     mds_shard_entries,
@@ -40,10 +40,10 @@ from bcl_stream.formats.layout import (
 from bcl_stream.formats.mds_lengths import shard_counts
 from bcl_stream.formats.npy import load_npy
 from bcl_stream.formats.tar_scan import TAR_ERRORS, tar_records
-from bcl_stream.hashing import record_digest
-from bcl_stream.index import INDEX_JSON, CostIndex, ShardEntry, write_index
+from bcl_stream.io.hashing import record_digest
+from bcl_stream.io.index import INDEX_JSON, CostIndex, ShardEntry, write_index
+from bcl_stream.io.remote import is_remote
 from bcl_stream.preprocess.lock import holding_output_lock
-from bcl_stream.remote import is_remote
 
 
 def _count(value: Any, where: str, as_length: bool) -> int:

@@ -2,7 +2,7 @@
 
 Both commands need every shard (``annotate`` reads the token ids, ``inspect`` counts tar members),
 so a remote dataset is downloaded whole into a temporary directory with streaming's downloaders
-(``bcl_stream.remote.download``). ``annotate`` then uploads ``bcl_costs.npy``,
+(``bcl_stream.io.remote.download``). ``annotate`` then uploads ``bcl_costs.npy``,
 ``bcl_index.json`` and, for MDS, ``index.json`` with the pointer key, in that order.
 """
 
@@ -15,10 +15,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.layout import MDS_INDEX, WDS_SUFFIXES, read_mds_index
-from bcl_stream.index import COSTS_NPY, HASHES_NPY, INDEX_JSON
+from bcl_stream.formats.dataset_files import MDS_INDEX, WDS_SUFFIXES, read_mds_index
+from bcl_stream.io.index import COSTS_NPY, HASHES_NPY, INDEX_JSON
+from bcl_stream.io.remote import download, join, upload
 from bcl_stream.preprocess.output import remote_listing
-from bcl_stream.remote import download, join, upload
 
 
 def fetch_dataset(location: str, local: str | os.PathLike[str], *, progress: bool = True) -> Path:

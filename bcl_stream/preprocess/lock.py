@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from bcl_stream.errors import DatasetError
-from bcl_stream.remote import is_remote
+from bcl_stream.io.remote import is_remote
 
 LOCK_SUFFIX = ".bcl-write.lock"
 P = ParamSpec("P")

@@ -19,8 +19,8 @@ import pytest
 import yaml
 from lightning_scripts.harness import make_trainer, pack_log, tiny_config
 
-from bcl_stream.index import read_index
-from bcl_stream.plan_source import ReaderConfig, epoch_plan
+from bcl_stream.io.index import read_index
+from bcl_stream.plan.epoch import ReaderConfig, full_plan
 from lightning_module.callbacks import read_pack_log
 from lightning_module.datamodule import BCLDataModule
 from lightning_module.tinygpt import TinyGPT
@@ -80,7 +80,7 @@ def test_ddp_two_ranks_balanced_disjoint_and_resumable(mds_dir: Path, tmp_path: 
     config = ReaderConfig.build(
         world_size=2, pack_size=PACK, window=WINDOW, ranks_per_node=2, seed=5
     )
-    plan = epoch_plan(read_index(mds_dir), config, 0)
+    plan = full_plan(read_index(mds_dir), config, 0)
     assert [len(rank) for rank in full] == [plan.n_packs, plan.n_packs]
     for rank, lines in enumerate(full):
         assert [x["sample_ids"] for x in lines] == plan.rank_packs(rank).tolist()

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from bcl_stream.plan_source import ReaderConfig, epoch_plan
-from bcl_stream.remote import open_cost_index
+from bcl_stream.io.remote import open_cost_index
+from bcl_stream.plan.epoch import ReaderConfig, full_plan
 
 pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).parent / "scripts" / "gloo_readers.py"
@@ -53,7 +53,7 @@ def check_ranks(ranks: list[dict[str, Any]], root: Path) -> None:
     assert ranks[0]["len"] == ranks[1]["len"]
     assert ranks[0]["states"] == ranks[1]["states"]  # what Lightning saves from rank 0 fits rank 1
     for epoch in range(2):
-        plan = epoch_plan(index, config, epoch)
+        plan = full_plan(index, config, epoch)
         for r in ranks:
             assert r["epochs"][epoch] == plan.rank_packs(r["rank"]).tolist()
         used = [i for r in ranks for p in r["epochs"][epoch] for i in p]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bcl_stream.sim import STRATEGIES
+from bcl_stream.analysis.sim import STRATEGIES
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 

@@ -17,8 +17,8 @@ import torch
 from lightning_scripts.harness import make_trainer, pack_log, packs_by_step, tail_from, tiny_config
 
 from bcl_stream.errors import StateError
-from bcl_stream.index import read_index
-from bcl_stream.plan_source import ReaderConfig, sequential_plan
+from bcl_stream.io.index import read_index
+from bcl_stream.plan.epoch import ReaderConfig, sequential_plan
 from lightning_module.datamodule import BCLDataModule
 from lightning_module.tinygpt import TinyGPT
 

@@ -95,7 +95,7 @@ def test_other_encodings_fall_back(tmp_path: Path) -> None:
 def test_annotate_does_not_import_streaming(mds_dir: Path, tmp_path: Path) -> None:
     import shutil
 
-    from bcl_stream.index import read_index
+    from bcl_stream.io.index import read_index
 
     plain = tmp_path / "plain"
     shutil.copytree(mds_dir, plain)

@@ -19,8 +19,8 @@ from lightning_scripts.harness import make_trainer, pack_log, tail_from, tiny_co
 
 from bcl_stream.errors import StateError
 from bcl_stream.formats.mixture_reader import MixturePackDataset
-from bcl_stream.loader import PackLoader
-from bcl_stream.plan_source import ReaderConfig, epoch_plan
+from bcl_stream.loading.loader import PackLoader
+from bcl_stream.plan.epoch import ReaderConfig, full_plan
 from lightning_module.datamodule import BCLDataModule
 from lightning_module.tinygpt import TinyGPT
 
@@ -86,7 +86,7 @@ def test_reader_yields_the_plan_with_the_right_records(streams: dict[str, Path])
     seen: list[tuple[int, int]] = []
     for rank in range(2):
         dataset = MixturePackDataset(specs(streams), config, rank)
-        expected = epoch_plan(dataset.index, config, 0).rank_packs(rank)
+        expected = full_plan(dataset.index, config, 0).rank_packs(rank)
         stream, local = dataset.mixture.locate(expected)
         packs = list(PackLoader(dataset, num_workers=1 if rank else 0))
         assert len(packs) == expected.shape[0]

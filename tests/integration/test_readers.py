@@ -19,8 +19,8 @@ from bcl_stream.errors import DatasetError
 from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.formats.reader_base import PlanDataset
 from bcl_stream.formats.wds_reader import WDSPackDataset
-from bcl_stream.loader import PackLoader
-from bcl_stream.plan_source import ReaderConfig, epoch_plan
+from bcl_stream.loading.loader import PackLoader
+from bcl_stream.plan.epoch import ReaderConfig, full_plan
 
 pytestmark = pytest.mark.slow
 
@@ -66,12 +66,12 @@ def test_every_rank_yields_its_plan_and_records_are_used_once(
         packs = read_ids(loader)
         assert packs == dataset.plan(1).rank_packs(rank).tolist()
         # the reader's lazy, window-by-window plan is the whole-epoch plan
-        assert packs == epoch_plan(dataset.index, config, 1).rank_packs(rank).tolist()
+        assert packs == full_plan(dataset.index, config, 1).rank_packs(rank).tolist()
         assert len(packs) == len(loader)
         assert all(len(p) == config.plan.pack_size for p in packs)
         seen += [i for p in packs for i in p]
     assert len(lengths) == 1
-    left = epoch_plan(dataset.index, config, 1).plan.remainder
+    left = full_plan(dataset.index, config, 1).plan.remainder
     assert sum(dataset.remainder_counts().values()) == sum(ids.size for ids in left.values())
     everything = seen + [int(i) for ids in left.values() for i in ids]
     assert sorted(everything) == list(range(300))
@@ -164,7 +164,7 @@ def test_memory_cap_reports_long_records_and_caps_packs(mds_dir: Path) -> None:
             seen += pack
     counts = dataset.remainder_counts()
     assert counts["longer_than_max_tokens"] == int((dataset.index.tokens > 60).sum()) > 0
-    whole = epoch_plan(dataset.index, config, 0).plan
+    whole = full_plan(dataset.index, config, 0).plan
     left = [int(i) for ids in whole.remainder.values() for i in ids]
     assert sorted(seen + left) == list(range(300))
 
@@ -212,7 +212,7 @@ def test_loader_reports_the_remainder_each_epoch(
 ) -> None:
     config = ReaderConfig.build(world_size=2, pack_size=4, window=3)
     loader = PackLoader(MDSPackDataset(mds_dir, config, 0))
-    with caplog.at_level("INFO", logger="bcl_stream.loader"):
+    with caplog.at_level("INFO", logger="bcl_stream.loading.loader"):
         read_ids(loader)
     assert "epoch 0: 37 packs per rank; 4 records not yielded this epoch (epoch_tail: 4)" in (
         caplog.text

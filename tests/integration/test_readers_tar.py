@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.layout import tar_record_counts, write_mds_index
+from bcl_stream.formats.dataset_files import tar_record_counts, write_mds_index
 from bcl_stream.formats.tar_scan import TarFormatError, split_member, tar_members, tar_records
 from bcl_stream.formats.wds_reader import load_npy
 

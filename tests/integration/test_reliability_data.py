@@ -22,10 +22,10 @@ from conftest import write_mds
 
 from bcl_stream.errors import BCLStreamError, CostIndexError, DatasetError, StateError
 from bcl_stream.formats.mds_reader import MDSPackDataset
-from bcl_stream.index import COSTS_NPY, INDEX_JSON
-from bcl_stream.integrity import ShardVerifier, mds_shard_problem, verify_mds
-from bcl_stream.loader import PackLoader
-from bcl_stream.plan_source import ReaderConfig
+from bcl_stream.io.index import COSTS_NPY, INDEX_JSON
+from bcl_stream.io.integrity import ShardVerifier, mds_shard_problem, verify_mds
+from bcl_stream.loading.loader import PackLoader
+from bcl_stream.plan.epoch import ReaderConfig
 
 pytestmark = pytest.mark.slow
 
@@ -183,7 +183,7 @@ def test_index_from_a_dataset_with_the_same_layout(mds_dir: Path, tmp_path: Path
     arr["tokens"] = arr["tokens"][::-1]  # another dataset's lengths, same layout
     arr["cost"] = arr["tokens"].astype(np.float32)
     np.save(root / COSTS_NPY, arr)
-    from bcl_stream.index import read_index
+    from bcl_stream.io.index import read_index
 
     (root / INDEX_JSON).write_text(json.dumps(meta))
     meta["sha256"] = __import__("hashlib").sha256(arr.tobytes()).hexdigest()
@@ -194,7 +194,7 @@ def test_index_from_a_dataset_with_the_same_layout(mds_dir: Path, tmp_path: Path
 
 
 def test_verifier_checks_records_against_the_index(mds_dir: Path) -> None:
-    from bcl_stream.index import read_index
+    from bcl_stream.io.index import read_index
 
     verifier = ShardVerifier(mds_dir, read_index(mds_dir))
     n = int(verifier.index.tokens[5])

@@ -20,8 +20,8 @@ from conftest import write_mds
 
 from bcl_stream.errors import CostIndexError, DatasetError
 from bcl_stream.formats.mds_reader import MDSPackDataset
-from bcl_stream.loader import PackLoader
-from bcl_stream.plan_source import ReaderConfig
+from bcl_stream.loading.loader import PackLoader
+from bcl_stream.plan.epoch import ReaderConfig
 
 sys.path.insert(0, str(Path(__file__).parent / "reliability_scripts"))
 from faulty_proxy import FaultyProxy
@@ -172,8 +172,8 @@ def test_wds_server_down_mid_epoch_then_resume(s3_wds, tmp_path: Path) -> None: 
 def test_inspect_and_annotate_on_a_faulty_remote(s3_wds, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A few failed requests are retried; a server that is down gives one line naming the URL
     after a bounded number of requests; once it is back the same command succeeds."""
+    from bcl_stream.analysis.inspection import inspect_dataset
     from bcl_stream.preprocess.annotate import annotate
-    from bcl_stream.preprocess.inspection import inspect_dataset
 
     remote, proxy = s3_wds
     proxy.fail_next(3)

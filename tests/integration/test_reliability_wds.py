@@ -19,9 +19,9 @@ import pytest
 
 from bcl_stream.errors import CostIndexError, DatasetError
 from bcl_stream.formats.wds_reader import WDSPackDataset
-from bcl_stream.index import HASHES_NPY, INDEX_JSON, read_index
-from bcl_stream.loader import PackLoader
-from bcl_stream.plan_source import ReaderConfig
+from bcl_stream.io.index import HASHES_NPY, INDEX_JSON, read_index
+from bcl_stream.loading.loader import PackLoader
+from bcl_stream.plan.epoch import ReaderConfig
 
 pytestmark = pytest.mark.slow
 
@@ -114,7 +114,7 @@ def test_a_rank_that_skips_the_damaged_record_is_not_stopped(wds_dir: Path, tmp_
 
 
 def test_inspect_reports_the_damaged_record(wds_dir: Path, tmp_path: Path) -> None:
-    from bcl_stream.preprocess.inspection import inspect_dataset
+    from bcl_stream.analysis.inspection import inspect_dataset
 
     root = copy_of(wds_dir, tmp_path)
     offset, size = member_offsets(root / SHARD)[f"{FIRST + 5:010d}.input_ids.npy"]

@@ -20,8 +20,8 @@ from bcl_stream.errors import StateError
 from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.formats.reader_base import PlanDataset
 from bcl_stream.formats.wds_reader import WDSPackDataset
-from bcl_stream.loader import PackLoader
-from bcl_stream.plan_source import ReaderConfig, Segment, epoch_plan
+from bcl_stream.loading.loader import PackLoader
+from bcl_stream.plan.epoch import ReaderConfig, Segment, full_plan
 
 pytestmark = pytest.mark.slow
 
@@ -187,7 +187,7 @@ def test_elastic_resume_uses_every_record_once(
         assert loader.state_dict()["segments"] == []
     assert len(lengths) == 1
     dataset = loader.plan_dataset
-    left = epoch_plan(dataset.index, resized, 0, dataset.segments).plan.remainder
+    left = full_plan(dataset.index, resized, 0, dataset.segments).plan.remainder
     tail = [int(i) for ids in left.values() for i in ids]
     assert sorted(consumed + rest + tail) == list(range(300))
     with pytest.raises(StateError, match="elastic resume is disabled"):

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from bcl_stream.formats.mds_reader import MDSPackDataset
-from bcl_stream.loader import PackLoader
-from bcl_stream.plan_source import ReaderConfig
+from bcl_stream.loading.loader import PackLoader
+from bcl_stream.plan.epoch import ReaderConfig
 
 pytestmark = pytest.mark.slow
 L = pytest.importorskip("lightning")

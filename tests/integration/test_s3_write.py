@@ -14,8 +14,8 @@ import pytest
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats import mds_writer, wds_writer
 from bcl_stream.formats.mds_writer import CostedMDSWriter
+from bcl_stream.io.remote import download, open_cost_index
 from bcl_stream.preprocess import preprocess
-from bcl_stream.remote import download, open_cost_index
 
 pytestmark = pytest.mark.slow
 

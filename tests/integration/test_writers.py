@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.layout import check_integrity, open_layout, tar_record_counts
+from bcl_stream.formats.dataset_files import check_integrity, open_layout, tar_record_counts
 from bcl_stream.formats.mds_writer import CostedMDSWriter
 from bcl_stream.formats.wds_writer import CostedWDSWriter
-from bcl_stream.index import read_index
+from bcl_stream.io.index import read_index
 from bcl_stream.preprocess import pipeline, preprocess
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bcl_stream.formats.layout import open_layout
+from bcl_stream.formats.dataset_files import open_layout
 from bcl_stream.preprocess import preprocess
 from bcl_stream.preprocess.tokenizers import load_tokenizer
 

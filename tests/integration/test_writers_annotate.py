@@ -11,7 +11,7 @@ import pytest
 
 from bcl_stream.cli import main
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.layout import check_integrity, open_layout
+from bcl_stream.formats.dataset_files import check_integrity, open_layout
 from bcl_stream.preprocess.annotate import annotate
 
 LENGTHS = [int(n) for n in np.random.default_rng(5).integers(1, 300, 90)]

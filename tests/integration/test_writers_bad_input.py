@@ -11,8 +11,8 @@ import pytest
 
 from bcl_stream.cli import main
 from bcl_stream.errors import CostIndexError, DatasetError
-from bcl_stream.formats.layout import check_integrity, open_layout
-from bcl_stream.index import COST_DTYPE, read_index
+from bcl_stream.formats.dataset_files import check_integrity, open_layout
+from bcl_stream.io.index import COST_DTYPE, read_index
 from bcl_stream.preprocess import preprocess
 
 

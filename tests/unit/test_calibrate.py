@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-import bcl_stream.calibrate as cal
-from bcl_stream.calibrate import (
+import bcl_stream.analysis.calibrate as cal
+from bcl_stream.analysis.calibrate import (
     CalibrationConfig,
     calibrate,
     design_packs,

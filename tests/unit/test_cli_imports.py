@@ -62,5 +62,5 @@ def test_light_commands_run_without_heavy_libraries(mds_dir: Path) -> None:
 
 def test_the_check_sees_a_heavy_import() -> None:
     """The probe itself works: the loader (a torch DataLoader) does pull torch in."""
-    code = "import sys, bcl_stream.loader; print('torch' in sys.modules)"
+    code = "import sys, bcl_stream.loading.loader; print('torch' in sys.modules)"
     assert run(code) == "True"

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from bcl_stream.collate import IGNORE_INDEX, collate_packed, collate_padded
 from bcl_stream.errors import DatasetError
+from bcl_stream.loading.collate import IGNORE_INDEX, collate_packed, collate_padded
 
 
 def make_pack(lengths: list[int], seed: int = 0) -> list[dict]:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from bcl_stream.collate import IGNORE_INDEX, collate_packed, collate_padded
+from bcl_stream.loading.collate import IGNORE_INDEX, collate_packed, collate_padded
 from lightning_module.datamodule import BCLDataModule, PackCollate
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "lightning.md"

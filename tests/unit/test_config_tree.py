@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
+from bcl_stream.analysis.sim import SimConfig, plan_config
 from bcl_stream.cli import build_parser
 from bcl_stream.commands.plan import config_from_args
 from bcl_stream.commands.simulate import sim_config
 from bcl_stream.errors import StateError
-from bcl_stream.plan_source import PLAN_FIELDS, ReaderConfig
+from bcl_stream.plan.cursor import Cursor, parse_state
+from bcl_stream.plan.epoch import PLAN_FIELDS, ReaderConfig
 from bcl_stream.planner import PlanConfig
 from bcl_stream.planner.partition import ALGORITHMS
-from bcl_stream.sim import SimConfig, plan_config
-from bcl_stream.state import Cursor, parse_state
 from lightning_module.datamodule import OWN_ARGUMENTS, BCLDataModule
 
 BASE = {"world_size": 4, "pack_size": 3, "window": 5}
@@ -143,7 +143,7 @@ def test_reader_config_build_and_nested_fields() -> None:
 def test_nested_config_round_trips_through_the_cursor_json() -> None:
     config = ReaderConfig.build(seed=3, cost_model="tokens", **VALUES)
     saved = json.loads(json.dumps(Cursor(1, 2, "f" * 16, config).to_dict()))
-    assert set(saved["config"]) == {"plan", "seed", "cost_model"}
+    assert set(saved["config"]) == {"plan", "seed", "cost_model", "packing"}
     assert saved["config"]["plan"] == {name: VALUES[name] for name in PLAN_FIELDS}
     assert parse_state(saved).config == config
 

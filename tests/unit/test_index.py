@@ -9,7 +9,14 @@ import pytest
 
 from bcl_stream.cost import get_preset
 from bcl_stream.errors import CostIndexError
-from bcl_stream.index import COSTS_NPY, INDEX_JSON, CostIndex, ShardEntry, read_index, write_index
+from bcl_stream.io.index import (
+    COSTS_NPY,
+    INDEX_JSON,
+    CostIndex,
+    ShardEntry,
+    read_index,
+    write_index,
+)
 
 
 def make_index(n: int = 100) -> CostIndex:

@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 
 from bcl_stream.cost import get_preset
 from bcl_stream.errors import CostIndexError
-from bcl_stream.index import COSTS_NPY, INDEX_JSON, CostIndex, ShardEntry, read_index, write_index
+from bcl_stream.io.index import (
+    COSTS_NPY,
+    INDEX_JSON,
+    CostIndex,
+    ShardEntry,
+    read_index,
+    write_index,
+)
 
 FUZZ = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from bcl_stream.cost import get_preset
-from bcl_stream.index import COST_DTYPE, COSTS_NPY, FORMAT_VERSION, INDEX_JSON
+from bcl_stream.io.index import COST_DTYPE, COSTS_NPY, FORMAT_VERSION, INDEX_JSON
 
 N_RECORDS = 16 << 20  # 128 MB of records
 CHUNK = 1 << 20
@@ -34,7 +34,7 @@ def status():
             fields[key] = int(value.split()[0]) * 1024
     return fields
 
-from bcl_stream.index import read_index
+from bcl_stream.io.index import read_index
 from bcl_stream.cost import get_preset
 
 before = status()

@@ -7,11 +7,11 @@ import pytest
 
 from bcl_stream.cost import get_preset
 from bcl_stream.errors import StateError
-from bcl_stream.index import CostIndex, ShardEntry
-from bcl_stream.mixture import MixtureIndex, SegmentArray, StreamSpec, mixture_changes
-from bcl_stream.plan_source import ReaderConfig, ReaderPlan, epoch_plan, stream_report
+from bcl_stream.io.index import CostIndex, ShardEntry
+from bcl_stream.plan.cursor import Cursor, resolve_state
+from bcl_stream.plan.epoch import ReaderConfig, ReaderPlan, full_plan, stream_report
+from bcl_stream.plan.streams import MixtureIndex, SegmentArray, StreamSpec, mixture_changes
 from bcl_stream.planner.mixture import MixtureLayout, choose_counts
-from bcl_stream.state import Cursor, resolve_state
 
 NONE4 = [None] * 4
 
@@ -110,7 +110,7 @@ def mixture(epoch_size: int | None = None) -> MixtureIndex:
 def test_plan_holds_the_proportions_in_every_window_and_every_record_once(scope: str) -> None:
     index = mixture()
     config = ReaderConfig.build(world_size=4, ranks_per_node=2, pack_size=8, window=8, scope=scope)
-    plan = epoch_plan(index, config, 1)
+    plan = full_plan(index, config, 1)
     sample = index.sample(0, 1)
     planned = np.concatenate([plan.plan.packs.ravel(), *plan.plan.remainder.values()])
     assert np.unique(planned).size == planned.size  # each mixture id at most once
@@ -131,7 +131,7 @@ def test_plan_holds_the_proportions_in_every_window_and_every_record_once(scope:
 def test_reader_plan_equals_the_whole_epoch_plan() -> None:
     index = mixture()
     config = ReaderConfig.build(world_size=4, ranks_per_node=2, pack_size=4, window=4)
-    whole = epoch_plan(index, config, 2)
+    whole = full_plan(index, config, 2)
     lazy = ReaderPlan(index, config, 2)
     assert lazy.n_packs == whole.n_packs
     assert lazy.remainder_counts() == whole.remainder_counts()

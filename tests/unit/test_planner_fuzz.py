@@ -19,9 +19,9 @@ from hypothesis.extra import numpy as hnp
 
 from bcl_stream.errors import BCLStreamError, PlanError
 from bcl_stream.planner import PlanConfig, ShardTable, plan_epoch, plan_windows, shard_weights
-from bcl_stream.planner.bcl import epoch_streams
+from bcl_stream.planner.bcl import build_node_streams
+from bcl_stream.planner.node_streams import NodeStreams
 from bcl_stream.planner.order import KeepFilter
-from bcl_stream.planner.streams import EpochStreams
 
 FUZZ = settings(max_examples=150, deadline=None)
 
@@ -29,7 +29,7 @@ COSTS = np.random.default_rng(1).lognormal(2.0, 1.0, 400)
 COUNTS = [60] * 6 + [40]
 TABLE = ShardTable.build(COUNTS, weight=shard_weights(COUNTS, COSTS))
 CONFIG = PlanConfig(world_size=2, pack_size=3, window=2, carry=3, shard_group=2)
-STREAMS = epoch_streams(COSTS, TABLE, CONFIG, seed=4, epoch=0)
+STREAMS = build_node_streams(COSTS, TABLE, CONFIG, seed=4, epoch=0)
 ROWS = np.arange(STREAMS.n_rows)
 FULL = plan_epoch(COSTS, TABLE, CONFIG, seed=4, epoch=0).packs
 SPLIT = 3
@@ -268,7 +268,7 @@ def test_plan_config_with_one_bad_field(name: str, value: Any) -> None:
     assert len(np.unique(used)) == used.size
 
 
-# -- EpochStreams ----------------------------------------------------------------------------
+# -- NodeStreams ----------------------------------------------------------------------------
 @FUZZ
 @given(
     seed=st.integers(-2, 5) | st.floats(allow_nan=True) | st.none() | st.just(2**70),
@@ -280,7 +280,7 @@ def test_epoch_streams_with_bad_inputs(seed: Any, epoch: Any, cut: int) -> None:
     keep = KeepFilter(np.ones(cut, np.int64), 5)
     for args in ((None, None), (None, costs), (keep, COSTS)):
         try:
-            streams = EpochStreams(TABLE, CONFIG, seed, epoch, *args)
+            streams = NodeStreams(TABLE, CONFIG, seed, epoch, *args)
             streams.fetch(ROWS, 0, streams.row_length)
         except Exception as exc:
             refused_with_a_name(exc, "seed", "epoch", "costs", "tokens", "keep")

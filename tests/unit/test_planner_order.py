@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from bcl_stream.planner import (
     PlanConfig,
     ShardTable,
-    epoch_streams,
+    build_node_streams,
     plan_epoch,
     plan_windows,
     shard_weights,
@@ -152,7 +152,7 @@ def test_ranks_of_a_node_read_the_same_region_at_the_same_time() -> None:
     """Window k of every rank of a node comes from the k-th chunk of the node's stream."""
     costs = np.arange(1.0, 8001.0)
     config = PlanConfig(world_size=4, ranks_per_node=4, pack_size=5, window=3, carry=0)
-    streams = epoch_streams(costs, table_for(costs, 8000), config, seed=0, epoch=0)
+    streams = build_node_streams(costs, table_for(costs, 8000), config, seed=0, epoch=0)
     node = streams.nodes[0]
     chunk = config.window * config.pack_size * 4
     for rank in range(4):
@@ -190,7 +190,7 @@ def test_windowed_plan_equals_the_whole_epoch_plan(
     )
     table = table_for(costs, 700)
     whole = plan_epoch(costs, table, config, seed=seed, tokens=tok).packs
-    streams = epoch_streams(costs, table, config, seed=seed, epoch=0, tokens=tok)
+    streams = build_node_streams(costs, table, config, seed=seed, epoch=0, tokens=tok)
     row_sets = (
         [np.arange(streams.n_rows)] if scope == "world" else [[r] for r in range(streams.n_rows)]
     )

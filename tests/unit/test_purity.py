@@ -8,7 +8,7 @@ import sys
 
 def test_planner_imports_no_torch_or_io_libraries() -> None:
     code = (
-        "import sys, bcl_stream.planner, bcl_stream.cost, bcl_stream.sim;"
+        "import sys, bcl_stream.planner, bcl_stream.cost, bcl_stream.analysis.sim;"
         "bad = [m for m in ('torch', 'streaming', 'webdataset', 'lightning', 'boto3', 'tiktoken') if m in sys.modules];"
         "print(','.join(bad))"
     )

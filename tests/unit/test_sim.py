@@ -14,9 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bcl_stream.cli import main
-from bcl_stream.cost import get_preset
-from bcl_stream.sim import (
+from bcl_stream.analysis.sim import (
     STRATEGIES,
     Metrics,
     Schedule,
@@ -26,6 +24,8 @@ from bcl_stream.sim import (
     simulate,
     speedups,
 )
+from bcl_stream.cli import main
+from bcl_stream.cost import get_preset
 
 # Two ranks, two packs. Per step: mean_r = [2, 2], max_r = [3, 2], std_r = [1, 0].
 # Per rank: rank 0 [1, 2] (mean 1.5, std 0.5), rank 1 [3, 2] (mean 2.5, std 0.5).
@@ -300,7 +300,7 @@ def _load_bench():
 
 
 def test_bench_speedup_is_time_per_unit_cost_and_cv_reduction_is_vs_sequential() -> None:
-    from bcl_stream.sim import Schedule
+    from bcl_stream.analysis.sim import Schedule
 
     bench = _load_bench()
     assert bench.ACCUM == 4

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bcl_stream.analysis.sim import STRATEGIES, SimConfig, plan_config, schedules, simulate
 from bcl_stream.cli import main
 from bcl_stream.cost import get_preset
 from bcl_stream.planner.baselines import sequential_config
 from bcl_stream.planner.padded import pack_cost
-from bcl_stream.sim import STRATEGIES, SimConfig, plan_config, schedules, simulate
 
 
 def _lengths(n: int = 4096, seed: int = 0) -> np.ndarray:

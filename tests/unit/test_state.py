@@ -9,9 +9,9 @@ import pytest
 
 from bcl_stream.cost import get_preset
 from bcl_stream.errors import StateError
-from bcl_stream.index import CostIndex, ShardEntry
-from bcl_stream.plan_source import REASON_CONSUMED, ReaderConfig, Segment, epoch_plan
-from bcl_stream.state import STATE_VERSION, Cursor, parse_state, resolve_state
+from bcl_stream.io.index import CostIndex, ShardEntry
+from bcl_stream.plan.cursor import STATE_VERSION, Cursor, parse_state, resolve_state
+from bcl_stream.plan.epoch import REASON_CONSUMED, ReaderConfig, Segment, full_plan
 
 
 def make_index(n: int = 500, shard: int = 60, seed: int = 0) -> CostIndex:
@@ -101,8 +101,8 @@ def test_elastic_plan_yields_every_record_once(
         world_size=old_world, ranks_per_node=2, pack_size=4, window=3, scope=scope
     )
     new = old.resized(new_world, 2)
-    first = epoch_plan(index, old, 3)
-    resumed = epoch_plan(index, new, 3, (Segment(old_world, 2, consumed),))
+    first = full_plan(index, old, 3)
+    resumed = full_plan(index, new, 3, (Segment(old_world, 2, consumed),))
     taken = first.plan.packs[:, :consumed].ravel()
     assert np.array_equal(np.sort(resumed.consumed), np.sort(taken))
     left = np.concatenate(list(resumed.plan.remainder.values()))
@@ -116,7 +116,7 @@ def test_segments_chain() -> None:
     index = make_index()
     cfg = CONFIG.resized(2, 2)
     segs = (Segment(4, 2, 4), Segment(6, 2, 2))
-    plan = epoch_plan(index, cfg, 0, segs)
+    plan = full_plan(index, cfg, 0, segs)
     left = np.concatenate(list(plan.plan.remainder.values()))
     seen = np.concatenate([plan.consumed, plan.plan.packs.ravel(), left])
     assert np.array_equal(np.sort(seen), np.arange(len(index)))
@@ -125,14 +125,14 @@ def test_segments_chain() -> None:
 
 def test_segment_past_its_plan_is_an_error() -> None:
     with pytest.raises(ValueError, match="segment consumed 999 packs"):
-        epoch_plan(make_index(), CONFIG, 0, (Segment(2, 2, 999),))
+        full_plan(make_index(), CONFIG, 0, (Segment(2, 2, 999),))
 
 
 def test_epochs_reshuffle_and_cache_returns_the_same_plan() -> None:
     index = make_index()
-    a, b = epoch_plan(index, CONFIG, 0), epoch_plan(index, CONFIG, 1)
+    a, b = full_plan(index, CONFIG, 0), full_plan(index, CONFIG, 1)
     assert not np.array_equal(a.plan.packs, b.plan.packs)
-    assert epoch_plan(index, CONFIG, 0) is a  # cached: computed once per epoch per process
+    assert full_plan(index, CONFIG, 0) is a  # cached: computed once per epoch per process
 
 
 def test_reader_config_checks() -> None:

@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 from bcl_stream.cost import get_preset
 from bcl_stream.errors import StateError
 from bcl_stream.formats.reader_base import PlanDataset
-from bcl_stream.index import CostIndex, ShardEntry
-from bcl_stream.loader import PackLoader
-from bcl_stream.plan_source import ReaderConfig
-from bcl_stream.state import parse_state
+from bcl_stream.io.index import CostIndex, ShardEntry
+from bcl_stream.loading.loader import PackLoader
+from bcl_stream.plan.cursor import parse_state
+from bcl_stream.plan.epoch import ReaderConfig
 
 FUZZ = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

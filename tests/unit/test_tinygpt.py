@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from bcl_stream.collate import collate_packed, collate_padded
 from bcl_stream.cost import SHAPES, get_preset
+from bcl_stream.loading.collate import collate_packed, collate_padded
 from lightning_module.tinygpt import TinyGPT, TinyGPTConfig, block_causal_mask
 
 SMALL = {"vocab_size": 512, "d_model": 32, "n_layers": 2, "n_heads": 4, "ffn_hidden": 64}

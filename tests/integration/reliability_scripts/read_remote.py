@@ -15,8 +15,8 @@ import time
 
 from bcl_stream.errors import BCLStreamError
 from bcl_stream.formats.mds_reader import MDSPackDataset
-from bcl_stream.loader import PackLoader
-from bcl_stream.plan_source import ReaderConfig
+from bcl_stream.loading.loader import PackLoader
+from bcl_stream.plan.epoch import ReaderConfig
 
 CONFIG = ReaderConfig.build(world_size=1, pack_size=4, window=2, seed=3, shard_group=2)
 

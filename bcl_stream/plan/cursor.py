@@ -9,7 +9,7 @@ skips the consumed packs; no buffer is pickled, so a state is a few hundred byte
 Anything that would make the replayed plan differ (other data, pack size, seed, ...) is a
 :class:`~bcl_stream.errors.StateError` naming the field, both values and what to do. A changed
 world size (or ranks per node) is an elastic resume: the old plan becomes a
-:class:`~bcl_stream.plan_source.Segment` and the rest of the epoch is re-planned.
+:class:`~bcl_stream.plan.epoch.Segment` and the rest of the epoch is re-planned.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from bcl_stream.errors import StateError
-from bcl_stream.mixture import mixture_changes
-from bcl_stream.plan_source import ReaderConfig, Segment
+from bcl_stream.plan.epoch import ReaderConfig, Segment
+from bcl_stream.plan.streams import mixture_changes
 from bcl_stream.planner import PlanConfig
 
 STATE_VERSION = 3
@@ -218,8 +218,8 @@ def resolve_state(
     if not allow_resize:
         moved = ", ".join(f"{n} {old[n]} -> {new[n]}" for n in RESIZABLE if old[n] != new[n])
         raise StateError(
-            f"reader state was saved with another layout ({moved}) and elastic resume is "
-            "disabled for this reader; resume with the original layout."
+            f"reader state was saved with another world size ({moved}) and elastic resume is "
+            "disabled for this reader; resume with the original world size."
         )
     old_plan = saved.config.plan
     segment = Segment(old_plan.world_size, old_plan.ranks_per_node, saved.packs_consumed)

@@ -22,7 +22,7 @@ fix reaches into streaming's internals, so it lives with the others:
 :func:`bcl_stream.io.streaming_compat.guard_downloads`.
 
 Every problem is a :class:`~bcl_stream.errors.DatasetError` naming the file, what is wrong
-and what to do. Nothing here imports streaming; content hashes come from :mod:`bcl_stream.hashing`.
+and what to do. Nothing here imports streaming; content hashes come from :mod:`bcl_stream.io.hashing`.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ import numpy as np
 from tqdm import tqdm
 
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.layout import read_mds_index
-from bcl_stream.hashing import digest
-from bcl_stream.index import CostIndex
+from bcl_stream.formats.dataset_files import read_mds_index
+from bcl_stream.io.hashing import digest
+from bcl_stream.io.index import CostIndex
 
 FIX = (
     "Re-download or re-copy the dataset (for a remote dataset, delete the local cache copy), "

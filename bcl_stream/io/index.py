@@ -8,7 +8,7 @@ shard list for WebDataset), because readers take that one as "dataset complete":
 - ``bcl_index.json``: format version, dataset format, cost model, per-shard sample counts,
   the SHA-256 of the array's bytes, and summary statistics.
 - ``bcl_hashes.npy`` (WebDataset, format 2): one xxh64 per record
-  (:func:`bcl_stream.hashing.record_digest`), which the reader checks on every record it
+  (:func:`bcl_stream.io.hashing.record_digest`), which the reader checks on every record it
   decodes, so a flipped byte inside a record is refused with the shard and record named.
   MDS shards carry their own hashes in ``index.json``.
 
@@ -47,7 +47,7 @@ import numpy.typing as npt
 
 from bcl_stream.cost import CostModel
 from bcl_stream.errors import CostIndexError
-from bcl_stream.hashing import RECORD_HASH
+from bcl_stream.io.hashing import RECORD_HASH
 
 INDEX_JSON = "bcl_index.json"
 COSTS_NPY = "bcl_costs.npy"
@@ -127,7 +127,7 @@ class CostIndex:
         record_hashes: npt.ArrayLike | None = None,
     ) -> CostIndex:
         """An index from token counts, computing costs with ``cost_model``; ``record_hashes``:
-        one :func:`~bcl_stream.hashing.record_digest` per record (WebDataset), or None."""
+        one :func:`~bcl_stream.io.hashing.record_digest` per record (WebDataset), or None."""
         tok = np.asarray(tokens)
         if tok.ndim != 1:
             raise ValueError(f"tokens must be 1-D, got shape {tok.shape}")

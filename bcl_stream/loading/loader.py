@@ -4,7 +4,7 @@ Why a DataLoader subclass: Lightning (and Fabric) save ``state_dict()`` of the o
 ``train_dataloader()`` returns, and call ``load_state_dict()`` BEFORE ``iter()``. The loader,
 not the dataset, is the place that sees which packs actually reached the trainer: it counts
 packs in the main process as its iterator yields them, so worker prefetch never inflates the
-count. The state is the cursor of :mod:`bcl_stream.state` and is the same on every rank.
+count. The state is the cursor of :mod:`bcl_stream.plan.cursor` and is the same on every rank.
 
 Epochs: an iterator that runs to the end completes the epoch, and the next ``iter()`` starts
 the next one (new order by (seed, epoch)); an iterator dropped mid-epoch leaves the cursor
@@ -23,8 +23,8 @@ from torch.utils.data import DataLoader
 
 from bcl_stream.errors import StateError
 from bcl_stream.formats.reader_base import Pack, PlanDataset
-from bcl_stream.plan_source import AnyPlan, Segment
-from bcl_stream.state import MIXTURE_CHANGES, Cursor, resolve_state
+from bcl_stream.plan.cursor import MIXTURE_CHANGES, Cursor, resolve_state
+from bcl_stream.plan.epoch import AnyPlan, Segment
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.cost import CostModel, resolve
-from bcl_stream.index import CostIndex
+from bcl_stream.io.index import CostIndex
 from bcl_stream.planner import ShardTable, shard_weights
 from bcl_stream.planner.mixture import EpochSample, MixtureLayout, choose_counts
 
@@ -176,7 +176,7 @@ class SegmentArray:
 
 class MixtureIndex:
     """Several streams' cost indexes as the one index the planner reads (duck-compatible with
-    :class:`~bcl_stream.index.CostIndex` where plans use it: ``len``, ``shard_counts``,
+    :class:`~bcl_stream.io.index.CostIndex` where plans use it: ``len``, ``shard_counts``,
     ``tokens``, ``costs()``, ``fingerprint()``)."""
 
     format = "mixture"

@@ -2,7 +2,7 @@
 
 Readers follow :class:`ReaderPlan`: pack count and remainder from the shard table, a rank's
 packs planned lazily a batch of windows at a time, so no process holds the epoch's plan.
-:func:`epoch_plan` computes the same plan for every rank at once, for ``bcl-stream plan``, tools
+:func:`full_plan` computes the same plan for every rank at once, for ``bcl-stream plan``, tools
 and tests; both run the same planner (``planner.windows.plan_windows``), so what a loader yields
 is by construction what ``bcl-stream plan`` prints (tests compare them).
 
@@ -24,13 +24,13 @@ import numpy.typing as npt
 
 from bcl_stream.cost import resolve
 from bcl_stream.errors import StateError
-from bcl_stream.index import CostIndex
-from bcl_stream.mixture import MixtureIndex
+from bcl_stream.io.index import CostIndex
+from bcl_stream.plan.streams import MixtureIndex
 from bcl_stream.planner import (
     Plan,
     PlanConfig,
     ShardTable,
-    epoch_streams,
+    build_node_streams,
     plan_epoch,
     plan_windows,
     sequential,
@@ -242,7 +242,7 @@ class ReaderPlan:
         self._costs = costs
         self._tokens = None if config.plan.max_tokens is None else tokens_of(index)
         sample = epoch_sample(index, config, epoch)
-        self._streams = epoch_streams(
+        self._streams = build_node_streams(
             costs,
             table,
             config.plan,
@@ -461,7 +461,7 @@ def stream_report(
     ]
 
 
-def epoch_plan(
+def full_plan(
     index: PlanData,
     config: ReaderConfig,
     epoch: int,

@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 from bcl_stream.errors import BCLStreamError, CostIndexError, DatasetError, RemoteAccessError
-from bcl_stream.formats.layout import MDS_INDEX, WDS_SUFFIXES, detect_format, read_mds_index
-from bcl_stream.index import (
+from bcl_stream.formats.dataset_files import MDS_INDEX, WDS_SUFFIXES, detect_format, read_mds_index
+from bcl_stream.io.index import (
     COSTS_NPY,
     HASHES_NPY,
     INDEX_JSON,

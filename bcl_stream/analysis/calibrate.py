@@ -15,7 +15,7 @@ records as part of k. Fit with the B you train with.
 Timing discipline (the machine may be shared and noisy): torch threads fixed for the run,
 warmup steps first, every pack timed ``repeats`` times in a freshly shuffled order per round
 (drift hits all packs alike), the median kept, the garbage collector paused while timing.
-torch is imported inside functions, so ``import bcl_stream.calibrate`` stays light.
+torch is imported inside functions, so ``import bcl_stream.analysis.calibrate`` stays light.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.cost import CostModel, Fit, fit_cost_model, get_preset
+from bcl_stream.planner.padded import LAYOUTS
 
-LAYOUTS = ("packed", "padded")
 KINDS = ("equal", "one_long", "mixed", "sampled")
 CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.process_time, "wall": time.perf_counter}
 
@@ -271,7 +271,7 @@ def calibrate(
     model of its own), time designed packs, fit c(L) per record."""
     import torch
 
-    from bcl_stream.collate import collate_packed, collate_padded
+    from bcl_stream.loading.collate import collate_packed, collate_padded
 
     cfg = config or CalibrationConfig()
     factory = load_factory(model) if isinstance(model, str) else model

@@ -1,7 +1,7 @@
 """Who reads what in one epoch: node streams, planning rows and the pack count.
 
 Built from the shard table alone in O(shards): every process of every node builds the same
-:class:`EpochStreams` without reading a record, so every rank knows every rank's pack count
+:class:`NodeStreams` without reading a record, so every rank knows every rank's pack count
 (collectives never hang) and can compute any node's upcoming window (scope ``world``).
 
 Planning rows: scope ``rank`` plans each rank on its own (row = rank); scopes ``node`` and
@@ -29,7 +29,7 @@ from bcl_stream.planner.order import (
 )
 
 
-class EpochStreams:
+class NodeStreams:
     """The epoch's node streams and planning rows for one config, seed and epoch."""
 
     def __init__(

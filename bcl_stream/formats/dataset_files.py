@@ -34,7 +34,7 @@ import numpy as np
 
 from bcl_stream.errors import CostIndexError, DatasetError
 from bcl_stream.formats.tar_scan import TAR_ERRORS, split_member, tar_members, tar_records
-from bcl_stream.index import COSTS_NPY, INDEX_JSON, CostIndex, ShardEntry, read_index
+from bcl_stream.io.index import COSTS_NPY, INDEX_JSON, CostIndex, ShardEntry, read_index
 
 MDS_INDEX = "index.json"
 MDS_INDEX_VERSION = 2
@@ -180,7 +180,7 @@ def wds_record_problems(path: Path, first: int, hashes: np.ndarray) -> list[str]
 
     Reads every payload of the shard once (``inspect``); readers check only what they read.
     """
-    from bcl_stream.hashing import record_digest
+    from bcl_stream.io.hashing import record_digest
 
     problems: list[str] = []
     try:

@@ -19,9 +19,9 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.errors import BCLStreamError, RemoteAccessError
-from bcl_stream.formats.layout import check_integrity, detect_format, open_layout
-from bcl_stream.index import CostIndex
-from bcl_stream.remote import is_remote
+from bcl_stream.formats.dataset_files import check_integrity, detect_format, open_layout
+from bcl_stream.io.index import CostIndex
+from bcl_stream.io.remote import is_remote
 
 EMPTY_STATS = {"total": 0.0, "mean": 0.0, "p50": 0.0, "p99": 0.0, "max": 0.0}
 
