@@ -33,3 +33,17 @@ def bcl_stream_cli(
         timeout=timeout,
         check=False,
     )
+
+
+def python_process(code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -c CODE`` in a bare environment (this checkout on ``PYTHONPATH``, a minimal
+    ``PATH``): what a fresh shell imports, nothing inherited from the test process."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

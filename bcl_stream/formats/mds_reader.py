@@ -29,8 +29,7 @@ import numpy.typing as npt
 
 from bcl_stream.errors import CostIndexError, DatasetError
 from bcl_stream.formats.dataset_files import read_mds_index
-from bcl_stream.formats.reader_base import Pack, PlanDataset
-from bcl_stream.io.index import CostIndex
+from bcl_stream.formats.reader_base import DatasetReader, Pack
 from bcl_stream.io.integrity import ShardVerifier
 from bcl_stream.io.remote import is_remote, open_cost_index
 from bcl_stream.io.streaming_compat import guard_downloads
@@ -73,16 +72,13 @@ class _Prefetcher:
                 return
 
 
-class MDSPackDataset(PlanDataset):
+class MDSPackDataset(DatasetReader):
     """One rank's packs of an MDS dataset (local directory or ``s3://...``), in plan order.
 
     ``location``: the dataset root (holding ``index.json`` and the cost index). ``cache_dir``:
     required for remote datasets; streaming's ``local`` directory. Extra keyword arguments go
     to ``StreamingDataset`` (for example ``cache_limit`` or ``download_timeout``).
     """
-
-    index: CostIndex
-    """The dataset's cost index (one dataset, never a mixture)."""
 
     def __init__(
         self,

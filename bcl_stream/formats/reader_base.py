@@ -26,6 +26,7 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from bcl_stream.io.index import CostIndex
 from bcl_stream.plan.epoch import AnyPlan, PlanData, ReaderConfig, Segment, reader_plan
 
 Sample = dict[str, Any]
@@ -157,3 +158,10 @@ class PlanDataset(IterableDataset[Pack]):
     def _read_packs(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
         """Yield one list of sample dicts per row of ``packs`` (global sample ids), in order."""
         raise NotImplementedError
+
+
+class DatasetReader(PlanDataset):
+    """A reader of one costed dataset (MDS or WebDataset, not a mixture): its index is the
+    dataset's :class:`~bcl_stream.io.index.CostIndex`."""
+
+    index: CostIndex

@@ -36,7 +36,7 @@ import numpy.typing as npt
 
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.npy import load_npy
-from bcl_stream.formats.reader_base import Pack, PlanDataset, Sample
+from bcl_stream.formats.reader_base import DatasetReader, Pack, Sample
 from bcl_stream.formats.tar_scan import TarFormatError, tar_members
 from bcl_stream.io.hashing import record_digest
 from bcl_stream.io.index import CostIndex
@@ -213,15 +213,12 @@ def _warn_unhashed(location: str) -> None:
     )
 
 
-class WDSPackDataset(PlanDataset):
+class WDSPackDataset(DatasetReader):
     """One rank's packs of a costed WebDataset dataset (local directory or ``s3://``).
 
     Remote shards are downloaded to ``cache_dir`` (streaming's downloader, with retries), up
     to ``prefetch`` shards ahead of the one being read, and kept there.
     """
-
-    index: CostIndex
-    """The dataset's cost index (one dataset, never a mixture)."""
 
     def __init__(
         self,

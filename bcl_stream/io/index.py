@@ -148,9 +148,8 @@ class CostIndex:
         the child maps the same file. An in-memory index pickles its records."""
         fields = (self.cost_model, self.shards, self.format, self.extra, self.record_hashes)
         digest = self._sha256[0] if self._sha256 else None
-        if self.source is not None:
-            return _remap, (self.source, len(self.records), *fields, digest)
-        return _rebuild, (self.records, *fields, digest)
+        stored = self.records if self.source is None else self.source
+        return _unpickle, (stored, len(self.records), *fields, digest)
 
     @property
     def tokens(self) -> npt.NDArray[np.uint32]:
@@ -448,8 +447,8 @@ def _map_npy(npy: Path, *, verify: bool) -> tuple[npt.NDArray[np.void], FileIden
     return records, source, digest
 
 
-def _remap(
-    source: FileIdentity,
+def _unpickle(
+    stored: FileIdentity | npt.NDArray[np.void],
     n_records: int,
     cost_model: CostModel,
     shards: tuple[ShardEntry, ...],
@@ -458,34 +457,22 @@ def _remap(
     record_hashes: npt.NDArray[np.uint64] | None,
     digest: str | None,
 ) -> CostIndex:
-    """Unpickle a mapped index: map the same file again, refusing one replaced meanwhile."""
-    path = Path(source.path)
-    records, now, _ = _map_npy(path, verify=False)
-    if now != source or len(records) != n_records:
-        raise _fail(
-            path,
-            "the file changed after this index was opened in the parent process (replaced or "
-            "rewritten); restart the job so every process reads the same index",
-        )
-    index = CostIndex(records, cost_model, shards, format, extra, record_hashes, source)
-    if digest is not None:
-        index._sha256.append(digest)
-    return index
-
-
-def _rebuild(
-    records: npt.NDArray[np.void],
-    cost_model: CostModel,
-    shards: tuple[ShardEntry, ...],
-    format: str,
-    extra: dict[str, Any],
-    record_hashes: npt.NDArray[np.uint64] | None,
-    digest: str | None,
-) -> CostIndex:
-    """Unpickle an in-memory index (its hash stays cached: the records stay read-only)."""
-    if digest is not None:
-        records.flags.writeable = False
-    index = CostIndex(records, cost_model, shards, format, extra, record_hashes)
+    """Unpickle an index: a mapped one maps the same file again (refusing one replaced
+    meanwhile); an in-memory one keeps its records (and its hash cached: they stay read-only)."""
+    if isinstance(stored, FileIdentity):
+        path = Path(stored.path)
+        records, now, _ = _map_npy(path, verify=False)
+        if now != stored or len(records) != n_records:
+            raise _fail(
+                path,
+                "the file changed after this index was opened in the parent process (replaced "
+                "or rewritten); restart the job so every process reads the same index",
+            )
+        index = CostIndex(records, cost_model, shards, format, extra, record_hashes, stored)
+    else:
+        if digest is not None:
+            stored.flags.writeable = False
+        index = CostIndex(stored, cost_model, shards, format, extra, record_hashes)
     if digest is not None:
         index._sha256.append(digest)
     return index

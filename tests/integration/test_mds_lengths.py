@@ -7,12 +7,11 @@ before and after the counted one; encodings it does not take fall back (None). A
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_process import python_process
 
 from bcl_stream.formats.mds_lengths import shard_counts
 
@@ -106,14 +105,6 @@ def test_annotate_does_not_import_streaming(mds_dir: Path, tmp_path: Path) -> No
         f"code = main(['annotate', {str(plain)!r}, '--no-progress', '--cost-model', 'tokens']); "
         "print(code, 'streaming' in sys.modules, 'torch' in sys.modules)"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = python_process(code)
     assert proc.stdout.strip().splitlines()[-1] == "0 False False", proc.stderr[-2000:]
     assert read_index(plain).tokens.tolist() == read_index(mds_dir).tokens.tolist()

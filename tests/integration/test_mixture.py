@@ -4,16 +4,14 @@ Lightning (a Trainer fit, resumed from a mid-epoch checkpoint, logging each reco
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from cli_process import bcl_stream_cli
 from conftest import record_lengths, write_mds, write_wds
 from lightning_scripts.harness import make_trainer, pack_log, tail_from, tiny_config
 
@@ -51,32 +49,25 @@ def check_record(record: dict[str, Any], names: list[str]) -> None:
     assert int(record["input_ids"][0]) == sid
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    return subprocess.run([sys.executable, "-m", "bcl_stream.cli", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
-
-
 def stream_args(streams: dict[str, Path]) -> list[str]:
     return [arg for spec in specs(streams) for arg in ("--stream", spec)]
 
 
 def test_plan_and_read_agree_and_account_for_every_record(streams: dict[str, Path]) -> None:
     opts = ["--world-size", "2", "--pack-size", "4", "--window", "4", "--epoch", "1", "--json"]
-    plan = cli("plan", *stream_args(streams), *opts)
+    plan = bcl_stream_cli("plan", *stream_args(streams), *opts)
     assert plan.returncode == 0, plan.stderr
     out = json.loads(plan.stdout)
     assert [s["path"] for s in out["streams"]] == [str(streams[n]) for n in SIZES]
     for s in out["streams"]:
         assert s["records_used"] + sum(s["records_left"].values()) == s["records_drawn"]
     for rank in range(2):
-        read = cli("read", *stream_args(streams), *opts, "--rank", str(rank))
+        read = bcl_stream_cli("read", *stream_args(streams), *opts, "--rank", str(rank))
         assert read.returncode == 0, read.stderr
         assert json.loads(read.stdout)["packs"] == out["ranks"][rank]["packs"]
-    bad = cli("plan", *stream_args(streams), "--stream", f"{streams['a']}:repeat=2", *opts)
+    bad = bcl_stream_cli(
+        "plan", *stream_args(streams), "--stream", f"{streams['a']}:repeat=2", *opts
+    )
     assert bad.returncode != 0 and "named twice" in bad.stderr
 
 
@@ -158,7 +149,7 @@ def test_lightning_fit_resumes_a_mixture_and_logs_streams(
 
 
 def test_simulate_and_inspect_take_streams(streams: dict[str, Path]) -> None:
-    sim = cli("simulate", *stream_args(streams), "--ranks", "2", "--pack-size", "4",
+    sim = bcl_stream_cli("simulate", *stream_args(streams), "--ranks", "2", "--pack-size", "4",
               "--window", "4", "--strategies", "sequential,bcl-rank,verl_kk", "--json")  # fmt: skip
     assert sim.returncode == 0, sim.stderr
     out = json.loads(sim.stdout)
@@ -166,7 +157,7 @@ def test_simulate_and_inspect_take_streams(streams: dict[str, Path]) -> None:
     assert out["config"]["records"] == drawn
     for name, m in out["strategies"].items():
         assert m["records_used"] + m["records_left"] == drawn, name
-    inspect = cli("inspect", *stream_args(streams), "--json")
+    inspect = bcl_stream_cli("inspect", *stream_args(streams), "--json")
     assert inspect.returncode == 0, inspect.stderr
     reports = json.loads(inspect.stdout)["streams"]
     assert [r["mixture"]["proportion"] for r in reports] == [0.5, 0.3, 0.2]

@@ -8,9 +8,9 @@ the commands on a local dataset. Start-up time itself is measured by
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+
+from cli_process import python_process
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("streaming", "torch", "transformers", "lightning", "webdataset")
@@ -38,15 +38,7 @@ print(json.dumps({{"codes": codes, "heavy": sorted(m for m in {heavy!r} if m in 
 
 
 def run(code: str) -> str:
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = python_process(code)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.strip().splitlines()[-1]
 
