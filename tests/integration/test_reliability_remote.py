@@ -35,18 +35,39 @@ MAX_FAILED_REQUESTS = 40
 streaming's download_retry x the prefetch thread): a bound, not a target."""
 
 
-@pytest.fixture
-def s3_dataset(moto_s3, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    """(remote URL, proxy): 200 records written straight to moto; reads go through the proxy."""
+def proxied(moto_s3, monkeypatch: pytest.MonkeyPatch, prefix: str, write, n: int):  # type: ignore[no-untyped-def]
+    """(remote URL, proxy): ``n`` records written straight to moto by ``write``; reads go
+    through the fault-injecting proxy."""
     import os
 
-    name = f"rel-{os.getpid()}-{id(monkeypatch) % 10_000}"
-    remote = moto_s3(name) + "/train"
-    write_mds(remote, 200)
+    remote = moto_s3(f"{prefix}-{os.getpid()}-{id(monkeypatch) % 10_000}") + "/train"
+    write(remote, n)
     proxy = FaultyProxy(urlparse(os.environ["S3_ENDPOINT_URL"]).port or 0)
     monkeypatch.setenv("S3_ENDPOINT_URL", proxy.endpoint)
+    return remote, proxy
+
+
+@pytest.fixture
+def s3_dataset(moto_s3, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """(remote URL, proxy): 200 MDS records on moto, read through the proxy."""
+    remote, proxy = proxied(moto_s3, monkeypatch, "rel", write_mds, 200)
     yield remote, proxy
     proxy.close()
+
+
+def resume_after_outage(  # type: ignore[no-untyped-def]
+    proxy, before: int, dataset, got: list[list[int]], state: dict, plan: list[list[int]]
+) -> None:
+    """After a read failed on a stopped remote: a bounded number of requests was tried; with
+    the remote back, a loader resumed from the last state yields exactly the rest of the plan."""
+    failed = proxy.counts()[1] - before
+    assert 0 < failed <= MAX_FAILED_REQUESTS
+    proxy.set_down(False)
+    resumed = PackLoader(dataset)
+    resumed.load_state_dict(state)
+    assert state["packs_consumed"] == len(got)
+    got += [ids(pack) for pack in resumed]
+    assert got == plan
 
 
 def ids(pack: list[dict]) -> list[int]:  # type: ignore[type-arg]
@@ -82,15 +103,8 @@ def test_server_down_mid_epoch_then_resume(s3_dataset, tmp_path: Path) -> None: 
         for pack in it:
             got.append(ids(pack))
             state = loader.state_dict()
-    failed = proxy.counts()[1] - before
-    assert 0 < failed <= MAX_FAILED_REQUESTS
     del it
-    proxy.set_down(False)
-    resumed = PackLoader(dataset)
-    resumed.load_state_dict(state)
-    assert state["packs_consumed"] == len(got)
-    got += [ids(pack) for pack in resumed]
-    assert got == plan
+    resume_after_outage(proxy, before, dataset, got, state, plan)
     assert sorted(i for pack in got for i in pack) == sorted(i for pack in plan for i in pack)
 
 
@@ -109,15 +123,9 @@ WDS_CONFIG = ReaderConfig.build(world_size=1, pack_size=4, window=2, seed=3, sha
 @pytest.fixture
 def s3_wds(moto_s3, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     """(remote URL, proxy): a 300-record WebDataset (9 shards) on moto, read through the proxy."""
-    import os
-
     from conftest import write_wds
 
-    name = f"relw-{os.getpid()}-{id(monkeypatch) % 10_000}"
-    remote = moto_s3(name) + "/train"
-    write_wds(remote, 300)
-    proxy = FaultyProxy(urlparse(os.environ["S3_ENDPOINT_URL"]).port or 0)
-    monkeypatch.setenv("S3_ENDPOINT_URL", proxy.endpoint)
+    remote, proxy = proxied(moto_s3, monkeypatch, "relw", write_wds, 300)
     yield remote, proxy
     proxy.close()
 
@@ -158,15 +166,8 @@ def test_wds_server_down_mid_epoch_then_resume(s3_wds, tmp_path: Path) -> None: 
             got.append(ids(pack))
             state = loader.state_dict()
     assert "\n" not in str(caught.value)
-    failed = proxy.counts()[1] - before
-    assert 0 < failed <= MAX_FAILED_REQUESTS
     del it
-    proxy.set_down(False)
-    resumed = PackLoader(dataset)
-    resumed.load_state_dict(state)
-    assert state["packs_consumed"] == len(got)
-    got += [ids(pack) for pack in resumed]
-    assert got == plan
+    resume_after_outage(proxy, before, dataset, got, state, plan)
 
 
 def test_inspect_and_annotate_on_a_faulty_remote(s3_wds, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
