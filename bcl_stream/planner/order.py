@@ -682,12 +682,11 @@ def stratified_permutation(
     the last stratum, instead of by a binomial count of expensive records.
 
     Units are aligned with windows: ``offset`` is the stream position of the first record, so
-    the first ``-offset mod unit`` records complete the window a previous group began, and the
-    last ``rest`` records begin the next one. Both partial units are systematic samples of the
-    records sorted by cost (by stream, then cost, for a mixture), so a window that spans two
-    groups is stratified too; without the alignment every window after the first group would
-    straddle two units and hold a random, unstratified mix (measured: 0.88 instead of 0.99
-    rank-scope efficiency after the first group).
+    the first ``-offset mod unit`` records complete the window a previous group began: a
+    systematic sample of the records sorted by cost (by stream, then cost, for a mixture), so a
+    window that spans two groups is stratified too. Without it every window after the first
+    group straddles two units and holds a random, unstratified mix (measured on a length-sorted
+    Pareto corpus, 1 node: rank scope 0.81 -> 0.89; a 1.2M-record mixture: 0.90 -> 0.99).
 
     ``labels`` (a mixture's stream of each record): see :func:`_stratified_by_stream`.
     """
@@ -697,18 +696,16 @@ def stratified_permutation(
     c = np.asarray(costs, dtype=np.float64)
     lab = None if labels is None else np.asarray(labels)
     head = min((-int(offset)) % unit, n)
-    tail = (n - head) % unit
     pool = np.arange(n, dtype=np.int64)
-    parts: list[Ids] = []
-    for size in (head, tail):
-        picked = _systematic(pool, c, lab, size, rng)
-        parts.append(rng.permutation(picked))
-        pool = np.setdiff1d(pool, picked, assume_unique=True)
-    if lab is not None:
-        body = pool[_stratified_by_stream(c[pool], unit, rng, lab[pool])]
-    else:
+    first = _systematic(pool, c, lab, head, rng)
+    pool = np.setdiff1d(pool, first, assume_unique=True)
+    if lab is None:
         body = pool[_stratified_units(c[pool], unit, rng)]
-    return ids[np.concatenate([parts[0], body, parts[1]])]
+        return ids[np.concatenate([rng.permutation(first), body])]
+    tail = _systematic(pool, c, lab, pool.size % unit, rng)
+    pool = np.setdiff1d(pool, tail, assume_unique=True)
+    body = pool[_stratified_by_stream(c[pool], unit, rng, lab[pool])]
+    return ids[np.concatenate([rng.permutation(first), body, rng.permutation(tail)])]
 
 
 def _systematic(
@@ -730,21 +727,31 @@ def _systematic(
 
 
 def _stratified_units(costs: npt.NDArray[np.float64], unit: int, rng: np.random.Generator) -> Ids:
-    """Positions of ``costs`` (a multiple of ``unit`` records) in units of one record per
-    cost stratum, LPT-dealt (:func:`stratified_permutation`)."""
+    """Positions of ``costs`` in units of one record per cost stratum, LPT-dealt
+    (:func:`stratified_permutation`). With n not a multiple of ``unit`` the last stratum is
+    short: the units missing its (cheapest) record come last, so the full ones stay aligned.
+    (Measured against exact units plus a separate partial one, length-sorted Pareto and
+    site-packages corpora, 1 node: rank scope as good or better, node scope 1-2.5 points
+    better.)"""
     n = costs.size
-    k = n // unit
-    if k == 0:
+    if n == 0:
         return np.empty(0, dtype=np.int64)
-    dealt = _descending_with_random_ties(costs, rng).reshape(unit, k).copy()
-    dealt[0] = rng.permutation(dealt[0])  # row j = stratum j; column u = unit u's records
-    load = costs[dealt[0]].copy()
+    k = -(-n // unit)
+    grid = np.full(unit * k, -1, dtype=np.int64)
+    grid[:n] = _descending_with_random_ties(costs, rng)
+    dealt = grid.reshape(unit, k).copy()  # row j = stratum j; column u = unit u's records
+    dealt[0] = rng.permutation(dealt[0])
+    padded = np.append(costs, 0.0)  # index -1 (padding) costs nothing
+    load = padded[dealt[0]].copy()
     for j in range(1, unit):  # LPT: the stratum's heaviest record to the lightest unit
         lightest = np.argsort(load, kind="stable")
         row = dealt[j].copy()
         dealt[j, lightest] = row
-        load[lightest] += costs[row]
-    return rng.permuted(dealt.T, axis=1).reshape(-1)
+        load[lightest] += padded[row]
+    full = (dealt >= 0).all(axis=0)
+    columns = np.concatenate([np.flatnonzero(full), np.flatnonzero(~full)])
+    units = rng.permuted(dealt[:, columns].T, axis=1).reshape(-1)
+    return units[units >= 0]
 
 
 def _stratified_by_stream(
