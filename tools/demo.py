@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -82,7 +83,10 @@ def build_dataset(records: int, model_cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_config(name: str, base: dict[str, Any], data: dict[str, Any]) -> Path:
-    """A copy of cpu_demo.yaml with this run's logs, checkpoints and data options."""
+    """A copy of cpu_demo.yaml with this run's logs, checkpoints and data options. The run's
+    directory starts empty: a checkpoint left by an earlier demo would be resumed instead of
+    this run's (Lightning names a second ``step=40.ckpt`` ``step=40-v1.ckpt``)."""
+    shutil.rmtree(WORK / name, ignore_errors=True)
     cfg = json.loads(json.dumps(base))
     for cb in cfg["trainer"]["callbacks"]:
         if cb["class_path"].endswith("PackLogger"):
