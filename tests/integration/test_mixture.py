@@ -164,3 +164,30 @@ def test_simulate_and_inspect_take_streams(streams: dict[str, Path]) -> None:
     assert sum(r["mixture"]["records_per_epoch"] for r in reports) == sum(
         n for n, _ in SIZES.values()
     )
+
+
+def test_a_mixture_with_remote_streams_reads_each_into_its_own_cache(  # type: ignore[no-untyped-def]
+    moto_s3, streams: dict[str, Path], tmp_path: Path
+) -> None:
+    """An s3:// MDS stream and an s3:// WebDataset stream beside a local one: each remote
+    stream caches under its own directory, and the packs equal the plan."""
+    mds_remote = moto_s3("mix-mds") + "/b"
+    wds_remote = moto_s3("mix-wds") + "/c"
+    write_mds(mds_remote, 200, seed=1)
+    write_wds(wds_remote, 150, seed=2)
+    mixed = [f"{streams['a']}:proportion=0.5", f"{mds_remote}:proportion=0.3",
+             f"{wds_remote}:proportion=0.2"]  # fmt: skip
+    config = ReaderConfig.build(world_size=2, pack_size=4, window=4)
+    dataset = MixturePackDataset(mixed, config, 0, cache_dir=tmp_path / "cache")
+    expected = full_plan(dataset.index, config, 0).rank_packs(0)
+    stream, local = dataset.mixture.locate(expected)
+    packs = list(PackLoader(dataset))
+    assert [[(r["stream"], r["sample_id"]) for r in p] for p in packs] == [
+        list(zip(s, i, strict=True)) for s, i in zip(stream.tolist(), local.tolist(), strict=True)
+    ]
+    for pack in packs:
+        for record in pack:
+            check_record(record, list(SIZES))
+    assert (tmp_path / "cache" / "stream-1" / "bcl_index.json").is_file()
+    assert (tmp_path / "cache" / "stream-2" / "bcl_index.json").is_file()
+    assert not (tmp_path / "cache" / "stream-0").exists()  # the local stream is read in place
