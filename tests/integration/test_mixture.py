@@ -4,7 +4,10 @@ Lightning (a Trainer fit, resumed from a mid-epoch checkpoint, logging each reco
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -191,3 +194,68 @@ def test_a_mixture_with_remote_streams_reads_each_into_its_own_cache(  # type: i
     assert (tmp_path / "cache" / "stream-1" / "bcl_index.json").is_file()
     assert (tmp_path / "cache" / "stream-2" / "bcl_index.json").is_file()
     assert not (tmp_path / "cache" / "stream-0").exists()  # the local stream is read in place
+
+
+def mixture_config(tmp: Path, name: str, streams: dict[str, Path], stop: int) -> Path:
+    """configs/mixture.yaml on the fixture streams, with this run's logs and checkpoints."""
+    import yaml
+
+    cfg = yaml.safe_load((ROOT / "configs" / "mixture.yaml").read_text())
+    cfg["trainer"].update(
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp / name)
+    )
+    for cb in cfg["trainer"]["callbacks"]:
+        if cb["class_path"].endswith("PackLogger"):
+            cb["init_args"] = {"directory": str(tmp / name / "logs"), "fresh": True}
+        else:
+            cb["init_args"].update(
+                dirpath=str(tmp / name / "ckpt"), filename="{step}", every_n_train_steps=stop
+            )
+    cfg["model"]["init_args"]["config"] = {
+        "vocab_size": 256, "d_model": 16, "n_layers": 1, "n_heads": 2, "ffn_hidden": 32,
+        "max_seq_len": 128,
+    }  # fmt: skip
+    weights = dict(zip(SIZES, (0.5, 0.3, 0.2), strict=True))
+    cfg["data"].update(
+        streams=[{"path": str(streams[n]), "proportion": w} for n, w in weights.items()],
+        pack_size=4,
+        window=4,
+        num_workers=1,
+        seed=5,
+    )
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def lightning_fit(config: Path, *extra: str) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "BCL_STREAM_KEEP_SHM": "1"}
+    for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        env.pop(key, None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightning_module", "fit", "--config", str(config), *extra],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_ddp_mixture_from_the_yaml_config_resumes_per_rank(
+    streams: dict[str, Path], tmp_path: Path
+) -> None:
+    """configs/mixture.yaml through LightningCLI on 2 gloo ranks: every record of the draw once
+    (copies counted), and a run resumed at step 6 equals the uninterrupted one on each rank."""
+    stop = 6
+    lightning_fit(mixture_config(tmp_path, "full", streams, stop))
+    full = [pack_log(tmp_path / "full", rank) for rank in range(2)]
+    seen = [(s, i) for rank in full for x in rank for s, i in zip(x["streams"], x["sample_ids"], strict=True)]  # fmt: skip
+    counts = np.bincount([s for s, _ in seen], minlength=3) / len(seen)
+    assert np.abs(counts - [0.5, 0.3, 0.2]).max() < 0.02
+    assert all(len(rank) == len(full[0]) for rank in full)
+    ckpt = tmp_path / "full" / "ckpt" / f"step={stop}.ckpt"
+    lightning_fit(mixture_config(tmp_path, "resumed", streams, stop), "--ckpt_path", str(ckpt))
+    for rank in range(2):
+        want = [(x["step"], x["sample_ids"], x["streams"]) for x in full[rank][stop:]]
+        got = [
+            (x["step"], x["sample_ids"], x["streams"]) for x in pack_log(tmp_path / "resumed", rank)
+        ]
+        assert got == want, f"rank {rank}: the resumed mixture run differs"
