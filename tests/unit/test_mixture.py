@@ -185,3 +185,24 @@ def test_version_2_states_are_refused_with_what_to_do() -> None:
     state["version"] = 2
     with pytest.raises(StateError, match="drop the data loader's state"):
         resolve_state(state, fingerprint="fp", config=config)
+
+
+def test_elastic_resume_of_a_mixture_reads_the_rest_of_the_draw_once() -> None:
+    """4 ranks consume 5 packs each, then 2 ranks re-plan the rest: every drawn id once, over
+    the two segments and the remainder, and every pack under the memory cap."""
+    from bcl_stream.plan.epoch import Segment
+
+    index = mixture()
+    old = ReaderConfig.build(world_size=4, ranks_per_node=2, pack_size=4, window=4, max_tokens=2000)
+    new = old.resized(2, 2)
+    first = ReaderPlan(index, old, 1)
+    taken = np.concatenate([first.rank_packs(r)[:5].ravel() for r in range(4)])
+    plan = full_plan(index, new, 1, (Segment(4, 2, 5),))
+    assert np.array_equal(np.sort(plan.consumed), np.sort(taken))
+    rest = np.concatenate([plan.plan.packs.ravel(), *plan.plan.remainder.values()])
+    every = np.concatenate([taken, rest])
+    drawn = np.flatnonzero(index.sample(0, 1)(np.arange(len(index))))
+    assert np.array_equal(np.sort(every), drawn)
+    assert np.asarray(index.tokens[plan.plan.packs]).sum(axis=-1).max() <= 2000
+    lazy = ReaderPlan(index, new, 1, (Segment(4, 2, 5),))
+    assert lazy.remainder_counts() == plan.remainder_counts()
