@@ -134,6 +134,19 @@ def shares(layout: MixtureLayout, packs: npt.NDArray[np.int64], window: int) -> 
     }
 
 
+def amplification(layout: MixtureLayout, packs: Any, per_node: int) -> float:
+    """Download amplification over the streams' real shards (a repeated stream's copies of a
+    shard are one shard): sum over nodes of shards read / distinct shards read."""
+    seen: list[set[tuple[int, int]]] = []
+    for node in range(len(packs) // per_node):
+        ranks = packs[node * per_node : (node + 1) * per_node]
+        ids = np.concatenate([np.concatenate([np.ravel(b) for b in r] or [[]]) for r in ranks])
+        ids = ids.astype(np.int64)
+        stream, local = layout.locate(ids)
+        seen.append(set(zip(stream.tolist(), (local // SHARD_RECORDS).tolist(), strict=True)))
+    return sum(len(s) for s in seen) / len(set().union(*seen))
+
+
 def run(
     n: int, window: int, seed: int, sources: tuple[tuple[str, str, float, float], ...]
 ) -> dict[str, Any]:
@@ -187,6 +200,9 @@ def run(
             "worst_single_source": min(singles.values()),
             "mixture_vs_best_single": metrics[bcl].efficiency - max(singles.values()),
             "shares": shares(layout, np.asarray(planned[bcl].packs), window),
+            "download_amplification": {
+                k: amplification(layout, planned[k].packs, per_node) for k in planned
+            },
             "plan_seconds": plan_s,
             "records_per_second": float(sample.usable.sum()) / plan_s,
             "all_strategies_seconds": elapsed,
@@ -224,6 +240,10 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         "epoch_share_error_max": max(s["shares"]["epoch_error_max"] for s in settings.values()),
         "window_share_error_max": max(s["shares"]["window_error_max"] for s in settings.values()),
         "mixture_vs_best_single": {k: s["mixture_vs_best_single"] for k, s in settings.items()},
+        "download_amplification": {
+            k: {name: round(v, 3) for name, v in s["download_amplification"].items()}
+            for k, s in settings.items()
+        },
         "speedup_vs": {k: s["speedup_vs"] for k, s in settings.items()},
         "targets": TARGETS,
     }

@@ -177,7 +177,23 @@ class MixtureLayout:
     def table(self, weights: Sequence[npt.NDArray[np.float64]]) -> ShardTable:
         """The mixture's shard table from each stream's mean cost per shard (one copy)."""
         weight = np.concatenate([weights[s] for s in self.segment_stream])
-        return ShardTable.build(self.table_counts, weight=weight, stream=self.table_streams())
+        return ShardTable.build(
+            self.table_counts, weight=weight, stream=self.table_streams(), origin=self.origins()
+        )
+
+    def origins(self) -> Ids:
+        """For each shard of the mixture's table, the entry of the same shard in its stream's
+        first copy (-1 for the first copy itself): copies of a shard share its node."""
+        sizes = np.array([self.shard_counts[s].size for s in self.segment_stream], np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        out = np.full(int(sizes.sum()), -1, dtype=np.int64)
+        first: dict[int, int] = {}
+        for seg, s in enumerate(self.segment_stream.tolist()):
+            if s in first:
+                out[starts[seg] : starts[seg] + sizes[seg]] = np.arange(sizes[seg]) + first[s]
+            else:
+                first[s] = int(starts[seg])
+        return out
 
     def locate(self, ids: npt.ArrayLike) -> tuple[Ids, Ids]:
         """(stream, id inside the stream) of each mixture id."""

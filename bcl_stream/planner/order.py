@@ -91,6 +91,10 @@ class ShardTable:
     """For a mixture (``planner.mixture``): the stream (source dataset) of each entry. Streams
     are dealt to nodes and groups separately, so every node and every group holds each
     stream's share; None for one dataset."""
+    origin: Ids | None = None
+    """For a mixture whose stream repeats: the entry each copy of a shard follows to its node
+    (the shard's first copy), -1 for none; so a shard read twice in an epoch is downloaded by
+    one node."""
 
     @classmethod
     def build(
@@ -100,6 +104,7 @@ class ShardTable:
         weight: npt.ArrayLike | None = None,
         split: npt.ArrayLike | None = None,
         stream: npt.ArrayLike | None = None,
+        origin: npt.ArrayLike | None = None,
     ) -> ShardTable:
         """A validated table; ``usable`` defaults to ``counts``, ``weight`` to zeros.
 
@@ -124,7 +129,12 @@ class ShardTable:
         labels = None if stream is None else checks.array(stream, "stream", whole=True)
         if labels is not None and (labels.shape != c.shape or np.any(labels < 0)):
             raise ValueError(f"stream {labels.shape} must match counts {c.shape}, values >= 0")
-        return cls(c, u, w, pieces, labels)
+        follows = None if origin is None else checks.array(origin, "origin", whole=True)
+        if follows is not None and (
+            follows.shape != c.shape or np.any((follows < -1) | (follows >= c.size))
+        ):
+            raise ValueError(f"origin must hold -1 or an entry in [0, {c.size}) per entry")
+        return cls(c, u, w, pieces, labels, follows)
 
     def with_usable(self, usable: npt.ArrayLike, weight: npt.ArrayLike | None = None) -> ShardTable:
         """The same shards with other usable counts (and mean costs): a filter's view."""
@@ -134,6 +144,7 @@ class ShardTable:
             self.weight if weight is None else weight,
             self.split,
             self.stream,
+            self.origin,
         )
 
     def stream_groups(self, entries: Ids) -> list[Ids]:
@@ -267,12 +278,24 @@ def deal_shards(
             owner[pieces] = rng.permutation(n_nodes)
             np.add.at(load, owner[pieces], totals[pieces])
     whole = np.flatnonzero(owner < 0)
-    parts = table.stream_groups(whole)  # a mixture's streams one by one: each on every node
+    follows = np.full(n_shards, -1, dtype=np.int64) if table.origin is None else table.origin
+    # A repeated stream's copies of a shard go where its first copy goes (one download).
+    copies = whole[follows[whole] >= 0]
+    copies = copies[owner[follows[copies]] < 0]
+    leaders = np.setdiff1d(whole, copies)
+    records = table.usable.astype(np.int64).copy()
+    weight = totals.copy()
+    np.add.at(records, follows[copies], records[copies])
+    np.add.at(weight, follows[copies], weight[copies])
+    records[copies], weight[copies] = 0, 0.0
+    parts = table.stream_groups(leaders)  # a mixture's streams one by one: each on every node
     for part in parts:
-        owner[part] = balanced_deal(totals[part], n_nodes, rng, load)
-        np.add.at(load, owner[part], totals[part])
+        owner[part] = balanced_deal(weight[part], n_nodes, rng, load)
+        np.add.at(load, owner[part], weight[part])
+    owner[copies] = owner[follows[copies]]  # (records 0: the swaps count them on the leader)
     for part in parts:  # swaps inside a stream keep each node's share of it
-        even_out_records(owner, part, table.usable, totals, n_nodes)
+        even_out_records(owner, part, records, weight, n_nodes)
+    owner[copies] = owner[follows[copies]]
     return [np.flatnonzero(owner == n).astype(np.int64) for n in range(n_nodes)]
 
 
@@ -363,8 +386,10 @@ def split_heavy_shards(
     split: list[int] = []
     label: list[int] = []
     labels = np.zeros(n, np.int64) if table.stream is None else table.stream
+    new_index = np.full(n, -1, dtype=np.int64)  # entry of each whole shard in the new table
     for shard in range(n):
         if not is_cut[shard]:
+            new_index[shard] = len(counts)
             counts.append(int(table.counts[shard]))
             usable.append(int(table.usable[shard]))
             weight.append(float(table.weight[shard]))
@@ -385,7 +410,16 @@ def split_heavy_shards(
                 weight.append(float(table.weight[shard]))
             else:
                 weight.append(float(piece_costs.mean()))
-    return ShardTable.build(counts, usable, weight, split, None if table.stream is None else label)
+    origin = None
+    if table.origin is not None:  # copies follow their first copy while both stay whole
+        origin = np.full(len(counts), -1, dtype=np.int64)
+        kept = np.flatnonzero(new_index >= 0)
+        leader = table.origin[kept]
+        ok = leader >= 0
+        origin[new_index[kept[ok]]] = new_index[leader[ok]]
+    return ShardTable.build(
+        counts, usable, weight, split, None if table.stream is None else label, origin
+    )
 
 
 @dataclass(frozen=True, slots=True)

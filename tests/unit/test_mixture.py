@@ -11,6 +11,7 @@ from bcl_stream.io.index import CostIndex, ShardEntry
 from bcl_stream.plan.cursor import Cursor, resolve_state
 from bcl_stream.plan.epoch import ReaderConfig, ReaderPlan, full_plan, stream_report
 from bcl_stream.plan.streams import MixtureIndex, SegmentArray, StreamSpec, mixture_changes
+from bcl_stream.planner import PlanConfig, plan_epoch
 from bcl_stream.planner.mixture import MixtureLayout, choose_counts
 
 NONE4 = [None] * 4
@@ -206,3 +207,24 @@ def test_elastic_resume_of_a_mixture_reads_the_rest_of_the_draw_once() -> None:
     assert np.asarray(index.tokens[plan.plan.packs]).sum(axis=-1).max() <= 2000
     lazy = ReaderPlan(index, new, 1, (Segment(4, 2, 5),))
     assert lazy.remainder_counts() == plan.remainder_counts()
+
+
+def test_a_repeated_stream_keeps_each_shard_on_one_node() -> None:
+    """Copies of a shard follow its first copy: a stream read 2.5x per epoch is still
+    downloaded once, by one node (no shard of any stream reaches two nodes)."""
+    index = mixture()
+    lay = MixtureLayout.build([ix.shard_counts for ix in index.indexes], [7500, 1500, 1000])
+    assert lay.copies.tolist() == [3, 1, 1]
+    costs = SegmentArray(lay, [ix.costs() for ix in index.indexes])
+    table = lay.table([np.ones(len(ix.shard_counts)) for ix in index.indexes])
+    config = PlanConfig(world_size=4, ranks_per_node=2, pack_size=4, window=4, split_shards=0.0)
+    plan = plan_epoch(costs, table, config, seed=2, epoch=1, sample=lay.sample(2, 1))
+    nodes: list[set[tuple[int, int]]] = []
+    for node in range(2):
+        ids = plan.packs[node * 2 : node * 2 + 2].ravel()
+        stream, local = lay.locate(ids)
+        shard = local // 256  # every stream's shards hold 256 records (the last fewer)
+        nodes.append(set(zip(stream.tolist(), shard.tolist(), strict=True)))
+    assert not nodes[0] & nodes[1]
+    drawn = np.bincount(lay.locate(plan.packs.ravel())[0], minlength=3) / plan.packs.size
+    assert np.abs(drawn - lay.choose / lay.choose.sum()).max() < 0.02
