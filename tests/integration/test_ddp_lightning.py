@@ -10,14 +10,10 @@ yields only records not consumed yet, each once.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
-from lightning_scripts.harness import make_trainer, pack_log, tiny_config
+from lightning_scripts.harness import cli_fit, cli_run_config, make_trainer, pack_log, tiny_config
 
 from bcl_stream.io.index import read_index
 from bcl_stream.plan.epoch import ReaderConfig, full_plan
@@ -32,42 +28,17 @@ PACK, WINDOW, STOP = 8, 4, 7
 
 
 def write_config(tmp: Path, name: str, data: Path) -> Path:
-    cfg = yaml.safe_load((ROOT / "configs" / "cpu_demo.yaml").read_text())
-    cfg["trainer"].update(
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp / name)
+    return cli_run_config(
+        ROOT / "configs" / "cpu_demo.yaml",
+        tmp,
+        name,
+        STOP,
+        {"data": str(data), "pack_size": PACK, "window": WINDOW, "num_workers": 1, "seed": 5},
     )
-    for cb in cfg["trainer"]["callbacks"]:
-        if cb["class_path"].endswith("PackLogger"):
-            cb["init_args"] = {"directory": str(tmp / name / "logs"), "fresh": True}
-        else:
-            cb["init_args"].update(
-                dirpath=str(tmp / name / "ckpt"), filename="{step}", every_n_train_steps=STOP
-            )
-    cfg["model"]["init_args"]["config"] = {
-        "vocab_size": 256, "d_model": 16, "n_layers": 1, "n_heads": 2, "ffn_hidden": 32,
-        "max_seq_len": 128,
-    }  # fmt: skip
-    cfg["data"].update(data=str(data), pack_size=PACK, window=WINDOW, num_workers=1, seed=5)
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
 
 
 def fit(config: Path, *extra: str) -> None:
-    # Keep shared memory: other streaming tests may be alive on this machine.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "BCL_STREAM_KEEP_SHM": "1"}
-    for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
-        env.pop(key, None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "lightning_module", "fit", "--config", str(config), *extra],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    cli_fit(ROOT, config, *extra)
 
 
 def logs(tmp: Path, name: str) -> list[list[dict]]:

@@ -4,10 +4,7 @@ Lightning (a Trainer fit, resumed from a mid-epoch checkpoint, logging each reco
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +13,14 @@ import pytest
 import torch
 from cli_process import bcl_stream_cli
 from conftest import record_lengths, write_mds, write_wds
-from lightning_scripts.harness import make_trainer, pack_log, tail_from, tiny_config
+from lightning_scripts.harness import (
+    cli_fit,
+    cli_run_config,
+    make_trainer,
+    pack_log,
+    tail_from,
+    tiny_config,
+)
 
 from bcl_stream.errors import StateError
 from bcl_stream.formats.mixture_reader import MixturePackDataset
@@ -198,45 +202,19 @@ def test_a_mixture_with_remote_streams_reads_each_into_its_own_cache(  # type: i
 
 def mixture_config(tmp: Path, name: str, streams: dict[str, Path], stop: int) -> Path:
     """configs/mixture.yaml on the fixture streams, with this run's logs and checkpoints."""
-    import yaml
-
-    cfg = yaml.safe_load((ROOT / "configs" / "mixture.yaml").read_text())
-    cfg["trainer"].update(
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp / name)
-    )
-    for cb in cfg["trainer"]["callbacks"]:
-        if cb["class_path"].endswith("PackLogger"):
-            cb["init_args"] = {"directory": str(tmp / name / "logs"), "fresh": True}
-        else:
-            cb["init_args"].update(
-                dirpath=str(tmp / name / "ckpt"), filename="{step}", every_n_train_steps=stop
-            )
-    cfg["model"]["init_args"]["config"] = {
-        "vocab_size": 256, "d_model": 16, "n_layers": 1, "n_heads": 2, "ffn_hidden": 32,
-        "max_seq_len": 128,
-    }  # fmt: skip
     weights = dict(zip(SIZES, (0.5, 0.3, 0.2), strict=True))
-    cfg["data"].update(
-        streams=[{"path": str(streams[n]), "proportion": w} for n, w in weights.items()],
-        pack_size=4,
-        window=4,
-        num_workers=1,
-        seed=5,
-    )
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    data = {
+        "streams": [{"path": str(streams[n]), "proportion": w} for n, w in weights.items()],
+        "pack_size": 4,
+        "window": 4,
+        "num_workers": 1,
+        "seed": 5,
+    }
+    return cli_run_config(ROOT / "configs" / "mixture.yaml", tmp, name, stop, data)
 
 
 def lightning_fit(config: Path, *extra: str) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "BCL_STREAM_KEEP_SHM": "1"}
-    for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
-        env.pop(key, None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "lightning_module", "fit", "--config", str(config), *extra],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    cli_fit(ROOT, config, *extra)
 
 
 def test_ddp_mixture_from_the_yaml_config_resumes_per_rank(

@@ -95,3 +95,53 @@ def packs_by_step(log: list[dict[str, Any]]) -> list[tuple[int, int, list[int]]]
 def tail_from(log: list[dict[str, Any]], step: int) -> list[tuple[int, int, list[int]]]:
     """The uninterrupted run's batches from ``step`` on (what a resume at ``step`` must yield)."""
     return [entry for entry in packs_by_step(log) if entry[0] >= step]
+
+
+def cli_run_config(base: Path, tmp: Path, name: str, every: int, data: dict[str, Any]) -> Path:
+    """A LightningCLI config for one test run: ``base`` (a file of configs/) with this run's
+    logs and checkpoints (``{step}`` every ``every`` steps) under ``tmp/name``, the tiny model,
+    and ``data`` merged into its data section."""
+    import yaml
+
+    cfg = yaml.safe_load(base.read_text())
+    cfg["trainer"].update(
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp / name)
+    )
+    for cb in cfg["trainer"]["callbacks"]:
+        if cb["class_path"].endswith("PackLogger"):
+            cb["init_args"] = {"directory": str(tmp / name / "logs"), "fresh": True}
+        else:
+            cb["init_args"].update(
+                dirpath=str(tmp / name / "ckpt"), filename="{step}", every_n_train_steps=every
+            )
+    tiny = tiny_config()
+    cfg["model"]["init_args"]["config"] = {
+        key: getattr(tiny, key)
+        for key in ("vocab_size", "d_model", "n_layers", "n_heads", "ffn_hidden", "max_seq_len")
+    }
+    cfg["data"].update(data)
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def cli_fit(root: Path, config: Path, *extra: str) -> None:
+    """``python -m lightning_module fit --config CONFIG EXTRA`` in a fresh process, as a user
+    launches it (launcher variables cleared; other streaming jobs' shared memory kept)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "BCL_STREAM_KEEP_SHM": "1"}
+    for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        env.pop(key, None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightning_module", "fit", "--config", str(config), *extra],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
