@@ -40,6 +40,7 @@ from corpora import PROFILES  # noqa: E402
 
 from bcl_stream.analysis.sim import SimConfig, plan_schedules, score  # noqa: E402
 from bcl_stream.cost import CostModel, get_preset  # noqa: E402
+from bcl_stream.plan.streams import SegmentArray  # noqa: E402
 from bcl_stream.planner import ShardTable, shard_weights  # noqa: E402
 from bcl_stream.planner.mixture import MixtureLayout, choose_counts  # noqa: E402
 
@@ -110,8 +111,8 @@ def build(n: int, sources: tuple[tuple[str, str, float, float], ...]) -> dict[st
         "layout": layout,
         "table": layout.table(weights),
         "weights": weights,
-        "all_tokens": np.concatenate([tokens[s] for s in layout.segment_stream]),
-        "all_costs": np.concatenate([costs[s] for s in layout.segment_stream]),
+        "all_tokens": SegmentArray(layout, tokens)[:],
+        "all_costs": SegmentArray(layout, costs)[:],
     }
 
 
@@ -145,6 +146,20 @@ def amplification(layout: MixtureLayout, packs: Any, per_node: int) -> float:
         stream, local = layout.locate(ids)
         seen.append(set(zip(stream.tolist(), (local // SHARD_RECORDS).tolist(), strict=True)))
     return sum(len(s) for s in seen) / len(set().union(*seen))
+
+
+def copies_dealt_freely(
+    data: dict[str, Any], config: SimConfig, bcl: str, sample: Any, per_node: int
+) -> dict[str, float]:
+    """The same plan with a repeated stream's copies of a shard dealt to nodes on their own
+    (no ``ShardTable.origin``): what keeping each shard on one node costs in balance, and
+    saves in downloads."""
+    free = replace(data["table"], origin=None)
+    planned = plan_schedules(data["all_tokens"], data["all_costs"], free, config, (bcl,), sample)
+    return {
+        "efficiency": score(planned, config)[bcl].efficiency,
+        "download_amplification": amplification(data["layout"], planned[bcl].packs, per_node),
+    }
 
 
 def run(
@@ -203,6 +218,7 @@ def run(
             "download_amplification": {
                 k: amplification(layout, planned[k].packs, per_node) for k in planned
             },
+            "copies_dealt_freely": copies_dealt_freely(data, config, bcl, sample, per_node),
             "plan_seconds": plan_s,
             "records_per_second": float(sample.usable.sum()) / plan_s,
             "all_strategies_seconds": elapsed,
@@ -244,6 +260,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             k: {name: round(v, 3) for name, v in s["download_amplification"].items()}
             for k, s in settings.items()
         },
+        "copies_dealt_freely": {k: s["copies_dealt_freely"] for k, s in settings.items()},
         "speedup_vs": {k: s["speedup_vs"] for k, s in settings.items()},
         "targets": TARGETS,
     }

@@ -57,50 +57,50 @@ def add_stream_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def open_plan_data(args: argparse.Namespace) -> tuple[PlanData, str]:
-    """The cost index (one dataset) or the mixture the options name, and a label for messages.
-    Remote streams cache under ``<cache-dir>/stream-<i>``."""
-    from bcl_stream.io.remote import open_cost_index
+def data_source(args: argparse.Namespace) -> tuple[str | None, list[Any] | None]:
+    """(DIR, None) or (None, the ``--stream`` specs): exactly one, ``--epoch-size`` with streams
+    only. Every command that takes a dataset or a mixture checks its options here."""
+    from bcl_stream.plan.streams import StreamSpec
 
-    if (args.location is None) == (args.stream is None):
+    location = getattr(args, "location", None)
+    if (location is None) == (args.stream is None):
         raise ValueError("give a dataset DIR or --stream (repeated) for a mixture, not both")
     if args.stream is None:
         if args.epoch_size is not None:
             raise ValueError("--epoch-size applies to a mixture (--stream) only")
-        index, _ = open_cost_index(args.location, cache_dir(args))
-        return index, args.location
-    from bcl_stream.plan.streams import MixtureIndex, StreamSpec
-
-    specs = [StreamSpec.parse(text) for text in args.stream]
-    root = stream_cache_root(args, specs)
-    indexes = []
-    for i, spec in enumerate(specs):
-        index, _ = open_cost_index(spec.path, None if root is None else f"{root}/stream-{i}")
-        indexes.append(index)
-    mixture = MixtureIndex(specs, indexes, epoch_size=args.epoch_size)
-    return mixture, ",".join(spec.path for spec in specs)
+        return location, None
+    return None, [StreamSpec.parse(text) for text in args.stream]
 
 
-def stream_cache_root(args: argparse.Namespace, specs: list[Any]) -> str | None:
-    """The cache root for a mixture's remote streams (a temporary one if none was given)."""
-    from bcl_stream.io.remote import is_remote
-
-    if args.cache_dir is None and any(is_remote(s.path) for s in specs):
-        import tempfile
-
-        args.cache_dir = tempfile.mkdtemp(prefix="bcl_cache_")
-    return str(args.cache_dir) if args.cache_dir is not None else None
-
-
-def check_formats(index: PlanData, location: str, scope: str) -> None:
-    """Refuse a scope some stream's reader cannot serve (WebDataset: rank only)."""
+def open_mixture(args: argparse.Namespace, specs: list[Any]) -> Any:
+    """The ``MixtureIndex`` of ``specs`` (their cost indexes only; remote streams cache under
+    ``<cache-dir>/stream-<i>``)."""
+    from bcl_stream.io.remote import open_cost_index
     from bcl_stream.plan.streams import MixtureIndex
 
-    if isinstance(index, MixtureIndex):
-        for spec, ix in zip(index.specs, index.indexes, strict=True):
-            check_format_scope(spec.path, ix.format, scope)
-    else:
+    root = cache_dir(args, *(spec.path for spec in specs))
+    indexes = [
+        open_cost_index(spec.path, None if root is None else f"{root}/stream-{i}")[0]
+        for i, spec in enumerate(specs)
+    ]
+    return MixtureIndex(specs, indexes, epoch_size=args.epoch_size)
+
+
+def open_plan_data(args: argparse.Namespace, scope: str) -> tuple[PlanData, str]:
+    """The cost index (one dataset) or the mixture the options name, and a label for messages;
+    a scope some reader cannot serve (WebDataset: rank only) is refused."""
+    from bcl_stream.io.remote import open_cost_index
+
+    location, specs = data_source(args)
+    if specs is None:
+        assert location is not None
+        index, _ = open_cost_index(location, cache_dir(args, location))
         check_format_scope(location, index.format, scope)
+        return index, location
+    mixture = open_mixture(args, specs)
+    for spec, ix in zip(mixture.specs, mixture.indexes, strict=True):
+        check_format_scope(spec.path, ix.format, scope)
+    return mixture, ",".join(spec.path for spec in specs)
 
 
 def config_from_args(args: argparse.Namespace) -> ReaderConfig:
@@ -109,11 +109,11 @@ def config_from_args(args: argparse.Namespace) -> ReaderConfig:
     )
 
 
-def cache_dir(args: argparse.Namespace) -> str | None:
-    """The remote cache directory (a temporary one if none was given)."""
+def cache_dir(args: argparse.Namespace, *locations: str) -> str | None:
+    """``--cache-dir``, or a temporary one when any of ``locations`` is remote."""
     from bcl_stream.io.remote import is_remote
 
-    if args.cache_dir is None and args.location is not None and is_remote(args.location):
+    if args.cache_dir is None and any(is_remote(place) for place in locations):
         import tempfile
 
         args.cache_dir = tempfile.mkdtemp(prefix="bcl_cache_")
@@ -154,8 +154,7 @@ def run(args: argparse.Namespace) -> int:
     from bcl_stream.plan.epoch import full_plan, stream_report
 
     config = config_from_args(args)
-    index, location = open_plan_data(args)
-    check_formats(index, location, config.plan.scope)
+    index, location = open_plan_data(args, config.plan.scope)
     plan = full_plan(index, config, args.epoch)
     require_packs(location, plan, config, len(index))
     streams = stream_report(index, config, plan)

@@ -10,17 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bcl_stream.commands.plan import (
-    add_plan_options,
-    cache_dir,
-    check_formats,
-    config_from_args,
-    open_plan_data,
-    stream_cache_root,
-)
-from bcl_stream.plan.checks import check_format_scope, require_packs
+from bcl_stream.commands.plan import add_plan_options, cache_dir, config_from_args, data_source
+from bcl_stream.plan.checks import require_packs
+
+if TYPE_CHECKING:
+    from bcl_stream.formats.reader_base import PlanDataset
 
 
 def add_parser(sub: Any) -> None:
@@ -38,21 +34,6 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-def open_dataset(location: str, config: Any, rank: int, cache: str | None) -> Any:
-    """The reader for the dataset's format (from its cost index)."""
-    from bcl_stream.io.remote import open_cost_index
-
-    index, _ = open_cost_index(location, cache)
-    check_format_scope(location, index.format, config.plan.scope)
-    if index.format == "wds":
-        from bcl_stream.formats.wds_reader import WDSPackDataset
-
-        return WDSPackDataset(location, config, rank, cache_dir=cache)
-    from bcl_stream.formats.mds_reader import MDSPackDataset
-
-    return MDSPackDataset(location, config, rank, cache_dir=cache)
-
-
 def run(args: argparse.Namespace) -> int:
     from bcl_stream.loading.loader import PackLoader
 
@@ -61,29 +42,21 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and value < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
     config = config_from_args(args)
-    if args.stream is not None:
-        from bcl_stream.formats.mixture_reader import MixturePackDataset
-        from bcl_stream.plan.streams import StreamSpec
+    from bcl_stream.formats.open_reader import open_reader
 
-        if args.location is not None:
-            raise ValueError("give a dataset DIR or --stream (repeated) for a mixture, not both")
-        specs = [StreamSpec.parse(text) for text in args.stream]
-        index, location = open_plan_data(args)  # refuses bad mixtures and scopes first
-        check_formats(index, location, config.plan.scope)
-        dataset = MixturePackDataset(
-            specs,
-            config,
-            args.rank,
-            cache_dir=stream_cache_root(args, specs),
-            epoch_size=args.epoch_size,
-        )
+    location, specs = data_source(args)
+    dataset: PlanDataset
+    if specs is None:
+        assert location is not None
+        dataset = open_reader(location, config, args.rank, cache_dir(args, location))
     else:
-        if args.location is None:
-            raise ValueError("give a dataset DIR or --stream (repeated) for a mixture")
-        if args.epoch_size is not None:
-            raise ValueError("--epoch-size applies to a mixture (--stream) only")
-        location = args.location
-        dataset = open_dataset(location, config, args.rank, cache_dir(args))
+        from bcl_stream.formats.mixture_reader import MixturePackDataset
+
+        root = cache_dir(args, *(spec.path for spec in specs))
+        dataset = MixturePackDataset(
+            specs, config, args.rank, cache_dir=root, epoch_size=args.epoch_size
+        )
+        location = dataset.location
     dataset.set_epoch(args.epoch)
     require_packs(location, dataset.plan(), config, len(dataset.index))
 

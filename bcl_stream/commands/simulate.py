@@ -164,24 +164,17 @@ class SimInput:
 def sim_input(args: argparse.Namespace, config: SimConfig) -> SimInput:
     """The records the options name: ``--dataset``, ``--lengths`` or ``--stream``s."""
     if args.stream is not None:
-        from bcl_stream.commands.plan import stream_cache_root
-        from bcl_stream.io.remote import open_cost_index
-        from bcl_stream.plan.streams import MixtureIndex, StreamSpec
+        from bcl_stream.commands.plan import data_source, open_mixture
 
-        specs = [StreamSpec.parse(text) for text in args.stream]
-        root = stream_cache_root(args, specs)
-        indexes = [
-            open_cost_index(spec.path, None if root is None else f"{root}/stream-{i}")[0]
-            for i, spec in enumerate(specs)
-        ]
-        mixture = MixtureIndex(specs, indexes, epoch_size=args.epoch_size)
+        mixture = open_mixture(args, data_source(args)[1] or [])
         model = None if args.cost_model is None else resolve(args.cost_model)
         sample = mixture.sample(config.seed, config.epoch)
         drawn = sample.per_stream()
+        costs = mixture.costs(model)
         return SimInput(
             np.asarray(mixture.tokens[:], dtype=np.int64),
-            np.asarray(mixture.costs(model)[:], dtype=np.float64),
-            mixture.shard_table(model),
+            np.asarray(costs[:], dtype=np.float64),
+            mixture.shard_table(costs),
             {"streams": [None if m is None else m.to_dict() for m in mixture.stream_models(model)]},
             sample,
             [

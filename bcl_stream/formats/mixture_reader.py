@@ -20,26 +20,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from bcl_stream.formats.open_reader import open_reader
 from bcl_stream.formats.reader_base import Pack, PlanDataset
-from bcl_stream.io.index import CostIndex
 from bcl_stream.plan.epoch import ReaderConfig
 from bcl_stream.plan.streams import MixtureIndex, StreamSpec
-
-
-def stream_reader(
-    spec: StreamSpec, config: ReaderConfig, rank: int | None, cache_dir: str | None
-) -> PlanDataset:
-    """The reader of one stream's format (from its cost index)."""
-    from bcl_stream.io.remote import open_cost_index
-
-    index, _ = open_cost_index(spec.path, cache_dir)
-    if index.format == "wds":
-        from bcl_stream.formats.wds_reader import WDSPackDataset
-
-        return WDSPackDataset(spec.path, config, rank, cache_dir=cache_dir)
-    from bcl_stream.formats.mds_reader import MDSPackDataset
-
-    return MDSPackDataset(spec.path, config, rank, cache_dir=cache_dir)
 
 
 class MixturePackDataset(PlanDataset):
@@ -63,19 +47,15 @@ class MixturePackDataset(PlanDataset):
         if not specs:
             raise ValueError("a mixture needs at least one stream")
         self.readers = [
-            stream_reader(
-                spec,
+            open_reader(
+                spec.path,
                 config,
                 rank,
                 None if cache_dir is None else str(Path(cache_dir) / f"stream-{i}"),
             )
             for i, spec in enumerate(specs)
         ]
-        indexes = [r.index for r in self.readers]
-        singles = [ix for ix in indexes if isinstance(ix, CostIndex)]
-        if len(singles) != len(indexes):
-            raise ValueError("a mixture's stream cannot itself be a mixture")
-        index = MixtureIndex(specs, singles, epoch_size=epoch_size)
+        index = MixtureIndex(specs, [r.index for r in self.readers], epoch_size=epoch_size)
         super().__init__(index, config, rank)
         self.mixture = index
         self.location = ",".join(spec.path for spec in specs)
@@ -108,6 +88,6 @@ class MixturePackDataset(PlanDataset):
                 pack.append(record)
             yield pack
         for pull in pulls.values():  # let readers release prefetchers and files
-            close = getattr(pull, "close", None)
+            close = getattr(pull, "close", None)  # generators (every reader's) have one
             if close is not None:
                 close()

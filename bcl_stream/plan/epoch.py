@@ -370,7 +370,8 @@ def _costs_and_table(index: PlanData, config: ReaderConfig) -> tuple[Any, ShardT
     if hit is None:
         model = None if config.cost_model is None else resolve(config.cost_model)
         if isinstance(index, MixtureIndex):
-            hit = (index.costs(model), index.shard_table(model))
+            view = index.costs(model)
+            hit = (view, index.shard_table(view))
         else:
             costs = index.costs(model)
             counts = index.shard_counts

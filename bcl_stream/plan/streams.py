@@ -141,6 +141,11 @@ class SegmentArray:
         return self.shape[0]
 
     @property
+    def parts(self) -> list[npt.NDArray[Any]]:
+        """The per-stream arrays, in stream order."""
+        return self._parts
+
+    @property
     def size(self) -> int:
         return self.shape[0]
 
@@ -234,12 +239,13 @@ class MixtureIndex:
             self.layout, [ix.costs(m) for ix, m in zip(self.indexes, models, strict=True)]
         )
 
-    def shard_table(self, model: CostModel | None = None) -> ShardTable:
-        """The mixture's shard table (one chunked pass over each stream's costs, once)."""
-        models = self.stream_models(model)
+    def shard_table(self, costs: SegmentArray) -> ShardTable:
+        """The mixture's shard table from its costs (:meth:`costs`): one chunked pass over
+        each stream's costs, which are computed once (a cost model other than the stored one
+        recomputes every record's cost)."""
         weights = [
-            shard_weights(ix.shard_counts, ix.costs(m))
-            for ix, m in zip(self.indexes, models, strict=True)
+            shard_weights(ix.shard_counts, part)
+            for ix, part in zip(self.indexes, costs.parts, strict=True)
         ]
         return self.layout.table(weights)
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -108,9 +109,12 @@ def choose_counts(
     return out
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, eq=False)
 class MixtureLayout:
-    """Where each stream's copies lie in the mixture id space (O(streams x shards))."""
+    """Where each stream's copies lie in the mixture id space (O(streams x shards)).
+
+    The derived arrays are computed once (``cached_property``): :meth:`locate` runs for every
+    gather of costs the planner makes."""
 
     shard_counts: tuple[Ids, ...]
     """Records per shard of each stream, in write order."""
@@ -137,39 +141,43 @@ class MixtureLayout:
     def n_streams(self) -> int:
         return len(self.shard_counts)
 
-    @property
+    @cached_property
     def records(self) -> Ids:
         """Records of each stream (one copy)."""
         return np.array([int(c.sum()) for c in self.shard_counts], dtype=np.int64)
 
-    @property
+    @cached_property
     def copies(self) -> Ids:
         """Copies of each stream in the id space: ceil(choose / records)."""
         return -(-self.choose // self.records)
 
-    @property
+    @cached_property
     def segment_stream(self) -> Ids:
         """Stream of each segment (one segment = one copy of one stream), in id order."""
         return np.repeat(np.arange(self.n_streams, dtype=np.int64), self.copies)
 
-    @property
+    @cached_property
     def segment_starts(self) -> Ids:
         """First mixture id of each segment."""
         sizes = self.records[self.segment_stream]
         return np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
 
-    @property
+    @cached_property
     def n_records(self) -> int:
         """Ids in the mixture space (every copy of every stream)."""
         return int((self.records * self.copies).sum())
 
-    @property
+    @cached_property
     def table_counts(self) -> Ids:
         """Records per shard of the mixture's shard table: every copy's shards, in id order."""
         return np.concatenate([self.shard_counts[s] for s in self.segment_stream])
 
     def table_streams(self) -> Ids:
         """Stream of each shard of the mixture's table."""
+        return self._table_streams
+
+    @cached_property
+    def _table_streams(self) -> Ids:
         return np.concatenate(
             [np.full(self.shard_counts[s].size, s, np.int64) for s in self.segment_stream]
         )
@@ -254,11 +262,11 @@ class EpochSample:
         return bool(self._partial.any())
 
     def per_stream(self) -> Ids:
-        """Records each stream gives this epoch (= ``layout.choose``)."""
-        streams = self.layout.table_streams()
-        return np.bincount(streams, weights=self.usable, minlength=self.layout.n_streams).astype(
-            np.int64
-        )
+        """Records each stream gives this epoch (``layout.choose`` give or take the per-shard
+        rounding of :func:`_cyclic_draw`)."""
+        return np.bincount(
+            self._streams, weights=self.usable, minlength=self.layout.n_streams
+        ).astype(np.int64)
 
     def _rank(self, shard: int) -> Ids:
         """Position of each of the shard's records in its fixed random order (cached)."""

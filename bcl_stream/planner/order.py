@@ -280,10 +280,9 @@ def deal_shards(
     whole = np.flatnonzero(owner < 0)
     follows = np.full(n_shards, -1, dtype=np.int64) if table.origin is None else table.origin
     # A repeated stream's copies of a shard go where its first copy goes (one download).
-    copies = whole[follows[whole] >= 0]
-    copies = copies[owner[follows[copies]] < 0]
+    copies = whole[follows[whole] >= 0]  # (split_heavy_shards unlinks copies of cut shards)
     leaders = np.setdiff1d(whole, copies)
-    records = table.usable.astype(np.int64).copy()
+    records = table.usable.astype(np.int64)
     weight = totals.copy()
     np.add.at(records, follows[copies], records[copies])
     np.add.at(weight, follows[copies], weight[copies])
