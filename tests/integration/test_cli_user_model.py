@@ -11,13 +11,12 @@ with ``--model`` on top of a TinyGPT config, a plan with no pack (one line, exit
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from lightning_scripts.harness import lightning_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -92,19 +91,8 @@ def config(tmp: Path, data: Path, model: dict) -> Path:
 
 def fit(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     (tmp / "mymodel.py").write_text(USER_MODEL)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "BCL_STREAM_KEEP_SHM": "1"}
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp), str(ROOT), env.get("PYTHONPATH", "")])
-    for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "BCL_STREAM_DEBUG"):
-        env.pop(key, None)
-    return subprocess.run(
-        [sys.executable, "-m", "lightning_module", *args],
-        cwd=tmp,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    proc: subprocess.CompletedProcess[str] = lightning_cli(ROOT, *args, cwd=tmp, path=[tmp])
+    return proc
 
 
 def seen(tmp: Path) -> list[dict]:  # type: ignore[type-arg]

@@ -125,23 +125,32 @@ def cli_run_config(base: Path, tmp: Path, name: str, every: int, data: dict[str,
     return path
 
 
-def cli_fit(root: Path, config: Path, *extra: str) -> None:
-    """``python -m lightning_module fit --config CONFIG EXTRA`` in a fresh process, as a user
-    launches it (launcher variables cleared; other streaming jobs' shared memory kept)."""
+def lightning_cli(
+    root: Path, *args: str, cwd: Path | None = None, path: Sequence[Path] = ()
+) -> Any:
+    """``python -m lightning_module ARGS`` in a fresh process as a user launches it (launcher
+    and debug variables cleared, other streaming jobs' shared memory kept; ``path`` first on
+    ``PYTHONPATH``, then this checkout). Returns the completed process, output captured."""
     import os
     import subprocess
     import sys
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "BCL_STREAM_KEEP_SHM": "1"}
-    for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+    env["PYTHONPATH"] = os.pathsep.join([*map(str, path), str(root), env.get("PYTHONPATH", "")])
+    for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "BCL_STREAM_DEBUG"):
         env.pop(key, None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "lightning_module", "fit", "--config", str(config), *extra],
-        cwd=root,
+    return subprocess.run(
+        [sys.executable, "-m", "lightning_module", *args],
+        cwd=cwd or root,
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
         check=False,
     )
+
+
+def cli_fit(root: Path, config: Path, *extra: str) -> None:
+    """``fit --config CONFIG EXTRA`` through :func:`lightning_cli`; it must succeed."""
+    proc = lightning_cli(root, "fit", "--config", str(config), *extra)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
