@@ -9,6 +9,7 @@ sample ids plus ``{"epoch_tail": ids}``. Every rank gets the same number of micr
 | ``nemo_mffd`` | NeMo-RL sequence packing (``nemo.py``) | varies (contract broken) | bin capacity |
 | ``verl_kk`` | verl ``balance_batch`` (``verl.py``) | exactly B (contract kept) | unused |
 | ``verl_dynbsz`` | verl dynamic batch size (``verl.py``) | varies (contract broken) | token budget |
+| ``hf_rebalance`` | Transformers ``BatchRebalanceSampler`` (``hf.py``) | varies; R*B*G per step | unused |
 | ``pooled_mffd_split`` | no system: a textbook MFFD (``baselines.py``) | varies | bin capacity |
 """
 
@@ -20,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.planner.baselines import pooled_mffd_split
+from bcl_stream.planner.hf import hf_rebalance
 from bcl_stream.planner.nemo import nemo_mffd
 from bcl_stream.planner.pools import Bins, Remainder
 from bcl_stream.planner.verl import verl_dynbsz, verl_kk
@@ -34,9 +36,11 @@ POOLED: dict[str, PooledPlanner] = {
     "verl_kk": lambda order, tok, r, b, g, _capacity: verl_kk(order, tok, r, b, g),
     "verl_dynbsz": verl_dynbsz,
     "pooled_mffd_split": pooled_mffd_split,
+    "hf_rebalance": lambda order, tok, r, b, g, _capacity: hf_rebalance(order, tok, r, b, g),
 }
-REAL_PEERS = ("nemo_mffd", "verl_kk")
-"""The peers speedups are reported against: what NeMo-RL and verl users run today."""
+REAL_PEERS = ("nemo_mffd", "verl_kk", "hf_rebalance")
+"""The peers speedups are reported against: what NeMo-RL, verl and Hugging Face Trainer users
+run today."""
 
 
 def plan_pooled(

@@ -190,7 +190,7 @@ def test_every_peer_emits_every_record_once_and_equal_counts_per_rank(
     if name == "verl_kk":  # the record-count contract: G micro-batches of exactly B
         assert all(mb.size == b for rank in bins for mb in rank)
         assert len(bins[0]) == g * (n // (r * b * g))
-    elif name != "verl_dynbsz":  # verl's budget sets the count, not a bound on each micro-batch
+    elif name not in ("verl_dynbsz", "hf_rebalance"):  # no per-micro-batch bound there
         assert all(int(tok[mb].sum()) <= capacity for rank in bins for mb in rank)
 
 
