@@ -13,13 +13,16 @@ micro-batches of each step are summed first, so t indexes optimizer steps.
   shards read; shard working set = the most distinct shards one node's ranks read within one
   window of W packs (what its cache must hold at once).
 - padding_waste = share of the computed cost spent on padding (0 for the ``packed`` layout)
+- imbalance_sq  = mean over micro-batches of max_r S / mean_r S, S[r, t] the sum of the squared
+  lengths of rank r's t-th micro-batch (torchtitan's figure; the records' own lengths, whatever
+  the layout, always per micro-batch)
 
 The record array is the dataset in write order, cut into shards of ``shard_records``. BCL and
 ``sequential`` read node streams (each node its own shards); central baselines read one global
 shuffle (``planner.baselines.global_order``), as a trainer's shuffled DataLoader does.
 
 The pooled peers (``planner/peers.py``: ``nemo_mffd``, ``verl_kk``, ``verl_dynbsz``,
-``pooled_mffd_split``) pool global batches of R*B*G records from that global shuffle.
+``hf_rebalance``, ``pooled_mffd_split``) pool global batches of R*B*G records from that global shuffle.
 
 Layout (``SimConfig.layout``, ``planner/padded.py``): a pack costs the sum of its records'
 costs when ``packed`` (varlen attention), B times its costliest record when ``padded``. With
@@ -62,6 +65,9 @@ class Metrics:
     """Share of the computed cost that is padding: 1 - sum of record costs / sum of pack costs."""
     download_amplification: float = float("nan")
     shard_working_set: int = 0
+    imbalance_sq: float = float("nan")
+    """torchtitan's imbalance: mean over micro-batches of max/mean across ranks of the sum of
+    squared lengths (1.0 = even); NaN without lengths."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,6 +140,16 @@ def metrics_from_costs(
         records_left=records_left,
         padding_waste=waste,
     )
+
+
+def imbalance_sq(squared: npt.NDArray[np.float64]) -> float:
+    """torchtitan's figure from a (ranks, micro-batches) matrix of sums of squared lengths:
+    mean over micro-batches of max over ranks / mean over ranks (micro-batches with no tokens
+    on any rank are skipped)."""
+    s = np.asarray(squared, dtype=np.float64)
+    mean = s.mean(axis=0) if s.size else s.sum(axis=0)
+    live = mean > 0
+    return float((s.max(axis=0)[live] / mean[live]).mean()) if live.any() else float("nan")
 
 
 def plan_costs(
@@ -219,6 +235,8 @@ class Schedule:
     step_sizes: npt.NDArray[np.int64] | None = None
     """Micro-batches per optimizer step where they vary (``nemo_mffd``, ``verl_dynbsz``,
     ``pooled_mffd_split``: one step per global batch); None: G each."""
+    squared_lengths: npt.NDArray[np.float64] | None = None
+    """(ranks, packs) sums of the records' squared lengths, for ``imbalance_sq``."""
 
 
 def shard_table(
@@ -294,6 +312,7 @@ def plan_schedules(
     tok = tokens
     seed, epoch = config.seed, config.epoch
     layout = check_layout(config.layout)
+    squares = np.square(tok.astype(np.float64))
 
     def schedule(
         packs: Packs, used: int, left: int, steps: npt.NDArray[np.int64] | None = None
@@ -305,6 +324,7 @@ def plan_schedules(
             packs,
             ragged_pack_costs(packs, costs, "packed"),
             steps,
+            ragged_pack_costs(packs, squares, "packed"),
         )
 
     out: dict[str, Schedule] = {}
@@ -391,6 +411,8 @@ def score(
             step_sizes=s.step_sizes,
             useful_costs=s.useful_costs,
         )
+        if s.squared_lengths is not None:
+            metrics = replace(metrics, imbalance_sq=imbalance_sq(s.squared_lengths))
         if table is not None:
             amplification, working = locality(s.packs, table, config.ranks_per_node, config.window)
             metrics = replace(

@@ -262,8 +262,8 @@ def print_table(
     extra = f"{'waste':>7}{'vs_packed_seq':>14}" if packed_seq else ""
     print(
         f"{'strategy':<18}{'efficiency':>11}{'cv_ranks':>10}{'cv_time':>9}{'speedup':>9}"
-        f"{'packs':>7}{'left':>7}{'dl_amp':>8}{'shards':>8}"
-        + "".join(f"{'vs ' + p:>14}" for p in peers)
+        f"{'packs':>7}{'left':>7}{'dl_amp':>8}{'shards':>8}{'imb_sq':>8}"
+        + "".join(f"{'vs ' + p:>16}" for p in peers)
         + extra
     )
     for name, m in results.items():
@@ -271,8 +271,8 @@ def print_table(
         row = (
             f"{name:<18}{m.efficiency:>11.3f}{m.cv_ranks:>10.3f}{m.cv_time:>9.3f}"
             f"{speed:>9.3f}{m.packs_per_rank:>7}{m.records_left:>7}"
-            f"{m.download_amplification:>8.2f}{m.shard_working_set:>8}"
-            + "".join(f"{versus[name][p]:>14.3f}" for p in peers)
+            f"{m.download_amplification:>8.2f}{m.shard_working_set:>8}{m.imbalance_sq:>8.3f}"
+            + "".join(f"{versus[name][p]:>16.3f}" for p in peers)
         )
         if packed_seq:
             vs = packed_seq.time / m.time if m.time else float("nan")

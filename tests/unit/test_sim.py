@@ -19,6 +19,7 @@ from bcl_stream.analysis.sim import (
     Metrics,
     Schedule,
     SimConfig,
+    imbalance_sq,
     metrics_from_costs,
     schedules,
     simulate,
@@ -157,8 +158,9 @@ def test_simulate_scores_the_schedules_with_the_same_metrics() -> None:
             step_sizes=s.step_sizes,
         )
         assert dataclasses.replace(
-            scored[name], download_amplification=0.0, shard_working_set=0
-        ) == (dataclasses.replace(expected, download_amplification=0.0))
+            scored[name], download_amplification=0.0, shard_working_set=0, imbalance_sq=0.0
+        ) == (dataclasses.replace(expected, download_amplification=0.0, imbalance_sq=0.0))
+        assert scored[name].imbalance_sq >= 1.0
         assert scored[name].download_amplification >= 1.0
         assert scored[name].shard_working_set >= 1
 
@@ -193,7 +195,7 @@ def test_cli_json_prints_exactly_one_object_with_the_documented_keys(
     assert set(payload) == {"config", "strategies", "speedup_vs"}
     assert set(payload["strategies"]) == set(STRATEGIES)
     assert set(payload["speedup_vs"]) == set(STRATEGIES)
-    for peer in ("nemo_mffd", "verl_kk"):
+    for peer in ("nemo_mffd", "verl_kk", "hf_rebalance"):
         assert payload["speedup_vs"][peer][peer] == pytest.approx(1.0)
     fields = {f.name for f in dataclasses.fields(Metrics)}
     for metrics in payload["strategies"].values():
@@ -218,6 +220,19 @@ def test_cli_strategies_flag_limits_the_output(
     assert main([*args[:-1], "verl_kk,bcl-world"]) == 0
     header = capsys.readouterr().out.splitlines()[0]
     assert header.split()[-2:] == ["vs", "verl_kk"] and "nemo_mffd" not in header
+
+
+def test_imbalance_sq_is_torchtitans_mean_of_max_over_mean_of_squared_lengths() -> None:
+    # Micro-batch 0: S = [1 + 9, 4 + 4] -> max/mean = 10 / 9; micro-batch 1: [4, 4] -> 1.
+    sq = np.array([[1.0 + 9.0, 4.0], [4.0 + 4.0, 4.0]])
+    assert imbalance_sq(sq) == pytest.approx((10 / 9 + 1.0) / 2)
+    assert imbalance_sq(np.zeros((2, 3))) != imbalance_sq(np.zeros((2, 3)))  # NaN: no tokens
+    tok = np.array([1, 3, 2, 2, 2, 2, 2, 2], dtype=np.int64)
+    config = SimConfig(ranks=2, ranks_per_node=2, pack_size=2, grad_accum=1, window=1)
+    packs = schedules(tok, get_preset("tokens"), config, ("sequential",))["sequential"].packs
+    expected = imbalance_sq(np.array([[float(np.sum(tok[p] ** 2)) for p in r] for r in packs]))
+    scored = simulate(tok, get_preset("tokens"), config, ("sequential",))
+    assert scored["sequential"].imbalance_sq == pytest.approx(expected)
 
 
 def test_speedup_vs_a_peer_is_time_per_unit_of_cost() -> None:
