@@ -8,32 +8,57 @@ from __future__ import annotations
 
 import os
 import warnings
+import zipfile
 from pathlib import Path
-
-import torch
 
 
 def last_complete_checkpoint(
     directory: str | os.PathLike[str], pattern: str = "*.ckpt"
 ) -> Path | None:
-    """The newest checkpoint in ``directory`` that loads (``None`` if there is none).
+    """The newest checkpoint in ``directory`` that was written completely (``None``: none).
 
     Why: a job killed while saving (SIGKILL, node loss) can leave the newest ``.ckpt`` cut
-    short; ``torch.load`` then fails deep inside its zip reader. Newest is by modification
-    time; each candidate is opened with ``torch.load(mmap=True)`` (no tensor data is read) and
-    the unreadable ones are skipped, each named in a warning.
+    short; loading it then fails deep inside torch's zip reader. Newest is by modification
+    time; incomplete candidates are skipped, each named in a warning.
+
+    Nothing is unpickled: a checkpoint is a zip archive (``torch.save``'s format since torch
+    1.6) whose central directory is written last, so a file with a readable central directory,
+    a ``data.pkl`` record whose bytes check against their CRC, and every member inside the file
+    was written completely (:func:`check_structure`). Unpickling each candidate, as
+    ``torch.load(weights_only=False)`` does, would run whatever code a file placed in the
+    directory carries; ``weights_only=True`` would refuse Lightning's own checkpoints (they hold
+    hyperparameters and callback states).
     """
     candidates = sorted(
         Path(directory).glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True
     )
     for path in candidates:
-        try:
-            torch.load(path, map_location="cpu", mmap=True, weights_only=False)
-        except Exception as exc:  # torch's zip reader raises RuntimeError, EOFError, ...
-            warnings.warn(
-                f"{path}: unreadable checkpoint skipped ({type(exc).__name__}: {exc})",
-                stacklevel=2,
-            )
-            continue
-        return path
+        problem = check_structure(path)
+        if problem is None:
+            return path
+        warnings.warn(f"{path}: unreadable checkpoint skipped ({problem})", stacklevel=2)
+    return None
+
+
+def check_structure(path: Path) -> str | None:
+    """What makes ``path`` an incomplete ``torch.save`` archive, or None if it is complete.
+
+    Reads the zip central directory and the pickle record's bytes (its CRC is checked), never
+    the tensor data and never through the unpickler: O(members), whatever the file's size.
+    """
+    size = path.stat().st_size
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+            pickles = [m for m in members if m.filename.endswith("/data.pkl")]
+            if len(pickles) != 1:
+                return f"{len(pickles)} data.pkl records in the archive, expected 1"
+            for member in members:
+                if member.header_offset + member.compress_size > size:
+                    return f"member {member.filename} runs past the end of the file"
+            with archive.open(pickles[0]) as fh:  # zipfile checks the CRC at the end
+                while fh.read(1 << 20):
+                    pass
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
     return None

@@ -43,7 +43,8 @@ GATHER = 1_000_000
 def write_synthetic(root: Path, n: int) -> None:
     """A valid cost index of ``n`` records with skewed lengths, never whole in memory."""
     from bcl_stream.cost import get_preset
-    from bcl_stream.io.index import COST_DTYPE, COSTS_NPY, FORMAT_VERSION, INDEX_JSON
+    from bcl_stream.io.index import COST_DTYPE, COSTS_NPY, INDEX_JSON
+    from bcl_stream.io.index_meta import seal
 
     model = get_preset("llama3-8b")
     rng = np.random.default_rng(n)
@@ -64,7 +65,6 @@ def write_synthetic(root: Path, n: int) -> None:
         for i in range((n + per_shard - 1) // per_shard)
     ]
     meta = {
-        "format_version": FORMAT_VERSION,
         "format": "mds",
         "records": n,
         "cost_model": model.to_dict(),
@@ -72,7 +72,7 @@ def write_synthetic(root: Path, n: int) -> None:
         "sha256": digest.hexdigest(),
         "costs_file": COSTS_NPY,
     }
-    (root / INDEX_JSON).write_text(json.dumps(meta))
+    (root / INDEX_JSON).write_text(json.dumps(seal(meta)))
 
 
 def status() -> dict[str, int]:

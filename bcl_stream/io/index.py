@@ -6,14 +6,17 @@ shard list for WebDataset), because readers take that one as "dataset complete":
 - ``bcl_costs.npy``: a structured array ordered by global sample id, fields ``tokens``
   (uint32) and ``cost`` (float32), 8 bytes per record.
 - ``bcl_index.json``: format version, dataset format, cost model, per-shard sample counts,
-  the SHA-256 of the array's bytes, and summary statistics.
+  the SHA-256 of the array's bytes, summary statistics, and (format 3) the seal
+  ``fields_sha256`` over every field a plan depends on (:mod:`bcl_stream.io.index_meta`).
 - ``bcl_hashes.npy`` (WebDataset, format 2): one xxh64 per record
   (:func:`bcl_stream.io.hashing.record_digest`), which the reader checks on every record it
   decodes, so a flipped byte inside a record is refused with the shard and record named.
   MDS shards carry their own hashes in ``index.json``.
 
-Format 1 (no record hashes) is still read: a WebDataset reader warns once that its records
-go unchecked and that ``bcl-stream annotate --overwrite`` adds the hashes.
+Formats 1 and 2 are still read: an unsealed index (1, 2) warns once that an edit to its
+metadata goes undetected, and a WebDataset reader of format 1 warns once that its records go
+unchecked; ``bcl-stream annotate --overwrite`` adds both without rewriting the shards. On open,
+a sample of stored costs is compared with the cost model applied to the stored tokens.
 
 Memory: :func:`read_index` maps ``bcl_costs.npy`` read-only (``np.memmap``) instead of loading
 it. Every process of a node (ranks and their DataLoader workers) then shares one copy through
@@ -48,13 +51,31 @@ import numpy.typing as npt
 from bcl_stream.cost import CostModel
 from bcl_stream.errors import CostIndexError
 from bcl_stream.io.hashing import RECORD_HASH
+from bcl_stream.io.index_meta import (
+    COSTS_NPY,
+    FORMAT_VERSION,
+    HASHES_NPY,
+    INDEX_JSON,
+    READABLE_VERSIONS,
+    check_costs_follow_model,
+    read_index_json,
+    seal,
+)
+from bcl_stream.io.index_meta import fail as _fail
 
-INDEX_JSON = "bcl_index.json"
-COSTS_NPY = "bcl_costs.npy"
-HASHES_NPY = "bcl_hashes.npy"
-FORMAT_VERSION = 2
-"""2: adds per-record content hashes (``record_hashes``); 1 is still read (no hashes)."""
-READABLE_VERSIONS = (1, 2)
+__all__ = [
+    "COSTS_NPY",
+    "FORMAT_VERSION",
+    "HASHES_NPY",
+    "INDEX_JSON",
+    "READABLE_VERSIONS",
+    "CostIndex",
+    "ShardEntry",
+    "read_index",
+    "read_index_json",
+    "write_index",
+]
+
 FORMATS = ("mds", "wds")
 COST_DTYPE = np.dtype([("tokens", "<u4"), ("cost", "<f4")])
 HASH_CHUNK = 16 << 20
@@ -234,8 +255,8 @@ class CostIndex:
         return {"records": len(self.records), "tokens": stats(tok), "cost": stats(cost)}
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "format_version": FORMAT_VERSION,
+        """The ``bcl_index.json`` document, sealed (see :mod:`bcl_stream.io.index_meta`)."""
+        doc = {
             "format": self.format,
             "records": len(self.records),
             "cost_model": self.cost_model.to_dict(),
@@ -252,6 +273,7 @@ class CostIndex:
             "summary": self.summary(),
             "extra": self.extra,
         }
+        return seal(doc)
 
 
 def write_index(directory: str | os.PathLike[str], index: CostIndex) -> tuple[Path, Path]:
@@ -276,64 +298,12 @@ def write_index(directory: str | os.PathLike[str], index: CostIndex) -> tuple[Pa
     return meta, npy
 
 
-def _fail(path: Path, what: str) -> CostIndexError:
-    return CostIndexError(
-        f"{path}: {what}. Rebuild the cost index with `bcl-stream annotate {path.parent}` "
-        "(or re-run `bcl-stream preprocess`)."
-    )
-
-
-def read_index_json(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """The parsed, structurally validated ``bcl_index.json`` (without loading the array)."""
-    meta = Path(directory) / INDEX_JSON
-    if not meta.is_file():
-        raise _fail(meta, "no cost index found (this dataset has no bcl-stream costs yet)")
-    try:
-        data = json.loads(meta.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _fail(meta, f"unreadable JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise _fail(meta, f"expected a JSON object, found {type(data).__name__}")
-    version = data.get("format_version")
-    if version not in READABLE_VERSIONS or isinstance(version, bool):
-        raise _fail(
-            meta,
-            f"format_version {version!r} is not supported (this reader reads "
-            f"{READABLE_VERSIONS}; a newer bcl-stream wrote it, or the file is damaged)",
-        )
-    hashes = data.get("record_hashes")
-    if hashes is not None and (
-        not isinstance(hashes, dict)
-        or hashes.get("file") != HASHES_NPY
-        or hashes.get("algorithm") != RECORD_HASH
-        or not isinstance(hashes.get("sha256"), str)
-    ):
-        raise _fail(meta, f"field 'record_hashes' is malformed: {hashes!r}")
-    for key, kind in (
-        ("format", str),
-        ("records", int),
-        ("cost_model", dict),
-        ("shards", list),
-        ("sha256", str),
-    ):
-        if not isinstance(data.get(key), kind):
-            raise _fail(meta, f"field {key!r} is missing or not a {kind.__name__}")
-    for i, shard in enumerate(data["shards"]):
-        if (
-            not isinstance(shard, dict)
-            or not isinstance(shard.get("name"), str)
-            or not isinstance(shard.get("samples"), int)
-            or shard["samples"] < 0
-        ):
-            raise _fail(meta, f"shard entry {i} is malformed: {shard!r}")
-    return data
-
-
 def read_index(directory: str | os.PathLike[str], *, verify: bool = True) -> CostIndex:
     """Open and validate a dataset's cost index from a local directory; the array is mapped.
 
     ``verify`` recomputes the SHA-256 of the array with chunked reads of the file (about 1.4 ms
-    per million records at ~700 MB/s); without it the hash is computed on first use.
+    per million records at ~700 MB/s) and compares a sample of stored costs with the cost model;
+    without it the hash is computed on first use. The JSON's seal is always checked.
     """
     root = Path(directory)
     data = read_index_json(root)
@@ -372,6 +342,7 @@ def read_index(directory: str | os.PathLike[str], *, verify: bool = True) -> Cos
                 "content hash does not match bcl_index.json (the array was changed or corrupted)",
             )
         index._sha256.append(digest)
+        check_costs_follow_model(npy, records, model)
     return index
 
 

@@ -19,8 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from lightning_module.checkpoints import last_complete_checkpoint
-
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 sys.path.insert(0, str(Path(__file__).parent / "reliability_scripts"))
@@ -60,20 +58,3 @@ def test_soak_three_kills_with_persistent_workers(
     assert report["kills_inside_a_save_before_its_file_was_written"] == 1, report
     assert report["records_lost"] == report["records_duplicated"] == 0
     assert report["unreadable_checkpoints"] == 0
-
-
-def test_a_checkpoint_cut_short_by_the_kill_is_skipped(tmp_path: Path) -> None:
-    """A kill while saving leaves the newest .ckpt truncated: resume takes the one before."""
-    import torch
-
-    for step in (5, 10):
-        torch.save({"step": step, "weights": torch.zeros(1000)}, tmp_path / f"step={step}.ckpt")
-        time.sleep(0.01)  # distinct modification times
-    newest = tmp_path / "step=10.ckpt"
-    assert last_complete_checkpoint(tmp_path) == newest
-    newest.write_bytes(newest.read_bytes()[:1500])
-    with pytest.warns(UserWarning, match=r"step=10\.ckpt: unreadable checkpoint skipped"):
-        assert last_complete_checkpoint(tmp_path) == tmp_path / "step=5.ckpt"
-    (tmp_path / "step=5.ckpt").write_bytes(b"")
-    with pytest.warns(UserWarning):
-        assert last_complete_checkpoint(tmp_path) is None

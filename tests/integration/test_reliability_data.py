@@ -185,9 +185,10 @@ def test_index_from_a_dataset_with_the_same_layout(mds_dir: Path, tmp_path: Path
     np.save(root / COSTS_NPY, arr)
     from bcl_stream.io.index import read_index
 
-    (root / INDEX_JSON).write_text(json.dumps(meta))
+    from bcl_stream.io.index_meta import seal
+
     meta["sha256"] = __import__("hashlib").sha256(arr.tobytes()).hexdigest()
-    (root / INDEX_JSON).write_text(json.dumps(meta))
+    (root / INDEX_JSON).write_text(json.dumps(seal(meta)))  # resealed: a consistent index
     read_index(root)  # the index itself is valid
     with pytest.raises(DatasetError, match=r"record \d+ has \d+ tokens but the cost index says"):
         read_all(root)

@@ -176,7 +176,7 @@ def test_damaged_hash_file_is_refused(wds_dir: Path, tmp_path: Path) -> None:
 def test_unknown_index_version_says_what_to_do(wds_dir: Path, tmp_path: Path) -> None:
     root = copy_of(wds_dir, tmp_path)
     meta = json.loads((root / INDEX_JSON).read_text())
-    meta["format_version"] = 3
+    meta["format_version"] = 4
     (root / INDEX_JSON).write_text(json.dumps(meta))
-    with pytest.raises(CostIndexError, match=r"format_version 3 is not supported.*annotate"):
+    with pytest.raises(CostIndexError, match=r"format_version 4 is not supported.*annotate"):
         WDSPackDataset(root, CONFIG, 0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -11,12 +12,14 @@ from bcl_stream.cost import get_preset
 from bcl_stream.errors import CostIndexError
 from bcl_stream.io.index import (
     COSTS_NPY,
+    FORMAT_VERSION,
     INDEX_JSON,
     CostIndex,
     ShardEntry,
     read_index,
     write_index,
 )
+from bcl_stream.io.index_meta import seal
 
 
 def make_index(n: int = 100) -> CostIndex:
@@ -78,7 +81,7 @@ def test_shard_counts_must_sum_to_records(tmp_path) -> None:
         (lambda m: m.update(format_version=99), "format_version 99"),
         (lambda m: m.pop("sha256"), "'sha256'"),
         (lambda m: m["shards"].append({"name": 3}), "shard entry 2"),
-        (lambda m: m.update(format="tfrecord"), "unknown format"),
+        (lambda m: m.update(format="tfrecord"), "field 'format' was changed"),
     ],
 )
 def test_malformed_json_fields_are_named(tmp_path, edit, match: str) -> None:
@@ -166,3 +169,64 @@ def test_pickled_built_index_keeps_its_records() -> None:
     back = pickle.loads(pickle.dumps(index))
     assert np.array_equal(back.records, index.records)
     assert back.content_hash() == index.content_hash()
+
+
+def test_edited_cost_model_is_refused_naming_the_field(tmp_path) -> None:
+    """The reported case: cost_model.a edited from 1 to 4 in the JSON, the array untouched."""
+    index = CostIndex.build(np.arange(1, 41), get_preset("tokens"), [ShardEntry("s", 40)], "wds")
+    write_index(tmp_path, index)
+    meta = json.loads((tmp_path / INDEX_JSON).read_text())
+    meta["cost_model"]["a"] = 4.0
+    (tmp_path / INDEX_JSON).write_text(json.dumps(meta))
+    with pytest.raises(CostIndexError, match=r"field 'cost_model' was changed.*annotate --overw"):
+        read_index(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("field", "edit"),
+    [
+        ("cost_model", lambda m: m["cost_model"].update(k=1.0)),
+        ("shards", lambda m: m["shards"].reverse()),
+        ("shards", lambda m: m["shards"][0].update(name="other.mds")),
+        ("extra", lambda m: m["extra"].update(note="edited")),
+        ("sha256", lambda m: m.update(sha256="0" * 64)),
+        ("format", lambda m: m.update(format="wds")),
+        ("fields_sha256", lambda m: m.pop("fields_sha256")),
+    ],
+)
+def test_any_sealed_edit_is_refused_naming_the_field(tmp_path, field: str, edit) -> None:
+    write_index(tmp_path, make_index())
+    meta = json.loads((tmp_path / INDEX_JSON).read_text())
+    edit(meta)
+    (tmp_path / INDEX_JSON).write_text(json.dumps(meta))
+    with pytest.raises(CostIndexError, match=rf"{INDEX_JSON}: field '{field}' .*annotate"):
+        read_index(tmp_path)
+
+
+def test_costs_that_disagree_with_the_model_are_refused(tmp_path) -> None:
+    """Even a consistently resealed JSON cannot pair the array with another model."""
+    write_index(tmp_path, make_index())
+    meta = json.loads((tmp_path / INDEX_JSON).read_text())
+    meta["cost_model"]["a"] *= 4
+    (tmp_path / INDEX_JSON).write_text(json.dumps(seal(meta)))
+    with pytest.raises(
+        CostIndexError, match=r"stored costs disagree with the cost model.*record 0"
+    ):
+        read_index(tmp_path)
+
+
+def test_unsealed_format_2_index_reads_with_one_warning(tmp_path) -> None:
+    write_index(tmp_path, make_index())
+    meta = json.loads((tmp_path / INDEX_JSON).read_text())
+    del meta["fields_sha256"]
+    meta["format_version"] = 2
+    meta["cost_model"]["k"] = 0.0  # unverifiable in format 2, still equal to the stored costs
+    (tmp_path / INDEX_JSON).write_text(json.dumps(meta))
+    with pytest.warns(UserWarning, match=r"format 2 does not seal.*annotate --overwrite"):
+        back = read_index(tmp_path)
+    assert np.array_equal(back.records, make_index().records)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        read_index(tmp_path)  # once per file and process
+    write_index(tmp_path, back)  # what annotate --overwrite writes: sealed again
+    assert json.loads((tmp_path / INDEX_JSON).read_text())["format_version"] == FORMAT_VERSION

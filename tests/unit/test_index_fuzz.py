@@ -1,9 +1,13 @@
-"""Fuzzing the cost-index reader: random, truncated and bit-flipped inputs either load
-correctly or raise CostIndexError — never another exception from inside numpy or json."""
+"""Fuzzing the cost-index reader: a random, truncated or bit-flipped input either reads back
+exactly what was written (records, hashes, cost model, shards, format, provenance) or raises a
+CostIndexError that names the damaged file and says to re-run ``annotate``, never another
+exception from inside numpy or json, and never a silently different index."""
 
 from __future__ import annotations
 
 import json
+import warnings
+from pathlib import Path
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -13,6 +17,7 @@ from bcl_stream.cost import get_preset
 from bcl_stream.errors import CostIndexError
 from bcl_stream.io.index import (
     COSTS_NPY,
+    HASHES_NPY,
     INDEX_JSON,
     CostIndex,
     ShardEntry,
@@ -25,41 +30,62 @@ FUZZ = settings(
 )
 
 
-def good_files(tmp_path) -> tuple[bytes, bytes]:
-    index = CostIndex.build(np.arange(1, 41), get_preset("tokens"), [ShardEntry("s0", 40)], "wds")
-    write_index(tmp_path, index)
-    return (tmp_path / INDEX_JSON).read_bytes(), (tmp_path / COSTS_NPY).read_bytes()
+WRITTEN = CostIndex.build(
+    np.arange(1, 41),
+    get_preset("llama3-8b"),
+    [ShardEntry("s0", 25), ShardEntry("s1", 15)],
+    "wds",
+    {"note": "fuzz"},
+    record_hashes=np.arange(40, dtype=np.uint64) * 7919,
+)
+FILES = [INDEX_JSON, COSTS_NPY, HASHES_NPY]
 
 
-def load_or_our_error(tmp_path) -> None:
+def good_files(tmp_path: Path) -> dict[str, bytes]:
+    write_index(tmp_path, WRITTEN)
+    return {name: (tmp_path / name).read_bytes() for name in FILES}
+
+
+def same_as_written_or_named_error(tmp_path: Path) -> None:
     try:
-        index = read_index(tmp_path)
-    except CostIndexError:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an edit to format_version 1/2 reads unsealed
+            index = read_index(tmp_path)
+    except CostIndexError as exc:
+        message = str(exc)
+        assert any(f"{tmp_path / name}:" in message for name in FILES), message
+        assert f"annotate --overwrite {tmp_path}" in message, message
         return
-    assert len(index) == sum(index.shard_counts)
+    assert index.records.tobytes() == WRITTEN.records.tobytes()
+    assert index.record_hashes is not None and WRITTEN.record_hashes is not None
+    assert index.record_hashes.tobytes() == WRITTEN.record_hashes.tobytes()
+    assert (index.cost_model, index.shards, index.format) == (
+        WRITTEN.cost_model,
+        WRITTEN.shards,
+        WRITTEN.format,
+    )
+    assert index.extra == WRITTEN.extra
 
 
 @FUZZ
-@given(cut=st.integers(0, 10_000), which=st.sampled_from([INDEX_JSON, COSTS_NPY]))
+@given(cut=st.integers(0, 10_000), which=st.sampled_from(FILES))
 def test_truncated_files(tmp_path, cut: int, which: str) -> None:
-    meta, npy = good_files(tmp_path)
-    data = {INDEX_JSON: meta, COSTS_NPY: npy}[which]
+    data = good_files(tmp_path)[which]
     (tmp_path / which).write_bytes(data[: cut % (len(data) + 1)])
-    load_or_our_error(tmp_path)
+    same_as_written_or_named_error(tmp_path)
 
 
 @FUZZ
 @given(
     position=st.integers(0, 10_000),
     bit=st.integers(0, 7),
-    which=st.sampled_from([INDEX_JSON, COSTS_NPY]),
+    which=st.sampled_from(FILES),
 )
 def test_flipped_bits(tmp_path, position: int, bit: int, which: str) -> None:
-    meta, npy = good_files(tmp_path)
-    data = bytearray({INDEX_JSON: meta, COSTS_NPY: npy}[which])
+    data = bytearray(good_files(tmp_path)[which])
     data[position % len(data)] ^= 1 << bit
     (tmp_path / which).write_bytes(bytes(data))
-    load_or_our_error(tmp_path)
+    same_as_written_or_named_error(tmp_path)
 
 
 json_values = st.recursive(
@@ -74,21 +100,31 @@ json_values = st.recursive(
 @FUZZ
 @given(
     key=st.sampled_from(
-        ["format_version", "format", "records", "cost_model", "shards", "sha256", "extra"]
+        [
+            "format_version",
+            "format",
+            "records",
+            "cost_model",
+            "shards",
+            "sha256",
+            "record_hashes",
+            "extra",
+            "fields_sha256",
+            "summary",
+        ]
     ),
     value=json_values,
 )
 def test_random_json_field_values(tmp_path, key: str, value: object) -> None:
-    meta, _ = good_files(tmp_path)
-    doc = json.loads(meta)
+    doc = json.loads(good_files(tmp_path)[INDEX_JSON])
     doc[key] = value
     (tmp_path / INDEX_JSON).write_text(json.dumps(doc))
-    load_or_our_error(tmp_path)
+    same_as_written_or_named_error(tmp_path)
 
 
 @FUZZ
-@given(blob=st.binary(max_size=300))
-def test_random_bytes_as_array(tmp_path, blob: bytes) -> None:
+@given(blob=st.binary(max_size=300), which=st.sampled_from([COSTS_NPY, HASHES_NPY]))
+def test_random_bytes_as_array(tmp_path, blob: bytes, which: str) -> None:
     good_files(tmp_path)
-    (tmp_path / COSTS_NPY).write_bytes(blob)
-    load_or_our_error(tmp_path)
+    (tmp_path / which).write_bytes(blob)
+    same_as_written_or_named_error(tmp_path)

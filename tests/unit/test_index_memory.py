@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from bcl_stream.cost import get_preset
-from bcl_stream.io.index import COST_DTYPE, COSTS_NPY, FORMAT_VERSION, INDEX_JSON
+from bcl_stream.io.index import COST_DTYPE, COSTS_NPY, INDEX_JSON
+from bcl_stream.io.index_meta import seal
 
 N_RECORDS = 16 << 20  # 128 MB of records
 CHUNK = 1 << 20
@@ -66,14 +67,13 @@ def write_large_index(root: Path, n: int) -> None:
     records.flush()
     del records
     meta = {
-        "format_version": FORMAT_VERSION,
         "format": "mds",
         "records": n,
         "cost_model": model.to_dict(),
         "shards": [{"name": f"shard.{i:05d}.mds", "samples": n // 4} for i in range(4)],
         "sha256": digest.hexdigest(),
     }
-    (root / INDEX_JSON).write_text(json.dumps(meta))
+    (root / INDEX_JSON).write_text(json.dumps(seal(meta)))
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="needs Linux /proc")
