@@ -72,7 +72,7 @@ def write_costs(n: int, path: Path) -> None:
 def measure(path: Path, scope: str) -> dict[str, Any]:
     """One process: map, set up, plan this process's windows; timings and private RSS."""
     from bcl_stream.planner import PlanConfig, ShardTable, build_node_streams, plan_windows
-    from bcl_stream.planner.order import shard_weights
+    from bcl_stream.planner.shard_table import shard_weights
 
     base_rss = private_rss()
     t0 = time.perf_counter()

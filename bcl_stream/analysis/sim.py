@@ -42,10 +42,10 @@ from bcl_stream.cost import CostModel
 from bcl_stream.planner.baselines import global_order, sequential
 from bcl_stream.planner.bcl import plan_epoch, validate_costs
 from bcl_stream.planner.config import Plan, PlanConfig
-from bcl_stream.planner.order import Sample, ShardTable, shard_weights
 from bcl_stream.planner.padded import Packs, check_layout, ragged_pack_costs
 from bcl_stream.planner.peers import POOLED, REAL_PEERS, plan_pooled
 from bcl_stream.planner.pools import micro_batches_per_batch
+from bcl_stream.planner.shard_table import Sample, ShardTable, shard_weights
 
 STRATEGIES = ("sequential", *POOLED, "bcl-rank", "bcl-node", "bcl-world")
 

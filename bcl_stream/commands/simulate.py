@@ -33,7 +33,7 @@ from bcl_stream.commands.config_options import add_plan_config_options, plan_fie
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.planner.bcl import validate_costs
 from bcl_stream.planner.mixture import EpochSample
-from bcl_stream.planner.order import ShardTable
+from bcl_stream.planner.shard_table import ShardTable
 
 DEFAULT_COST_MODEL = "llama3-8b"
 SIM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SimConfig)}

@@ -12,7 +12,7 @@ from bcl_stream.planner.baselines import (
 )
 from bcl_stream.planner.bcl import build_node_streams, plan_epoch
 from bcl_stream.planner.config import SCOPES, Plan, PlanConfig
-from bcl_stream.planner.order import KeepFilter, ShardTable, shard_weights
+from bcl_stream.planner.shard_table import KeepFilter, ShardTable, shard_weights
 from bcl_stream.planner.windows import WindowBatch, plan_windows
 
 __all__ = [

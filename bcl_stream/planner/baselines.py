@@ -25,8 +25,9 @@ import numpy.typing as npt
 from bcl_stream.planner.bcl import plan_epoch, too_long
 from bcl_stream.planner.config import REASON_TOO_LONG, Plan, PlanConfig
 from bcl_stream.planner.mffd import mffd
-from bcl_stream.planner.order import Sample, ShardTable, epoch_rng
 from bcl_stream.planner.pools import global_batches
+from bcl_stream.planner.rng import Tag, epoch_rng
+from bcl_stream.planner.shard_table import Sample, ShardTable
 
 
 def sequential_config(config: PlanConfig) -> PlanConfig:
@@ -87,7 +88,7 @@ def global_order(
     """Every record once, globally shuffled by (seed, epoch), or write order: a central sampler."""
     if not shuffle:
         return np.arange(n_records, dtype=np.int64)
-    return epoch_rng(seed, epoch, 3).permutation(n_records).astype(np.int64)
+    return epoch_rng(seed, epoch, Tag.GLOBAL_ORDER).permutation(n_records).astype(np.int64)
 
 
 def _split_to_multiple(bins: list[list[int]], sizes: npt.NDArray[np.int64], multiple: int) -> None:

@@ -4,7 +4,7 @@ Scopes (DESIGN.md): ``rank`` balances each rank's own window (the paper's BCL); 
 one window jointly for the P ranks of a node; ``world`` plans each node's window the same way
 and has the nodes agree on per-step targets (``step_fill.fill_steps_joint``), so world balance
 needs no record to move between nodes: every node reads only its own shards in every scope
-(``order.deal_shards``). Every rank computes the same plan without communication: the inputs
+(``dealing.deal_shards``). Every rank computes the same plan without communication: the inputs
 are the replicated cost index and (seed, epoch).
 
 Pack count: every rank gets ``n_packs = min over nodes of len(node stream) // (P * B)``,
@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG, Plan, PlanConfig
 from bcl_stream.planner.node_streams import NodeStreams
-from bcl_stream.planner.order import Ids, KeepFilter, Sample, ShardTable
+from bcl_stream.planner.shard_table import Ids, KeepFilter, Sample, ShardTable
 from bcl_stream.planner.windows import plan_windows
 
 WINDOW_BATCH = 64

@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.planner import checks
-from bcl_stream.planner.order import DEFAULT_SHARD_GROUP
+from bcl_stream.planner.groups import DEFAULT_SHARD_GROUP
 from bcl_stream.planner.padded import LAYOUTS
 from bcl_stream.planner.partition import ALGORITHMS
 
@@ -67,11 +67,11 @@ class PlanConfig:
     """False streams in write order (nodes still take disjoint spans of shards)."""
     stratify: bool = True
     """Shuffle each group so that every W*B records hold one record of every cost stratum
-    (``order.stratified_permutation``): windows of every rank and node then carry the same mix
+    (``stratify.stratified_permutation``): windows of every rank and node then carry the same mix
     of cheap and expensive records. False: a plain shuffle (what a plain loader does)."""
     split_shards: float = 0.05
     """Extra download amplification allowed for cutting the heaviest shards into pieces read by
-    every node (``order.split_heavy_shards``); 0 keeps every shard on one node. Measured on
+    every node (``cuts.split_heavy_shards``); 0 keeps every shard on one node. Measured on
     length-sorted heavy-tailed corpora (tools/bench_balance.py, 4 nodes x 8): 0.05 lifts the
     world efficiency by 3-6 points there and changes other corpora by < 0.3 points."""
     layout: str = "packed"
@@ -79,7 +79,7 @@ class PlanConfig:
     pack costs the sum of its records' costs) or ``padded`` (B x its costliest record): packs
     of similar lengths (``algorithm`` ``padded``; no sum-based refinement or step fill)."""
     shard_group: int = DEFAULT_SHARD_GROUP
-    """Shards whose records a node shuffles together (``planner/order.py``): shuffle quality
+    """Shards whose records a node shuffles together (``planner/groups.py``): shuffle quality
     against the shard cache (a node holds at most 2 groups)."""
 
     def __post_init__(self) -> None:

@@ -21,7 +21,7 @@ Everything is a pure function of (seed, epoch) and the record counts.
 
 Streams also label shards (:attr:`ShardTable.stream`): the order deals every stream's shards
 to nodes and groups separately and the stratified shuffle keeps each stream's share in every
-window (``order.py``).
+window (``stratify.py``).
 """
 
 from __future__ import annotations
@@ -36,10 +36,8 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.planner import checks
-from bcl_stream.planner.order import Ids, ShardTable, epoch_rng
-
-SAMPLE_SEED_TAG = 7
-"""Separates the sample's random streams from the shuffle's (``order.epoch_rng`` tags 0-4)."""
+from bcl_stream.planner.rng import Tag, epoch_rng
+from bcl_stream.planner.shard_table import Ids, ShardTable
 
 
 def choose_counts(
@@ -275,7 +273,7 @@ class EpochSample:
             stream = int(self._streams[shard])
             n = int(self._counts[shard])
             rng = epoch_rng(
-                self.seed, 0, SAMPLE_SEED_TAG, stream, int(self._shard_in_stream[shard])
+                self.seed, 0, Tag.MIXTURE_SAMPLE, stream, int(self._shard_in_stream[shard])
             )
             hit = np.empty(n, dtype=np.int64)
             hit[rng.permutation(n)] = np.arange(n, dtype=np.int64)
@@ -320,7 +318,7 @@ def _cyclic_draw(counts: Ids, rest: int, seed: int, epoch: int, stream: int) -> 
     per shard). Integer arithmetic: the same on every machine."""
     n = counts.astype(np.int64)
     total = int(n.sum())
-    phase = epoch_rng(seed, 0, SAMPLE_SEED_TAG, stream).integers(0, total, size=n.size)
+    phase = epoch_rng(seed, 0, Tag.MIXTURE_SAMPLE, stream).integers(0, total, size=n.size)
 
     def drawn_through(e: int) -> Ids:
         whole, part = divmod(e * rest, total)  # e * rest * n_i = (whole * N + part) * n_i

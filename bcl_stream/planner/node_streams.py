@@ -1,8 +1,17 @@
 """Who reads what in one epoch: node streams, planning rows and the pack count.
 
-Built from the shard table alone in O(shards): every process of every node builds the same
-:class:`NodeStreams` without reading a record, so every rank knows every rank's pack count
-(collectives never hang) and can compute any node's upcoming window (scope ``world``).
+A node's stream is a pure function of (shard table, config, seed, epoch): every node reads only
+its own shards (``dealing.deal_shards``, pieces of cut shards from ``cuts.cut_shards``), in
+shard groups (``groups.shard_groups``) whose records are shuffled with the stratified shuffle
+(``stratify.stratified_permutation``), so every node sees the whole dataset's mixture at every
+moment while its shard cache stays bounded. Positions are resolved group by group: taking
+records ``[a, b)`` permutes only the groups they touch, so a reader's memory is O(group), never
+O(dataset), and no step sorts the whole dataset. ``shuffle=False`` keeps the write order:
+shards dealt round robin, read in order, records in write order.
+
+:class:`NodeStreams` is built from the shard table alone in O(shards): every process of every
+node builds the same one without reading a record, so every rank knows every rank's pack count
+(collectives never hang).
 
 Planning rows: scope ``rank`` plans each rank on its own (row = rank); scopes ``node`` and
 ``world`` plan the P ranks of a node jointly (row = node). A rank-scope row is the rank's share
@@ -14,19 +23,128 @@ in cost as whole sources do).
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.planner import checks
 from bcl_stream.planner.config import PlanConfig
-from bcl_stream.planner.order import (
-    Ids,
-    KeepFilter,
-    NodeStream,
-    ShardTable,
-    deal_shards,
-    split_heavy_shards,
-)
+from bcl_stream.planner.cuts import split_heavy_shards
+from bcl_stream.planner.dealing import deal_shards
+from bcl_stream.planner.groups import shard_groups
+from bcl_stream.planner.rng import Tag, epoch_rng
+from bcl_stream.planner.shard_table import Ids, KeepFilter, ShardTable
+from bcl_stream.planner.stratify import stratified_permutation
+
+
+class NodeStream:
+    """One node's records in stream order, materialized a group at a time.
+
+    ``keep``: optional filter ``ids -> bool mask`` applied after the shuffle (memory cap,
+    records consumed before an elastic resize); it must keep exactly ``table.usable`` records
+    of each shard, which is what lets every process know every stream's length up front.
+    """
+
+    def __init__(
+        self,
+        table: ShardTable,
+        node_shards: Ids,
+        *,
+        group: int,
+        seed: int,
+        epoch: int,
+        node: int,
+        shuffle: bool = True,
+        keep: KeepFilter | None = None,
+        costs: npt.NDArray[np.floating] | None = None,
+        unit: int = 0,
+    ) -> None:
+        self._costs = costs
+        self._unit = unit
+        self._seed, self._epoch, self._node = seed, epoch, node
+        self._shuffle = shuffle
+        self._keep = keep
+        rng = epoch_rng(seed, epoch, Tag.GROUP_DEAL, node) if shuffle else None
+        self.groups = shard_groups(table, node_shards, group, rng, (seed, epoch), keep)
+        self._stream = table.stream
+        self._ends = np.cumsum(table.counts)
+        self.bounds = np.concatenate([[0], np.cumsum(self.groups.usable)]).astype(np.int64)
+        self._cache: OrderedDict[int, Ids] = OrderedDict()
+
+    def __len__(self) -> int:
+        return int(self.bounds[-1])
+
+    @property
+    def shards(self) -> Ids:
+        """Every shard this node reads this epoch."""
+        return self.groups.shards
+
+    def group_ids(self, g: int) -> Ids:
+        """Group ``g``'s usable records in stream order (cached: the last two groups)."""
+        hit = self._cache.get(g)
+        if hit is not None:
+            self._cache.move_to_end(g)
+            return hit
+        ids = self._read_ranges(g)
+        if self._shuffle:
+            rng = epoch_rng(self._seed, self._epoch, Tag.GROUP_SHUFFLE, self._node, g)
+            if self._costs is not None and self._unit > 0:
+                ids = stratified_permutation(
+                    ids,
+                    np.asarray(self._costs[ids]),
+                    self._unit,
+                    rng,
+                    self._labels(ids),
+                    offset=int(self.bounds[g]),
+                )
+            else:
+                ids = rng.permutation(ids)
+        expected = int(self.bounds[g + 1] - self.bounds[g])
+        if ids.size != expected:
+            raise ValueError(
+                f"the record filter kept {ids.size} records of group {g}, the shard table "
+                f"says {expected}: usable counts and filter disagree"
+            )
+        self._cache[g] = ids
+        while len(self._cache) > 2:
+            self._cache.popitem(last=False)
+        return ids
+
+    def _read_ranges(self, g: int) -> Ids:
+        """Group ``g``'s kept records in range order (a mixture's: the slice of each range)."""
+        ranges, slices = self.groups.ranges[g], self.groups.slices
+        parts: list[Ids] = []
+        for i, (lo, n) in enumerate(ranges):
+            ids = np.arange(lo, lo + n, dtype=np.int64)
+            if self._keep is not None:
+                ids = ids[self._keep(ids)]
+            if slices is not None:
+                skip, take = slices[g][i]
+                ids = ids[skip : skip + take]
+            parts.append(ids)
+        return np.concatenate(parts or [np.empty(0, np.int64)])
+
+    def _labels(self, ids: Ids) -> Ids | None:
+        """The stream of each id for a mixture (kept together by the stratified shuffle)."""
+        if self._stream is None:
+            return None
+        return self._stream[np.searchsorted(self._ends, ids, side="right")]
+
+    def take(self, positions: Ids) -> Ids:
+        """Sample ids at stream ``positions`` (any order, each < len)."""
+        pos = np.asarray(positions, dtype=np.int64)
+        out = np.empty(pos.shape, dtype=np.int64)
+        if pos.size == 0:
+            return out
+        if pos.min() < 0 or pos.max() >= len(self):
+            raise ValueError(f"positions must lie in [0, {len(self)})")
+        flat, res = pos.reshape(-1), out.reshape(-1)
+        group_of = np.searchsorted(self.bounds, flat, side="right") - 1
+        for g in np.unique(group_of):
+            sel = group_of == g
+            res[sel] = self.group_ids(int(g))[flat[sel] - self.bounds[g]]
+        return out
 
 
 class NodeStreams:

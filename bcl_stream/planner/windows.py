@@ -24,8 +24,8 @@ from bcl_stream.planner import checks
 from bcl_stream.planner.carry import hold_back
 from bcl_stream.planner.config import PlanConfig
 from bcl_stream.planner.node_streams import NodeStreams
-from bcl_stream.planner.order import Ids
 from bcl_stream.planner.partition import UNREFINED, partition
+from bcl_stream.planner.shard_table import Ids
 from bcl_stream.planner.step_fill import fill_steps, fill_steps_joint
 
 Costs = npt.NDArray[np.floating]

@@ -21,7 +21,7 @@ from bcl_stream.errors import BCLStreamError, PlanError
 from bcl_stream.planner import PlanConfig, ShardTable, plan_epoch, plan_windows, shard_weights
 from bcl_stream.planner.bcl import build_node_streams
 from bcl_stream.planner.node_streams import NodeStreams
-from bcl_stream.planner.order import KeepFilter
+from bcl_stream.planner.shard_table import KeepFilter
 
 FUZZ = settings(max_examples=150, deadline=None)
 

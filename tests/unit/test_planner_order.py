@@ -17,15 +17,12 @@ from bcl_stream.planner import (
     shard_weights,
 )
 from bcl_stream.planner.carry import hold_back
-from bcl_stream.planner.order import (
-    KeepFilter,
-    NodeStream,
-    balanced_deal,
-    deal_shards,
-    epoch_rng,
-    split_heavy_shards,
-    stratified_permutation,
-)
+from bcl_stream.planner.cuts import split_heavy_shards
+from bcl_stream.planner.dealing import balanced_deal, deal_shards
+from bcl_stream.planner.node_streams import NodeStream
+from bcl_stream.planner.rng import Tag, epoch_rng
+from bcl_stream.planner.shard_table import KeepFilter
+from bcl_stream.planner.stratify import stratified_permutation
 
 
 def corpus(n: int, seed: int = 0, *, ordered: bool = True) -> np.ndarray:
@@ -61,7 +58,7 @@ def test_every_shard_goes_to_exactly_one_node(
 
 def test_balanced_deal_evens_totals_and_varies_with_the_epoch() -> None:
     totals = np.random.default_rng(0).pareto(1.5, 400)
-    owners = [balanced_deal(totals, 8, epoch_rng(0, e)) for e in range(3)]
+    owners = [balanced_deal(totals, 8, epoch_rng(0, e, Tag.NODE_DEAL)) for e in range(3)]
     for owner in owners:
         sums = np.bincount(owner, weights=totals, minlength=8)
         assert sums.max() - sums.min() <= totals.max() + 1e-9
@@ -275,7 +272,7 @@ def test_chunked_shard_passes_equal_the_direct_ones(
     counts: list[int], chunk: int, seed: int
 ) -> None:
     """Per-shard means and the memory cap's kept table, chunk by chunk, whatever the chunk."""
-    import bcl_stream.planner.order as order
+    import bcl_stream.planner.shard_table as order
 
     rng = np.random.default_rng(seed)
     n = sum(counts)
