@@ -184,7 +184,6 @@ def test_index_from_a_dataset_with_the_same_layout(mds_dir: Path, tmp_path: Path
     arr["cost"] = arr["tokens"].astype(np.float32)
     np.save(root / COSTS_NPY, arr)
     from bcl_stream.io.index import read_index
-
     from bcl_stream.io.index_meta import seal
 
     meta["sha256"] = __import__("hashlib").sha256(arr.tobytes()).hexdigest()
