@@ -299,6 +299,20 @@ class ReaderPlan:
             skip = max(start - batch.first_pack, 0)
             yield batch.first_pack + skip, batch.packs[row_rank, skip:]
 
+    def first_packs(self, k: int) -> npt.NDArray[np.int64]:
+        """(world_size, k, pack_size): the first ``k`` packs of every rank, from the first
+        ceil(k / W) windows of every row planned in one call (elastic resume: what the ranks
+        of an old world size consumed). Cost O(k * world_size * B), not O(epoch)."""
+        if not 0 <= k <= self.n_packs:
+            raise ValueError(f"segment consumed {k} packs but its plan has {self.n_packs}")
+        streams, pc = self._streams, self.config.plan
+        if k == 0:
+            return np.empty((pc.world_size, 0, pc.pack_size), dtype=np.int64)
+        stop = -(-k // pc.window)
+        rows = list(range(streams.n_rows))
+        batch = plan_windows(streams, self._costs, self._tokens, rows, 0, stop, None)
+        return batch.packs[:, :k]
+
     def rank_packs(self, rank: int) -> npt.NDArray[np.int64]:
         """(n_packs, pack_size) sample ids of one rank (materialized: tools and tests)."""
         parts = [packs for _, packs in self.iter_rank_packs(rank)]
@@ -317,17 +331,17 @@ per-call overhead (tools/bench_plan_scale.py) while memory stays O(window)."""
 def _consumed(
     index: PlanData, config: ReaderConfig, epoch: int, segments: tuple[Segment, ...]
 ) -> npt.NDArray[np.int64]:
-    """Records consumed this epoch under earlier world sizes (elastic resume), sorted."""
+    """Records consumed this epoch under earlier world sizes (elastic resume), sorted.
+
+    Only the windows an old plan's ranks reached are planned (``ReaderPlan.first_packs``):
+    resuming one pack into an epoch costs about a fresh plan, whatever the epoch's length
+    (``tools/bench_elastic.py``)."""
     consumed = np.empty(0, dtype=np.int64)
     for i, seg in enumerate(segments):
         old = config.resized(seg.world_size, seg.ranks_per_node)
         old_plan = ReaderPlan(index, old, epoch, segments[:i])  # excludes what came before
-        if not 0 <= seg.packs_consumed <= old_plan.n_packs:
-            raise ValueError(
-                f"segment consumed {seg.packs_consumed} packs but its plan has {old_plan.n_packs}"
-            )
-        taken = [old_plan.rank_packs(r)[: seg.packs_consumed] for r in range(old.plan.world_size)]
-        consumed = np.union1d(old_plan.consumed, np.concatenate(taken).ravel())
+        taken = old_plan.first_packs(seg.packs_consumed)
+        consumed = np.union1d(old_plan.consumed, taken.ravel())
     return consumed
 
 

@@ -201,14 +201,17 @@ class KeepFilter:
     def kept_table(self, table: ShardTable, costs: npt.NDArray[np.floating]) -> ShardTable:
         """``table`` with usable counts and mean costs over the records kept.
 
-        One chunked pass over the records when a memory cap or exclusions are set; a sample
-        alone gives its closed-form counts (each shard keeps its mean cost: the draw is
-        uniform inside a shard) and no pass; unfiltered tables are returned as they are.
+        One chunked pass over the records when a memory cap is set; a sample alone gives its
+        closed-form counts (each shard keeps its mean cost: the draw is uniform inside a shard)
+        and no pass; exclusions are subtracted from that, over the excluded ids only;
+        unfiltered tables are returned as they are.
         """
         if not self.active:
             return table
+        if self.excluded.size:
+            return self._minus_excluded(table, costs)
         counts = table.counts
-        if self.max_tokens is None and not self.excluded.size and self.sample is not None:
+        if self.max_tokens is None and self.sample is not None:
             return table.with_usable(self.sample.usable)
 
         def kept(lo: int, hi: int) -> npt.NDArray[np.float64]:
@@ -218,6 +221,22 @@ class KeepFilter:
         kept_count, sums = shard_sums(counts, kept, rows=2)
         usable = np.rint(kept_count).astype(np.int64)
         weight = np.divide(sums, usable, out=np.zeros(counts.size), where=usable > 0)
+        return table.with_usable(usable, weight)
+
+    def _minus_excluded(self, table: ShardTable, costs: npt.NDArray[np.floating]) -> ShardTable:
+        """The table kept without the exclusions, less the excluded records it keeps: a pass
+        over the excluded ids only (elastic resume: the records consumed under an earlier
+        world size), so resuming early in an epoch does not cost a pass over every record."""
+        base = KeepFilter(self.tokens, self.max_tokens, None, self.sample)
+        kept = base.kept_table(table, costs)
+        gone = self.excluded[base(self.excluded)]
+        n = table.counts.size
+        entry = np.searchsorted(np.cumsum(table.counts), gone, side="right")
+        dropped = np.bincount(entry, minlength=n)
+        dropped_cost = np.bincount(entry, np.asarray(costs[gone], np.float64), minlength=n)
+        usable = kept.usable - dropped
+        sums = np.maximum(kept.weight * kept.usable - dropped_cost, 0.0)
+        weight = np.divide(sums, usable, out=np.zeros(n), where=usable > 0)
         return table.with_usable(usable, weight)
 
 

@@ -292,3 +292,10 @@ def test_chunked_shard_passes_equal_the_direct_ones(
     assert table.usable.tolist() == [int(kept[a:b].sum()) for a, b in spans]
     expected = [costs[a:b][kept[a:b]].mean() if kept[a:b].any() else 0.0 for a, b in spans]
     assert np.allclose(table.weight, expected)
+    # Exclusions alone (elastic resume) are subtracted from the table's means, no pass.
+    only = KeepFilter(None, None, rng.choice(n, min(n, 5), replace=False) if n else None)
+    left = only(np.arange(n, dtype=np.int64))
+    table = only.kept_table(ShardTable.build(counts, weight=means), costs)
+    assert table.usable.tolist() == [int(left[a:b].sum()) for a, b in spans]
+    expected = [costs[a:b][left[a:b]].mean() if left[a:b].any() else 0.0 for a, b in spans]
+    assert np.allclose(table.weight, expected)

@@ -11,7 +11,7 @@ from bcl_stream.cost import get_preset
 from bcl_stream.errors import StateError
 from bcl_stream.io.index import CostIndex, ShardEntry
 from bcl_stream.plan.cursor import STATE_VERSION, Cursor, parse_state, resolve_state
-from bcl_stream.plan.epoch import REASON_CONSUMED, ReaderConfig, Segment, full_plan
+from bcl_stream.plan.epoch import REASON_CONSUMED, ReaderConfig, ReaderPlan, Segment, full_plan
 
 
 def make_index(n: int = 500, shard: int = 60, seed: int = 0) -> CostIndex:
@@ -110,6 +110,28 @@ def test_elastic_plan_yields_every_record_once(
     assert np.array_equal(np.sort(seen), np.arange(len(index)))
     assert resumed.remainder_counts().get(REASON_CONSUMED, 0) == taken.size
     assert resumed.plan.packs.shape[0] == new_world
+
+
+@pytest.mark.parametrize("scope", ["rank", "node", "world"])
+@pytest.mark.parametrize("carry", [0, 2])
+def test_first_packs_are_the_ranks_first_packs(scope: str, carry: int) -> None:
+    """Elastic resume plans only the consumed windows: they must be the plan's own packs."""
+    config = ReaderConfig.build(
+        world_size=4,
+        ranks_per_node=2,
+        pack_size=4,
+        window=3,
+        scope=scope,
+        carry=carry,
+        carry_span=2,
+        seed=7,
+    )
+    plan = ReaderPlan(make_index(), config, 2)
+    whole = np.stack([plan.rank_packs(r) for r in range(4)])
+    for k in (0, 1, 3, 4, plan.n_packs):
+        assert np.array_equal(plan.first_packs(k), whole[:, :k])
+    with pytest.raises(ValueError, match="segment consumed"):
+        plan.first_packs(plan.n_packs + 1)
 
 
 def test_segments_chain() -> None:

@@ -1,0 +1,171 @@
+"""Elastic resume cost: how long does a reader take to its first pack after a world-size change?
+
+A checkpoint taken ``--consumed`` packs into an epoch on 16 ranks (8 per node) is resumed on 8
+ranks (one node). The reader must know which records the 16 old ranks consumed, then plan the
+rest of the epoch for 8 ranks. Measured per (N records, scope), one process each, one core:
+
+- ``fresh_s``: a reader plan for 8 ranks without history, up to rank 0's first pack;
+- ``resume_s``: the same reader plan resumed from the 16-rank cursor, up to rank 0's first pack;
+- ``ratio`` = resume_s / fresh_s (target: <= 2 at 1M and 100M records, every scope);
+- ``fresh_old_world_s``: for scale, a fresh plan of the old world (16 ranks) to rank 0's first
+  pack. A resume has to shuffle the first shard group of every old node (2 here) and then the
+  new node's (1): about three group shuffles where a fresh 8-rank plan does one.
+
+Both exclude the per-dataset set-up they share (mapping the cost array, its hash, the shard
+table: ``setup_s``), which a resumed and a fresh reader pay alike. Costs: lognormal lengths,
+llama3-8b, shards of 4096 records, B=8, W=16, seed 0, epoch 0.
+
+``--code DIR`` imports ``bcl_stream`` from another checkout (to time the code before a change
+with this same script).
+
+Usage::
+
+    python tools/bench_elastic.py                       # 1M and 100M records (~5 minutes)
+    python tools/bench_elastic.py --sizes 1e6 --scopes rank
+"""
+
+from __future__ import annotations
+
+import os
+
+if __name__ == "__main__":
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_var] = "1"
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+OLD_RANKS, NEW_RANKS, PER_NODE, PACK, WINDOW, SHARD = 16, 8, 8, 8, 16, 4096
+
+
+def write_index(n: int, root: Path) -> None:
+    """A cost index of ``n`` records (lognormal lengths, capped at 8192), written chunk by chunk."""
+    sys.path.insert(0, str(ROOT))
+    from bcl_stream.cost import get_preset
+    from bcl_stream.io.index import COST_DTYPE, CostIndex, ShardEntry, write_index
+
+    model = get_preset("llama3-8b")
+    path = root / "records.npy"
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=COST_DTYPE, shape=(n,))
+    rng = np.random.default_rng(0)
+    for lo in range(0, n, 1 << 22):
+        size = min(1 << 22, n - lo)
+        tok = np.minimum(rng.lognormal(6.1, 1.0, size).astype(np.int64) + 1, 8192)
+        out["tokens"][lo : lo + size] = tok
+        out["cost"][lo : lo + size] = model.cost(tok)
+    out.flush()
+    records = np.load(path, mmap_mode="r")
+    shards = [
+        ShardEntry(f"shard.{i:06d}.mds", min(SHARD, n - i * SHARD))
+        for i in range((n + SHARD - 1) // SHARD)
+    ]
+    write_index(root, CostIndex(records, model, tuple(shards), "mds"))
+    path.unlink()
+
+
+def measure(root: Path, scope: str, consumed: int) -> dict[str, Any]:
+    """One process: open the index, then time a fresh and a resumed plan to the first pack."""
+    from bcl_stream.io.index import read_index
+    from bcl_stream.plan.epoch import ReaderConfig, ReaderPlan, Segment, _costs_and_table
+
+    t0 = time.perf_counter()
+    index = read_index(root)
+    config = ReaderConfig.build(
+        world_size=NEW_RANKS, ranks_per_node=PER_NODE, pack_size=PACK, window=WINDOW, scope=scope
+    )
+    _costs_and_table(index, config)
+    setup_s = time.perf_counter() - t0
+
+    def first_pack(segments: tuple[Segment, ...]) -> tuple[float, int]:
+        t = time.perf_counter()
+        plan = ReaderPlan(index, config, 0, segments)
+        next(plan.iter_rank_packs(0))
+        return time.perf_counter() - t, int(plan.consumed.size)
+
+    fresh_s, _ = first_pack(())
+    resume_s, n_consumed = first_pack((Segment(OLD_RANKS, PER_NODE, consumed),))
+    old_config = config.resized(OLD_RANKS, PER_NODE)
+    t = time.perf_counter()
+    next(ReaderPlan(index, old_config, 0).iter_rank_packs(0))
+    fresh_old_s = time.perf_counter() - t
+    return {
+        "records": len(index),
+        "scope": scope,
+        "packs_consumed": consumed,
+        "records_consumed": n_consumed,
+        "setup_s": setup_s,
+        "fresh_s": fresh_s,
+        "resume_s": resume_s,
+        "ratio": resume_s / fresh_s,
+        "fresh_old_world_s": fresh_old_s,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", nargs="+", type=float, default=[1e6, 1e8])
+    parser.add_argument("--scopes", nargs="+", default=["rank", "node", "world"])
+    parser.add_argument("--consumed", type=int, default=1, help="packs per old rank consumed")
+    parser.add_argument("--code", type=Path, default=ROOT, help="checkout to import from")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_elastic.json")
+    parser.add_argument("--child", nargs=2, metavar=("ROOT", "SCOPE"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(measure(Path(args.child[0]), args.child[1], args.consumed)))
+        return 0
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bcl_elastic_") as tmp:
+        for size in args.sizes:
+            n = int(size)
+            root = Path(tmp) / str(n)
+            root.mkdir()
+            write_index(n, root)
+            for scope in args.scopes:
+                env = {**os.environ, "PYTHONPATH": str(args.code.resolve())}
+                cmd = [sys.executable, __file__, "--child", str(root), scope]
+                cmd += ["--consumed", str(args.consumed)]
+                if sys.platform.startswith("linux"):
+                    cmd = ["taskset", "-c", "0", *cmd]
+                out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+                row = json.loads(out.stdout.strip().splitlines()[-1])
+                rows.append(row)
+                print(
+                    f"{n:>11,} {scope:<6} set-up {row['setup_s']:6.2f}s  fresh "
+                    f"{row['fresh_s']:6.3f}s  resume {row['resume_s']:6.3f}s  "
+                    f"ratio {row['ratio']:5.2f}",
+                    flush=True,
+                )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "setting": {
+            "old_ranks": OLD_RANKS,
+            "new_ranks": NEW_RANKS,
+            "ranks_per_node": PER_NODE,
+            "pack_size": PACK,
+            "window": WINDOW,
+            "shard_records": SHARD,
+            "cost_model": "llama3-8b",
+            "code": str(args.code.resolve().relative_to(args.code.resolve().parent)),
+            "machine": platform.processor() or platform.machine(),
+            "cores_used": 1,
+        },
+        "target": "resume_s <= 2 x fresh_s at 1M and 100M records, every scope",
+        "rows": rows,
+    }
+    args.out.write_text(json.dumps(payload, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
