@@ -31,7 +31,15 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "layout": LAYOUTS,
 }
 NONE = "none"
-"""Spelling of None on the command line for ``int | None`` fields (``--carry none``)."""
+"""Spelling of None on the command line for ``int | None`` fields (``--max-tokens none``)."""
+NONE_SPELLING = {"carry": "auto"}
+"""Fields whose None is not "off": ``carry`` None means W*B/4 records (on), while its default 0
+is off, so ``--carry none`` read as "no carry" turned it on. It is spelled ``auto`` instead,
+and ``none`` is refused with what to write."""
+PLAN_DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in fields(PlanConfig) if f.default is not MISSING
+}
+"""PlanConfig's defaults: the one set every command (and the DataModule) starts from."""
 
 
 @cache
@@ -68,6 +76,23 @@ def _int_or_none(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"expected an integer or {NONE!r}, got {text!r}") from exc
 
 
+def _carry(text: str) -> int | None:
+    """``--carry``: records per rank, 0 (off, the default) or ``auto`` (W*B/4)."""
+    if text == NONE_SPELLING["carry"]:
+        return None
+    if text == NONE:
+        raise argparse.ArgumentTypeError(
+            "'none' is ambiguous for --carry: write 0 for no carry (the default) or "
+            f"{NONE_SPELLING['carry']!r} for W*B/4 records"
+        )
+    try:
+        return int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer or {NONE_SPELLING['carry']!r}, got {text!r}"
+        ) from exc
+
+
 def option(name: str) -> str:
     """The command-line spelling of a PlanConfig field."""
     return "--" + name.replace("_", "-")
@@ -96,7 +121,7 @@ def add_plan_config_options(
             kwargs["required"] = True
         else:
             kwargs["default"] = argparse.SUPPRESS
-            shown = NONE if f.default is None else f.default
+            shown = NONE_SPELLING.get(f.name, NONE) if f.default is None else f.default
             kwargs["help"] += f" (default: {shown})"
         if f.type == "bool":
             group.add_argument(*names, action=argparse.BooleanOptionalAction, **kwargs)
@@ -104,8 +129,10 @@ def add_plan_config_options(
         if f.type == "int":
             kwargs["type"] = int
         elif f.type == "int | None":
-            kwargs["type"] = _int_or_none
-            kwargs["metavar"] = f"INT|{NONE}"
+            spelling = NONE_SPELLING.get(f.name, NONE)
+            kwargs["help"] = kwargs["help"].replace("None: ", f"{spelling}: ")
+            kwargs["type"] = _carry if f.name == "carry" else _int_or_none
+            kwargs["metavar"] = f"INT|{spelling}"
         elif f.type == "float":
             kwargs["type"] = float
         elif f.type == "str":

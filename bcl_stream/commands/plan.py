@@ -8,11 +8,21 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
 
 from bcl_stream.commands.config_options import add_plan_config_options, plan_fields
-from bcl_stream.plan.checks import check_format_scope, require_packs
-from bcl_stream.plan.epoch import PACKINGS, EpochPlan, PlanData, ReaderConfig
+from bcl_stream.plan.checks import check_format_scope, layout_text, require_packs
+from bcl_stream.plan.epoch import (
+    PACKINGS,
+    EpochPlan,
+    PlanData,
+    ReaderConfig,
+    epoch_records,
+    epoch_sample,
+)
 
 
 def add_plan_options(p: argparse.ArgumentParser) -> None:
@@ -150,6 +160,50 @@ def pack_json(index: PlanData, packs: Any) -> Any:
     ]
 
 
+def n_shards(index: PlanData) -> int:
+    """Shard files the plan reads (a mixture: its streams' together)."""
+    from bcl_stream.plan.streams import MixtureIndex
+
+    if isinstance(index, MixtureIndex):
+        return sum(len(ix.shards) for ix in index.indexes)
+    return len(index.shards)
+
+
+def summary(index: PlanData, config: ReaderConfig, plan: EpochPlan) -> dict[str, Any]:
+    """Every figure ``plan`` prints, as ``plan --json`` carries them: the set-up (ranks, nodes,
+    ranks per node, pack size, window, scope), records and shards, packs per rank and the
+    balance of the packs under the same metric ``simulate`` reports (``analysis.sim``)."""
+    from bcl_stream.analysis.sim import metrics_from_costs
+    from bcl_stream.cost import resolve
+    from bcl_stream.planner.padded import ragged_pack_costs
+
+    pc = config.plan
+    # The costs the planner balanced (a mixture: a view that indexes like an array).
+    model = None if config.cost_model is None else resolve(config.cost_model)
+    costs = cast("npt.NDArray[np.float64]", index.costs(model))
+    metrics = metrics_from_costs(
+        ragged_pack_costs(plan.plan.packs, costs, pc.layout),
+        plan.plan.records_used,
+        plan.plan.records_left,
+    )
+    return {
+        "records": epoch_records(index, epoch_sample(index, config, plan.epoch)),
+        "shards": n_shards(index),
+        "world_size": pc.world_size,
+        "ranks_per_node": pc.ranks_per_node,
+        "nodes": pc.n_nodes,
+        "pack_size": pc.pack_size,
+        "window": pc.window,
+        "scope": pc.scope,
+        "packing": config.packing,
+        "epoch": plan.epoch,
+        "packs_per_rank": plan.n_packs,
+        "efficiency": metrics.efficiency,
+        "cv_ranks": metrics.cv_ranks,
+        "records_used": plan.plan.records_used,
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     from bcl_stream.plan.epoch import full_plan, stream_report
 
@@ -158,24 +212,27 @@ def run(args: argparse.Namespace) -> int:
     plan = full_plan(index, config, args.epoch)
     require_packs(location, plan, config, len(index))
     streams = stream_report(index, config, plan)
+    figures = summary(index, config, plan)
+    remainder = remainder_json(plan)
     if args.json:
         ranks = [
             {"rank": r, "packs": pack_json(index, plan.rank_packs(r))}
             for r in range(config.plan.world_size)
         ]
-        out: dict[str, Any] = {"ranks": ranks, "remainder": remainder_json(plan)}
+        out: dict[str, Any] = {**figures, "ranks": ranks, "remainder": remainder}
         if streams is not None:
             out["streams"] = streams
         print(json.dumps(out))
         return 0
-    costs = index.costs()
-    pack_costs = costs[plan.plan.packs].sum(axis=2) if plan.n_packs else costs[:0]
-    records = len(index) if streams is None else sum(s["records_drawn"] for s in streams)
-    print(f"records {records}, ranks {config.plan.world_size}, packs per rank {plan.n_packs}")
-    if plan.n_packs:
-        steps = pack_costs.max(axis=0)
-        print(f"balance efficiency {pack_costs.mean(axis=0).sum() / steps.sum():.4f}")
-    print(f"remainder {remainder_json(plan)}")
+    print(
+        f"records {figures['records']} in {figures['shards']} shards; "
+        f"{layout_text(config.plan.world_size, config.plan.ranks_per_node)}; scope "
+        f"{figures['scope']}, {figures['packing']} packing, packs per rank {plan.n_packs} of "
+        f"{figures['pack_size']} records"
+    )
+    print(f"balance efficiency {figures['efficiency']:.4f}, cv_ranks {figures['cv_ranks']:.4f}")
+    left = ", ".join(f"{k} {v}" for k, v in sorted(remainder["by_reason"].items()))
+    print(f"records not in a pack: {remainder['count']}" + (f" ({left})" if left else ""))
     for s in streams or []:
         print(
             f"stream {s['path']}: {s['records_drawn']} records this epoch of "

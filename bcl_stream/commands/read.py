@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from bcl_stream.commands.plan import add_plan_options, cache_dir, config_from_args, data_source
-from bcl_stream.plan.checks import require_packs
+from bcl_stream.plan.checks import layout_text, require_packs
 
 if TYPE_CHECKING:
     from bcl_stream.formats.reader_base import PlanDataset
@@ -83,9 +84,17 @@ def run(args: argparse.Namespace) -> int:
         ]
         for pack in islice(first, args.packs)
     ]
+    pc = config.plan
     if args.json:
-        print(json.dumps({"rank": args.rank, "packs": packs}))
+        setup = {"world_size": pc.world_size, "ranks_per_node": pc.ranks_per_node}
+        print(json.dumps({"rank": args.rank, **setup, "nodes": pc.n_nodes, "packs": packs}))
     else:
+        # The set-up on stderr: stdout stays one pack per line, to diff against plan.
+        print(
+            f"rank {args.rank} of {layout_text(pc.world_size, pc.ranks_per_node)}: "
+            f"{len(packs)} packs of {pc.pack_size} records",
+            file=sys.stderr,
+        )
         for pack in packs:
             print(" ".join(map(str, pack)))
     return 0

@@ -29,14 +29,17 @@ from bcl_stream.analysis.sim import (
     shard_table,
     speedups,
 )
-from bcl_stream.commands.config_options import add_plan_config_options, plan_fields
-from bcl_stream.cost import CostModel, resolve
+from bcl_stream.commands.config_options import PLAN_DEFAULTS, add_plan_config_options, plan_fields
+from bcl_stream.cost import resolve
+from bcl_stream.plan.checks import layout_text, no_pack_error
 from bcl_stream.planner.bcl import validate_costs
 from bcl_stream.planner.mixture import EpochSample
-from bcl_stream.planner.shard_table import ShardTable
+from bcl_stream.planner.shard_table import ShardTable, shard_weights
 
 DEFAULT_COST_MODEL = "llama3-8b"
 SIM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SimConfig)}
+LENGTHS_SHARD_RECORDS = 4096
+"""Shard size assumed for a bare array of lengths (a dataset's real shards are used instead)."""
 
 
 def add_parser(sub: Any) -> None:
@@ -66,10 +69,11 @@ def add_parser(sub: Any) -> None:
     add_plan_config_options(
         p,
         skip=frozenset({"scope"}),  # each bcl-* strategy sets its own scope
+        # The job's shape has a scenario default here (plan and read require it); every other
+        # planner field keeps PlanConfig's default, as in plan, read and the DataModule.
         defaults={
             "world_size": SIM_DEFAULTS["ranks"],
-            "ranks_per_node": None,  # min(R, 8), below
-            **{k: SIM_DEFAULTS[k] for k in ("pack_size", "window", "grad_accum")},
+            **{k: SIM_DEFAULTS[k] for k in ("pack_size", "window")},
         },
         aliases={"world_size": ("--ranks",)},
     )
@@ -91,8 +95,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--shard-records",
         type=int,
-        default=4096,
-        help="the array is the dataset in write order, cut into shards of K records",
+        default=None,
+        help=f"--lengths only: the array is the dataset in write order, cut into shards of K "
+        f"records (default: {LENGTHS_SHARD_RECORDS}; --dataset and --stream use their real shards)",
     )
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated list")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
@@ -118,33 +123,25 @@ def load_lengths(path: str) -> np.ndarray:
     return lengths
 
 
-def dataset_lengths(location: str, cache: str | None) -> tuple[np.ndarray, CostModel]:
-    """Token counts and cost model of a costed dataset (its cost index only: no shard read)."""
-    from bcl_stream.io.remote import is_remote, open_cost_index
-
-    if cache is None and is_remote(location):
-        import tempfile
-
-        cache = tempfile.mkdtemp(prefix="bcl_cache_")
-    index, _ = open_cost_index(location, cache)
-    if not len(index):
-        raise ValueError(f"--dataset {location}: the dataset holds no records")
-    return index.tokens.astype(np.int64), index.cost_model
-
-
 def sim_config(args: argparse.Namespace) -> SimConfig:
-    """The simulated setting the options describe (planner fields: PlanConfig's names)."""
-    planner = plan_fields(args)
+    """The simulated setting the options describe (planner fields: PlanConfig's names, and
+    PlanConfig's defaults for those not given: the same set-up ``plan`` reads)."""
+    planner = {**PLAN_DEFAULTS, **plan_fields(args)}
     world = planner.pop("world_size")
-    planner["ranks_per_node"] = planner["ranks_per_node"] or min(world, 8)
+    shared = {k: v for k, v in planner.items() if k in SimConfig.__slots__}
+    if args.shard_records is not None and args.lengths is None:
+        raise ValueError(
+            "--shard-records applies to --lengths only: a dataset (--dataset, --stream) is "
+            "simulated on its own shards"
+        )
     return SimConfig(
         ranks=world,
         sync=args.sync,
         seed=args.seed,
         epoch=args.epoch,
         overhead=args.overhead,
-        shard_records=args.shard_records,
-        **planner,
+        shard_records=args.shard_records or LENGTHS_SHARD_RECORDS,
+        **shared,
     )
 
 
@@ -185,16 +182,62 @@ def sim_input(args: argparse.Namespace, config: SimConfig) -> SimInput:
     if args.epoch_size is not None:
         raise ValueError("--epoch-size applies to a mixture (--stream) only")
     if args.dataset is not None:
-        lengths, model = dataset_lengths(args.dataset, args.cache_dir)
-    else:
-        lengths, model = load_lengths(args.lengths), resolve(DEFAULT_COST_MODEL)
-    if args.cost_model is not None:
-        model = resolve(args.cost_model)
+        return dataset_input(args.dataset, args.cache_dir, args.cost_model)
+    lengths, model = load_lengths(args.lengths), resolve(args.cost_model or DEFAULT_COST_MODEL)
     if np.any(lengths < 0):
         raise ValueError(f"token counts must be >= 0; found {int(lengths.min())}")
     costs = validate_costs(model.cost(lengths))
     table = shard_table(lengths, costs, config.shard_records)
     return SimInput(np.asarray(lengths, dtype=np.int64), costs, table, model.to_dict())
+
+
+def dataset_input(location: str, cache: str | None, cost_model: str | None) -> SimInput:
+    """A costed dataset as ``plan`` reads it (its cost index only, no shard read): the same
+    costs (the stored ones, or recomputed under ``cost_model``) and its real shard table, so
+    ``simulate --dataset`` and ``plan`` plan the same epoch from the same flags."""
+    from bcl_stream.io.remote import is_remote, open_cost_index
+
+    if cache is None and is_remote(location):
+        import tempfile
+
+        cache = tempfile.mkdtemp(prefix="bcl_cache_")
+    index, _ = open_cost_index(location, cache)
+    if not len(index):
+        raise ValueError(f"--dataset {location}: the dataset holds no records")
+    model = index.cost_model if cost_model is None else resolve(cost_model)
+    costs = index.costs(model)
+    counts = index.shard_counts
+    table = ShardTable.build(counts, weight=shard_weights(counts, costs))
+    return SimInput(index.tokens.astype(np.int64), costs, table, model.to_dict())
+
+
+def refuse_empty(label: str, config: SimConfig, data: SimInput, scored: dict[str, Metrics]) -> None:
+    """Refuse, like ``plan`` and ``read``, a set-up in which a strategy has no pack at all: its
+    metrics would be NaN and nothing would train."""
+    empty = [name for name, m in scored.items() if m.packs_per_rank == 0]
+    if not empty:
+        return
+    m = scored[empty[0]]
+    left = {"not in a pack": m.records_left} if m.records_left else {}
+    fix, what = "Lower --pack-size or --ranks, or use more data", "no pack for any rank"
+    if len(empty) < len(scored):
+        fix += f" (or leave {', '.join(empty)} out of --strategies)"
+        what += f" under {', '.join(empty)}"
+    raise no_pack_error(
+        label,
+        config.epoch,
+        sim_records(data),
+        left,
+        config.ranks,
+        config.pack_size,
+        fix + ".",
+        what,
+    )
+
+
+def sim_records(data: SimInput) -> int:
+    """Records simulated (a mixture: its epoch's draw)."""
+    return int(data.lengths.size if data.sample is None else data.sample.usable.sum())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -209,6 +252,7 @@ def run(args: argparse.Namespace) -> int:
         packed_plans = plan_schedules(data.lengths, data.costs, table, packed, names, data.sample)
         layouts = {"packed": (packed_plans, score(packed_plans, packed, table)), **layouts}
     results = layouts[config.layout][1]
+    refuse_empty(args.dataset or args.lengths or ",".join(args.stream), config, data, results)
     versus = speedups(planned, config)  # per unit of cost, over nemo_mffd / verl_kk if present
     if args.plot is not None:
         from bcl_stream.analysis.plots import plot_step_costs
@@ -216,9 +260,16 @@ def run(args: argparse.Namespace) -> int:
         plot_step_costs({name: s.pack_costs for name, s in planned.items()}, args.plot)
     if args.json:
         settings = {key: getattr(config, key) for key in SimConfig.__slots__}
-        records = int(data.lengths.size if data.sample is None else data.sample.usable.sum())
+        if args.lengths is None:
+            settings["shard_records"] = None  # the data's own shards
         payload: dict[str, Any] = {
-            "config": {**settings, "cost_model": data.model, "records": records},
+            "config": {
+                **settings,
+                "cost_model": data.model,
+                "records": sim_records(data),
+                "shards": len(table.counts),
+                "nodes": config.ranks // config.ranks_per_node,
+            },
             "strategies": {name: m.to_dict() for name, m in results.items()},
         }
         if data.streams is not None:
@@ -232,6 +283,11 @@ def run(args: argparse.Namespace) -> int:
             }
         print(json.dumps(_finite(payload), allow_nan=False))
         return 0
+    print(
+        f"records {sim_records(data)} in {len(table.counts)} shards; "
+        f"{layout_text(config.ranks, config.ranks_per_node)}; B={config.pack_size}, "
+        f"W={config.window}, G={config.grad_accum}, sync {config.sync}"
+    )
     packed_seq = layouts["packed"][1].get("sequential") if len(layouts) > 1 else None
     for layout, (plans, scored) in layouts.items():
         if len(layouts) > 1:

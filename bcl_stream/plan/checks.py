@@ -33,11 +33,44 @@ def require_packs(
     (Lightning: "No training batches", exit 0)."""
     if plan.n_packs:
         return
-    counts = plan.remainder_counts()
-    left = ", ".join(f"{reason} {n}" for reason, n in sorted(counts.items())) or "none"
-    need = config.plan.world_size * config.plan.pack_size
-    raise PlanError(
-        f"{location}: no pack for any rank in epoch {plan.epoch}: {records} records (left out: "
-        f"{left}) cannot give each of {config.plan.world_size} ranks one pack of {config.plan.pack_size} "
-        f"records (needs at least {need} per epoch). {fix}"
+    raise no_pack_error(
+        location,
+        plan.epoch,
+        records,
+        plan.remainder_counts(),
+        config.plan.world_size,
+        config.plan.pack_size,
+        fix,
+    )
+
+
+def no_pack_error(
+    location: str,
+    epoch: int,
+    records: int,
+    left: dict[str, int],
+    world_size: int,
+    pack_size: int,
+    fix: str,
+    what: str = "no pack for any rank",
+) -> PlanError:
+    """The one message for an epoch without a pack (``plan``, ``read``, ``simulate``, the
+    DataModule): the records, what was left out, what one pack per rank needs, the fix."""
+    reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(left.items())) or "none"
+    need = world_size * pack_size
+    return PlanError(
+        f"{location}: {what} in epoch {epoch}: {records} records (left out: {reasons}) cannot "
+        f"give each of {world_size} ranks one pack of {pack_size} records (needs at least "
+        f"{need} per epoch). {fix}"
+    )
+
+
+def layout_text(world_size: int, ranks_per_node: int) -> str:
+    """How many nodes a plan assumed, as every summary says it: ranks per node decides which
+    shards a rank may read (a node reads only its own), so a summary that leaves it out can
+    describe another set-up than the one planned."""
+    nodes = world_size // ranks_per_node
+    return (
+        f"{world_size} ranks = {nodes} node{'s' if nodes != 1 else ''} x {ranks_per_node} "
+        f"rank{'s' if ranks_per_node != 1 else ''} per node"
     )

@@ -99,19 +99,19 @@ def test_3_complete_mds_without_cost_index_is_told_to_annotate(
     assert f"`bcl-stream annotate {copy}`" in line
 
 
-def test_5_simulate_dataset_equals_simulate_lengths(mds_dir: Path, tmp_path: Path) -> None:
+def test_5_simulate_lengths_takes_a_cost_array(mds_dir: Path, tmp_path: Path) -> None:
+    """``--lengths`` takes a dataset's ``bcl_costs.npy`` as it is, or a plain array of lengths
+    (``simulate --dataset`` uses the real shards instead: ``test_cli_defaults.py``)."""
     common = ["--ranks", "2", "--pack-size", "4", "--window", "4", "--json"]
-    by_dataset = cli("simulate", "--dataset", str(mds_dir), *common)
-    assert by_dataset.returncode == 0, by_dataset.stderr
-    got = json.loads(by_dataset.stdout)
-    assert got["config"]["cost_model"]["name"] == "tokens"  # the dataset's own cost model
     costs = mds_dir / "bcl_costs.npy"
     lengths = tmp_path / "lengths.npy"
     np.save(lengths, np.load(costs)["tokens"].astype(np.int64))
-    for source in (costs, lengths):  # bcl_costs.npy is taken as it is
-        by_lengths = cli("simulate", "--lengths", str(source), *common, "--cost-model", "tokens")
-        assert by_lengths.returncode == 0, by_lengths.stderr
-        assert json.loads(by_lengths.stdout) == got
+    got = [
+        cli("simulate", "--lengths", str(source), *common, "--cost-model", "tokens")
+        for source in (costs, lengths)
+    ]
+    assert all(proc.returncode == 0 for proc in got), got[0].stderr
+    assert json.loads(got[0].stdout) == json.loads(got[1].stdout)
     assert "--lengths FILE.npy" in cli("simulate", "--help").stdout
 
 

@@ -87,12 +87,15 @@ def test_every_field_through_the_simulate_command(name: str) -> None:
 
 
 def test_simulate_has_no_scope_option_and_keeps_plan_defaults() -> None:
+    """One set of defaults (issue 26, point 4): simulate's only defaults of its own are the
+    job's shape (8 ranks, B=8, W=16), which plan and read require; ranks per node, gradient
+    accumulation and every other planner field are PlanConfig's, as in plan and read."""
     with pytest.raises(SystemExit):
         build_parser().parse_args(["simulate", "--lengths", "x.npy", "--scope", "node"])
     config = sim_config(build_parser().parse_args(["simulate", "--lengths", "x.npy"]))
-    assert config == SimConfig()  # the CLI adds no default of its own
+    assert (config.ranks, config.pack_size, config.window) == (8, 8, 16)
     planned = plan_config(config, "rank")
-    scenario = {"world_size", "ranks_per_node", "pack_size", "window", "grad_accum", "scope"}
+    scenario = {"world_size", "pack_size", "window", "scope"}
     for f in fields(PlanConfig):
         if f.name not in scenario:
             assert getattr(planned, f.name) == f.default, f.name

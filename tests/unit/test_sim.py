@@ -201,10 +201,12 @@ def test_cli_json_prints_exactly_one_object_with_the_documented_keys(
     for metrics in payload["strategies"].values():
         assert set(metrics) == fields
     config = payload["config"]
-    assert set(SimConfig.__slots__) | {"cost_model", "records"} == set(config)
+    assert set(SimConfig.__slots__) | {"cost_model", "records", "shards", "nodes"} == set(config)
     assert config["records"] == 2048 and config["window"] == 4
+    assert config["nodes"] == 8 and config["shards"] == 1  # PlanConfig's 1 rank per node
     assert config["cost_model"]["name"] == "llama3-8b"
-    direct = simulate(np.load(lengths_file), get_preset("llama3-8b"), SimConfig(window=4))
+    cli_defaults = SimConfig(window=4, ranks_per_node=1, grad_accum=1)
+    direct = simulate(np.load(lengths_file), get_preset("llama3-8b"), cli_defaults)
     for name, m in direct.items():
         assert payload["strategies"][name] == pytest.approx(m.to_dict())
 
@@ -218,7 +220,7 @@ def test_cli_strategies_flag_limits_the_output(
     assert set(payload["strategies"]) == {"sequential", "bcl-world"}
     assert "speedup_vs" not in payload  # no peer planned, nothing to compare against
     assert main([*args[:-1], "verl_kk,bcl-world"]) == 0
-    header = capsys.readouterr().out.splitlines()[0]
+    header = capsys.readouterr().out.splitlines()[1]  # after the set-up line
     assert header.split()[-2:] == ["vs", "verl_kk"] and "nemo_mffd" not in header
 
 
@@ -249,7 +251,8 @@ def test_cli_table_lists_every_strategy(
     lengths_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["simulate", "--lengths", str(lengths_file)]) == 0
-    rows = capsys.readouterr().out.splitlines()
+    setup, *rows = capsys.readouterr().out.splitlines()
+    assert setup.startswith("records 2048 in 1 shards; 8 ranks = 8 nodes x 1 rank per node;")
     assert rows[0].split()[0] == "strategy"
     assert [row.split()[0] for row in rows[1:]] == list(STRATEGIES)
 

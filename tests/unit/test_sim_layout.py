@@ -105,6 +105,6 @@ def test_cli_padded_json_reports_both_layouts(
         wastes = [m["padding_waste"] for m in scored.values()]
         assert all(w == 0.0 for w in wastes) if layout == "packed" else all(w > 0 for w in wastes)
     assert main(args) == 0
-    out = capsys.readouterr().out.splitlines()
+    out = capsys.readouterr().out.splitlines()  # the set-up line, then the tables
     assert [line for line in out if line.startswith("layout")] == ["layout packed", "layout padded"]
-    assert out[1].split()[-2:] == ["waste", "vs_packed_seq"]
+    assert out[2].split()[-2:] == ["waste", "vs_packed_seq"]
