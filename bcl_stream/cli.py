@@ -18,7 +18,16 @@ from collections.abc import Sequence
 
 from bcl_stream.errors import DEBUG_ENV, BCLStreamError, report
 
-COMMANDS = ["simulate", "plan", "read", "calibrate", "preprocess", "annotate", "inspect"]
+COMMANDS = [
+    "simulate",
+    "plan",
+    "read",
+    "calibrate",
+    "preprocess",
+    "annotate",
+    "merge",
+    "inspect",
+]
 
 
 class _DefaultsFormatter(argparse.HelpFormatter):

@@ -41,6 +41,13 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--compression", default=None, help="MDS: zstd, gz, ...; WDS: gz")
     p.add_argument("--maxcount", type=int, default=10_000, help="WDS: records per shard")
+    p.add_argument(
+        "--part",
+        default=None,
+        metavar="I/N",
+        help="write only the I-th of N shares of the inputs, under OUTPUT/part-I-of-N "
+        "(then `bcl-stream merge OUTPUT`)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
@@ -66,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         compression=args.compression,
         maxcount=args.maxcount,
         progress=not args.no_progress,
+        part=args.part,
     )
     if args.json:
         print(json.dumps(report.to_dict()))

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tarfile
 import warnings
-from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -53,17 +54,46 @@ def _split_name(fname: str) -> tuple[str, str]:
     return os.path.join(directory, key), suffix.lower()
 
 
+PART_KEY = re.compile(r"^part-(\d+)-of-\d+-(\d+)$")
+"""Keys of a part of a partitioned run (``CostedWDSWriter(key_prefix=...)``)."""
+
+
+def part_firsts(index: CostIndex) -> tuple[int, ...]:
+    """First global sample id of each part of a merged dataset (empty for any other)."""
+    merged = index.extra.get("merge")
+    if not isinstance(merged, dict) or merged.get("kind") != "preprocess":
+        return ()
+    return tuple(int(p["first"]) for p in merged.get("parts", ()))
+
+
+def key_sample_id(key: str, firsts: Sequence[int] = ()) -> int | None:
+    """The global sample id a record key stands for: a plain id (``0000000042``), or in a
+    merged dataset ``part-I-of-N-<id in part I>`` (with ``firsts`` from :func:`part_firsts`;
+    without, the id inside the part: a part read on its own). None: not one of ours."""
+    base = os.path.basename(key)
+    if base.isdigit():
+        return int(base)
+    match = PART_KEY.match(base)
+    if match is None:
+        return None
+    part, local = int(match[1]), int(match[2])
+    if not firsts:
+        return local
+    return firsts[part] + local if part < len(firsts) else None
+
+
 def tar_samples(
     shards: Iterable[tuple[str, Path, int, int]],
     wanted: Container[int],
     hashes: npt.NDArray[np.uint64] | None = None,
+    firsts: Sequence[int] = (),
 ) -> Iterator[tuple[int, str, Raw]]:
     """Shards (name, local path, first sample id, record count) -> (sample id, key, members)
     for the records in ``wanted``; the others are skipped without reading their payload.
 
     ``hashes`` (per global sample id, from the cost index): each wanted record's members are
     checked against it before the record is yielded; a mismatch is a DatasetError naming the
-    shard and the record.
+    shard and the record. ``firsts``: see :func:`key_sample_id`.
     """
     for name, path, first, count in shards:
         ordinal = -1
@@ -77,7 +107,7 @@ def tar_samples(
                         _check_hash(name, first + ordinal, key, members, hashes)
                         yield first + ordinal, key, members
                     key, ordinal, members = member_key, ordinal + 1, {}
-                    _check_key(name, key, first + ordinal)
+                    _check_key(name, key, first + ordinal, firsts)
                 if first + ordinal in wanted:
                     members[suffix] = read()
             if key is not None and first + ordinal in wanted:
@@ -109,9 +139,10 @@ def _check_hash(
         )
 
 
-def _check_key(shard: str, key: str, sample_id: int) -> None:
+def _check_key(shard: str, key: str, sample_id: int, firsts: Sequence[int]) -> None:
     base = os.path.basename(key)
-    if base.isdigit() and int(base) != sample_id:
+    stands_for = key_sample_id(base, firsts)
+    if stands_for is not None and stands_for != sample_id:
         raise DatasetError(
             f"{shard}: record key {base!r} is not the expected global sample id {sample_id}; "
             "the shard order differs from the cost index (shards renamed or reordered?)."
@@ -139,19 +170,21 @@ def decode_sample(sample_id: int, key: str, members: Raw) -> Sample:
     return out
 
 
-def _sample_id(sample: Sample) -> int:
+def _sample_id(sample: Sample, firsts: Sequence[int]) -> int:
     if "sample_id" in sample:
         return int(sample["sample_id"])
-    key = os.path.basename(str(sample.get("__key__", "")))
-    if not key.isdigit():
+    sid = key_sample_id(str(sample.get("__key__", "")), firsts)
+    if sid is None:
         raise DatasetError(
             f"sample with key {sample.get('__key__')!r} has no 'sample_id' and its key is not a "
             "global sample id; write the dataset with CostedWDSWriter or add sample ids upstream."
         )
-    return int(key)
+    return sid
 
 
-def follow_plan(src: Iterable[Sample], packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
+def follow_plan(
+    src: Iterable[Sample], packs: npt.NDArray[np.int64], firsts: Sequence[int] = ()
+) -> Iterator[Pack]:
     """Samples (any order) -> the rows of ``packs`` as lists of samples, in row order.
 
     A sample waits in the buffer until its pack is next and complete; samples no pack needs
@@ -165,7 +198,7 @@ def follow_plan(src: Iterable[Sample], packs: npt.NDArray[np.int64]) -> Iterator
     for sample in src:
         if row >= n_rows:
             return
-        sid = _sample_id(sample)
+        sid = _sample_id(sample, firsts)
         if sid not in slot:
             continue
         buffer[sid] = sample
@@ -193,7 +226,7 @@ def bcl_packs(
 ) -> Iterator[Pack]:
     """Pipeline stage: rank ``rank``'s balanced packs of ``epoch`` (packs start, start+step, ...)."""
     packs = full_plan(index, config, epoch, segments).rank_packs(rank)
-    return follow_plan(src, packs[start::step])
+    return follow_plan(src, packs[start::step], part_firsts(index))
 
 
 _WARNED: set[str] = set()
@@ -292,6 +325,7 @@ class WDSPackDataset(DatasetReader):
     def _read_packs(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
         wanted = set(int(i) for i in packs.ravel())
         hashes = self.index.record_hashes
-        raw = tar_samples(self._local_shards(self.shard_order(packs)), wanted, hashes)
+        shards = self._local_shards(self.shard_order(packs))
+        raw = tar_samples(shards, wanted, hashes, part_firsts(self.index))
         decoded = (decode_sample(sid, key, members) for sid, key, members in raw)
         yield from follow_plan(decoded, packs)

@@ -43,8 +43,10 @@ class CostedWDSWriter(FinishOnExit):
     """Write token-id records as WebDataset shards plus the cost index.
 
     ``out``: a local directory or a remote URL. ``maxcount``/``maxsize`` are passed to
-    ``ShardWriter``; ``compress=True`` writes gzip shards (``.tar.gz``). Use as a context
-    manager or call :meth:`finish`.
+    ``ShardWriter``; ``compress=True`` writes gzip shards (``.tar.gz``). ``key_prefix``: a
+    part of a partitioned run (``part-I-of-N-``) keys its records ``part-I-of-N-<id in the
+    part>``, unique across the merged dataset (no dots: see the module docstring). Use as a
+    context manager or call :meth:`finish`.
     """
 
     def __init__(
@@ -57,6 +59,7 @@ class CostedWDSWriter(FinishOnExit):
         compress: bool = False,
         tokens_field: str = "input_ids",
         extra: Mapping[str, Any] | None = None,
+        key_prefix: str = "",
     ) -> None:
         if maxcount < 1:
             raise ValueError(f"maxcount must be >= 1, got {maxcount}")
@@ -71,6 +74,7 @@ class CostedWDSWriter(FinishOnExit):
         self._hashes = array("Q")
         self._encode = streaming_compat.wds_member_encoder()
         self._in_shard = 0
+        self._key_prefix = key_prefix
         self._index: CostIndex | None = None
         pattern = SHARD_PATTERN + (".gz" if compress else "")
         self._writer = wds.ShardWriter(
@@ -97,7 +101,7 @@ class CostedWDSWriter(FinishOnExit):
         members; every other key goes into the ``json`` member.
         """
         n = len(self._tokens)
-        member: dict[str, Any] = {"__key__": f"{n:010d}"}
+        member: dict[str, Any] = {"__key__": f"{self._key_prefix}{n:010d}"}
         meta: dict[str, Any] = {}
         for key, value in sample.items():
             if key == self.tokens_field:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -24,7 +25,7 @@ from bcl_stream.io.remote import is_remote, list_remote
 
 DATASET_FILE = re.compile(
     r"^(index\.json|bcl_index\.json|bcl_costs\.npy|bcl_hashes\.npy|shard\.\d+\.mds(\.\w+)?|shard-\d+\.tar(\.gz)?"
-    r"|.*\.tmp)$"
+    r"|part-\d+-of-\d+|.*\.tmp)$"
 )
 
 
@@ -41,7 +42,7 @@ def remote_listing(output: str) -> list[str]:
     return list_remote(output)
 
 
-def _delete_remote(output: str, names: list[str]) -> None:
+def delete_remote(output: str, names: list[str]) -> None:
     import boto3
 
     from bcl_stream.io.remote import join
@@ -52,17 +53,30 @@ def _delete_remote(output: str, names: list[str]) -> None:
         client.delete_object(Bucket=url.netloc, Key=url.path.lstrip("/"))
 
 
-def prepare_output(output: str, *, overwrite: bool) -> None:
-    """Make ``output`` ready for a fresh write, or raise :class:`DatasetError`."""
+def is_complete(names: Collection[str]) -> bool:
+    """Whether a dataset's file names include its completion marker: MDS ``index.json``
+    (when MDS shards or ``index.json`` are there), else WebDataset's ``bcl_index.json``."""
+    if MDS_INDEX in names or any(".mds" in n for n in names):
+        return MDS_INDEX in names
+    return INDEX_JSON in names
+
+
+def prepare_output(output: str, *, overwrite: bool, replace_incomplete: bool = False) -> None:
+    """Make ``output`` ready for a fresh write, or raise :class:`DatasetError`.
+
+    ``replace_incomplete`` (a part of a partitioned run): an output without its completion
+    marker, left by a killed run of the same part, is replaced without ``overwrite`` (the
+    write lock, held by the caller, rules out a live writer).
+    """
     if is_remote(output):
         found = remote_listing(output)
         if not found:
             return
-        if not overwrite:
+        if not overwrite and not (replace_incomplete and not is_complete(found)):
             raise _refuse(output, found)
         if not output.startswith("s3://"):
             raise DatasetError(f"--overwrite of {output}: only s3:// outputs can be cleared")
-        _delete_remote(output, [n for n in (MDS_INDEX, INDEX_JSON) if n in found])
+        delete_remote(output, [n for n in (MDS_INDEX, INDEX_JSON) if n in found])
         return
     root = Path(output.removeprefix("file://"))
     if root.exists() and not root.is_dir():
@@ -72,7 +86,7 @@ def prepare_output(output: str, *, overwrite: bool) -> None:
     found = sorted(p.name for p in root.iterdir())
     if not found:
         return
-    if not overwrite:
+    if not overwrite and not (replace_incomplete and not is_complete(found)):
         raise _refuse(str(root), found)
     foreign = [n for n in found if not DATASET_FILE.match(n)]
     if foreign:

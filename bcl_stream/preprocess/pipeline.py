@@ -19,10 +19,11 @@ from tqdm import tqdm
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.errors import DatasetError
 from bcl_stream.preprocess.chat import TEMPLATE
-from bcl_stream.preprocess.lock import holding_output_lock
+from bcl_stream.preprocess.lock import output_lock
 from bcl_stream.preprocess.outliers import OutlierPolicy
 from bcl_stream.preprocess.output import prepare_output
-from bcl_stream.preprocess.sources import Bad, check_inputs, read_records
+from bcl_stream.preprocess.parts import Part, input_identity, input_slices, part_record
+from bcl_stream.preprocess.sources import Bad, InputSlice, check_inputs, read_records
 from bcl_stream.preprocess.tokenizers import load_tokenizer
 from bcl_stream.preprocess.work import tokenize_stream
 
@@ -100,6 +101,13 @@ def parse_size(text: str) -> int:
     raise ValueError(f"--shard-size-limit {text!r}: expected bytes such as 67108864 or 64mb")
 
 
+def _bytes(piece: str | InputSlice) -> int:
+    if isinstance(piece, str):
+        return os.path.getsize(piece)
+    stop = os.path.getsize(piece.path) if piece.stop is None else piece.stop
+    return stop - piece.start
+
+
 def _bad_error(bad: Bad) -> DatasetError:
     return DatasetError(
         f"{bad.source}: {bad.message}. Fix the record, or pass --skip-bad to skip and count "
@@ -114,6 +122,7 @@ def _open_writer(
     shard_size_limit: int | str | None,
     compression: str | None,
     maxcount: int,
+    key_prefix: str = "",
 ) -> Any:
     if fmt == "mds":
         from bcl_stream.formats.mds_writer import CostedMDSWriter
@@ -133,11 +142,15 @@ def _open_writer(
         shard_size_limit = parse_size(shard_size_limit)
     size = float(shard_size_limit) if shard_size_limit else float(1 << 28)
     return CostedWDSWriter(
-        output, cost_model=model, maxcount=maxcount, maxsize=size, compress=bool(compression)
+        output,
+        cost_model=model,
+        maxcount=maxcount,
+        maxsize=size,
+        compress=bool(compression),
+        key_prefix=key_prefix,
     )
 
 
-@holding_output_lock("preprocess", "output")
 def preprocess(
     inputs: list[str],
     output: str,
@@ -155,8 +168,14 @@ def preprocess(
     compression: str | None = None,
     maxcount: int = 10_000,
     progress: bool = True,
+    part: Part | str | None = None,
 ) -> PreprocessReport:
     """Tokenize ``inputs`` (JSONL/Parquet) into a costed dataset at ``output`` (dir or s3://).
+
+    ``part`` (``Part`` or ``"I/N"``): write only the I-th of N shares of the inputs, as a
+    complete dataset under ``output/part-I-of-N`` (``preprocess/parts.py``); join the parts
+    with :func:`bcl_stream.preprocess.merge.merge`. A part left incomplete by a killed run is
+    replaced by the next run of the same part; a complete one only with ``overwrite``.
 
     Raises :class:`DatasetError` on the first bad record (unless ``skip_bad``), on an outlier
     under ``outliers="error"``, on empty input, on an existing output (unless ``overwrite``)
@@ -164,19 +183,64 @@ def preprocess(
     """
     if format not in FORMATS:
         raise ValueError(f"--format must be one of {FORMATS}, got {format!r}")
+    check_inputs(inputs)
+    if isinstance(part, str):
+        part = Part.parse(part)
+    target = output if part is None else part.location(output)
+    with output_lock(target, "preprocess"):
+        return _preprocess(
+            inputs,
+            target,
+            part,
+            format=format,
+            text_field=text_field,
+            tokenizer=tokenizer,
+            cost_model=cost_model,
+            max_record_tokens=max_record_tokens,
+            outliers=outliers,
+            skip_bad=skip_bad,
+            overwrite=overwrite,
+            workers=workers,
+            shard_size_limit=shard_size_limit,
+            compression=compression,
+            maxcount=maxcount,
+            progress=progress,
+        )
+
+
+def _preprocess(
+    inputs: list[str],
+    output: str,
+    part: Part | None,
+    *,
+    format: str,
+    text_field: str,
+    tokenizer: str,
+    cost_model: str | CostModel,
+    max_record_tokens: int | None,
+    outliers: str,
+    skip_bad: bool,
+    overwrite: bool,
+    workers: int,
+    shard_size_limit: int | str | None,
+    compression: str | None,
+    maxcount: int,
+    progress: bool,
+) -> PreprocessReport:
     model = resolve(cost_model)
     policy = OutlierPolicy(max_record_tokens, outliers)
-    check_inputs(inputs)
-    if sum(os.path.getsize(p) for p in inputs) < SMALL_INPUT_BYTES:
+    pieces: list[str | InputSlice] = list(inputs if part is None else input_slices(inputs, part))
+    if sum(_bytes(p) for p in pieces) < SMALL_INPUT_BYTES:
         workers = 1  # starting a worker (spawn, imports, tokenizer) costs more than it saves
     tok_name = load_tokenizer(tokenizer).name  # fail fast, before any output exists
-    prepare_output(output, overwrite=overwrite)
+    prepare_output(output, overwrite=overwrite, replace_incomplete=part is not None)
     report = PreprocessReport(output, format, list(inputs), tok_name, model.name)
     counts: Counter[str] = Counter()
     skipped: Counter[str] = Counter()
-    writer = _open_writer(format, output, model, shard_size_limit, compression, maxcount)
+    prefix = "" if part is None else f"{part.name}-"
+    writer = _open_writer(format, output, model, shard_size_limit, compression, maxcount, prefix)
     start = time.perf_counter()  # after the writer's import of streaming (seconds, one-off)
-    raws = read_records(inputs, counts, report.empty_inputs if skip_bad else None)
+    raws = read_records(pieces, counts, report.empty_inputs if skip_bad else None)
     bar = tqdm(unit="rec", desc="preprocess", disable=not progress, mininterval=0.5)
     timing: dict[str, float] = {}
     stream = None
@@ -195,7 +259,7 @@ def preprocess(
             writer.write({"input_ids": ids, "source": source})
             report.records_written += 1
             report.tokens_written += int(ids.size)
-        if report.records_written == 0:
+        if report.records_written == 0 and part is None:  # an empty part is a valid part
             raise DatasetError(
                 f"no records to write: {counts['records_read']} read, "
                 f"{sum(skipped.values())} skipped as bad ({dict(skipped)}), {policy.dropped} "
@@ -211,6 +275,8 @@ def preprocess(
         report.seconds_parse = timing["parse"]
         report.seconds_tokenize = timing["tokenize"]
         writer.extra.update(preprocess=report.to_dict(), tokenizer=tok_name, chat_template=TEMPLATE)
+        if part is not None:
+            writer.extra["part"] = part_record(part, "preprocess", input_identity(inputs))
         index = writer.finish()
         report.shards = len(index.shards)
         report.seconds = time.perf_counter() - start
