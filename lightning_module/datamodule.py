@@ -63,10 +63,17 @@ class PackCollate:
     mixture one array per stream."""
     max_seq_len: int | None = None
     labels: str = "shifted"
+    step_records: int | None = None
+    """Under ``contract="step"``: B, the mean records per micro-batch. Each batch then carries
+    ``loss_scale`` = its records / B: a micro-batch's mean loss times it, accumulated over G
+    micro-batches with Lightning's 1/G, weighs every record of the step as the ``pack``
+    contract does (docs/lightning.md, "Variable micro-batches")."""
 
     def __call__(self, pack: Pack) -> dict[str, torch.Tensor]:
         fn = collate_packed if self.layout == "packed" else collate_padded
         batch = fn(pack, self.max_seq_len, self.labels)
+        if self.step_records is not None:
+            batch["loss_scale"] = torch.tensor(len(pack) / self.step_records)
         ids = batch["sample_ids"].numpy()
         streams = batch["streams"].numpy() if "streams" in batch else np.zeros_like(ids)
         per_stream = self.costs if isinstance(self.costs, tuple) else (self.costs,)
@@ -315,6 +322,14 @@ class BCLDataModule(pl.LightningDataModule):
 
     def setup_for(self, rank: int, world_size: int, ranks_per_node: int) -> None:
         """Build the dataset for an explicit layout (Fabric scripts and tests call this)."""
+        trainer = getattr(self, "trainer", None)
+        accumulate = getattr(trainer, "accumulate_grad_batches", None)
+        steps = self.plan.get("grad_accum", 1)
+        if self.plan.get("contract") == "step" and accumulate is not None and accumulate != steps:
+            raise ValueError(
+                f"contract='step' re-cuts steps of plan.grad_accum={steps} micro-batches but the "
+                f"trainer accumulates {accumulate}; set plan.grad_accum={accumulate}"
+            )
         local = self.ranks_per_node or ranks_per_node
         set_streaming_env(local)
         self.dataset = make_dataset(
@@ -358,7 +373,8 @@ class BCLDataModule(pl.LightningDataModule):
             costs = tuple(ix.costs(m) for ix, m in zip(index.indexes, models, strict=True))
         else:
             costs = (index.costs(model),)
-        return PackCollate(self.layout, costs, self.max_seq_len, self.labels)
+        step = self.pack_size if self.plan.get("contract") == "step" else None
+        return PackCollate(self.layout, costs, self.max_seq_len, self.labels, step)
 
     def train_dataloader(self) -> PackLoader:
         """One loader per DataModule: it owns the cursor, so a second call returns it again.

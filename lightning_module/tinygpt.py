@@ -244,7 +244,9 @@ class TinyGPT(L.LightningModule):
         loss = self.loss(batch)
         records = int(batch["sample_ids"].numel()) if "sample_ids" in batch else 1
         self.log("train_loss", loss, prog_bar=True, batch_size=records)
-        return loss
+        # contract="step": micro-batches vary in size; weigh this one by its records / B so
+        # the accumulated step weighs every record as with exactly B per micro-batch.
+        return loss * batch["loss_scale"] if "loss_scale" in batch else loss
 
     def configure_optimizers(self) -> Any:
         # Deliberately does not read trainer.estimated_stepping_batches (Lightning #20550:

@@ -24,6 +24,9 @@ shuffle (``planner.baselines.global_order``), as a trainer's shuffled DataLoader
 The pooled peers (``planner/peers.py``: ``nemo_mffd``, ``verl_kk``, ``verl_dynbsz``,
 ``hf_rebalance``, ``pooled_mffd_split``) pool global batches of R*B*G records from that global shuffle.
 
+Contract (``SimConfig.contract``): under ``step`` each BCL rank's steps are re-cut into
+micro-batches of varying size (``planner/step_contract.py``), as readers yield them.
+
 Layout (``SimConfig.layout``, ``planner/padded.py``): a pack costs the sum of its records'
 costs when ``packed`` (varlen attention), B times its costliest record when ``padded``. With
 ``padded``, BCL plans with the ``padded`` partition (similar lengths together, no sum-based
@@ -46,6 +49,7 @@ from bcl_stream.planner.padded import Packs, check_layout, ragged_pack_costs
 from bcl_stream.planner.peers import POOLED, REAL_PEERS, plan_pooled
 from bcl_stream.planner.pools import micro_batches_per_batch
 from bcl_stream.planner.shard_table import Sample, ShardTable, shard_weights
+from bcl_stream.planner.step_contract import rank_micro_batches
 
 STRATEGIES = ("sequential", *POOLED, "bcl-rank", "bcl-node", "bcl-world")
 
@@ -204,6 +208,9 @@ class SimConfig:
     stratify: bool = _PLAN_DEFAULTS["stratify"]
     layout: str = "packed"
     """``packed`` (pack cost = sum of record costs) or ``padded`` (B x the costliest record)."""
+    contract: str = _PLAN_DEFAULTS["contract"]
+    """``pack`` (exactly B per micro-batch) or ``step`` (G*B per rank and step, BCL's steps
+    re-cut into micro-batches of varying size: ``planner/step_contract.py``)."""
 
     def __post_init__(self) -> None:
         if self.shard_records < 1:
@@ -363,7 +370,13 @@ def plan_schedules(
                 tokens=tok,
                 sample=sample,
             )
-            out[name] = schedule(plan.packs, plan.records_used, plan.records_left)
+            packs: Packs = plan.packs
+            if config.contract == "step":
+                packs = [
+                    rank_micro_batches(p, costs, config.grad_accum, layout, tok, config.max_tokens)
+                    for p in plan.packs
+                ]
+            out[name] = schedule(packs, plan.records_used, plan.records_left)
         else:
             hint = (
                 " (renamed pooled_mffd_split: a textbook MFFD; NeMo-RL's own is nemo_mffd)"

@@ -23,12 +23,14 @@ from bcl_stream.planner import config as plan_config_module
 from bcl_stream.planner.config import PACK_ORDERS, SCOPES, PlanConfig
 from bcl_stream.planner.padded import LAYOUTS
 from bcl_stream.planner.partition import ALGORITHMS
+from bcl_stream.planner.step_contract import CONTRACTS
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "scope": SCOPES,
     "algorithm": tuple(sorted(ALGORITHMS)),
     "pack_order": PACK_ORDERS,
     "layout": LAYOUTS,
+    "contract": CONTRACTS,
 }
 NONE = "none"
 """Spelling of None on the command line for ``int | None`` fields (``--max-tokens none``)."""

@@ -28,6 +28,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from bcl_stream.io.index import CostIndex
 from bcl_stream.plan.epoch import AnyPlan, PlanData, ReaderConfig, Segment, reader_plan
+from bcl_stream.plan.steps import step_cut, whole_steps
 
 Sample = dict[str, Any]
 Pack = list[Sample]
@@ -41,7 +42,8 @@ def detect_rank() -> int:
 
 
 class PlanDataset(IterableDataset[Pack]):
-    """Yields rank ``rank``'s packs (lists of exactly ``pack_size`` sample dicts) in plan order.
+    """Yields rank ``rank``'s packs (lists of exactly ``pack_size`` sample dicts; under
+    ``contract="step"`` micro-batches of varying size, G*B records per step) in plan order.
 
     Each sample dict holds at least ``sample_id`` (global index in write order) and the
     record's columns (``input_ids`` as a numpy array for datasets bcl-stream writes).
@@ -131,29 +133,53 @@ class PlanDataset(IterableDataset[Pack]):
     def __iter__(self) -> Iterator[Any]:
         """Packs from the cursor on; with ``chunk`` > 1, lists of up to ``chunk`` consecutive
         packs (one DataLoader item each: see :class:`~bcl_stream.loading.loader.PackLoader`)."""
+        chunk = self.chunk
+        current: list[Pack] = []
+        current_id = -1
+        for pack_id, pack in self._mine():
+            if chunk == 1:
+                yield pack
+                continue
+            if pack_id != current_id and current:
+                yield current
+                current = []
+            current_id = pack_id
+            current.append(pack)
+        if current:
+            yield current
+
+    def _mine(self) -> Iterator[tuple[int, Pack]]:
+        """(chunk id, pack) of the packs this worker yields, from the cursor on: chunk c holds
+        packs start + c*chunk ...; worker w takes chunks w, w+workers, ... Under the ``step``
+        contract a pack is a micro-batch of its step's re-cut (``plan/steps.py``): a worker
+        reads the whole step of every micro-batch it yields."""
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         start, chunk = self.start, self.chunk
-        current: list[Pack] = []
-        current_id = -1
-        for first, packs in self.plan().iter_rank_packs(self.rank, start):
-            # chunk c = packs start + c*chunk ...; worker w takes chunks w, w+workers, ...
+        cut = step_cut(self.index, self.config)
+        g = self.config.plan.grad_accum if cut is not None else 1
+        batches = self.plan().iter_rank_packs(self.rank, start - start % g)
+        for first, packs in whole_steps(batches, g) if cut is not None else batches:
             position = first - start + np.arange(packs.shape[0])
-            ids = position // chunk
-            mask = ids % workers == worker
+            ids = np.where(position >= 0, position // chunk, -1)
+            mask = (position >= 0) & (ids % workers == worker)
             if not mask.any():
                 continue
-            for pack_id, pack in zip(ids[mask], self._read_packs(packs[mask]), strict=True):
-                if chunk == 1:
-                    yield pack
-                    continue
-                if pack_id != current_id and current:
-                    yield current
-                    current = []
-                current_id = int(pack_id)
-                current.append(pack)
-        if current:
-            yield current
+            if cut is None:
+                yield from zip(ids[mask].tolist(), self._read_packs(packs[mask]), strict=True)
+                continue
+            steps = np.unique(np.flatnonzero(mask) // g)
+            rows = np.concatenate([np.arange(k * g, min(k * g + g, len(packs))) for k in steps])
+            read = self._read_packs(packs[rows])
+            for k in steps.tolist():
+                lo, hi = k * g, min(k * g + g, len(packs))
+                records = [record for _ in range(hi - lo) for record in next(read)]
+                positions, sizes = cut(packs[lo:hi])
+                ends = np.cumsum(sizes)
+                for j in range(hi - lo):
+                    if mask[lo + j]:
+                        part = positions[ends[j] - sizes[j] : ends[j]].tolist()
+                        yield int(ids[lo + j]), [records[p] for p in part]
 
     def _read_packs(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
         """Yield one list of sample dicts per row of ``packs`` (global sample ids), in order."""

@@ -11,6 +11,7 @@ from bcl_stream.planner import checks
 from bcl_stream.planner.groups import DEFAULT_SHARD_GROUP
 from bcl_stream.planner.padded import LAYOUTS
 from bcl_stream.planner.partition import ALGORITHMS
+from bcl_stream.planner.step_contract import CONTRACTS
 
 SCOPES = ("rank", "node", "world")
 PACK_ORDERS = ("desc", "stream")
@@ -81,6 +82,10 @@ class PlanConfig:
     shard_group: int = DEFAULT_SHARD_GROUP
     """Shards whose records a node shuffles together (``planner/groups.py``): shuffle quality
     against the shard cache (a node holds at most 2 groups)."""
+    contract: str = "pack"
+    """Record contract (``planner/step_contract.py``): ``pack``, exactly B records per
+    micro-batch; ``step``, exactly G*B per rank and optimizer step, the step's records re-cut
+    into G micro-batches of varying size (beyond the paper; suits the padded layout)."""
 
     def __post_init__(self) -> None:
         """Check every field's type and range; a ValueError names the field and the value."""
@@ -123,6 +128,8 @@ class PlanConfig:
         checks.integer(self.carry_span, "carry_span", 0, MAX_SIZE)
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.contract not in CONTRACTS:
+            raise ValueError(f"contract must be one of {CONTRACTS}, got {self.contract!r}")
 
     @property
     def partition_algorithm(self) -> str:

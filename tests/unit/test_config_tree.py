@@ -46,6 +46,7 @@ VALUES: dict[str, Any] = {
     "split_shards": 0.25,
     "shard_group": 5,
     "layout": "padded",
+    "contract": "step",
 }
 """A valid value for each PlanConfig field, different from its default and from BASE."""
 
