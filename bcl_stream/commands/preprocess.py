@@ -48,32 +48,79 @@ def add_parser(sub: Any) -> None:
         help="write only the I-th of N shares of the inputs, under OUTPUT/part-I-of-N "
         "(then `bcl-stream merge OUTPUT`)",
     )
+    p.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="local: this machine; ray: --parts N tasks on the Ray cluster ray.init() finds "
+        "(RAY_ADDRESS), then merge (needs bcl-stream[ray])",
+    )
+    p.add_argument("--parts", type=int, default=None, metavar="N", help="with --engine ray")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from bcl_stream.preprocess import preprocess
+def _options(args: argparse.Namespace) -> dict[str, Any]:
     from bcl_stream.preprocess.pipeline import parse_size
 
+    return {
+        "format": args.format,
+        "text_field": args.text_field,
+        "tokenizer": args.tokenizer,
+        "cost_model": args.cost_model,
+        "max_record_tokens": args.max_record_tokens,
+        "outliers": args.outliers,
+        "skip_bad": args.skip_bad,
+        "overwrite": args.overwrite,
+        "workers": args.workers,
+        "shard_size_limit": parse_size(args.shard_size_limit),
+        "compression": args.compression,
+        "maxcount": args.maxcount,
+    }
+
+
+def _run_parts(args: argparse.Namespace) -> int:
+    if args.engine != "ray" or args.parts is None or args.part is not None:
+        raise ValueError(
+            "--engine ray needs --parts N (and no --part); to run one part yourself (a Slurm "
+            "array task), pass --part I/N without --engine"
+        )
+    from bcl_stream.preprocess.distributed import preprocess_parts
+
+    run = preprocess_parts(args.inputs, args.output, parts=args.parts, **_options(args))
+    index = run.index
+    summary = {
+        "output": args.output,
+        "parts": args.parts,
+        "parts_run": sorted(run.reports),
+        "parts_skipped_complete": list(run.skipped),
+        "records_written": len(index),
+        "shards": len(index.shards),
+        "preprocess": index.extra.get("preprocess"),
+    }
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(
+            f"wrote {len(index)} records in {len(index.shards)} {index.format} shards to "
+            f"{args.output}: {len(run.reports)} parts run on Ray, {len(run.skipped)} already "
+            f"complete, merged"
+        )
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from bcl_stream.preprocess import preprocess
+
+    if args.engine == "ray" or args.parts is not None:
+        return _run_parts(args)
     report = preprocess(
         args.inputs,
         args.output,
-        format=args.format,
-        text_field=args.text_field,
-        tokenizer=args.tokenizer,
-        cost_model=args.cost_model,
-        max_record_tokens=args.max_record_tokens,
-        outliers=args.outliers,
-        skip_bad=args.skip_bad,
-        overwrite=args.overwrite,
-        workers=args.workers,
-        shard_size_limit=parse_size(args.shard_size_limit),
-        compression=args.compression,
-        maxcount=args.maxcount,
         progress=not args.no_progress,
         part=args.part,
+        **_options(args),
     )
     if args.json:
         print(json.dumps(report.to_dict()))

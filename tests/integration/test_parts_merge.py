@@ -6,7 +6,6 @@ of missing, duplicated, mixed or unlike parts are refused naming the part."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -15,14 +14,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from cli_process import ROOT, bcl_stream_cli
+from parts_corpus import OPTIONS, assert_same, write_corpus
 
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.dataset_files import open_layout
 from bcl_stream.io.index import read_index
-from bcl_stream.io.remote import download, open_cost_index
+from bcl_stream.io.remote import open_cost_index
 from bcl_stream.preprocess import preprocess
 from bcl_stream.preprocess.merge import merge
 
@@ -33,35 +32,7 @@ PARTS = 3
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """A large JSONL file (text and chat records, blank lines), a Parquet file, a small one."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    root = tmp_path_factory.mktemp("corpus")
-    big = root / "big.jsonl"
-    with open(big, "w") as fh:
-        for i in range(400):
-            if i % 3:
-                fh.write(json.dumps({"text": f"record {i} " + "lorem ipsum " * (i % 37)}) + "\n")
-            else:
-                msgs = [
-                    {"role": "user", "content": f"q{i}"},
-                    {"role": "assistant", "content": "a " * (i % 29)},
-                ]
-                fh.write(json.dumps({"messages": msgs}) + "\n")
-            if i % 50 == 0:
-                fh.write("\n")
-    table = pa.table({"text": [f"parquet row {i} " * (i % 11 + 1) for i in range(90)]})
-    pq.write_table(table, root / "rows.parquet", row_group_size=16)
-    small = root / "small.jsonl"
-    small.write_text("".join(json.dumps({"text": f"small {i}"}) + "\n" for i in range(7)))
-    return [str(big), str(root / "rows.parquet"), str(small)]
-
-
-OPTIONS: dict[str, dict[str, Any]] = {
-    "mds": {"format": "mds", "shard_size_limit": 8192},
-    "wds": {"format": "wds", "maxcount": 40},
-}
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.fixture(scope="module")
@@ -79,47 +50,6 @@ def _write_parts(corpus: list[str], out: str, fmt: str, **extra: Any) -> None:
         preprocess(corpus, out, progress=False, workers=1, part=f"{i}/{PARTS}", **options)
 
 
-def _stock_records(
-    root: Path, fmt: str, tmp: Path, remote: str | None = None
-) -> list[tuple[list[int], str]]:
-    """(ids, source) of every record as the stock reader yields them, in order."""
-    if fmt == "mds":
-        from streaming import StreamingDataset
-        from streaming.base.util import clean_stale_shared_memory
-
-        clean_stale_shared_memory()
-        ds = StreamingDataset(
-            remote=remote, local=str(tmp / "cache" if remote else root), batch_size=1, shuffle=False
-        )
-        return [(ds[i]["input_ids"].tolist(), ds[i]["source"]) for i in range(len(ds))]
-    import webdataset as wds
-
-    index = read_index(root)
-    if remote:
-        urls = [str(download(f"{remote}/{s.name}", tmp / "dl" / s.name)) for s in index.shards]
-    else:
-        urls = [str(root / s.name) for s in index.shards]
-    samples = wds.WebDataset(urls, shardshuffle=False).decode()
-    return [(s["input_ids.npy"].tolist(), s["json"]["source"]) for s in samples]
-
-
-def _assert_same(
-    merged: Path, single: Path, fmt: str, tmp: Path, remote: str | None = None
-) -> None:
-    a, b = read_index(merged), read_index(single)
-    assert a.records.tobytes() == b.records.tobytes()  # tokens and costs, record for record
-    if fmt == "wds":
-        assert a.record_hashes is not None and b.record_hashes is not None
-        assert np.array_equal(a.record_hashes, b.record_hashes)
-    assert a.cost_model == b.cost_model and a.extra["tokenizer"] == b.extra["tokenizer"]
-    pre_a, pre_b = a.extra["preprocess"], b.extra["preprocess"]
-    for key in ("records_read", "records_written", "tokens_written", "bytes_read", "blank_lines"):
-        assert pre_a[key] == pre_b[key], key
-    got = _stock_records(merged, fmt, tmp / "merged", remote)
-    want = _stock_records(single, fmt, tmp / "single")
-    assert len(got) == len(a) and got == want
-
-
 @pytest.mark.parametrize("fmt", ["mds", "wds"])
 def test_merged_parts_equal_a_single_run(
     corpus: list[str], single: dict[str, Path], tmp_path: Path, fmt: str
@@ -132,7 +62,7 @@ def test_merged_parts_equal_a_single_run(
     ]
     assert all(s.name.startswith("part-") for s in index.shards)
     open_layout(out, check=True)  # our integrity check: shard list, counts, record hashes
-    _assert_same(out, single[fmt], fmt, tmp_path)
+    assert_same(out, single[fmt], fmt, tmp_path)
     if fmt == "wds":
         _wds_plan_reads(out)
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
@@ -217,7 +147,7 @@ def test_part_killed_mid_write_then_rerun_merges_to_the_single_run(
     )  # fmt: skip  (no --overwrite: an incomplete part is replaced)
     assert result.returncode == 0, result.stderr
     merge(out)
-    _assert_same(out, single["mds"], "mds", tmp_path)
+    assert_same(out, single["mds"], "mds", tmp_path)
 
 
 def test_merges_of_wrong_parts_are_refused_naming_the_part(
@@ -281,4 +211,4 @@ def test_parts_on_s3_merge_to_the_single_run(
     assert index_again.content_hash() == index.content_hash()
     merge(remote)  # idempotent on S3 too
     assert open_cost_index(remote, tmp_path / "again")[0].content_hash() == index.content_hash()
-    _assert_same(local, single[fmt], fmt, tmp_path, remote)
+    assert_same(local, single[fmt], fmt, tmp_path, remote)

@@ -13,7 +13,7 @@ from pathlib import Path
 from cli_process import python_process
 
 ROOT = Path(__file__).resolve().parents[2]
-HEAVY = ("streaming", "torch", "transformers", "lightning", "webdataset")
+HEAVY = ("streaming", "torch", "transformers", "lightning", "webdataset", "ray")
 
 IMPORTS = """
 import json, sys
@@ -50,6 +50,25 @@ def test_cli_and_light_commands_import_no_heavy_library() -> None:
 def test_light_commands_run_without_heavy_libraries(mds_dir: Path) -> None:
     result = json.loads(run(RUNS.format(data=str(mds_dir), heavy=HEAVY)))
     assert result == {"codes": [0, 0, 0], "heavy": []}
+
+
+PREPROCESS = """
+import json, sys
+from bcl_stream.preprocess import preprocess
+from bcl_stream.preprocess.merge import merge
+with open({src!r}, "w") as fh:
+    fh.write(json.dumps({{"text": "one record"}}) + "\\n" + json.dumps({{"text": "two"}}) + "\\n")
+preprocess([{src!r}], {out!r}, progress=False, part="0/2")
+preprocess([{src!r}], {out!r}, progress=False, part="1/2")
+merge({out!r})
+print(json.dumps("ray" in sys.modules))
+"""
+
+
+def test_single_machine_preprocess_and_merge_never_import_ray(tmp_path: Path) -> None:
+    """Ray is an optional extra: only ``--engine ray`` may import it."""
+    code = PREPROCESS.format(src=str(tmp_path / "c.jsonl"), out=str(tmp_path / "out"))
+    assert json.loads(run(code)) is False
 
 
 def test_the_check_sees_a_heavy_import() -> None:
