@@ -21,19 +21,26 @@ from __future__ import annotations
 
 import os
 import sys
-
-import lightning.pytorch as pl
-from lightning.pytorch.cli import LightningCLI
+from typing import TYPE_CHECKING
 
 from bcl_stream.errors import DEBUG_ENV, BCLStreamError, report
-from bcl_stream.io.streaming_compat import clean_stale_shared_memory_once
-from lightning_module.datamodule import BCLDataModule
+from lightning_module.cli_checks import check_paths
+
+if TYPE_CHECKING:
+    from lightning.pytorch.cli import LightningCLI
 
 PROG = "python -m lightning_module"
 
 
 def main(args: list[str] | None = None) -> LightningCLI:
-    """Run the CLI (``args`` instead of ``sys.argv`` for tests)."""
+    """Run the CLI (``args`` instead of ``sys.argv`` for tests). Lightning and torch are
+    imported here, after :func:`~lightning_module.cli_checks.check_paths` (seconds)."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.cli import LightningCLI
+
+    from bcl_stream.io.streaming_compat import clean_stale_shared_memory_once
+    from lightning_module.datamodule import BCLDataModule
+
     clean_stale_shared_memory_once()
     return LightningCLI(
         pl.LightningModule,
@@ -58,6 +65,7 @@ def run(argv: list[str] | None = None) -> int:
     if argv is None:
         sys.argv[1:] = args  # LightningCLI and the ddp launcher read sys.argv, not ours
     try:
+        check_paths(args)  # before the imports of Lightning and torch (seconds)
         main(None if argv is None else args)
     except BCLStreamError as exc:
         return report(PROG, exc)

@@ -5,6 +5,12 @@ local dataset start (and here finish: the dataset is small) in <= 1.5 s, because
 neither streaming nor torch. ``read`` and ``annotate`` on MDS are timed too, for reference:
 they need streaming (MDS decoding), whose import is most of their time.
 
+Usage errors (issue "the user's path, second pass", point 8: every usage error in <= 1 s):
+``read`` with a rank outside the world, ``read`` with a pack size larger than the data,
+``preprocess`` onto an existing output, and ``python -m lightning_module fit`` with a dataset
+path or a checkpoint that does not exist. Each must exit 2, before torch, streaming or
+Lightning is imported (``tests/integration/test_usage_errors.py`` checks the imports).
+
 Each command runs ``--repeats`` times in a fresh ``python -m bcl_stream.cli`` process,
 commands interleaved so machine load hits them alike; the median is kept. The dataset is a
 costed MDS dataset of ``--records`` short records written once into a temporary directory.
@@ -36,6 +42,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_S = 1.5
 FAST = ("help", "plan", "simulate", "inspect_json")
+USAGE_TARGET_S = 1.0
+USAGE_ERRORS = (
+    "read_bad_rank",
+    "read_no_pack",
+    "preprocess_existing_output",
+    "lightning_missing_data",
+    "lightning_missing_ckpt",
+)
 
 
 def write_dataset(root: Path, records: int) -> None:
@@ -48,12 +62,13 @@ def write_dataset(root: Path, records: int) -> None:
             writer.write({"input_ids": np.full(int(n), i % 50_000, dtype=np.uint32)})
 
 
-def timed(argv: list[str]) -> float:
+def timed(argv: list[str], code: int = 0) -> float:
+    """Wall seconds of one run, which must exit with ``code``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - start
-    if proc.returncode != 0:
+    if proc.returncode != code:
         raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return seconds
 
@@ -83,12 +98,41 @@ def main() -> int:
             "read": [*cli, "read", str(data), *plan, "--rank", "0", "--packs", "4"],
             "annotate": [*cli, "annotate", str(plain), "--overwrite", "--no-progress"],
         }
+        jsonl = tmp / "a.jsonl"
+        jsonl.write_text('{"text": "a"}\n')
+        fit = [sys.executable, "-m", "lightning_module", "fit", "--config"]
+        fit.append(str(ROOT / "configs" / "cpu_demo.yaml"))
+        commands.update(
+            read_bad_rank=[*cli, "read", str(data), *plan, "--rank", "8"],
+            read_no_pack=[
+                *cli,
+                "read",
+                str(data),
+                *plan[:2],
+                "--pack-size",
+                "100000",
+                "--window",
+                "1",
+                "--rank",
+                "0",
+            ],
+            preprocess_existing_output=[*cli, "preprocess", str(jsonl), "--output", str(data)],
+            lightning_missing_data=[*fit, "--data.data", str(tmp / "missing")],
+            lightning_missing_ckpt=[
+                *fit,
+                "--data.data",
+                str(data),
+                "--ckpt_path",
+                str(jsonl) + "x",
+            ],
+        )
+        codes = {name: 2 if name in USAGE_ERRORS else 0 for name in commands}
         times: dict[str, list[float]] = {name: [] for name in commands}
-        for argv in commands.values():  # warm the file cache once
-            timed(argv)
+        for name, argv in commands.items():  # warm the file cache once
+            timed(argv, codes[name])
         for _ in range(args.repeats):
             for name, argv in commands.items():
-                times[name].append(timed(argv))
+                times[name].append(timed(argv, codes[name]))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -97,6 +141,9 @@ def main() -> int:
         "target_seconds": TARGET_S,
         "target_commands": list(FAST),
         "target_met": all(median[name] <= TARGET_S for name in FAST),
+        "usage_error_target_seconds": USAGE_TARGET_S,
+        "usage_errors": list(USAGE_ERRORS),
+        "usage_error_target_met": all(median[name] <= USAGE_TARGET_S for name in USAGE_ERRORS),
         "median_seconds": median,
         "runs_seconds": times,
         "records": args.records,
@@ -106,11 +153,13 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     for name, seconds in median.items():
-        mark = " (target)" if name in FAST else ""
+        mark = " (target)" if name in FAST else " (usage error)" if name in USAGE_ERRORS else ""
         print(f"{name:<18}{seconds:7.2f} s{mark}")
     print(
         f"target <= {TARGET_S} s for {', '.join(FAST)}: {'met' if result['target_met'] else 'NOT met'}"
     )
+    met = "met" if result["usage_error_target_met"] else "NOT met"
+    print(f"usage errors <= {USAGE_TARGET_S} s: {met}")
     return 0
 
 

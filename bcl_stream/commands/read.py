@@ -13,8 +13,15 @@ import sys
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from bcl_stream.commands.plan import add_plan_options, cache_dir, config_from_args, data_source
+from bcl_stream.commands.plan import (
+    add_plan_options,
+    cache_dir,
+    config_from_args,
+    data_source,
+    open_plan_data,
+)
 from bcl_stream.plan.checks import layout_text, require_packs
+from bcl_stream.plan.epoch import ReaderConfig, reader_plan
 
 if TYPE_CHECKING:
     from bcl_stream.formats.reader_base import PlanDataset
@@ -35,15 +42,28 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from bcl_stream.loading.loader import PackLoader
-
+def check_usage(args: argparse.Namespace) -> ReaderConfig:
+    """Every check that needs neither torch nor streaming (seconds of imports), made first: the
+    options, the rank, the data's cost index and scope, and a plan with at least one pack."""
     for name in ("packs", "start_after", "num_workers"):
         value = getattr(args, name)
         if value is not None and value < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
     config = config_from_args(args)
+    if not 0 <= args.rank < config.plan.world_size:
+        raise ValueError(
+            f"--rank must be in [0, {config.plan.world_size}) for --world-size "
+            f"{config.plan.world_size}, got {args.rank}"
+        )
+    index, location = open_plan_data(args, config.plan.scope)
+    require_packs(location, reader_plan(index, config, args.epoch), config, len(index))
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    config = check_usage(args)
     from bcl_stream.formats.open_reader import open_reader
+    from bcl_stream.loading.loader import PackLoader
 
     location, specs = data_source(args)
     dataset: PlanDataset

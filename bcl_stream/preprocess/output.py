@@ -11,6 +11,7 @@ looks at them) and are listed in the warning.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -78,14 +79,24 @@ def prepare_output(output: str, *, overwrite: bool, replace_incomplete: bool = F
             raise DatasetError(f"--overwrite of {output}: only s3:// outputs can be cleared")
         delete_remote(output, [n for n in (MDS_INDEX, INDEX_JSON) if n in found])
         return
+    if check_output(output, overwrite=overwrite, replace_incomplete=replace_incomplete):
+        shutil.rmtree(Path(output.removeprefix("file://")))
+
+
+def check_output(output: str, *, overwrite: bool, replace_incomplete: bool = False) -> bool:
+    """Refuse a local ``output`` that cannot be written (a file; not empty without
+    ``overwrite``; files that are not a dataset's); True when it holds a dataset to replace.
+    Changes nothing, so it runs before any slow step (remote outputs: :func:`prepare_output`)."""
+    if is_remote(output):
+        return False
     root = Path(output.removeprefix("file://"))
     if root.exists() and not root.is_dir():
         raise DatasetError(f"output {root} is a file, not a directory")
     if not root.is_dir():
-        return
+        return False
     found = sorted(p.name for p in root.iterdir())
     if not found:
-        return
+        return False
     if not overwrite and not (replace_incomplete and not is_complete(found)):
         raise _refuse(str(root), found)
     foreign = [n for n in found if not DATASET_FILE.match(n)]
@@ -94,4 +105,14 @@ def prepare_output(output: str, *, overwrite: bool, replace_incomplete: bool = F
             f"--overwrite refused: {root} holds files that are not part of a dataset "
             f"({', '.join(foreign[:5])}); remove them yourself or choose another --output"
         )
-    shutil.rmtree(root)
+    return True
+
+
+def remove_if_empty(output: str) -> None:
+    """Remove a local output directory that holds nothing (what a run that failed before its
+    first shard leaves); one with shards stays, visibly incomplete (no index)."""
+    if is_remote(output):
+        return
+    root = Path(output.removeprefix("file://"))
+    with contextlib.suppress(OSError):  # not empty, or gone: nothing to do
+        root.rmdir()

@@ -21,7 +21,7 @@ from bcl_stream.errors import DatasetError
 from bcl_stream.preprocess.chat import TEMPLATE
 from bcl_stream.preprocess.lock import output_lock
 from bcl_stream.preprocess.outliers import OutlierPolicy
-from bcl_stream.preprocess.output import prepare_output
+from bcl_stream.preprocess.output import check_output, prepare_output, remove_if_empty
 from bcl_stream.preprocess.parts import Part, input_identity, input_slices, part_record
 from bcl_stream.preprocess.sources import Bad, InputSlice, check_inputs, read_records
 from bcl_stream.preprocess.tokenizers import load_tokenizer
@@ -229,11 +229,15 @@ def _preprocess(
 ) -> PreprocessReport:
     model = resolve(cost_model)
     policy = OutlierPolicy(max_record_tokens, outliers)
+    replace = part is not None
+    # The output is checked before the tokenizer loads (a second or more).
+    check_output(output, overwrite=overwrite, replace_incomplete=replace)
     pieces: list[str | InputSlice] = list(inputs if part is None else input_slices(inputs, part))
     if sum(_bytes(p) for p in pieces) < SMALL_INPUT_BYTES:
         workers = 1  # starting a worker (spawn, imports, tokenizer) costs more than it saves
     tok_name = load_tokenizer(tokenizer).name  # fail fast, before any output exists
-    prepare_output(output, overwrite=overwrite, replace_incomplete=part is not None)
+    created = not os.path.exists(output.removeprefix("file://"))
+    prepare_output(output, overwrite=overwrite, replace_incomplete=replace)
     report = PreprocessReport(output, format, list(inputs), tok_name, model.name)
     counts: Counter[str] = Counter()
     skipped: Counter[str] = Counter()
@@ -282,6 +286,8 @@ def _preprocess(
         report.seconds = time.perf_counter() - start
     except BaseException:
         writer.abort()
+        if created:
+            remove_if_empty(output)  # a failed run leaves no empty "dataset" behind
         raise
     finally:
         bar.close()

@@ -189,7 +189,10 @@ def record_text(source: str, payload: bytes | dict[str, Any], text_field: str) -
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            return Bad(source, "malformed_json", f"malformed JSON: {exc.msg} at column {exc.colno}")
+            # json's own messages may end in "at" ("Unterminated string starting at"): the
+            # column goes first so the sentence never reads "at at column".
+            what = exc.msg.removesuffix(" at")
+            return Bad(source, "malformed_json", f"malformed JSON at column {exc.colno}: {what}")
     else:
         record = payload
     if not isinstance(record, dict):
