@@ -15,14 +15,23 @@ Settings (DESIGN.md metrics, llama3-8b training-FLOPs costs, B=8, G=4, records <
 - ``1node``: 8 ranks on one node; ``bcl-rank`` at W=32 (and 16), ``bcl-node`` at W=16 (one node:
   the same as ``bcl-world``);
 - ``4node``: 4 nodes x 8 ranks, W=16: every scope, download amplification and shard working set.
-Peers: ``sequential`` (a plain loader over the same shards), ``nemo_mffd`` and ``verl_kk`` (the
-real systems, central, reading a global shuffle), ``verl_dynbsz`` (breaks the record-count
-contract; shown, not a target).
+- ``padded``: the same 8 ranks with the padded layout (a micro-batch costs its size x its
+  costliest record): BCL with exactly B per micro-batch and with ``contract="step"`` (G*B per
+  rank and step, micro-batches of varying size: ``+step``), against ``hf_rebalance``, whose
+  home layout this is.
+Peers: ``sequential`` (a plain loader over the same shards), ``nemo_mffd``, ``verl_kk`` and
+``hf_rebalance`` (the real systems; the first two central, Transformers' sampler on every rank
+from a shared seed; all reading a global shuffle), ``verl_dynbsz`` (breaks the record-count
+contract; shown, not a target). ``hf_rebalance`` runs in the 1-node settings only (its
+hill climbing over R*G groups is quadratic in the world size: too slow at 32 ranks here).
 
 Derived numbers:
 - cross-rank CV reduction of X = 1 - cv_ranks(X) / cv_ranks(sequential);
-- speedup of X over Y = (T(Y)/cost(Y)) / (T(X)/cost(X)): time per unit of cost emitted, equal to
-  DESIGN.md's T(Y)/T(X) when both emit the same records;
+- speedup of X over Y = (T(Y)/cost(Y)) / (T(X)/cost(X)): time per unit of useful cost emitted
+  (the records' own costs, padding excluded), equal to DESIGN.md's T(Y)/T(X) when both emit
+  the same records;
+- ``imbalance_sq``: torchtitan's figure, mean over micro-batches of max/mean across ranks of
+  the sum of squared lengths;
 - ``_step`` suffix: the same with one synchronization per optimizer step (G micro-batches).
 
 Writes results/bench_balance.json, results/bench_balance.md and results/bench_balance_*.png.
@@ -58,14 +67,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpora import PROFILES, sitepackages_lengths, stdlib_lengths
 from tqdm import tqdm
 
-from bcl_stream.analysis.sim import Schedule, SimConfig, metrics_from_costs, schedules, shard_table
+from bcl_stream.analysis.sim import (
+    Schedule,
+    SimConfig,
+    imbalance_sq,
+    metrics_from_costs,
+    schedules,
+    shard_table,
+    useful_cost,
+)
 from bcl_stream.analysis.sim import score as sim_score
 from bcl_stream.cost import CostModel, get_preset
 
 RANKS, PACK, ACCUM, MAX_RECORD_TOKENS = 8, 8, 4, 8192
 COST_MODEL = "llama3-8b"
 SHARD_RECORDS = 4096
-PEERS = ("nemo_mffd", "verl_kk")
+PEERS = ("nemo_mffd", "verl_kk", "hf_rebalance")
 SORTED = ("sharegpt", "lmsys_chat", "tulu3_mix", "pareto_tail")
 MIXTURE = (("gsm8k", 0.4), ("alpaca", 0.3), ("evol_code", 0.2), ("longalpaca", 0.1))
 TARGETS = {
@@ -77,6 +94,9 @@ TARGETS = {
     "world_vs_nemo_mffd_median": 1.17,
     "world_vs_verl_kk_median": 1.05,
     "rank_w32_vs_verl_kk_median": 1.0,
+    "padded_world_vs_hf_rebalance_median": 1.05,
+    "padded_world_vs_hf_rebalance_worst": 1.0,
+    "packed_world_vs_hf_rebalance_median": 1.10,
 }
 Lengths = npt.NDArray[np.int64]
 
@@ -119,11 +139,13 @@ def score(s: Schedule, base: dict[str, Schedule]) -> dict[str, float]:
         out |= {f"efficiency{suffix}": m.efficiency, f"cv_ranks{suffix}": m.cv_ranks}
         if sync == "microbatch":
             out |= {"cv_time": m.cv_time, "records_left": m.records_left}
+            if s.squared_lengths is not None:
+                out["imbalance_sq"] = imbalance_sq(s.squared_lengths)
         for name, b in base.items():
             bm = metrics_from_costs(
                 b.pack_costs, 0, 0, microbatches_per_step=ACCUM, sync=sync, step_sizes=b.step_sizes
             )
-            per_cost = (bm.time / b.pack_costs.sum()) / (m.time / s.pack_costs.sum())
+            per_cost = (bm.time / useful_cost(b)) / (m.time / useful_cost(s))
             out[f"speedup_vs_{name}{suffix}"] = per_cost
             if name == "sequential":
                 out[f"cv_reduction{suffix}"] = 1.0 - m.cv_ranks / bm.cv_ranks
@@ -131,13 +153,18 @@ def score(s: Schedule, base: dict[str, Schedule]) -> dict[str, float]:
 
 
 def run_setting(
-    tok: Lengths, model: CostModel, ranks: int, per_node: int, plans: dict[str, tuple[int, dict]]
+    tok: Lengths,
+    model: CostModel,
+    ranks: int,
+    per_node: int,
+    plans: dict[str, tuple[int, dict]],
+    layout: str = "packed",
 ) -> dict[str, dict[str, float]]:
     """strategy label -> scores. ``plans``: label -> (window, extra SimConfig fields); the label
     is ``<strategy>@<W>`` or a peer name."""
     base_cfg = SimConfig(
         ranks=ranks, ranks_per_node=per_node, pack_size=PACK, grad_accum=ACCUM,
-        shard_records=SHARD_RECORDS,
+        shard_records=SHARD_RECORDS, layout=layout,
     )  # fmt: skip
     table = shard_table(tok, model.cost(tok), SHARD_RECORDS)
     planned: dict[str, Schedule] = {}
@@ -163,10 +190,21 @@ ONE_NODE = {
     "nemo_mffd": (16, {}),
     "verl_kk": (16, {}),
     "verl_dynbsz": (16, {}),
+    "hf_rebalance": (16, {}),
     "bcl-rank@16": (16, {}),
     "bcl-rank@32": (32, {}),
     "bcl-node@16": (16, {}),
 }
+PADDED = {
+    "sequential": (16, {}),
+    "verl_kk": (16, {}),
+    "hf_rebalance": (16, {}),
+    "bcl-rank@16": (16, {}),
+    "bcl-node@16": (16, {}),
+    "bcl-rank+step@16": (16, {"contract": "step"}),
+    "bcl-node+step@16": (16, {"contract": "step"}),
+}
+"""One node of 8 ranks, padded layout: BCL under both record contracts against the peers."""
 FOUR_NODES = {
     "sequential": (16, {}),
     "nemo_mffd": (16, {}),
@@ -222,7 +260,29 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         "world_1node_vs_verl_kk_step": med_worst(
             col(one, "bcl-node@16", "speedup_vs_verl_kk_step")
         ),
+        "packed_world_vs_hf_rebalance": med_worst(
+            col(one, "bcl-node@16", "speedup_vs_hf_rebalance")
+        ),
+        "packed_rank_w32_vs_hf_rebalance": med_worst(
+            col(one, "bcl-rank@32", "speedup_vs_hf_rebalance")
+        ),
     }
+    padded = result.get("padded", {})
+    for label, key in (
+        ("bcl-node+step@16", "padded_world_step_vs_hf_rebalance"),
+        ("bcl-node@16", "padded_world_pack_vs_hf_rebalance"),
+        ("bcl-rank+step@16", "padded_rank_step_vs_hf_rebalance"),
+        ("bcl-rank@16", "padded_rank_pack_vs_hf_rebalance"),
+        ("verl_kk", "padded_verl_kk_vs_hf_rebalance"),
+    ):
+        if padded:
+            summary[key] = med_worst(col(padded, label, "speedup_vs_hf_rebalance"))
+    for label in ("hf_rebalance", "bcl-node@16", "verl_kk"):  # lower is better: worst = max
+        values = col(one, label, "imbalance_sq")
+        summary[f"1node_{label}_imbalance_sq"] = {
+            "median": float(np.median(values)),
+            "worst": float(np.max(values)),
+        }
     for scope in ("node", "world", "rank"):
         label = f"bcl-{scope}@16"
         summary[f"4node_{scope}_efficiency"] = med_worst(col(four, label, "efficiency"))
@@ -280,8 +340,36 @@ def markdown(result: dict[str, Any]) -> str:
         ("verl_kk efficiency, 4 nodes", "4node_verl_kk_efficiency", ""),
         ("nemo_mffd efficiency, 4 nodes", "4node_nemo_mffd_efficiency", ""),
         ("sequential efficiency, 4 nodes", "4node_sequential_efficiency", ""),
+        (
+            "bcl-world W=16 speedup vs hf_rebalance, packed",
+            "packed_world_vs_hf_rebalance",
+            ">= 1.10 median",
+        ),
+        ("bcl-rank W=32 speedup vs hf_rebalance, packed", "packed_rank_w32_vs_hf_rebalance", ""),
+        (
+            "bcl-world+step W=16 speedup vs hf_rebalance, padded",
+            "padded_world_step_vs_hf_rebalance",
+            ">= 1.05 / >= 1.0",
+        ),
+        ("  the same, exactly B per micro-batch", "padded_world_pack_vs_hf_rebalance", ""),
+        (
+            "bcl-rank+step W=16 speedup vs hf_rebalance, padded",
+            "padded_rank_step_vs_hf_rebalance",
+            "",
+        ),
+        ("  the same, exactly B per micro-batch", "padded_rank_pack_vs_hf_rebalance", ""),
+        ("verl_kk speedup vs hf_rebalance, padded", "padded_verl_kk_vs_hf_rebalance", ""),
+        (
+            "imbalance_sq, hf_rebalance, packed 1 node (lower is better; worst = min)",
+            "1node_hf_rebalance_imbalance_sq",
+            "",
+        ),
+        ("imbalance_sq, bcl-world W=16", "1node_bcl-node@16_imbalance_sq", ""),
+        ("imbalance_sq, verl_kk", "1node_verl_kk_imbalance_sq", ""),
     ]
     for label, key, target in rows:
+        if key not in s:
+            continue
         v = s[key]
         pct = "reduction" in key
         fmt = (lambda x: f"{100 * x:.1f}%") if pct else (lambda x: f"{x:.3f}")
@@ -304,7 +392,27 @@ def markdown(result: dict[str, Any]) -> str:
     for setting, labels in (
         (
             "1node",
-            ["sequential", "nemo_mffd", "verl_kk", "verl_dynbsz", "bcl-rank@32", "bcl-node@16"],
+            [
+                "sequential",
+                "nemo_mffd",
+                "verl_kk",
+                "verl_dynbsz",
+                "hf_rebalance",
+                "bcl-rank@32",
+                "bcl-node@16",
+            ],
+        ),
+        (
+            "padded",
+            [
+                "sequential",
+                "verl_kk",
+                "hf_rebalance",
+                "bcl-rank@16",
+                "bcl-node@16",
+                "bcl-rank+step@16",
+                "bcl-node+step@16",
+            ],
         ),
         (
             "4node",
@@ -312,12 +420,12 @@ def markdown(result: dict[str, Any]) -> str:
         ),
     ):
         lines += [
-            f"Efficiency per corpus, {setting} ({'8 ranks' if setting == '1node' else '4 nodes x 8 ranks'}):",
+            f"Efficiency per corpus, {setting} ({'4 nodes x 8 ranks' if setting == '4node' else '8 ranks'}):",
             "",
             "| corpus | kind | " + " | ".join(labels) + " |",
             "|---|---|" + "---|" * len(labels),
         ]
-        for corpus, row in result[setting].items():
+        for corpus, row in result.get(setting, {}).items():
             cells = [f"{row[label]['efficiency']:.3f}" if label in row else "" for label in labels]
             lines.append(f"| {corpus} | {result['kinds'][corpus]} | " + " | ".join(cells) + " |")
         lines.append("")
@@ -417,12 +525,14 @@ def main(argv: list[str] | None = None) -> int:
         "records": {},
         "1node": {},
         "4node": {},
+        "padded": {},
         "ablation": {},
     }
     for name, (kind, build) in tqdm(data.items(), desc="corpora", unit="corpus"):
         tok = build()
         result["records"][name] = int(tok.size)
         result["1node"][name] = run_setting(tok, model, RANKS, RANKS, ONE_NODE)
+        result["padded"][name] = run_setting(tok, model, RANKS, RANKS, PADDED, "padded")
         result["4node"][name] = run_setting(tok, model, 4 * RANKS, RANKS, FOUR_NODES)
         if kind != "iid":
             result["ablation"][name] = run_setting(tok, model, 4 * RANKS, RANKS, ABLATION)

@@ -2,8 +2,9 @@
 
 For R simulated ranks (default 8), the same records of a real corpus (the standard-library
 chat corpus, cl100k token counts; token *values* are random ids, compute does not depend on
-them) are planned by ``sequential``, the real peers ``nemo_mffd`` (NeMo-RL's packing) and
-``verl_kk`` (verl's ``balance_batch``), ``bcl-rank`` and ``bcl-world`` with the planner itself
+them) are planned by ``sequential``, the real peers ``nemo_mffd`` (NeMo-RL's packing),
+``verl_kk`` (verl's ``balance_batch``) and ``hf_rebalance`` (Transformers'
+``BatchRebalanceSampler``), ``bcl-rank`` and ``bcl-world`` with the planner itself
 (``bcl_stream.planner``), BCL once with the ``tokens`` cost model and once with
 a model calibrated on this machine (``bcl_stream.analysis.calibrate``). Then TinyGPT's forward+backward
 runs on every pack, one after another in this process, and the step time is the max over
@@ -42,7 +43,7 @@ from bcl_stream.analysis.calibrate import (  # noqa: E402
     make_step,
     time_packs,
 )
-from bcl_stream.analysis.sim import default_capacity  # noqa: E402
+from bcl_stream.analysis.sim import default_capacity, imbalance_sq  # noqa: E402
 from bcl_stream.commands.calibrate import DEMO_MODEL  # noqa: E402
 from bcl_stream.cost import CostModel, get_preset  # noqa: E402
 from bcl_stream.planner import (  # noqa: E402
@@ -90,9 +91,12 @@ def plan_all(
     out["sequential"] = [list(rank) for rank in order[seq.packs]]
     planned_with["sequential"] = "none"
     capacity = default_capacity(tokens[order], args.pack_size)
-    for peer, how in zip(
-        REAL_PEERS, ("tokens (NeMo-RL MFFD bins)", "verl workload (KK)"), strict=True
-    ):
+    hows = {
+        "nemo_mffd": "tokens (NeMo-RL MFFD bins)",
+        "verl_kk": "verl workload (KK)",
+        "hf_rebalance": "lengths, padded cost (Transformers)",
+    }
+    for peer, how in ((p, hows[p]) for p in REAL_PEERS):
         bins, _ = plan_pooled(
             peer, order, tokens, args.ranks, args.pack_size, args.grad_accum, capacity
         )
@@ -171,8 +175,10 @@ def score(
         calibrated = as_matrix(
             [[float(models["calibrated"].cost(tokens[p]).sum()) for p in r] for r in ranks]
         )
+        squares = as_matrix([[float(np.sum(tokens[p] ** 2)) for p in r] for r in ranks])
         out[name] = {
             "planned_with": planned_with[name],
+            "imbalance_sq": imbalance_sq(squares),
             "measured_efficiency": efficiency(measured),
             "predicted_efficiency": efficiency(predicted),
             "predicted_efficiency_calibrated": efficiency(calibrated),

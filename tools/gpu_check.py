@@ -3,7 +3,7 @@
 One command, one device, about 5 minutes on an H200 (``--budget-s``, default 300 s):
 
     PYTHONPATH=. timeout 540 python3 tools/gpu_check.py --out results/gpu
-    PYTHONPATH=. python3 tools/gpu_check.py --cpu-tiny --out /tmp/gpu   # same code, CPU, < 2 min
+    PYTHONPATH=. python3 tools/gpu_check.py --cpu-tiny --out /tmp/gpu   # same code, CPU, < 3 min
 
 What it does, in order (a progress line per phase; the JSON is rewritten after every phase,
 so a run stopped by the budget, a signal or an error still leaves what it measured):
@@ -19,6 +19,7 @@ so a run stopped by the budget, a signal or an error still leaves what it measur
    16 tokens gives the fixed per-micro-batch cost directly.
 4. Plans R simulated ranks (default 8) with every strategy the simulator has among
    ``sequential``, ``nemo_mffd`` (else ``pooled_mffd``), ``verl_kk``, ``verl_dynbsz``,
+   ``hf_rebalance`` (and, padded, BCL under ``contract="step"`` as ``bcl-*+step``),
    ``bcl-rank``, ``bcl-world`` (``bcl_stream.analysis.sim.schedules``, BCL planning with the model just
    calibrated for that layout) on the same records of the real stdlib corpus
    (``tools/data/stdlib_cl100k_lengths.npy``). The number of steps is the largest that the
@@ -87,6 +88,7 @@ STRATEGY_CHOICES = (
     ("nemo_mffd", "pooled_mffd"),
     ("verl_kk",),
     ("verl_dynbsz",),
+    ("hf_rebalance",),
     ("bcl-rank",),
     ("bcl-world",),
 )
@@ -98,7 +100,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     """Per-mode defaults; explicit flags win."""
     tiny = args.cpu_tiny
     defaults = {
-        "budget_s": 100.0 if tiny else 300.0,
+        "budget_s": 150.0 if tiny else 300.0,
         "pack_size": 4 if tiny else 8,
         "window": 4 if tiny else 8,
         "grad_accum": 2 if tiny else 4,
@@ -361,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         dest="budget_s",
         type=float,
         default=None,
-        help="stop cleanly after this (300; tiny 100)",
+        help="stop cleanly after this (300; tiny 150)",
     )
     p.add_argument("--ranks", type=int, default=8)
     p.add_argument("--pack-size", dest="pack_size", type=int, default=None, help="B (8; tiny 4)")

@@ -8,6 +8,7 @@ with ``gpu_llama``, imported where a pack is built or timed.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,7 @@ from bcl_stream.cost import CostModel, fit_cost_model
 from bcl_stream.planner.padded import LAYOUTS, padding_waste
 
 STARTED = time.perf_counter()
-PEERS = ("pooled_mffd", "nemo_mffd", "verl_kk", "verl_dynbsz")
+PEERS = ("pooled_mffd", "nemo_mffd", "verl_kk", "verl_dynbsz", "hf_rebalance")
 RESERVE_S = 8.0  # kept for scoring, plotting and writing after the last timing
 
 
@@ -224,6 +225,11 @@ def choose_steps(
                 layout=layout,
             )
             plans[layout] = sim.schedules(tokens, models[layout], config, tuple(names))
+            if layout == "padded":  # BCL under the step contract too (planner/step_contract.py)
+                step = dataclasses.replace(config, contract="step")
+                bcl = tuple(n for n in names if n.startswith("bcl-"))
+                for n, s in sim.schedules(tokens, models[layout], step, bcl).items():
+                    plans[layout][f"{n}+step"] = s
             distinct = {
                 pack_key(ids): float(s.pack_costs[i, t])
                 for s in plans[layout].values()
@@ -275,6 +281,9 @@ def score(
             "steps": int(pred.shape[1]),
             "pack_sizes": sorted({len(ids) for rank in s.packs for ids in rank}),
             "predicted_efficiency": efficiency(pred),
+            "imbalance_sq": sim.imbalance_sq(
+                matrix([[float(np.sum(x.astype(np.float64) ** 2)) for x in rank] for rank in lens])
+            ),
             "predicted_time_s": float(pred.max(axis=0).sum()),
             "padding_waste_tokens": pad_tokens / (pad_tokens + real_tokens)
             if layout == "padded"

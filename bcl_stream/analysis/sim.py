@@ -24,8 +24,9 @@ shuffle (``planner.baselines.global_order``), as a trainer's shuffled DataLoader
 The pooled peers (``planner/peers.py``: ``nemo_mffd``, ``verl_kk``, ``verl_dynbsz``,
 ``hf_rebalance``, ``pooled_mffd_split``) pool global batches of R*B*G records from that global shuffle.
 
-Contract (``SimConfig.contract``): under ``step`` each BCL rank's steps are re-cut into
-micro-batches of varying size (``planner/step_contract.py``), as readers yield them.
+Contract (``SimConfig.contract``): under ``step`` (padded layout) the BCL steps are dealt
+within each node and each rank's step re-cut into micro-batches of varying size
+(``planner/step_contract.py``), as readers yield them.
 
 Layout (``SimConfig.layout``, ``planner/padded.py``): a pack costs the sum of its records'
 costs when ``packed`` (varlen attention), B times its costliest record when ``padded``. With
@@ -49,7 +50,7 @@ from bcl_stream.planner.padded import Packs, check_layout, ragged_pack_costs
 from bcl_stream.planner.peers import POOLED, REAL_PEERS, plan_pooled
 from bcl_stream.planner.pools import micro_batches_per_batch
 from bcl_stream.planner.shard_table import Sample, ShardTable, shard_weights
-from bcl_stream.planner.step_contract import rank_micro_batches
+from bcl_stream.planner.step_contract import node_micro_batches
 
 STRATEGIES = ("sequential", *POOLED, "bcl-rank", "bcl-node", "bcl-world")
 
@@ -372,10 +373,10 @@ def plan_schedules(
             )
             packs: Packs = plan.packs
             if config.contract == "step":
-                packs = [
-                    rank_micro_batches(p, costs, config.grad_accum, layout, tok, config.max_tokens)
-                    for p in plan.packs
-                ]
+                group = 1 if name == "bcl-rank" else config.ranks_per_node
+                packs = node_micro_batches(
+                    plan.packs, costs, config.grad_accum, layout, group, tok, config.max_tokens
+                )
             out[name] = schedule(packs, plan.records_used, plan.records_left)
         else:
             hint = (
@@ -435,17 +436,24 @@ def score(
     return out
 
 
+def useful_cost(s: Schedule) -> float:
+    """The records' own estimated cost in a schedule: what a speedup is per unit of (the pack
+    costs less padding; the pack costs themselves for a schedule without ``useful_costs``)."""
+    return float((s.pack_costs if s.useful_costs is None else s.useful_costs).sum())
+
+
 def speedups(
     planned: dict[str, Schedule], config: SimConfig, peers: tuple[str, ...] = REAL_PEERS
 ) -> dict[str, dict[str, float]]:
     """strategy -> {peer: speedup over that peer} for each peer in ``planned``.
 
-    Time per unit of estimated cost, (T_peer / cost_peer) / (T_x / cost_x), so a strategy that
-    leaves a few more records unused gets no credit for it."""
+    Time per unit of useful cost, (T_peer / cost_peer) / (T_x / cost_x), cost = the records'
+    own costs (padding excluded, :func:`useful_cost`), so a strategy that leaves a few more
+    records unused, or computes more padding, gets no credit for it."""
     metrics = score(planned, config)
 
     def per_cost(name: str) -> float:
-        total = float(planned[name].pack_costs.sum())
+        total = useful_cost(planned[name])
         return metrics[name].time / total if total > 0 else float("nan")
 
     present = [p for p in peers if p in planned]

@@ -157,29 +157,37 @@ class PlanDataset(IterableDataset[Pack]):
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         start, chunk = self.start, self.chunk
         cut = step_cut(self.index, self.config)
-        g = self.config.plan.grad_accum if cut is not None else 1
-        batches = self.plan().iter_rank_packs(self.rank, start - start % g)
-        for first, packs in whole_steps(batches, g) if cut is not None else batches:
-            position = first - start + np.arange(packs.shape[0])
+        if cut is None:
+            for first, packs in self.plan().iter_rank_packs(self.rank, start):
+                position = first - start + np.arange(packs.shape[0])
+                ids = position // chunk
+                mask = ids % workers == worker
+                if mask.any():
+                    yield from zip(ids[mask].tolist(), self._read_packs(packs[mask]), strict=True)
+            return
+        g = self.config.plan.grad_accum
+        batches = self.plan().iter_rank_packs(self.rank, start - start % g, group=True)
+        for first, group in whole_steps(batches, g):
+            position = first - start + np.arange(group.shape[1])
             ids = np.where(position >= 0, position // chunk, -1)
             mask = (position >= 0) & (ids % workers == worker)
             if not mask.any():
                 continue
-            if cut is None:
-                yield from zip(ids[mask].tolist(), self._read_packs(packs[mask]), strict=True)
-                continue
-            steps = np.unique(np.flatnonzero(mask) // g)
-            rows = np.concatenate([np.arange(k * g, min(k * g + g, len(packs))) for k in steps])
-            read = self._read_packs(packs[rows])
-            for k in steps.tolist():
-                lo, hi = k * g, min(k * g + g, len(packs))
-                records = [record for _ in range(hi - lo) for record in next(read)]
-                positions, sizes = cut(packs[lo:hi])
+            local = self.rank % group.shape[0]  # its place among the ranks of its group
+            steps = np.unique(np.flatnonzero(mask) // g).tolist()
+            cuts = [cut(group[:, k * g : k * g + g], local) for k in steps]
+            rows = np.concatenate(
+                [mine.reshape(-1, self.config.plan.pack_size) for mine, _ in cuts]
+            )
+            read = self._read_packs(rows)
+            for k, (mine, sizes) in zip(steps, cuts, strict=True):
+                records = [
+                    r for _ in range(mine.size // self.config.plan.pack_size) for r in next(read)
+                ]
                 ends = np.cumsum(sizes)
-                for j in range(hi - lo):
-                    if mask[lo + j]:
-                        part = positions[ends[j] - sizes[j] : ends[j]].tolist()
-                        yield int(ids[lo + j]), [records[p] for p in part]
+                for j in range(sizes.size):
+                    if mask[k * g + j]:
+                        yield int(ids[k * g + j]), records[ends[j] - sizes[j] : ends[j]]
 
     def _read_packs(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
         """Yield one list of sample dicts per row of ``packs`` (global sample ids), in order."""

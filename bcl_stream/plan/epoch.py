@@ -202,10 +202,12 @@ class EpochPlan:
         return self.plan.packs[rank]
 
     def iter_rank_packs(
-        self, rank: int, start: int = 0
+        self, rank: int, start: int = 0, group: bool = False
     ) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
-        """(index of the first pack, packs) from pack ``start`` on, as one batch."""
-        yield start, self.rank_packs(rank)[start:]
+        """(index of the first pack, packs) from pack ``start`` on, as one batch; ``group``:
+        as (1, n, B) (a whole-epoch plan is the ``sequential`` baseline's: no group deals)."""
+        packs = self.rank_packs(rank)[start:]
+        yield start, packs[None] if group else packs
 
     def remainder_counts(self) -> dict[str, int]:
         """Reason -> count of records this plan does not yield (consumed ones included)."""
@@ -278,10 +280,11 @@ class ReaderPlan:
         return {reason: n for reason, n in counts.items() if n}
 
     def iter_rank_packs(
-        self, rank: int, start: int = 0
+        self, rank: int, start: int = 0, group: bool = False
     ) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
         """(index of the first pack, packs (n, B)) of ``rank`` from pack ``start`` on, a batch
-        of windows at a time."""
+        of windows at a time; ``group``: the packs of its planning group, (group_size, n, B)
+        (the ranks that share its node's stream: the ``step`` contract deals among them)."""
         c = self.config
         if not 0 <= rank < c.plan.world_size:
             raise ValueError(f"rank must be in [0, {c.plan.world_size}), got {rank}")
@@ -297,7 +300,11 @@ class ReaderPlan:
             batch = plan_windows(streams, self._costs, self._tokens, rows, lo, hi, carry)
             carry = batch.carry
             skip = max(start - batch.first_pack, 0)
-            yield batch.first_pack + skip, batch.packs[row_rank, skip:]
+            if group:
+                lo = row_rank - rank % pc.group_size
+                yield batch.first_pack + skip, batch.packs[lo : lo + pc.group_size, skip:]
+            else:
+                yield batch.first_pack + skip, batch.packs[row_rank, skip:]
 
     def first_packs(self, k: int) -> npt.NDArray[np.int64]:
         """(world_size, k, pack_size): the first ``k`` packs of every rank, from the first
@@ -340,6 +347,15 @@ def _consumed(
     for i, seg in enumerate(segments):
         old = config.resized(seg.world_size, seg.ranks_per_node)
         old_plan = ReaderPlan(index, old, epoch, segments[:i])  # excludes what came before
+        steps = old.plan.grad_accum
+        if old.plan.contract == "step" and seg.packs_consumed % steps:
+            raise StateError(
+                f"contract='step': the state was saved after {seg.packs_consumed} micro-batches, "
+                f"inside an optimizer step of {steps}, and the world size changed; a step's "
+                "records are re-cut across its micro-batches, so only a state saved at a step "
+                "boundary resumes on another world size (Lightning saves there), or resume on "
+                f"{seg.world_size} ranks"
+            )
         taken = old_plan.first_packs(seg.packs_consumed)
         consumed = np.union1d(old_plan.consumed, taken.ravel())
     return consumed

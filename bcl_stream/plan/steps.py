@@ -18,53 +18,62 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.plan.epoch import PlanData, ReaderConfig, _costs_and_table, tokens_of
-from bcl_stream.planner.step_contract import recut_step
+from bcl_stream.planner.step_contract import deal_step, recut_step
 
 
 @dataclass(frozen=True)
 class StepCut:
-    """Re-cuts one step's packs: (g, B) sample ids -> (positions in the step's row-major
-    records, micro-batch sizes), costliest micro-batch first."""
+    """One rank's micro-batches of one step, from the step's packs of its planning group."""
 
     costs: Any
     """Per-record costs by sample id (the planner's: an array or a mixture's view)."""
     layout: str
+    deal: bool
+    """Deal the group's step among its ranks (scopes node and world, BCL packing)."""
     tokens: Any = None
     max_tokens: int | None = None
 
     def __call__(
-        self, packs: npt.NDArray[np.int64]
+        self, group: npt.NDArray[np.int64], local: int
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        ids = np.asarray(packs, dtype=np.int64).ravel()
-        tok = None if self.tokens is None else np.asarray(self.tokens[ids])
-        costs = np.asarray(self.costs[ids], dtype=np.float64)
-        return recut_step(costs, packs.shape[0], self.layout, tok, self.max_tokens)
+        """``group`` (P, g, B) sample ids, ``local`` the rank's place in it -> (the rank's
+        g*B sample ids, micro-batch sizes), the ids in micro-batch order."""
+        mine = group[local].ravel()
+        if self.deal and group.shape[0] > 1:
+            mine = deal_step(group, self.costs)[local]
+        tok = None if self.tokens is None else np.asarray(self.tokens[mine])
+        costs = np.asarray(self.costs[mine], dtype=np.float64)
+        positions, sizes = recut_step(costs, group.shape[1], self.layout, tok, self.max_tokens)
+        return mine[positions], sizes
 
 
 def step_cut(index: PlanData, config: ReaderConfig) -> StepCut | None:
-    """The re-cut a reader applies under ``config`` (None under the ``pack`` contract)."""
+    """The re-cut a reader applies under ``config``: None under the ``pack`` contract and
+    under ``packed`` (whose planner packs already keep the step contract best)."""
     plan = config.plan
-    if plan.contract != "step":
+    if plan.contract != "step" or plan.layout == "packed":
         return None
     costs, _ = _costs_and_table(index, config)
     tokens = None if plan.max_tokens is None else tokens_of(index)
-    return StepCut(costs, plan.layout, tokens, plan.max_tokens)
+    deal = config.packing == "bcl" and plan.scope != "rank"
+    return StepCut(costs, plan.layout, deal, tokens, plan.max_tokens)
 
 
 def whole_steps(
     batches: Iterator[tuple[int, npt.NDArray[np.int64]]], grad_accum: int
 ) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
-    """The plan's (first pack, packs) batches regrouped so each holds whole steps (the last
-    one of the epoch may be short). The first batch must start at a step boundary."""
+    """The plan's (first pack, packs (P, n, B)) batches regrouped so each holds whole steps
+    (the last one of the epoch may be short). The first batch starts at a step boundary."""
     held: npt.NDArray[np.int64] | None = None
     held_first = 0
     for first, packs in batches:
         if held is not None:
-            packs = np.concatenate([held, packs])
+            packs = np.concatenate([held, packs], axis=1)
             first = held_first
-        cut = packs.shape[0] - packs.shape[0] % grad_accum
+        n = packs.shape[1]
+        cut = n - n % grad_accum
         if cut:
-            yield first, packs[:cut]
-        held, held_first = (packs[cut:], first + cut) if cut < packs.shape[0] else (None, 0)
+            yield first, packs[:, :cut]
+        held, held_first = (packs[:, cut:], first + cut) if cut < n else (None, 0)
     if held is not None:
         yield held_first, held

@@ -11,12 +11,24 @@
 Why: with the padded layout a micro-batch costs its size times its longest record, so B long
 records cost far more than B short ones, and the ranks' t-th packs differ as much as their
 longest records do. Transformers' ``BatchRebalanceSampler`` (``hf.py``) wins there by giving
-long records small micro-batches and short ones large. Here the same freedom is taken inside
-each rank's step, after BCL has balanced the steps: the step's records, sorted by cost
-(costliest first, stable), are cut into G contiguous micro-batches minimizing the costliest
-one (padded: size x its first record's cost; packed: the sum), so each micro-batch costs
-about the step's 1/G and the ranks' t-th micro-batches match as well as their steps do. The
-micro-batches run costliest first, on every rank alike.
+long records small micro-batches and short ones large. Here the same freedom is taken after
+BCL has planned the step, in two moves:
+
+1. **Deal** (scopes ``node`` and ``world``, whose ranks share the node's stream): the step's
+   records of the node's P ranks, sorted by cost, are dealt to the ranks in snake order
+   (0..P-1, P-1..0, ...), G*B each, so every rank's step holds the same cost quantiles. Scope
+   ``rank`` keeps each rank's own records (it knows no other rank's).
+2. **Cut**: each rank's step, sorted by cost (costliest first, stable), is cut into G contiguous
+   micro-batches minimizing the costliest one (size x its first record's cost), so each costs
+   about the step's 1/G, and the ranks' t-th micro-batches match because their steps do. The
+   micro-batches run costliest first, on every rank alike.
+
+Measured (``tools/bench_balance.py``-style, 131K i.i.d. records, 8 ranks, B=8, G=4, W=16,
+padded, time per unit of cost against ``hf_rebalance``): bcl-world 0.975 / 1.237 / 0.831 with
+exactly B (gsm8k / sharegpt / alpaca shapes), 1.008 / 1.378 / 0.936 with the cut alone, 1.046 /
+1.454 / 1.074 with deal and cut. With the ``packed`` layout a pack costs the sum of its
+records, which the planner already balances with exactly B (efficiency ~0.999); a re-cut
+only lost 2-6 points there, so under ``packed`` the step contract yields the planner's packs.
 
 A pure function of the step's records and costs: every rank and worker recomputes it, resume
 mid-step replays it exactly, and every record of the step is yielded once (a permutation of
@@ -127,33 +139,41 @@ def recut_step(
     return positions.astype(np.int64), np.asarray([sizes[g] for g in run], dtype=np.int64)
 
 
-def step_micro_batches(
-    packs: npt.NDArray[np.int64],
-    costs: npt.NDArray[np.float64],
-    layout: str,
-    tokens: npt.NDArray[np.integer] | None = None,
-    max_tokens: int | None = None,
-) -> list[npt.NDArray[np.int64]]:
-    """One step's packs ((g, B) sample ids, g <= G) as ``step`` yields them: g arrays of
-    sample ids of varying size, holding the same g*B records."""
-    ids = np.asarray(packs, dtype=np.int64).ravel()
-    tok = None if tokens is None else np.asarray(tokens)[ids]
-    positions, sizes = recut_step(costs[ids], packs.shape[0], layout, tok, max_tokens)
-    return np.split(ids[positions], np.cumsum(sizes)[:-1])
+def deal_step(
+    node_step: npt.NDArray[np.int64], costs: npt.NDArray[np.float64]
+) -> npt.NDArray[np.int64]:
+    """(P, g, B) sample ids of one step of a node's P ranks -> (P, g*B): the same records dealt
+    in snake order of cost (costliest first, stable), so every rank gets the same quantiles."""
+    p = node_step.shape[0]
+    ids = np.asarray(node_step, dtype=np.int64).ravel()
+    ranked = ids[np.argsort(-np.asarray(costs[ids], dtype=np.float64), kind="stable")]
+    turn = np.arange(ranked.size).reshape(-1, p)
+    turn[1::2] = turn[1::2, ::-1]
+    return ranked[turn.T]
 
 
-def rank_micro_batches(
+def node_micro_batches(
     packs: npt.NDArray[np.int64],
     costs: npt.NDArray[np.float64],
     grad_accum: int,
     layout: str,
+    group: int,
     tokens: npt.NDArray[np.integer] | None = None,
     max_tokens: int | None = None,
-) -> list[npt.NDArray[np.int64]]:
-    """A rank's (n_packs, B) packs under the ``step`` contract: n_packs micro-batches, step k
-    made of packs [k*G, (k+1)*G) re-cut by :func:`step_micro_batches` (the last step: what is
-    left)."""
-    out: list[npt.NDArray[np.int64]] = []
-    for k in range(0, packs.shape[0], grad_accum):
-        out.extend(step_micro_batches(packs[k : k + grad_accum], costs, layout, tokens, max_tokens))
+) -> list[list[npt.NDArray[np.int64]]]:
+    """Every rank's micro-batches under the ``step`` contract: ``packs`` (R, n, B), ranks in
+    groups of ``group`` consecutive ranks that share a stream (1: scope ``rank``). Output
+    ``[rank][micro-batch]``, n per rank. ``packed``: the packs themselves."""
+    if check_layout(layout) == "packed":
+        return [list(rank) for rank in packs]
+    out: list[list[npt.NDArray[np.int64]]] = [[] for _ in range(packs.shape[0])]
+    for lo in range(0, packs.shape[0], group):
+        for k in range(0, packs.shape[1], grad_accum):
+            step = packs[lo : lo + group, k : k + grad_accum]
+            dealt = deal_step(step, costs) if group > 1 else step.reshape(1, -1)
+            for r, ids in enumerate(dealt):
+                g = step.shape[1]
+                tok = None if tokens is None else np.asarray(tokens)[ids]
+                positions, sizes = recut_step(costs[ids], g, layout, tok, max_tokens)
+                out[lo + r].extend(np.split(ids[positions], np.cumsum(sizes)[:-1]))
     return out

@@ -245,6 +245,11 @@ def test_speedup_vs_a_peer_is_time_per_unit_of_cost() -> None:
     assert got["x"] == {"verl_kk": pytest.approx((10 / 16) / (2 / 4))}
     assert got["verl_kk"] == {"verl_kk": pytest.approx(1.0)}
     assert speedups({"x": half}, config) == {"x": {}}
+    # Padded: per unit of the records' own cost; computing padding earns nothing.
+    padded = Schedule(np.full((2, 2), 2.0), 4, 4, useful_costs=np.full((2, 2), 1.0))
+    assert speedups({"verl_kk": peer, "x": padded}, config)["x"] == {
+        "verl_kk": pytest.approx((10 / 16) / (4 / 4))
+    }
 
 
 def test_cli_table_lists_every_strategy(

@@ -13,7 +13,7 @@ from bcl_stream.analysis.sim import SimConfig, schedules, simulate
 from bcl_stream.cost import get_preset
 from bcl_stream.plan.steps import whole_steps
 from bcl_stream.planner.padded import pack_cost
-from bcl_stream.planner.step_contract import rank_micro_batches, recut_step
+from bcl_stream.planner.step_contract import deal_step, node_micro_batches, recut_step
 
 
 @settings(max_examples=80, deadline=None)
@@ -65,15 +65,24 @@ def test_the_memory_cap_bounds_every_micro_batch_or_keeps_the_packs() -> None:
 def test_a_short_last_step_keeps_its_pack_count() -> None:
     packs = np.arange(5 * 3).reshape(5, 3)  # G=2: steps of 2, 2 and 1 packs
     costs = np.linspace(1, 3, 15)
-    out = rank_micro_batches(packs, costs, 2, "padded")
+    out = node_micro_batches(packs[None], costs, 2, "padded", 1)[0]
     assert len(out) == 5
     assert sorted(np.concatenate(out[4:]).tolist()) == [12, 13, 14]
     assert sorted(np.concatenate(out[:2]).tolist()) == list(range(6))
 
 
+def test_a_node_step_is_dealt_in_snake_order_of_cost() -> None:
+    costs = np.array([8.0, 1, 7, 2, 6, 3, 5, 4])
+    step = np.arange(8).reshape(2, 2, 2)  # 2 ranks, 2 packs of 2
+    # By cost: 0 (8), 2 (7), 4 (6), 6 (5), 7 (4), 5 (3), 3 (2), 1 (1) -> ranks 0,1,1,0,0,1,1,0.
+    assert deal_step(step, costs).tolist() == [[0, 6, 7, 1], [2, 4, 5, 3]]
+    packed = node_micro_batches(step, costs, 2, "packed", 2)  # packed: the planner's packs
+    assert [[mb.tolist() for mb in rank] for rank in packed] == step.tolist()
+
+
 def test_whole_steps_regroups_batches_on_step_boundaries() -> None:
-    packs = np.arange(11)[:, None]
-    batches = iter([(0, packs[:4]), (4, packs[4:5]), (5, packs[5:11])])
+    packs = np.arange(11)[None, :, None]  # one rank's group, 11 packs of 1
+    batches = iter([(0, packs[:, :4]), (4, packs[:, 4:5]), (5, packs[:, 5:11])])
     got = list(whole_steps(batches, 3))
     assert [first for first, _ in got] == [0, 3, 9]
     assert [p.ravel().tolist() for _, p in got] == [[0, 1, 2], [3, 4, 5, 6, 7, 8], [9, 10]]
@@ -88,13 +97,18 @@ def test_simulated_step_contract_keeps_g_times_b_per_rank_and_step() -> None:
     planned = schedules(tok, model, config, ("bcl-rank", "bcl-world"))
     plain = schedules(tok, model, _pack(config), ("bcl-rank", "bcl-world"))
     for name, s in planned.items():
-        base = plain[name].packs
+        base = np.asarray(plain[name].packs)
         for r, rank in enumerate(s.packs):
-            assert len(rank) == len(base[r])
+            assert len(rank) == base.shape[1]
             assert len({mb.size for mb in rank}) > 1  # sizes do vary
             for k in range(0, len(rank), 4):
-                step = np.concatenate(rank[k : k + 4])
-                assert sorted(step.tolist()) == sorted(np.ravel(base[r][k : k + 4]).tolist())
+                step = np.concatenate(rank[k : k + 4]).tolist()
+                assert len(step) == min(4, len(rank) - k) * 4  # G*B records per step
+                if name == "bcl-rank":  # its own records; node/world: dealt within the node
+                    assert sorted(step) == sorted(base[r, k : k + 4].ravel().tolist())
+        for k in range(0, base.shape[1], 4):  # the node's step holds the plan's records
+            step = [i for rank in s.packs for mb in rank[k : k + 4] for i in mb.tolist()]
+            assert sorted(step) == sorted(base[:, k : k + 4].ravel().tolist())
     scored, before = simulate(tok, model, config), simulate(tok, model, _pack(config))
     for name in ("bcl-rank", "bcl-world"):  # the padded layout gains from varying sizes
         assert scored[name].time < before[name].time

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from lightning_scripts.harness import cli_fit, cli_run_config
 
+from bcl_stream.errors import StateError
 from lightning_module.callbacks import read_pack_log
 from lightning_module.datamodule import BCLDataModule
 
@@ -56,13 +57,19 @@ def test_every_record_once_equal_counts_and_whole_steps(
         assert all("loss_scale" not in b for b in ranks[0])
         return
     assert len({s for rank in sizes for s in rank}) > 1  # sizes vary
-    for r, rank in enumerate(ranks):
+    plans = []
+    for r in range(2):
         plan = module(root, contract, format=fmt, scope=scope)
         plan.setup_for(r, 2, 2)
-        packs = plan.dataset.rank_packs()  # type: ignore[union-attr]
-        for k in range(0, len(rank), G):
-            step = sorted(int(i) for b in rank[k : k + G] for i in b["sample_ids"])
-            assert step == sorted(packs[k : k + G].ravel().tolist())  # the plan's G*B records
+        plans.append(plan.dataset.rank_packs())  # type: ignore[union-attr]
+    for k in range(0, len(ranks[0]), G):
+        steps = [[int(i) for b in rank[k : k + G] for i in b["sample_ids"]] for rank in ranks]
+        assert [len(s) for s in steps] == [plans[0][k : k + G].size] * 2  # G*B per rank
+        want = sorted(np.concatenate([p[k : k + G].ravel() for p in plans]).tolist())
+        assert sorted(steps[0] + steps[1]) == want  # the plan's records of the step
+        if scope == "rank":  # each rank keeps its own; node: dealt among the node's ranks
+            assert sorted(steps[0]) == sorted(plans[0][k : k + G].ravel().tolist())
+    for r, rank in enumerate(ranks):
         scale = [float(b["loss_scale"]) for b in rank]
         assert scale == pytest.approx([s / B for s in sizes[r]])
         # Padded micro-batches hold records of similar length: the longest run alone or few.
@@ -97,7 +104,7 @@ def test_a_changed_contract_is_refused_on_resume(mds_dir: Path) -> None:
     next(iter(first.train_dataloader()))
     other = module(mds_dir, "pack")
     other.setup_for(0, 1, 1)
-    with pytest.raises(Exception, match="contract"):
+    with pytest.raises(StateError, match=r"contract|layout"):  # step plans for the layout
         other.load_state_dict(first.state_dict())
 
 
