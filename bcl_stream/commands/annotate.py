@@ -13,6 +13,16 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--length-field", default=None, help="integer length column instead")
     p.add_argument("--cost-model", default="llama3-8b", help="preset name or cost-model JSON")
     p.add_argument("--overwrite", action="store_true", help="replace an existing cost index")
+    p.add_argument(
+        "--workers", type=int, default=1, help="processes decoding shards (same index for any)"
+    )
+    p.add_argument(
+        "--part",
+        default=None,
+        metavar="I/N",
+        help="count only the I-th of N runs of shards, into DIR/part-I-of-N (then "
+        "`bcl-stream merge DIR`)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
 
@@ -27,10 +37,13 @@ def run(args: argparse.Namespace) -> int:
         cost_model=args.cost_model,
         overwrite=args.overwrite,
         progress=not args.no_progress,
+        workers=args.workers,
+        part=args.part,
     )
     tokens = index.summary()["tokens"]
+    where = args.directory if args.part is None else f"{args.directory} part {args.part}"
     print(
-        f"annotated {args.directory}: {len(index)} records in {len(index.shards)} {index.format} "
+        f"annotated {where}: {len(index)} records in {len(index.shards)} {index.format} "
         f"shards, {tokens['total']:.0f} tokens (mean {tokens['mean']:.1f}, max {tokens['max']:.0f}), "
         f"cost model {index.cost_model.name}"
     )

@@ -156,7 +156,7 @@ def _check_alike(item: _Part, index: CostIndex, first: CostIndex, same: dict[str
         raise _refuse(item.location, "it has record hashes and part 0 has none (or the reverse)")
 
 
-def _mds_entries(item: _Part, index: CostIndex, prefix: bool) -> list[dict[str, Any]]:
+def _mds_entries(item: _Part, index: CostIndex) -> list[dict[str, Any]]:
     """The part's MDS shard entries (basenames prefixed by the part directory), checked
     against its cost index and the files it holds."""
     shards = read_mds_index(item.root)["shards"]
@@ -169,14 +169,13 @@ def _mds_entries(item: _Part, index: CostIndex, prefix: bool) -> list[dict[str, 
     for shard in shards:
         entry = copy.deepcopy(shard)
         names = [entry[k]["basename"] for k in ("raw_data", "zip_data") if entry.get(k)]
-        if prefix and not any(n in item.names for n in names):
+        if not any(n in item.names for n in names):
             raise _refuse(
                 item.location, f"shard {names[0]} is missing; re-run `--part {item.part}`"
             )
-        if prefix:
-            for k in ("raw_data", "zip_data"):
-                if entry.get(k):
-                    entry[k]["basename"] = f"{item.part.name}/{entry[k]['basename']}"
+        for k in ("raw_data", "zip_data"):
+            if entry.get(k):
+                entry[k]["basename"] = f"{item.part.name}/{entry[k]['basename']}"
         out.append(entry)
     return out
 
@@ -232,8 +231,8 @@ def merge_indexes(parts: list[_Part], top_names: set[str], output: str) -> tuple
     shards: list[ShardEntry] = []
     mds: list[dict[str, Any]] = []
     for item, index in zip(parts, indexes, strict=True):
-        if first.format == "mds":
-            mds += _mds_entries(item, index, prefix=kind == "preprocess")
+        if first.format == "mds" and kind == "preprocess":
+            mds += _mds_entries(item, index)
         for shard in index.shards:
             name = f"{item.part.name}/{shard.name}" if kind == "preprocess" else shard.name
             if kind == "preprocess" and first.format == "wds" and shard.name not in item.names:
@@ -328,10 +327,19 @@ def _remote_parts(output: str, tmp: Path) -> tuple[list[_Part], set[str]]:
     return found, top
 
 
+def _marker(index: CostIndex) -> str | None:
+    """The completion marker a merge removes before writing: ours only (an annotated MDS
+    dataset's ``index.json`` is its own, replaced in one rename at the end)."""
+    if index.format == "wds":
+        return INDEX_JSON
+    return MDS_INDEX if index.extra["merge"]["kind"] == "preprocess" else None
+
+
 def _write_local(root: Path, index: CostIndex, data: Any) -> None:
     """Completion marker out first, cost index, marker back last (see the module docstring)."""
-    marker = root / (MDS_INDEX if index.format == "mds" else INDEX_JSON)
-    marker.unlink(missing_ok=True)
+    marker = _marker(index)
+    if marker:
+        (root / marker).unlink(missing_ok=True)
     write_index(root, index)
     if data is not None:
         write_mds_index(root, data)
@@ -359,8 +367,7 @@ def merge(output: str | os.PathLike[str]) -> CostIndex:
             index, data = merge_indexes(parts, top, location)
             if index.extra["merge"]["kind"] == "annotate":
                 data = _check_annotated(location, tmp, index, top)
-            marker = MDS_INDEX if index.format == "mds" else INDEX_JSON
-            delete_remote(location, [n for n in (marker,) if n in top])
+            delete_remote(location, [n for n in (_marker(index),) if n in top])
             out = tmp / "merged"
             _write_local(out, index, data)
             push_index(out, location)
