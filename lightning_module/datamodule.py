@@ -355,6 +355,7 @@ class BCLDataModule(pl.LightningDataModule):
             max_tokens=self.max_tokens,
             cost_model=self.cost_model,
             packing=self.packing,
+            tokens=None,  # the cost index's own source (the readers resolve it)
             # contract="step" re-cuts steps for the layout the model runs (plan/steps.py)
             **({"layout": self.layout} if self.plan.get("contract") == "step" else {}),
             **self.plan,

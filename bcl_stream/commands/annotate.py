@@ -9,8 +9,29 @@ from typing import Any
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("annotate", help="add a cost index to an existing dataset (no rewrite)")
     p.add_argument("directory", metavar="DIR", help="MDS or WebDataset directory, or s3:// URL")
-    p.add_argument("--tokens-field", default="input_ids", help="column/member of token ids")
-    p.add_argument("--length-field", default=None, help="integer length column instead")
+    p.add_argument(
+        "--tokens-field",
+        default="input_ids",
+        help="column/member of token ids (an integer array, or raw bytes with --tokens-dtype)",
+    )
+    p.add_argument(
+        "--tokens-dtype",
+        default=None,
+        help="integer dtype of a raw-bytes token column (int64 for llm-foundry's 'tokens')",
+    )
+    p.add_argument(
+        "--text-field",
+        default=None,
+        help="a text column/member to tokenize instead (with --tokenizer)",
+    )
+    p.add_argument(
+        "--tokenizer", default=None, help="with --text-field: cl100k or a local tokenizer.json"
+    )
+    p.add_argument(
+        "--length-field",
+        default=None,
+        help="integer length column instead (checked against the token column on a sample)",
+    )
     p.add_argument("--cost-model", default="llama3-8b", help="preset name or cost-model JSON")
     p.add_argument("--overwrite", action="store_true", help="replace an existing cost index")
     p.add_argument(
@@ -30,9 +51,14 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from bcl_stream.preprocess.annotate import annotate
 
+    if (args.text_field is None) != (args.tokenizer is None):
+        raise ValueError("--text-field and --tokenizer go together (a text column is tokenized)")
     index = annotate(
         args.directory,
         tokens_field=args.tokens_field,
+        tokens_dtype=args.tokens_dtype,
+        text_field=args.text_field,
+        tokenizer=args.tokenizer,
         length_field=args.length_field,
         cost_model=args.cost_model,
         overwrite=args.overwrite,
@@ -47,4 +73,14 @@ def run(args: argparse.Namespace) -> int:
         f"shards, {tokens['total']:.0f} tokens (mean {tokens['mean']:.1f}, max {tokens['max']:.0f}), "
         f"cost model {index.cost_model.name}"
     )
+    counted = index.extra.get("annotate", {})
+    if "length_field" in counted:
+        checked = index.extra.get("length_check", {}).get("records", 0)
+        print(
+            f"length field {counted['length_field']!r} checked against the token column on "
+            f"{checked} records"
+            if checked
+            else f"length field {counted['length_field']!r} not checked: the records have no "
+            "token column to compare with (the readers need one: --tokens-field or --text-field)"
+        )
     return 0

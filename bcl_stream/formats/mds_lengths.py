@@ -48,24 +48,17 @@ def _u32_at(buf: npt.NDArray[np.uint8], pos: npt.NDArray[np.int64]) -> npt.NDArr
     return out
 
 
-def shard_counts(
-    path: Path, shard: dict[str, Any], field: str, as_length: bool
-) -> list[int] | None:
-    """Per-sample counts of ``field`` in one raw shard file, or None when this fast path does
-    not apply (the caller then decodes with streaming). ``as_length``: ``field`` is an integer
-    length column; else its element count is the record's token count."""
+def _spans(
+    path: Path, shard: dict[str, Any], field: str
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64], npt.NDArray[np.int64], str] | None:
+    """(shard bytes, start of ``field`` in each sample, its byte size in each sample, its
+    encoding), or None when the shard cannot be read this way (the caller decodes)."""
     names = list(shard.get("column_names") or [])
     encodings = list(shard.get("column_encodings") or [])
     sizes = list(shard.get("column_sizes") or [])
     if field not in names or not path.is_file() or not len(names) == len(encodings) == len(sizes):
         return None
     col = names.index(field)
-    encoding = str(encodings[col])
-    parts = encoding.split(":")
-    if as_length and encoding not in _INT_SCALARS:
-        return None
-    if not as_length and parts[0] != "ndarray":
-        return None
     buf = np.fromfile(path, dtype=np.uint8)
     n = int(_u32_at(buf, np.zeros(1, np.int64))[0])
     if n != int(shard.get("samples", -1)) or buf.size < 4 * (n + 2):
@@ -79,23 +72,65 @@ def shard_counts(
     begin = starts + 4 * len(variable)
     for j in range(col):
         begin = begin + (width[j] if j in width else int(sizes[j]))
+    nbytes = width[col] if col in width else np.full(n, int(sizes[col]), np.int64)
+    if n and (int((begin + nbytes).max()) > buf.size or int(nbytes.min()) < 0):
+        return None
+    return buf, begin, nbytes, str(encodings[col])
+
+
+def column_bytes(path: Path, shard: dict[str, Any], field: str) -> list[bytes] | None:
+    """Each sample's raw bytes of a ``str`` or ``bytes`` column (a ``str`` is its UTF-8), or
+    None when this fast path does not apply."""
+    spans = _spans(path, shard, field)
+    if spans is None or spans[3] not in ("str", "bytes"):
+        return None
+    buf, begin, nbytes, _ = spans
+    data = buf.tobytes()
+    return [data[b : b + w] for b, w in zip(begin.tolist(), nbytes.tolist(), strict=True)]
+
+
+def shard_counts(
+    path: Path, shard: dict[str, Any], field: str, as_length: bool, raw_dtype: str | None = None
+) -> list[int] | None:
+    """Per-sample counts of ``field`` in one raw shard file, or None when this fast path does
+    not apply (the caller then decodes with streaming). ``as_length``: ``field`` is an integer
+    length column; else its element count is the record's token count: an integer
+    ``ndarray`` column, or a ``bytes`` column of ``raw_dtype`` values. Float arrays are not
+    counted here (the decoding path refuses them by name)."""
+    spans = _spans(path, shard, field)
+    if spans is None:
+        return None
+    buf, begin, nbytes, encoding = spans
+    parts = encoding.split(":")
+    n = begin.size
     if as_length:
+        if encoding not in _INT_SCALARS:
+            return None
         dtype = np.dtype(_INT_SCALARS[encoding])
         idx = begin[:, None] + np.arange(dtype.itemsize)
         values = buf[idx].copy().view(dtype).reshape(-1)
         if values.size and int(values.min()) < 0:
             return None  # the decoding path names the bad sample
         return [int(v) for v in values]
+    if encoding == "bytes" and raw_dtype is not None:
+        size = np.dtype(raw_dtype).itemsize
+        if (nbytes % size).any():
+            return None  # the decoding path names the record
+        return [int(c) for c in nbytes // size]
+    if parts[0] != "ndarray":
+        return None
+    if len(parts) > 1 and parts[1] and not np.issubdtype(np.dtype(parts[1]), np.integer):
+        return None
     if len(parts) > 2:  # static shape: the same count for every record
         count = int(np.prod([int(d) for d in parts[2].split(",")]))
         return [count] * n
-    nbytes = width[col] if col in width else np.full(n, int(sizes[col]), np.int64)
     header = np.zeros(n, dtype=np.int64)
     if len(parts) > 1 and parts[1]:
         itemsize = np.full(n, np.dtype(parts[1]).itemsize, dtype=np.int64)
     else:
         codes = buf[begin]
-        if not np.isin(codes, list(_VALUE_DTYPES)).all():
+        integer = [code for code, name in _VALUE_DTYPES.items() if "int" in name]
+        if not np.isin(codes, integer).all():
             return None
         table = np.zeros(256, dtype=np.int64)
         for code, name in _VALUE_DTYPES.items():

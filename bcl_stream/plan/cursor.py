@@ -22,12 +22,15 @@ from bcl_stream.plan.epoch import ReaderConfig, Segment
 from bcl_stream.plan.streams import mixture_changes
 from bcl_stream.planner import PlanConfig
 
-STATE_VERSION = 3
-"""3: adds ``mixture`` (the streams a mixture plan reads; absent for one dataset), and the
-stratified shuffle's units are aligned with windows across shard groups, which changes the
-epoch order of datasets of more than one group per node. Versions 1 (planner v1) and 2 are
-refused with what to do: their position cannot be replayed exactly."""
-READABLE = (STATE_VERSION,)
+STATE_VERSION = 4
+"""4: the config may hold ``tokens`` (where token ids come from: a token column of another
+name, raw integer bytes, or a text column and its tokenizer); a version 3 state has none and
+means the stored ``input_ids``, so it is read as it is. 3: adds ``mixture`` (the streams a
+mixture plan reads; absent for one dataset), and the stratified shuffle's units are aligned
+with windows across shard groups, which changes the epoch order of datasets of more than one
+group per node. Versions 1 (planner v1) and 2 are refused with what to do: their position
+cannot be replayed exactly."""
+READABLE = (3, STATE_VERSION)
 KEY_MIXTURE = "mixture"
 MIXTURE_CHANGES = ("refuse", "restart_epoch")
 """What a resume does when the checkpoint's mixture differs from the loader's."""

@@ -26,6 +26,7 @@ from bcl_stream.cost import resolve
 from bcl_stream.errors import StateError
 from bcl_stream.io.index import CostIndex
 from bcl_stream.plan.streams import MixtureIndex
+from bcl_stream.plan.token_source import TokenSource
 from bcl_stream.planner import (
     Plan,
     PlanConfig,
@@ -80,8 +81,13 @@ class ReaderConfig:
     packing: str = "bcl"
     """``bcl`` (balanced packs) or ``sequential`` (the baseline: each rank's next B records of
     the same epoch order, what a plain loader yields). Both follow the same node streams."""
+    tokens: TokenSource | None = None
+    """Where records' token ids come from (``plan/token_source.py``); None: the ``input_ids``
+    column bcl-stream writes. Recorded in the cursor: a resume reads the same ids."""
 
     def __post_init__(self) -> None:
+        if self.tokens is not None and not isinstance(self.tokens, TokenSource):
+            raise ValueError(f"tokens must be a TokenSource or None, got {self.tokens!r}")
         if self.packing not in PACKINGS:
             raise ValueError(f"packing must be one of {PACKINGS}, got {self.packing!r}")
         if not isinstance(self.plan, PlanConfig):
@@ -98,6 +104,7 @@ class ReaderConfig:
         seed: int = 0,
         cost_model: str | None = None,
         packing: str = "bcl",
+        tokens: TokenSource | None = None,
         **plan_fields: Any,
     ) -> ReaderConfig:
         """A config from flat keyword arguments: ``plan_fields`` are :class:`PlanConfig`'s."""
@@ -108,7 +115,11 @@ class ReaderConfig:
                 f"{sorted(PLAN_FIELDS)}, plus seed, cost_model and packing"
             )
         return cls(
-            plan=PlanConfig(**plan_fields), seed=seed, cost_model=cost_model, packing=packing
+            plan=PlanConfig(**plan_fields),
+            seed=seed,
+            cost_model=cost_model,
+            packing=packing,
+            tokens=TokenSource.of(tokens),
         )
 
     def plan_config(self) -> PlanConfig:
@@ -122,17 +133,21 @@ class ReaderConfig:
             "seed": self.seed,
             "cost_model": self.cost_model,
             "packing": self.packing,
+            "tokens": None if self.tokens is None else self.tokens.to_dict(),
         }
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly nested form (stored in reader states): ``{plan: {...}, seed,
-        cost_model, packing}``."""
-        return {
+        cost_model, packing}``, plus ``tokens`` when they are not the stored ``input_ids``."""
+        out: dict[str, Any] = {
             "plan": asdict(self.plan),
             "seed": self.seed,
             "cost_model": self.cost_model,
             "packing": self.packing,
         }
+        if self.tokens is not None:
+            out["tokens"] = self.tokens.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ReaderConfig:
@@ -144,7 +159,7 @@ class ReaderConfig:
                 "them under 'plan'. Resume with the bcl-stream release that wrote it, or drop "
                 "the data loader's state from the checkpoint to start the epoch over"
             )
-        unknown = set(data) - {"plan", "seed", "cost_model", "packing"}
+        unknown = set(data) - {"plan", "seed", "cost_model", "packing", "tokens"}
         if unknown:
             raise ValueError(f"reader config has unknown keys {sorted(unknown)}")
         plan = data.get("plan")
@@ -153,8 +168,8 @@ class ReaderConfig:
         unknown = set(plan) - PLAN_FIELDS
         if unknown:
             raise ValueError(f"reader config 'plan' has unknown keys {sorted(unknown)}")
-        rest = {k: v for k, v in data.items() if k != "plan"}
-        return cls(plan=PlanConfig(**plan), **rest)
+        rest = {k: v for k, v in data.items() if k not in ("plan", "tokens")}
+        return cls(plan=PlanConfig(**plan), tokens=TokenSource.of(data.get("tokens")), **rest)
 
     def resized(self, world_size: int, ranks_per_node: int) -> ReaderConfig:
         """The same config under another world size (elastic resume)."""

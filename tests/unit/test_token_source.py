@@ -1,0 +1,69 @@
+"""Where token ids come from (``plan/token_source.py``, ``formats/token_ids.py``): one set of
+rules for annotate's counts and the readers' ids; recorded in the reader cursor."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bcl_stream.errors import DatasetError
+from bcl_stream.formats.token_ids import length_value, token_count, token_ids
+from bcl_stream.plan.cursor import STATE_VERSION, Cursor, parse_state
+from bcl_stream.plan.epoch import ReaderConfig
+from bcl_stream.plan.token_source import TokenSource
+
+RAW = TokenSource(tokens_field="tokens", tokens_dtype="int64")
+TEXT = TokenSource(text_field="text", tokenizer="cl100k")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"text_field": "text"}, "go together"),
+        ({"tokenizer": "cl100k"}, "go together"),
+        ({"text_field": "t", "tokenizer": "cl100k", "tokens_dtype": "int64"}, "not both"),
+        ({"tokens_dtype": "float32"}, "integer dtype"),
+        ({"tokens_dtype": "nonsense"}, "not a dtype"),
+        ({"tokens_field": ""}, "non-empty"),
+    ],
+)
+def test_a_source_refuses_what_cannot_be_read(kwargs: dict, says: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(ValueError, match=says):
+        TokenSource(**kwargs)
+
+
+def test_ids_and_counts_agree_and_refuse_what_is_not_ids() -> None:
+    ids = np.arange(7, dtype=np.int64)
+    assert token_ids(ids.tobytes(), RAW, "r").tolist() == ids.tolist()
+    assert token_count(ids.tobytes(), RAW, "r") == 7
+    assert token_count(np.arange(5, dtype=np.uint32), TokenSource(), "r") == 5
+    text = "hello world, " * 20
+    assert token_count(text, TEXT, "r") == token_ids(text.encode(), TEXT, "r").size > 10
+    for value, source, says in [
+        (ids.tobytes(), TokenSource(tokens_field="tokens"), "declare the integer type"),
+        (ids.tobytes()[:-1], RAW, "not a whole number"),
+        ("some text " * 500, TokenSource(), "holds text"),
+        (np.ones(3, np.float32), TokenSource(), "not a 1-D array of integer"),
+        (np.int64(5), TokenSource(), "--length-field"),
+        (ids, TEXT, "not text"),
+    ]:
+        with pytest.raises(DatasetError, match=says) as info:
+            token_count(value, source, "rec 3")
+        assert len(str(info.value)) < 400  # a quoted value is cut
+    assert length_value(b" 12\n", "n", "r") == 12
+    with pytest.raises(DatasetError, match="not an integer"):
+        length_value("a long text " * 1000, "n", "r")
+
+
+def test_the_cursor_records_the_source_and_reads_version_3() -> None:
+    plain = ReaderConfig.build(world_size=2, pack_size=4, window=4)
+    assert "tokens" not in plain.to_dict()  # the stored input_ids: the layout of before
+    assert ReaderConfig.build(world_size=2, pack_size=4, window=4, tokens=TokenSource()) == plain
+    raw = ReaderConfig.build(world_size=2, pack_size=4, window=4, tokens=RAW)
+    assert raw.to_dict()["tokens"] == {"tokens_field": "tokens", "tokens_dtype": "int64"}
+    assert ReaderConfig.from_dict(raw.to_dict()) == raw
+    state = Cursor(0, 3, "f" * 16, raw).to_dict()
+    assert state["version"] == STATE_VERSION == 4
+    assert parse_state(state).config.tokens == RAW
+    old = {**Cursor(0, 3, "f" * 16, plain).to_dict(), "version": 3}
+    assert parse_state(old).config == plain  # version 3: the stored input_ids
