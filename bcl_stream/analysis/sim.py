@@ -206,6 +206,8 @@ class SimConfig:
     carry_span: int = _PLAN_DEFAULTS["carry_span"]
     step_fill: bool = _PLAN_DEFAULTS["step_fill"]
     split_shards: float = _PLAN_DEFAULTS["split_shards"]
+    max_amplification: float = _PLAN_DEFAULTS["max_amplification"]
+    lane: int = _PLAN_DEFAULTS["lane"]
     stratify: bool = _PLAN_DEFAULTS["stratify"]
     layout: str = "packed"
     """``packed`` (pack cost = sum of record costs) or ``padded`` (B x the costliest record)."""

@@ -237,7 +237,7 @@ class ReaderPlan:
 
     Building it costs O(shards): the pack count and the remainder counts come from the shard
     table; a rank's packs are planned a batch of ``READ_BATCH`` windows at a time as the reader
-    reaches them (scope ``world``: every node's current windows, which its targets need), so
+    reaches them (its own row only: its rank, or in scopes ``node``/``world`` its node), so
     nothing per process grows with the dataset beyond the mapped cost index, and time to the
     first pack does not depend on the epoch's length. A start in mid-epoch replays at most one
     carry span of hold-backs (``PlanConfig.carry_span``), never the epoch.
@@ -304,10 +304,8 @@ class ReaderPlan:
         if not 0 <= rank < c.plan.world_size:
             raise ValueError(f"rank must be in [0, {c.plan.world_size}), got {rank}")
         streams, pc = self._streams, c.plan
-        rows: list[int] = list(range(streams.n_rows)) if pc.scope == "world" else []
-        if pc.scope != "world":
-            rows = [rank // pc.group_size]
-        row_rank = rank if pc.scope == "world" else rank % pc.group_size
+        rows = [rank // pc.group_size]
+        row_rank = rank % pc.group_size
         carry = None
         first = start // pc.window
         for lo in range(first, streams.n_windows, READ_BATCH):

@@ -42,6 +42,7 @@ def sequential_config(config: PlanConfig) -> PlanConfig:
         step_fill=False,
         carry=0,
         stratify=False,
+        lane=0,
     )
 
 

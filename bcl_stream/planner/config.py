@@ -20,6 +20,8 @@ REASON_TAIL = "epoch_tail"
 MAX_RANKS = 1 << 20
 """Largest world size accepted (as in reader states): more is a typo or corruption, and
 planning it would exhaust memory."""
+DEFAULT_LANE = 8
+"""Heavy-lane blocks of 8 windows (measured in tools/bench_scale_out.py)."""
 MAX_SIZE = 1 << 31
 """Largest pack size, window, group or iteration count accepted."""
 
@@ -72,13 +74,25 @@ class PlanConfig:
     of cheap and expensive records. False: a plain shuffle (what a plain loader does)."""
     split_shards: float = 0.05
     """Extra download amplification allowed for cutting the heaviest shards into pieces read by
-    every node (``cuts.split_heavy_shards``); 0 keeps every shard on one node. Measured on
+    every node (``cuts.cut_shards``); 0 keeps every shard on one node. Measured on
     length-sorted heavy-tailed corpora (tools/bench_balance.py, 4 nodes x 8): 0.05 lifts the
     world efficiency by 3-6 points there and changes other corpora by < 0.3 points."""
+    max_amplification: float = 16.0
+    """Most download amplification the read policy may spend where a node holds fewer than two
+    shard groups (``planner/cuts.py``): small datasets on many nodes are cut so that every node
+    reads slices of enough shards to carry the dataset's mix (the central peers read every
+    shard on every node: amplification = nodes). Where nodes hold two groups or more,
+    ``split_shards`` applies (<= 1.05 by default). 1.0: never cut beyond what gives every node
+    records."""
     layout: str = "packed"
     """How the trainer runs a pack (``planner/padded.py``): ``packed`` (varlen attention, a
     pack costs the sum of its records' costs) or ``padded`` (B x its costliest record): packs
     of similar lengths (``algorithm`` ``padded``; no sum-based refinement or step fill)."""
+    lane: int = DEFAULT_LANE
+    """Heavy-lane horizon in windows (``planner/heavy_lane.py``): in every block of ``lane``
+    windows, aligned on every node, the W*P costliest records of the node's block move to the
+    block's first window, one per pack, heaviest first; 0 or 1 turns it off. A record moves
+    at most ``lane - 1`` windows and never leaves its block."""
     shard_group: int = DEFAULT_SHARD_GROUP
     """Shards whose records a node shuffles together (``planner/groups.py``): shuffle quality
     against the shard cache (a node holds at most 2 groups)."""
@@ -91,6 +105,7 @@ class PlanConfig:
         """Check every field's type and range; a ValueError names the field and the value."""
         for name in ("world_size", "ranks_per_node"):
             checks.integer(getattr(self, name), name, 1, MAX_RANKS)
+        checks.integer(self.lane, "lane", 0, MAX_SIZE)
         for name in ("pack_size", "window", "grad_accum", "shard_group"):
             checks.integer(getattr(self, name), name, 1, MAX_SIZE)
         checks.integer(self.refine, "refine", 0, MAX_SIZE)
@@ -126,6 +141,13 @@ class PlanConfig:
         ):
             raise ValueError(f"split_shards must be a number in [0, 1], got {split!r}")
         checks.integer(self.carry_span, "carry_span", 0, MAX_SIZE)
+        amp = self.max_amplification
+        if (
+            isinstance(amp, bool | np.bool_)
+            or not isinstance(amp, int | float | np.integer | np.floating)
+            or not 1.0 <= amp <= MAX_RANKS
+        ):
+            raise ValueError(f"max_amplification must be a number >= 1, got {amp!r}")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.contract not in CONTRACTS:

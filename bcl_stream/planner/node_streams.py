@@ -30,9 +30,10 @@ import numpy.typing as npt
 
 from bcl_stream.planner import checks
 from bcl_stream.planner.config import PlanConfig
-from bcl_stream.planner.cuts import split_heavy_shards
+from bcl_stream.planner.cuts import cut_shards
 from bcl_stream.planner.dealing import deal_shards
 from bcl_stream.planner.groups import shard_groups
+from bcl_stream.planner.heavy_lane import HeavyLane
 from bcl_stream.planner.rng import Tag, epoch_rng
 from bcl_stream.planner.shard_table import Ids, KeepFilter, ShardTable
 from bcl_stream.planner.stratify import stratified_permutation
@@ -161,7 +162,15 @@ class NodeStreams:
     ) -> None:
         self.config = config
         _check_inputs(table, config, seed, epoch, keep, costs)
-        table = split_heavy_shards(table, config.n_nodes, config.split_shards, costs, keep)
+        table = cut_shards(
+            table,
+            config.n_nodes,
+            shard_group=config.shard_group,
+            split_shards=config.split_shards,
+            max_amplification=config.max_amplification,
+            costs=costs,
+            keep=keep,
+        )
         self.table = table
         """The shard table the streams read: the heaviest shards may be split in pieces."""
         self.seed, self.epoch = seed, epoch
@@ -184,6 +193,17 @@ class NodeStreams:
         per_node = config.ranks_per_node * config.pack_size
         self.n_packs = min(len(s) for s in self.nodes) // per_node
         """Packs per rank, the same on every rank: the shortest node stream decides."""
+        self.lane = HeavyLane(
+            self.nodes,
+            window=config.window,
+            pack_size=config.pack_size,
+            ranks_per_node=config.ranks_per_node,
+            lane=config.lane if config.shuffle else 0,
+            n_packs=self.n_packs,
+            costs=costs,
+        )
+        """Node-stream positions to ids, with the heavy lane applied (a plain shuffle without
+        costs, or ``shuffle=False``, has no lane)."""
 
     @property
     def n_records(self) -> int:
@@ -226,8 +246,8 @@ class NodeStreams:
         positions = np.arange(start, stop, dtype=np.int64)
         out = np.empty((row_ids.size, stop - start), dtype=np.int64)
         for i, row in enumerate(row_ids):
-            node = self.nodes[self.node_of_row(int(row))]
-            out[i] = node.take(self.node_positions(int(row), positions))
+            node = self.node_of_row(int(row))
+            out[i] = self.lane.take(node, self.node_positions(int(row), positions))
         return out
 
     def tail(self, node: int) -> Ids:
@@ -256,8 +276,8 @@ def _check_inputs(
     if table.split is not None:
         cut = table.split[table.split >= 0]
         pieces = np.unique(cut, return_counts=True)[1]
-        if np.any(pieces != config.n_nodes):
+        if np.any((pieces < 2) | (pieces > config.n_nodes)):
             raise ValueError(
-                f"split: every cut shard must have one piece per node ({config.n_nodes}), got "
-                f"{sorted(set(pieces.tolist()))}"
+                f"split: every cut shard must have 2 to {config.n_nodes} pieces (one per node "
+                f"at most), got {sorted(set(pieces.tolist()))}"
             )

@@ -37,7 +37,7 @@ class ShardTable:
     usable: Ids
     weight: npt.NDArray[np.float64]
     split: Ids | None = None
-    """For a table whose heaviest shards were cut (:func:`split_heavy_shards`): for each entry,
+    """For a table whose heaviest shards were cut (``cuts.cut_shards``): for each entry,
     the index of the cut shard it is a piece of (pieces of one shard are consecutive, one per
     node), or -1 for a whole shard."""
     stream: Ids | None = None

@@ -41,8 +41,8 @@ def step_targets(
 ) -> npt.NDArray[np.float64]:
     """Per-pack targets (n_windows, m) for packs laid out step by step (G per step).
 
-    ``maxima`` (n_windows, steps): step maxima to fill up to, when they are set elsewhere
-    (scope ``world``: the heaviest node's); default: the window's own.
+    ``maxima`` (n_windows, steps): step maxima to fill up to, when they are set elsewhere;
+    default: the window's own.
     """
     n_windows, m = sorted_loads.shape
     steps = m // group
@@ -90,46 +90,4 @@ def fill_steps(
     )
     out = assignment.copy()
     out[todo[better]] = second[better]
-    return out
-
-
-def fill_steps_joint(
-    costs: npt.NDArray[np.float64],
-    assignment: Assignment,
-    group: int,
-    refine: int,
-    n_rows: int,
-    threshold: float = THRESHOLD,
-) -> Assignment:
-    """Scope ``world``: nodes agree on which steps are heavy, without exchanging records.
-
-    ``costs`` (n_rows * n, m*B) and ``assignment`` (n_rows * n, m, B) hold window j of row
-    (node) r at index r*n + j; window j of every node runs in the same steps. The step maxima
-    of the world are the maxima over nodes of each node's first-pass step maxima; every node
-    then fills its packs of those heavy steps up to the world's maximum (work its ranks would
-    otherwise idle through) and spreads the rest evenly. Every process computes every node's
-    first pass from the replicated index, so all agree. The second pass is kept for a window
-    (on every node at once) only where it lowers the world's sum of step maxima.
-    """
-    rows_n, m, _ = assignment.shape
-    if n_rows < 2 or rows_n % n_rows:
-        return assignment
-    n = rows_n // n_rows
-    steps = m // group
-    first = _sorted_loads(costs, assignment)
-    world_max = first[:, ::group].reshape(n_rows, n, steps).max(axis=0)  # (n, steps)
-    even = first.reshape(n_rows, n, m).sum(axis=2).max(axis=0) / m
-    todo = np.flatnonzero(world_max[:, 0] > even * (1.0 + threshold))
-    if todo.size == 0:
-        return assignment
-    picks = (np.arange(n_rows)[:, None] * n + todo[None, :]).reshape(-1)  # rows, then windows
-    sub_costs = costs[picks]
-    maxima = np.tile(world_max[todo], (n_rows, 1))
-    targets = step_targets(first[picks], group, maxima)
-    second = refine_swaps(sub_costs, lpt_rounds(sub_costs, m, targets), refine)
-    steps_second = _sorted_loads(sub_costs, second)[:, ::group].reshape(n_rows, todo.size, steps)
-    better = steps_second.max(axis=0).sum(axis=1) < world_max[todo].sum(axis=1)
-    out = assignment.copy()
-    keep = np.tile(better, n_rows)
-    out[picks[keep]] = second[keep]
     return out

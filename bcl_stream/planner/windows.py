@@ -1,7 +1,8 @@
 """Plan a range of windows for some planning rows: O(window) memory, resumable carry state.
 
-A reader plans only its own row's windows (scope ``rank``/``node``) or every node's current
-window (scope ``world``, whose nodes agree on step targets), a batch of windows at a time; the
+A reader plans only its own row's windows (its rank in scope ``rank``, its node in scopes
+``node`` and ``world``), a batch of windows at a time, so a process pays for its own node
+whatever the cluster's size; the
 whole-epoch plan (:func:`bcl_stream.planner.bcl.plan_epoch`) is the same function run over every
 window, so a windowed plan equals the whole-epoch plan by construction (tests check it).
 
@@ -26,7 +27,7 @@ from bcl_stream.planner.config import PlanConfig
 from bcl_stream.planner.node_streams import NodeStreams
 from bcl_stream.planner.partition import UNREFINED, partition
 from bcl_stream.planner.shard_table import Ids
-from bcl_stream.planner.step_fill import fill_steps, fill_steps_joint
+from bcl_stream.planner.step_fill import fill_steps
 
 Costs = npt.NDArray[np.floating]
 
@@ -163,10 +164,7 @@ def partition_windows(
     algorithm = config.partition_algorithm
     assign = partition(window_costs, m, algorithm, config.refine)
     if config.step_fill and config.pack_order == "desc" and algorithm not in UNREFINED:
-        if config.scope == "world" and rows > 1:
-            assign = fill_steps_joint(window_costs, assign, config.group_size, config.refine, rows)
-        else:
-            assign = fill_steps(window_costs, assign, config.group_size, config.refine)
+        assign = fill_steps(window_costs, assign, config.group_size, config.refine)
     flat = assign.reshape(rows * n, -1)
     packs = np.take_along_axis(flat_ids, flat, axis=1).reshape(rows * n, m, size)
     if config.max_tokens is not None and tokens is not None:
@@ -223,8 +221,8 @@ def plan_windows(
     returned by the batch before; None replays it (at most ``carry_span - 1`` hold-backs, no
     partitioning). A carry is checked for shape, range, duplicates and for holding only records
     window ``start - 1`` read fresh; one that passes but is not the carry the plan produced gives
-    another plan, so pass the previous call's carry or None. Scope ``world`` must plan every row
-    together."""
+    another plan, so pass the previous call's carry or None. Rows are planned independently:
+    any subset of rows gives the same packs as planning every row."""
     config = streams.config
     row_ids, start, stop = _check_call(streams, costs, tokens, rows, start, stop)
     n_windows = streams.n_windows
@@ -303,10 +301,6 @@ def _check_call(
     row_ids = checks.array(rows, "rows", whole=True)
     if row_ids.size == 0 or np.any((row_ids < 0) | (row_ids >= streams.n_rows)):
         raise ValueError(f"rows must be one or more row ids in [0, {streams.n_rows}), got {rows!r}")
-    if streams.config.scope == "world" and not np.array_equal(
-        np.sort(row_ids), np.arange(streams.n_rows)
-    ):
-        raise ValueError("rows: scope 'world' plans every node row together (nodes share targets)")
     n_windows = streams.n_windows
     first = checks.integer(start, "start window", 0, n_windows)
     last = n_windows if stop is None else checks.integer(stop, "stop window", first, n_windows)

@@ -1,0 +1,185 @@
+"""The heavy lane: the rare records that decide step time at scale get a longer horizon.
+
+At 64 nodes x 8 ranks a step holds 4096 records of B=8 per pack; the few records costing
+several average packs land in most steps, and a window of W packs cannot line them up across
+512 ranks: every window of every rank holds one record of the top cost stratum, so every step
+of the world is as slow as the heaviest of 512 such records. Measured (heavy-tailed code corpus
+in path order, 1M records): W=64 instead of 16 lifts world efficiency at 64 nodes from 0.70 to
+0.84, so the horizon is the lever, but a long window for every record costs buffer and shuffle
+quality.
+
+So only the heaviest records get the long horizon. A node's stream is cut into **lane blocks**
+of ``lane`` windows (``lane * W * P * B`` records, aligned at the same pack index on every
+node). In each block, the ``W * P`` costliest records (one per pack of one window) move to the
+block's first window, one per pack, heaviest first and dealt round robin over the P ranks; the
+other records keep their stream order in the remaining positions. So:
+
+- every node's heavy window is at the same steps (blocks are aligned to the epoch's pack
+  index), and inside it step t of every node holds that node's t-th slice of its block's
+  heaviest records: the world's heavy records are lined up by cost quantile, one per pack, with
+  no record moving between nodes and no communication (WLB-LLM holds outliers in a central
+  queue until there is one per micro-batch; this reaches the same "one per pack" from the
+  replicated index alone);
+- the other windows hold no record above the block's top quantile, so W-window LPT balances
+  them well;
+- a record moves at most ``lane - 1`` windows earlier than its stream position, never out of
+  its block, so it stays in the shard cache of its shard group; nothing is dropped, every
+  window still holds exactly W*P*B records, and exact B per pack is untouched.
+
+A block costs one gather of ``lane * W * P * B`` records of the node's own stream and one
+lexsort of their costs (O(block), cached per node), so a process pays for its own node only.
+The last, partial block of an epoch is moved proportionally (``W * P * windows / lane``
+records). ``lane`` <= 1 turns the lane off.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from bcl_stream.planner.shard_table import Ids
+
+CACHE_BLOCKS = 2
+"""Lane blocks kept per node: a window straddles at most two blocks."""
+
+
+class Stream(Protocol):
+    """What the lane needs of a node stream (``node_streams.NodeStream``)."""
+
+    def take(self, positions: Ids) -> Ids: ...
+
+
+class HeavyLane:
+    """Node-stream positions -> sample ids, with each lane block's heaviest records moved to the
+    block's first window (module docstring). One per epoch; identical in every process."""
+
+    def __init__(
+        self,
+        nodes: Sequence[Stream],
+        *,
+        window: int,
+        pack_size: int,
+        ranks_per_node: int,
+        lane: int,
+        n_packs: int,
+        costs: npt.NDArray[np.floating] | None,
+    ) -> None:
+        self._nodes = nodes
+        self._costs = costs
+        self._window, self._size, self._ranks = window, pack_size, ranks_per_node
+        self._chunk = window * pack_size * ranks_per_node
+        """Node-stream records of one window of the node (every rank's W packs)."""
+        self._windows = n_packs // window
+        """Complete windows of the epoch: the lane moves records only inside them."""
+        self.lane = lane if lane > 1 and costs is not None and self._windows > 0 else 0
+        """Windows per lane block (0: off)."""
+        self._cache: OrderedDict[tuple[int, int], Ids] = OrderedDict()
+
+    @property
+    def active(self) -> bool:
+        return self.lane > 0
+
+    @property
+    def n_blocks(self) -> int:
+        return -(-self._windows // self.lane) if self.lane else 0
+
+    def block_span(self, b: int) -> tuple[int, int]:
+        """Node-stream positions [start, stop) of lane block ``b``."""
+        lo = b * self.lane
+        hi = min(lo + self.lane, self._windows)
+        return lo * self._chunk, hi * self._chunk
+
+    def take(self, node: int, positions: Ids) -> Ids:
+        """Sample ids of ``node`` at node-stream ``positions`` (any shape), lane applied."""
+        stream = self._nodes[node]
+        pos = np.asarray(positions, dtype=np.int64)
+        if not self.lane:
+            return stream.take(pos)
+        out = np.empty(pos.shape, dtype=np.int64)
+        flat, res = pos.reshape(-1), out.reshape(-1)
+        span = self.lane * self._chunk
+        block = flat // span
+        outside = flat >= self._windows * self._chunk
+        if outside.any():
+            res[outside] = stream.take(flat[outside])
+        for b in np.unique(block[~outside]):
+            sel = (block == b) & ~outside
+            res[sel] = self.block(node, int(b))[flat[sel] - int(b) * span]
+        return out
+
+    def block(self, node: int, b: int) -> Ids:
+        """Lane block ``b`` of ``node`` in lane order: its heaviest records first, one per pack
+        of the block's first window(s), the rest in stream order."""
+        key = (node, b)
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        lo, hi = self.block_span(b)
+        ids = self._nodes[node].take(np.arange(lo, hi, dtype=np.int64))
+        out = lane_order(
+            ids,
+            np.asarray(self._costs[ids], dtype=np.float64),  # type: ignore[index]
+            window=self._window,
+            pack_size=self._size,
+            ranks_per_node=self._ranks,
+            lane=self.lane,
+        )
+        self._cache[key] = out
+        while len(self._cache) > CACHE_BLOCKS * max(len(self._nodes), 1):
+            self._cache.popitem(last=False)
+        return out
+
+    def stream_positions(self, node: int, b: int) -> Ids:
+        """For tools: the node-stream position each record of lane block ``b`` had before the
+        lane moved it, in lane order (a permutation of the block's span)."""
+        lo, hi = self.block_span(b)
+        plain = self._nodes[node].take(np.arange(lo, hi, dtype=np.int64))
+        where = np.argsort(plain, kind="stable")
+        moved = self.block(node, b)
+        return lo + where[np.searchsorted(plain[where], moved)]
+
+
+def lane_slots(count: int, window: int, pack_size: int, ranks_per_node: int) -> Ids:
+    """Block positions of the first ``count`` lane slots: slot s goes to rank s mod P, pack
+    (s // P) mod W of window s // (W*P), first record of the pack's slice (rank r's share of a
+    node window is the r-th run of W*B records)."""
+    s = np.arange(count, dtype=np.int64)
+    per_window = window * ranks_per_node
+    rank = s % ranks_per_node
+    pack = (s // ranks_per_node) % window
+    win = s // per_window
+    return win * per_window * pack_size + rank * window * pack_size + pack
+
+
+def lane_order(
+    ids: Ids,
+    costs: npt.NDArray[np.float64],
+    *,
+    window: int,
+    pack_size: int,
+    ranks_per_node: int,
+    lane: int,
+) -> Ids:
+    """One block's records in lane order. The block holds ``windows`` whole node windows; its
+    ``W * P * windows / lane`` costliest records (ties by id: the same on every machine) take
+    the lane slots heaviest first, the others keep their order."""
+    chunk = window * pack_size * ranks_per_node
+    windows = ids.size // chunk
+    count = window * ranks_per_node * windows // lane
+    if count == 0:
+        return ids
+    heavy = np.lexsort((ids, -costs))[:count]
+    slots = lane_slots(count, window, pack_size, ranks_per_node)
+    out = np.empty_like(ids)
+    out[slots] = ids[heavy]
+    free = np.ones(ids.size, dtype=bool)
+    free[slots] = False
+    rest = np.ones(ids.size, dtype=bool)
+    rest[heavy] = False
+    out[free] = ids[rest]
+    return out
