@@ -23,14 +23,13 @@ from bcl_stream.plan.streams import mixture_changes
 from bcl_stream.planner import PlanConfig
 
 STATE_VERSION = 4
-"""4: the config may hold ``tokens`` (where token ids come from: a token column of another
-name, raw integer bytes, or a text column and its tokenizer); a version 3 state has none and
-means the stored ``input_ids``, so it is read as it is. 3: adds ``mixture`` (the streams a
-mixture plan reads; absent for one dataset), and the stratified shuffle's units are aligned
-with windows across shard groups, which changes the epoch order of datasets of more than one
-group per node. Versions 1 (planner v1) and 2 are refused with what to do: their position
-cannot be replayed exactly."""
-READABLE = (3, STATE_VERSION)
+"""4: planner v3 (the heavy lane, shards cut by the read budget, scope ``world`` planned per
+node), which changes every epoch's packs: the config gains ``lane`` and ``max_amplification``;
+and the config may hold ``tokens`` (where token ids come from: a token column of another name,
+raw integer bytes, or a text column and its tokenizer). 3 added ``mixture`` (the streams a
+mixture plan reads; absent for one dataset). Versions 1-3 are refused with what to do: their
+position cannot be replayed exactly."""
+READABLE = (STATE_VERSION,)
 KEY_MIXTURE = "mixture"
 MIXTURE_CHANGES = ("refuse", "restart_epoch")
 """What a resume does when the checkpoint's mixture differs from the loader's."""
@@ -131,6 +130,14 @@ def parse_state(state: Any) -> Cursor:
             "position cannot be replayed exactly. Resume it with the bcl-stream release that "
             "wrote it, or drop the data loader's state from the checkpoint (model and "
             "optimizer states stay valid) to start the epoch over"
+        )
+    if version == 3:
+        raise StateError(
+            "reader state version 3 was written by planner v2; planner v3 (the heavy lane and "
+            "the read budget) orders every epoch differently, so its position cannot be "
+            "replayed exactly. Resume it with the bcl-stream release that wrote it, or drop the "
+            "data loader's state from the checkpoint (model and optimizer states stay valid) "
+            "to start the epoch over"
         )
     if version not in READABLE:
         raise StateError(

@@ -11,6 +11,8 @@ Pieces of cut shards (``cuts.cut_shards``) go to distinct nodes.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import numpy.typing as npt
 
@@ -101,7 +103,7 @@ def deal_shards(
         np.add.at(load, owner[part], weight[part])
     if table.split is not None:  # pieces last: they fill the record gaps whole shards leave
         held = np.bincount(owner[leaders], weights=records[leaders], minlength=n_nodes)
-        _deal_pieces(table, totals, n_nodes, rng, owner, load, held[:n_nodes])
+        _deal_pieces(table, totals, n_nodes, rng, owner, load, held[:n_nodes].astype(np.float64))
     owner[copies] = owner[follows[copies]]  # (records 0: the swaps count them on the leader)
     for part in parts:  # swaps inside a stream keep each node's share of it
         even_out_records(owner, part, records, weight, n_nodes)
@@ -168,9 +170,9 @@ def _deal_pieces(
     cut = np.flatnonzero(table.split >= 0)
     shard_of = table.split[cut]
     bounds = np.flatnonzero(np.r_[True, shard_of[1:] != shard_of[:-1], True])
-    groups = [cut[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    groups = [cut[a:b] for a, b in itertools.pairwise(bounds)]
     weight = np.array([totals[g].sum() for g in groups])
-    records = np.zeros(n_nodes)
+    records = records.astype(np.float64)  # (a copy: the caller's counts stay as they were)
     jitter = rng.random(n_nodes)  # random ties: which of equal nodes gets a piece first
     size = np.array([table.usable[g].max(initial=0) for g in groups])
     for i in np.lexsort((rng.random(len(groups)), -weight, -size)):

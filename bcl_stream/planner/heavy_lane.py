@@ -52,6 +52,8 @@ class Stream(Protocol):
 
     def take(self, positions: Ids) -> Ids: ...
 
+    def labels(self, ids: Ids) -> Ids | None: ...
+
 
 class HeavyLane:
     """Node-stream positions -> sample ids, with each lane block's heaviest records moved to the
@@ -124,6 +126,7 @@ class HeavyLane:
         out = lane_order(
             ids,
             np.asarray(self._costs[ids], dtype=np.float64),  # type: ignore[index]
+            self._nodes[node].labels(ids),
             window=self._window,
             pack_size=self._size,
             ranks_per_node=self._ranks,
@@ -144,42 +147,59 @@ class HeavyLane:
         return lo + where[np.searchsorted(plain[where], moved)]
 
 
-def lane_slots(count: int, window: int, pack_size: int, ranks_per_node: int) -> Ids:
-    """Block positions of the first ``count`` lane slots: slot s goes to rank s mod P, pack
-    (s // P) mod W of window s // (W*P), first record of the pack's slice (rank r's share of a
-    node window is the r-th run of W*B records)."""
-    s = np.arange(count, dtype=np.int64)
-    per_window = window * ranks_per_node
-    rank = s % ranks_per_node
-    pack = (s // ranks_per_node) % window
-    win = s // per_window
-    return win * per_window * pack_size + rank * window * pack_size + pack
+def slot_order(size: int, window: int, pack_size: int, ranks_per_node: int) -> Ids:
+    """Block positions in the order lane records fill them: window by window, and inside a
+    window round robin over the P ranks' slices (a rank's share of a node window is the r-th
+    run of W*B records), so consecutive lane records go to different ranks and the first W*P
+    of them to W packs of every rank."""
+    pos = np.arange(size, dtype=np.int64)
+    run = window * pack_size
+    chunk = run * ranks_per_node
+    inside = pos % chunk
+    return pos[np.lexsort((inside // run, inside % run, pos // chunk))]
 
 
 def lane_order(
     ids: Ids,
     costs: npt.NDArray[np.float64],
+    labels: Ids | None = None,
     *,
     window: int,
     pack_size: int,
     ranks_per_node: int,
     lane: int,
 ) -> Ids:
-    """One block's records in lane order. The block holds ``windows`` whole node windows; its
-    ``W * P * windows / lane`` costliest records (ties by id: the same on every machine) take
-    the lane slots heaviest first, the others keep their order."""
+    """One block's records in lane order (a permutation of ``ids``).
+
+    The block holds ``windows`` whole node windows; its ``W * P * windows / lane`` costliest
+    records (ties by id: the same on every machine) take the first lane slots
+    (:func:`slot_order`) heaviest first, and the others keep their order in the remaining
+    positions. With ``labels`` (a mixture's stream of each record) every stream keeps the
+    positions it had, so every window and every rank's slice keeps its exact stream counts:
+    each stream gives the lane its share of the count (largest remainders), its own costliest
+    records, placed in its own first positions in slot order.
+    """
     chunk = window * pack_size * ranks_per_node
     windows = ids.size // chunk
     count = window * ranks_per_node * windows // lane
     if count == 0:
         return ids
-    heavy = np.lexsort((ids, -costs))[:count]
-    slots = lane_slots(count, window, pack_size, ranks_per_node)
+    lab = np.zeros(ids.size, dtype=np.int64) if labels is None else np.asarray(labels, np.int64)
+    streams, sizes = np.unique(lab, return_counts=True)
+    share = sizes * count / ids.size
+    quota = np.floor(share).astype(np.int64)
+    quota[np.argsort(quota - share, kind="stable")[: count - int(quota.sum())]] += 1
+    order = slot_order(ids.size, window, pack_size, ranks_per_node)
     out = np.empty_like(ids)
-    out[slots] = ids[heavy]
-    free = np.ones(ids.size, dtype=bool)
-    free[slots] = False
-    rest = np.ones(ids.size, dtype=bool)
-    rest[heavy] = False
-    out[free] = ids[rest]
+    for s, q in zip(streams.tolist(), quota.tolist(), strict=True):
+        mine = np.flatnonzero(lab == s)  # the stream's positions, in order
+        if q == 0:
+            out[mine] = ids[mine]
+            continue
+        heavy = mine[np.lexsort((ids[mine], -costs[mine]))[:q]]
+        slots = order[lab[order] == s][:q]
+        out[slots] = ids[heavy]
+        free = np.setdiff1d(mine, slots, assume_unique=True)
+        rest = np.setdiff1d(mine, heavy, assume_unique=True)
+        out[free] = ids[rest]
     return out

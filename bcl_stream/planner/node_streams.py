@@ -96,7 +96,7 @@ class NodeStream:
                     np.asarray(self._costs[ids]),
                     self._unit,
                     rng,
-                    self._labels(ids),
+                    self.labels(ids),
                     offset=int(self.bounds[g]),
                 )
             else:
@@ -126,7 +126,7 @@ class NodeStream:
             parts.append(ids)
         return np.concatenate(parts or [np.empty(0, np.int64)])
 
-    def _labels(self, ids: Ids) -> Ids | None:
+    def labels(self, ids: Ids) -> Ids | None:
         """The stream of each id for a mixture (kept together by the stratified shuffle)."""
         if self._stream is None:
             return None

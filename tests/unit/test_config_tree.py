@@ -44,6 +44,8 @@ VALUES: dict[str, Any] = {
     "shuffle": False,
     "stratify": False,
     "split_shards": 0.25,
+    "max_amplification": 3.0,
+    "lane": 4,
     "shard_group": 5,
     "layout": "padded",
     "contract": "step",

@@ -217,7 +217,10 @@ def test_a_repeated_stream_keeps_each_shard_on_one_node() -> None:
     assert lay.copies.tolist() == [3, 1, 1]
     costs = SegmentArray(lay, [ix.costs() for ix in index.indexes])
     table = lay.table([np.ones(len(ix.shard_counts)) for ix in index.indexes])
-    config = PlanConfig(world_size=4, ranks_per_node=2, pack_size=4, window=4, split_shards=0.0)
+    config = PlanConfig(
+        world_size=4, ranks_per_node=2, pack_size=4, window=4, split_shards=0.0,
+        max_amplification=1.0,
+    )  # fmt: skip
     plan = plan_epoch(costs, table, config, seed=2, epoch=1, sample=lay.sample(2, 1))
     nodes: list[set[tuple[int, int]]] = []
     for node in range(2):
