@@ -42,9 +42,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from bcl_stream.analysis.displacement import displacement_steps
 from bcl_stream.cost import CostModel
 from bcl_stream.planner.baselines import global_order, sequential
-from bcl_stream.planner.bcl import plan_epoch, validate_costs
+from bcl_stream.planner.bcl import build_node_streams, plan_epoch, validate_costs
 from bcl_stream.planner.config import Plan, PlanConfig
 from bcl_stream.planner.padded import Packs, check_layout, ragged_pack_costs
 from bcl_stream.planner.peers import POOLED, REAL_PEERS, plan_pooled
@@ -73,6 +74,11 @@ class Metrics:
     imbalance_sq: float = float("nan")
     """torchtitan's imbalance: mean over micro-batches of max/mean across ranks of the sum of
     squared lengths (1.0 = even); NaN without lengths."""
+    displacement_steps_mean: float = float("nan")
+    """Mean over emitted records of the steps each is emitted away from its stream window
+    (``analysis/displacement.py``); NaN for strategies that do not read node streams."""
+    displacement_steps_max: float = float("nan")
+    """The largest such displacement (bounded by the heavy lane's horizon)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -247,6 +253,9 @@ class Schedule:
     ``pooled_mffd_split``: one step per global batch); None: G each."""
     squared_lengths: npt.NDArray[np.float64] | None = None
     """(ranks, packs) sums of the records' squared lengths, for ``imbalance_sq``."""
+    displacement: tuple[float, int] | None = None
+    """(mean, max) steps records are emitted away from their stream window; None: not a
+    node-stream strategy."""
 
 
 def shard_table(
@@ -379,7 +388,19 @@ def plan_schedules(
                 packs = node_micro_batches(
                     plan.packs, costs, config.grad_accum, layout, group, tok, config.max_tokens
                 )
-            out[name] = schedule(packs, plan.records_used, plan.records_left)
+            streams = build_node_streams(
+                costs,
+                table,
+                plan_config(config, name.removeprefix("bcl-")),
+                seed=seed,
+                epoch=epoch,
+                tokens=tok,
+                sample=sample,
+            )
+            out[name] = replace(
+                schedule(packs, plan.records_used, plan.records_left),
+                displacement=displacement_steps(plan.packs, streams),
+            )
         else:
             hint = (
                 " (renamed pooled_mffd_split: a textbook MFFD; NeMo-RL's own is nemo_mffd)"
@@ -429,6 +450,12 @@ def score(
         )
         if s.squared_lengths is not None:
             metrics = replace(metrics, imbalance_sq=imbalance_sq(s.squared_lengths))
+        if s.displacement is not None:
+            metrics = replace(
+                metrics,
+                displacement_steps_mean=s.displacement[0],
+                displacement_steps_max=float(s.displacement[1]),
+            )
         if table is not None:
             amplification, working = locality(s.packs, table, config.ranks_per_node, config.window)
             metrics = replace(
