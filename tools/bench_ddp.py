@@ -1,4 +1,5 @@
-"""Real DDP: 2 gloo ranks train TinyGPT on the standard-library corpus; BCL vs ``sequential``.
+"""Real DDP: 2 gloo ranks train TinyGPT on the standard-library corpus; BCL vs ``sequential``
+and ``hf_rebalance``.
 
 Why: the other benchmarks time packs one after another in one process. Here two processes
 really synchronize every step (DDP all-reduces gradients in backward), so a rank with a light
@@ -43,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
-STRATEGIES = ("sequential", "bcl-world", "bcl-rank")
+STRATEGIES = ("sequential", "hf_rebalance", "bcl-world", "bcl-rank")
 
 
 def build_corpus(n: int, seed: int, max_len: int, out: Path) -> dict[str, Any]:
@@ -85,11 +86,14 @@ def build_corpus(n: int, seed: int, max_len: int, out: Path) -> dict[str, Any]:
 
 def plans_for(
     lengths: npt.NDArray[np.int64], args: argparse.Namespace, epoch: int
-) -> dict[str, npt.NDArray[np.int64]]:
-    """(ranks, steps, B) sample ids per strategy, all on the same epoch order."""
+) -> dict[str, Any]:
+    """``[rank][step]`` sample ids per strategy on the same records: (ranks, steps, B) arrays,
+    and for ``hf_rebalance`` (Transformers' sampler, one micro-batch per step: no
+    accumulation here) lists of arrays of varying size."""
     from bcl_stream.analysis.sim import shard_table
     from bcl_stream.cost import resolve
-    from bcl_stream.planner import PlanConfig, plan_epoch, sequential
+    from bcl_stream.planner import PlanConfig, global_order, plan_epoch, sequential
+    from bcl_stream.planner.hf import hf_rebalance
 
     costs = resolve(args.cost_model).cost(lengths)
     table = shard_table(lengths, costs, lengths.size)  # one shard: the corpus file
@@ -106,6 +110,8 @@ def plans_for(
             costs, table, config, seed=args.seed, epoch=epoch, tokens=lengths
         ).packs
     out["sequential"] = sequential(costs, table, config, seed=args.seed, epoch=epoch).packs
+    order = global_order(lengths.size, args.seed, epoch)
+    out["hf_rebalance"] = hf_rebalance(order, lengths, 2, args.pack_size, 1)[0]
     return out
 
 
@@ -156,7 +162,7 @@ def worker(args: argparse.Namespace) -> None:
     rows = []
     for repeat in range(args.repeats):
         plans = plans_for(lengths, args, epoch=repeat)
-        steps = {plans[name].shape[1] for name in STRATEGIES}
+        steps = {len(plans[name][0]) for name in STRATEGIES}
         if len(steps) != 1:
             raise RuntimeError(f"strategies disagree on steps per epoch: {steps}")
         # Same seed on both ranks: the same strategy runs the same step on both.
@@ -170,7 +176,7 @@ def worker(args: argparse.Namespace) -> None:
             cpu = torch.tensor([c for _, c in times[name]], dtype=torch.float64)
             gathered = [torch.zeros_like(cpu) for _ in range(2)]
             dist.all_gather(gathered, cpu)
-            records = [int(i) for i in plans[name].reshape(-1)]
+            records = [int(i) for r in plans[name] for pack in r for i in pack]
             rows.append(
                 {
                     "strategy": name,
