@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ loads them
     from bcl_stream.io.streaming_compat import clean_stale_shared_memory_once
+    from bcl_stream.loading.collate import PackCollate
     from lightning_module.callbacks import PackLogger, PackLogWriter, read_pack_log
-    from lightning_module.datamodule import BCLDataModule, PackCollate, TrainerPackLoader
+    from lightning_module.datamodule import BCLDataModule, TrainerLayout, TrainerPackLoader
 
 _EXPORTS = {
     "BCLDataModule": "lightning_module.datamodule",
-    "PackCollate": "lightning_module.datamodule",
+    "PackCollate": "bcl_stream.loading.collate",
+    "TrainerLayout": "lightning_module.datamodule",
     "TrainerPackLoader": "lightning_module.datamodule",
     "PackLogWriter": "lightning_module.callbacks",
     "PackLogger": "lightning_module.callbacks",
@@ -32,6 +34,7 @@ __all__ = [
     "PackCollate",
     "PackLogWriter",
     "PackLogger",
+    "TrainerLayout",
     "TrainerPackLoader",
     "clean_stale_shared_memory_once",
     "read_pack_log",

@@ -1,24 +1,26 @@
 """``BCLDataModule``: balanced packs for Lightning (Trainer and Fabric), resumable exactly.
 
-What it adds on top of the readers (``MDSPackDataset`` / ``WDSPackDataset`` + ``PackLoader``):
+Only Lightning's concerns live here; the layers below do the rest: the reader is opened by
+``bcl_stream.formats.open_reader.open_dataset`` (one dataset or a mixture, as ``bcl-stream
+read`` opens it), batches are made by ``bcl_stream.loading.collate.PackCollate``, the cursor
+is kept by ``bcl_stream.loading.loader.PackLoader``, and Mosaic Streaming's process layout is
+exported by ``bcl_stream.io.streaming_compat.set_streaming_env``. What is left:
 
-- **Rank setup for Mosaic Streaming.** Lightning's ``ddp`` launcher sets ``LOCAL_RANK``,
-  ``NODE_RANK`` and ``WORLD_SIZE`` but not ``RANK`` or ``LOCAL_WORLD_SIZE``; streaming reads
-  those three to name its shared memory, and without them two ranks collide
-  (``FileExistsError: '/0000NN_locals'``). :meth:`setup` sets them from the trainer before the
-  dataset exists.
-- **One cursor, saved twice.** The loader (``PackLoader``) owns the cursor. Lightning saves
-  the loader's ``state_dict()`` and restores it before ``iter()``, except under bug #20550
+- **The trainer decides the layout.** :meth:`setup` takes the world size, the ranks per node
+  and the gradient accumulation from the trainer, and the planner's layout from the collate
+  layout (a padded batch costs B x its costliest record, a packed one the sum: the plan must
+  balance the cost the batch will have). A value given explicitly (``ranks_per_node``,
+  ``plan={"grad_accum": ...}``, ``plan={"layout": ...}``) that contradicts them is refused
+  with one line saying which setting wins. Fabric scripts call :meth:`setup_fabric` or
+  :meth:`setup_for` with the same values.
+- **One cursor, saved twice.** The loader owns the cursor. Lightning saves the loader's
+  ``state_dict()`` and restores it before ``iter()``, except under bug #20550
   (``configure_optimizers`` reading ``trainer.estimated_stepping_batches`` with ``max_epochs``
   set): then the loader state is silently dropped and the run restarts the epoch. The
-  DataModule's ``state_dict`` is restored in every case (before ``configure_optimizers``), so
-  it saves the loader's cursor too and its ``load_state_dict`` hands it to the loader (held
-  only until the loader exists, when loaded before setup). Loading the same cursor twice is
-  harmless.
-- **Collate.** Packs become padded (``input_ids``, ``attention_mask``, ``labels``) or packed
-  varlen (``input_ids``, ``cu_seqlens``, ``position_ids``, ``labels``) batches
-  (``bcl_stream.loading.collate``); the batch also carries ``sample_ids``, ``tokens`` and
-  ``est_cost`` (the pack's estimated cost) for ``PackLogger``.
+  DataModule's ``state_dict`` is restored in every case (after ``setup``, before
+  ``configure_optimizers``), so it returns the loader's cursor too and its ``load_state_dict``
+  hands it straight to the loader; it keeps no copy. Loading the same cursor twice is harmless.
+  docs/lightning.md ("State") gives the whole order.
 - **A ``sequential`` baseline through the same reader path** (``packing="sequential"``, a
   planning strategy of the core: ``ReaderConfig.packing``, ``bcl-stream plan --packing``): the
   next B records of the rank's share of the same epoch order, what a plain loader does. Only
@@ -32,20 +34,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import lightning.pytorch as pl
-import numpy as np
-import numpy.typing as npt
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from bcl_stream.cost import resolve
 from bcl_stream.errors import StateError
-from bcl_stream.formats.reader_base import Pack, PlanDataset
-from bcl_stream.loading.collate import LABELS, collate_packed, collate_padded
+from bcl_stream.formats.open_reader import open_dataset
+from bcl_stream.formats.reader_base import PlanDataset
+from bcl_stream.io.streaming_compat import set_streaming_env
+from bcl_stream.loading.collate import LABELS, PackCollate
 from bcl_stream.loading.loader import PackLoader
 from bcl_stream.plan.checks import require_packs
 from bcl_stream.plan.cursor import MIXTURE_CHANGES
 from bcl_stream.plan.epoch import PACKINGS, PLAN_FIELDS, ReaderConfig
-from bcl_stream.plan.streams import MixtureIndex
 from bcl_stream.planner import PlanConfig
 from bcl_stream.planner.padded import LAYOUTS
 
@@ -53,33 +54,59 @@ KEY_READER = "reader"
 KEY_PACKING = "packing"
 
 
-@dataclass(frozen=True, slots=True)
-class PackCollate:
-    """Pack -> batch dict (module level and frozen: picklable for worker processes)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainerLayout:
+    """What the trainer decides and the plan follows: read from it in ``setup()``, never a
+    user knob that could disagree with it."""
 
-    layout: str
-    costs: npt.NDArray[np.floating[Any]] | tuple[npt.NDArray[np.floating[Any]], ...]
-    """Per-record estimated costs by sample id (the planner's costs): an array, or for a
-    mixture one array per stream."""
-    max_seq_len: int | None = None
-    labels: str = "shifted"
-    step_records: int | None = None
-    """Under ``contract="step"``: B, the mean records per micro-batch. Each batch then carries
-    ``loss_scale`` = its records / B: a micro-batch's mean loss times it, accumulated over G
-    micro-batches with Lightning's 1/G, weighs every record of the step as the ``pack``
-    contract does (docs/lightning.md, "Variable micro-batches")."""
+    rank: int
+    world_size: int
+    ranks_per_node: int
+    """Devices per node (``Trainer.num_devices``)."""
+    grad_accum: int | None = None
+    """Micro-batches per optimizer step (``Trainer.accumulate_grad_batches``): the plan deals
+    each step's packs so that per-step sums balance too. None: no trainer decides it (Fabric,
+    scripts): ``plan={"grad_accum": G}`` or 1."""
 
-    def __call__(self, pack: Pack) -> dict[str, torch.Tensor]:
-        fn = collate_packed if self.layout == "packed" else collate_padded
-        batch = fn(pack, self.max_seq_len, self.labels)
-        if self.step_records is not None:
-            batch["loss_scale"] = torch.tensor(len(pack) / self.step_records)
-        ids = batch["sample_ids"].numpy()
-        streams = batch["streams"].numpy() if "streams" in batch else np.zeros_like(ids)
-        per_stream = self.costs if isinstance(self.costs, tuple) else (self.costs,)
-        cost = sum(float(per_stream[s][i]) for s, i in zip(streams, ids, strict=True))
-        batch["est_cost"] = torch.tensor(cost, dtype=torch.float64)
-        return batch
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
+        if self.ranks_per_node < 1 or self.world_size % self.ranks_per_node:
+            raise ValueError(
+                f"ranks_per_node={self.ranks_per_node} must divide world_size={self.world_size}"
+            )
+        if self.grad_accum is not None and self.grad_accum < 1:
+            raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
+
+    @classmethod
+    def of_trainer(cls, trainer: Any) -> TrainerLayout:
+        """A Lightning ``Trainer``'s layout."""
+        return cls(
+            rank=trainer.global_rank,
+            world_size=trainer.world_size,
+            ranks_per_node=max(1, trainer.num_devices),
+            grad_accum=int(trainer.accumulate_grad_batches),
+        )
+
+    @classmethod
+    def of_fabric(cls, fabric: Any, grad_accum: int | None = None) -> TrainerLayout:
+        """A Lightning ``Fabric``'s layout; Fabric does not know the script's accumulation."""
+        nodes = max(1, int(getattr(fabric.strategy, "num_nodes", 1)))
+        return cls(
+            rank=fabric.global_rank,
+            world_size=fabric.world_size,
+            ranks_per_node=max(1, fabric.world_size // nodes),
+            grad_accum=grad_accum,
+        )
+
+    @classmethod
+    def of_process_group(cls) -> TrainerLayout:
+        """No trainer: the process group's layout (one node), or a single process."""
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            world = torch.distributed.get_world_size()
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+            return cls(rank=torch.distributed.get_rank(), world_size=world, ranks_per_node=local)
+        return cls(rank=0, world_size=1, ranks_per_node=1)
 
 
 class TrainerPackLoader(PackLoader):
@@ -95,55 +122,6 @@ class TrainerPackLoader(PackLoader):
 
     def __len__(self) -> int:
         return sum(s.packs_consumed for s in self._segments) + self.plan_len()
-
-
-def make_dataset(
-    format: str,
-    data: str | None,
-    config: ReaderConfig,
-    rank: int,
-    *,
-    cache_dir: str | None = None,
-    streams: list[Any] | None = None,
-    epoch_size: int | None = None,
-) -> PlanDataset:
-    """The reader for ``format`` (or the mixture of ``streams``, each read in its own format);
-    the planning strategy (``bcl`` or ``sequential``) is ``config.packing``.
-
-    Readers are imported here: ``streaming`` takes seconds to import.
-    """
-    dataset: PlanDataset
-    if streams is not None:
-        from bcl_stream.formats.mixture_reader import MixturePackDataset
-
-        dataset = MixturePackDataset(
-            streams, config, rank, cache_dir=cache_dir, epoch_size=epoch_size
-        )
-    elif data is None:
-        raise ValueError("BCLDataModule needs data (one dataset) or streams (a mixture)")
-    elif format == "mds":
-        from bcl_stream.formats.mds_reader import MDSPackDataset
-
-        dataset = MDSPackDataset(data, config, rank, cache_dir=cache_dir)
-    else:
-        from bcl_stream.formats.wds_reader import WDSPackDataset
-
-        dataset = WDSPackDataset(data, config, rank, cache_dir=cache_dir)
-    return dataset
-
-
-def set_streaming_env(local_world_size: int) -> None:
-    """Export what Mosaic Streaming reads to find this process (see the module docstring).
-
-    Only under an initialised process group, and from it: streaming must see the real process
-    layout. A single process that plans for a rank of a larger world (tests, inspection) keeps
-    streaming's defaults (rank 0 of 1) and the environment untouched.
-    """
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return
-    os.environ["RANK"] = str(torch.distributed.get_rank())
-    os.environ["WORLD_SIZE"] = str(torch.distributed.get_world_size())
-    os.environ["LOCAL_WORLD_SIZE"] = str(local_world_size)
 
 
 LEN_WARNING = r"Your `IterableDataset` has `__len__` defined"
@@ -208,7 +186,8 @@ class BCLDataModule(pl.LightningDataModule):
         on_mixture_change: resuming a checkpoint whose mixture differs (streams, weights,
             data): ``refuse`` (default, the error says what changed) or ``restart_epoch``
             (start the checkpoint's epoch over with the new mixture).
-        format: ``mds`` or ``wds`` (WebDataset supports scope ``rank`` only).
+        format: ``mds`` or ``wds`` to check the dataset's format; None (default) takes it from
+            the cost index (WebDataset supports scope ``rank`` only).
         pack_size: records per pack B (the trainer's batch size: the record-count contract).
         window: packs per rank planned together W (buffer W*B records per rank).
         scope: ``rank`` | ``node`` | ``world``: which ranks are balanced jointly.
@@ -216,7 +195,8 @@ class BCLDataModule(pl.LightningDataModule):
         cost_model: preset name or cost-model JSON to recompute costs from the stored token
             counts; None uses the costs written at preprocessing.
         max_tokens: memory cap M per pack (records longer than M are reported, not yielded).
-        layout: ``padded`` or ``packed`` (varlen with ``cu_seqlens``).
+        layout: ``padded`` or ``packed`` (varlen with ``cu_seqlens``): the batch layout, and so
+            the cost the planner balances (``PlanConfig.layout`` follows it).
         max_seq_len: truncate records to this many tokens in collate (reported per batch).
         labels: ``shifted`` (targets already shifted; a loss must not shift again) or
             ``unshifted`` (Hugging Face convention: the model shifts). See docs/lightning.md.
@@ -224,13 +204,16 @@ class BCLDataModule(pl.LightningDataModule):
         seed: shuffle seed; the epoch order is a pure function of (seed, epoch).
         shuffle: False keeps write order.
         cache_dir: local cache for a remote dataset (required for ``s3://``).
-        ranks_per_node: ranks per node; None takes the trainer's devices per node.
+        ranks_per_node: None (default) takes the trainer's devices per node; a value that
+            differs from the trainer's is refused.
         allow_resize: resume a state saved under another world size (elastic) or refuse it.
         plan: any other planner knob, by ``PlanConfig`` field name (``algorithm``, ``refine``,
-            ``pack_order``, ``step_fill``, ``carry``, ``carry_span``, ``grad_accum``,
-            ``stratify``, ``split_shards``, ``shard_group``); unset ones keep PlanConfig's
-            defaults. YAML: ``data.init_args.plan: {carry_span: 32}``. The knobs above with
-            their own argument, and ``world_size`` (the trainer's), are refused here.
+            ``pack_order``, ``step_fill``, ``carry``, ``carry_span``, ``stratify``,
+            ``split_shards``, ``shard_group``); unset ones keep PlanConfig's defaults. YAML:
+            ``data.init_args.plan: {carry_span: 32}``. The knobs above with their own argument
+            and ``world_size`` are refused here; ``grad_accum`` (the trainer's
+            ``accumulate_grad_batches``) and ``layout`` (the collate's) may be given only
+            equal to what they follow.
     """
 
     def __init__(
@@ -240,7 +223,7 @@ class BCLDataModule(pl.LightningDataModule):
         streams: list[Any] | None = None,
         epoch_size: int | None = None,
         on_mixture_change: str = "refuse",
-        format: str = "mds",
+        format: str | None = None,
         pack_size: int = 8,
         window: int = 16,
         scope: str = "rank",
@@ -277,12 +260,18 @@ class BCLDataModule(pl.LightningDataModule):
             )
         self.streams, self.epoch_size = streams, epoch_size
         self.on_mixture_change = on_mixture_change
-        if format not in ("mds", "wds"):
-            raise ValueError(f"format must be 'mds' or 'wds', got {format!r}")
+        if format not in (None, "mds", "wds"):
+            raise ValueError(f"format must be 'mds', 'wds' or None, got {format!r}")
         if packing not in PACKINGS:
             raise ValueError(f"packing must be one of {PACKINGS}, got {packing!r}")
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        if self.plan.get("layout", layout) != layout:
+            raise ValueError(
+                f"plan.layout={self.plan['layout']!r} contradicts layout={layout!r}: the planner "
+                "balances the cost of the batches the collate makes, so the collate layout wins; "
+                "drop plan.layout"
+            )
         if labels not in LABELS:
             raise ValueError(f"labels must be one of {LABELS}, got {labels!r}")
         if num_workers < 0:
@@ -299,56 +288,78 @@ class BCLDataModule(pl.LightningDataModule):
         self.seed, self.shuffle, self.cache_dir = seed, shuffle, cache_dir
         self.ranks_per_node, self.allow_resize = ranks_per_node, allow_resize
         self.dataset: PlanDataset | None = None
+        self.layout_used: TrainerLayout | None = None
+        """The trainer's layout the plan follows (set by ``setup``)."""
         self._loader: TrainerPackLoader | None = None
-        self._pending: dict[str, Any] | None = None
-        """A cursor loaded before setup; the loader takes it over when built."""
         self._announced = False
 
     # -- building -------------------------------------------------------------------------
-    def _ranks_from_trainer(self) -> tuple[int, int, int]:
-        trainer = getattr(self, "trainer", None)
-        if trainer is not None:
-            return trainer.global_rank, trainer.world_size, max(1, trainer.num_devices)
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            world = torch.distributed.get_world_size()
-            local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-            return torch.distributed.get_rank(), world, local
-        return 0, 1, 1
-
     def setup(self, stage: str | None = None) -> None:
-        """Build the dataset for this rank (Trainer: called by Lightning on every rank)."""
+        """Build the dataset for this rank from the trainer's layout (Lightning calls it on
+        every rank; without a trainer: the process group's, or a single process)."""
         if self.dataset is None:
-            self.setup_for(*self._ranks_from_trainer())
-
-    def setup_for(self, rank: int, world_size: int, ranks_per_node: int) -> None:
-        """Build the dataset for an explicit layout (Fabric scripts and tests call this)."""
-        trainer = getattr(self, "trainer", None)
-        accumulate = getattr(trainer, "accumulate_grad_batches", None)
-        steps = self.plan.get("grad_accum", 1)
-        if self.plan.get("contract") == "step" and accumulate is not None and accumulate != steps:
-            raise ValueError(
-                f"contract='step' re-cuts steps of plan.grad_accum={steps} micro-batches but the "
-                f"trainer accumulates {accumulate}; set plan.grad_accum={accumulate}"
+            trainer = getattr(self, "trainer", None)
+            self.setup_layout(
+                TrainerLayout.of_process_group()
+                if trainer is None
+                else TrainerLayout.of_trainer(trainer)
             )
-        local = self.ranks_per_node or ranks_per_node
-        set_streaming_env(local)
-        self.dataset = make_dataset(
-            self.format,
-            self.data,
-            self.reader_config(world_size, local),
-            rank,
-            cache_dir=self.cache_dir,
-            streams=self.streams,
-            epoch_size=self.epoch_size,
+
+    def setup_fabric(self, fabric: Any, grad_accum: int | None = None) -> None:
+        """Build the dataset from a ``Fabric``'s layout; ``grad_accum``: the micro-batches per
+        optimizer step of the script's loop (Fabric does not know it; None: ``plan``'s or 1)."""
+        self.setup_layout(TrainerLayout.of_fabric(fabric, grad_accum))
+
+    def setup_for(
+        self, rank: int, world_size: int, ranks_per_node: int, grad_accum: int | None = None
+    ) -> None:
+        """Build the dataset for an explicit layout (Fabric scripts and tests)."""
+        self.setup_layout(
+            TrainerLayout(
+                rank=rank,
+                world_size=world_size,
+                ranks_per_node=ranks_per_node,
+                grad_accum=grad_accum,
+            )
         )
 
-    def reader_config(self, world_size: int, ranks_per_node: int) -> ReaderConfig:
-        """The readers' configuration under a layout: the arguments plus ``plan``'s knobs."""
+    def setup_layout(self, layout: TrainerLayout) -> None:
+        """Build the dataset under ``layout``, refusing explicit settings that contradict it."""
+        config = self.reader_config(layout)
+        set_streaming_env(layout.ranks_per_node)
+        self.dataset = open_dataset(
+            self.data,
+            self.streams,
+            config,
+            layout.rank,
+            self.cache_dir,
+            epoch_size=self.epoch_size,
+            format=self.format,
+        )
+        self.layout_used = layout
+
+    def reader_config(self, layout: TrainerLayout) -> ReaderConfig:
+        """The readers' configuration under the trainer's ``layout``: the arguments, ``plan``'s
+        knobs, the trainer's world size, ranks per node and accumulation, and the collate's
+        layout. An explicit value that contradicts the trainer is refused, saying which wins."""
+        for name, given, wins, source in (
+            ("ranks_per_node", self.ranks_per_node, layout.ranks_per_node, "devices per node"),
+            ("plan.grad_accum", self.plan.get("grad_accum"), layout.grad_accum,
+             "accumulate_grad_batches"),
+        ):  # fmt: skip
+            if given is not None and wins is not None and given != wins:
+                raise ValueError(
+                    f"BCLDataModule {name}={given} contradicts the trainer's {source} ({wins}); "
+                    f"the trainer's setting wins: remove {name} (or change the trainer)"
+                )
+        knobs = {**self.plan, "layout": self.layout}
+        if layout.grad_accum is not None:
+            knobs["grad_accum"] = layout.grad_accum
         return ReaderConfig.build(
-            world_size=world_size,
+            world_size=layout.world_size,
             pack_size=self.pack_size,
             window=self.window,
-            ranks_per_node=ranks_per_node,
+            ranks_per_node=layout.ranks_per_node,
             scope=self.scope,
             seed=self.seed,
             shuffle=self.shuffle,
@@ -356,9 +367,7 @@ class BCLDataModule(pl.LightningDataModule):
             cost_model=self.cost_model,
             packing=self.packing,
             tokens=None,  # the cost index's own source (the readers resolve it)
-            # contract="step" re-cuts steps for the layout the model runs (plan/steps.py)
-            **({"layout": self.layout} if self.plan.get("contract") == "step" else {}),
-            **self.plan,
+            **knobs,
         )
 
     def _require_dataset(self) -> PlanDataset:
@@ -368,16 +377,14 @@ class BCLDataModule(pl.LightningDataModule):
 
     def collate(self) -> PackCollate:
         """The collate function the loader uses (also handy for inspecting batches)."""
-        ds = self._require_dataset()
-        model = None if self.cost_model is None else resolve(self.cost_model)
-        index = ds.index
-        if isinstance(index, MixtureIndex):
-            models = index.stream_models(model)
-            costs = tuple(ix.costs(m) for ix, m in zip(index.indexes, models, strict=True))
-        else:
-            costs = (index.costs(model),)
-        step = self.pack_size if self.plan.get("contract") == "step" else None
-        return PackCollate(self.layout, costs, self.max_seq_len, self.labels, step)
+        return PackCollate.for_dataset(
+            self._require_dataset().index,
+            self.cost_model,
+            self.layout,
+            self.max_seq_len,
+            self.labels,
+            step_records=self.pack_size if self.plan.get("contract") == "step" else None,
+        )
 
     def train_dataloader(self) -> PackLoader:
         """One loader per DataModule: it owns the cursor, so a second call returns it again.
@@ -408,8 +415,7 @@ class BCLDataModule(pl.LightningDataModule):
         return loader
 
     def _make_loader(self) -> TrainerPackLoader:
-        """The one loader (built once, after setup): the owner of the cursor. A cursor loaded
-        before setup is applied to it here."""
+        """The one loader (built once, after setup): the owner of the cursor."""
         if self._loader is None:
             _explain_len_warning()
             self._loader = TrainerPackLoader(
@@ -420,9 +426,6 @@ class BCLDataModule(pl.LightningDataModule):
                 allow_resize=self.allow_resize,
                 on_mixture_change=self.on_mixture_change,
             )
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            self._loader.load_state_dict(pending)
         return self._loader
 
     def remainder_counts(self) -> dict[str, int]:
@@ -432,12 +435,14 @@ class BCLDataModule(pl.LightningDataModule):
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """``{"packing", "reader"}``: the loader's cursor (or the one waiting to be applied)."""
-        reader = self._loader.state_dict() if self._loader is not None else self._pending
+        """``{"packing", "reader"}``: the loader's cursor (None before the loader exists)."""
+        reader = self._loader.state_dict() if self._loader is not None else None
         return {KEY_PACKING: self.packing, KEY_READER: reader}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Keep the cursor for the loader; apply it now if the loader exists already."""
+        """Hand the cursor to the loader (the DataModule keeps no copy). Lightning restores
+        after ``setup``; a Fabric script must call ``setup_fabric``/``setup_for`` before
+        ``fabric.load``."""
         packing = state_dict.get(KEY_PACKING, self.packing)
         if packing != self.packing:
             raise StateError(
@@ -449,6 +454,9 @@ class BCLDataModule(pl.LightningDataModule):
         if reader is None:
             return
         if self.dataset is None:
-            self._pending = reader  # no loader before setup: applied when it is built
-        else:
-            self._make_loader().load_state_dict(reader)
+            raise RuntimeError(
+                "BCLDataModule.load_state_dict before setup: the loader that owns the cursor is "
+                "built from the dataset. Call setup() (Fabric: setup_fabric(fabric) or "
+                "setup_for(...)) first, then load the checkpoint."
+            )
+        self._make_loader().load_state_dict(reader)

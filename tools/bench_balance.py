@@ -11,7 +11,7 @@ write order, cut into shards of 4096 records as a writer would:
 - ``sitepackages``: every function of every ``.py`` file of this environment's site-packages,
   in path order (cl100k, ~516K records, capped at 8192 tokens).
 
-Settings (DESIGN.md metrics, llama3-8b training-FLOPs costs, B=8, G=4, records <= 8192 tokens):
+Settings (docs/metrics.md metrics, llama3-8b training-FLOPs costs, B=8, G=4, records <= 8192 tokens):
 - ``1node``: 8 ranks on one node; ``bcl-rank`` at W=32 (and 16), ``bcl-node`` at W=16 (one node:
   the same as ``bcl-world``);
 - ``4node``: 4 nodes x 8 ranks, W=16: every scope, download amplification and shard working set.
@@ -28,7 +28,7 @@ hill climbing over R*G groups is quadratic in the world size: too slow at 32 ran
 Derived numbers:
 - cross-rank CV reduction of X = 1 - cv_ranks(X) / cv_ranks(sequential);
 - speedup of X over Y = (T(Y)/cost(Y)) / (T(X)/cost(X)): time per unit of useful cost emitted
-  (the records' own costs, padding excluded), equal to DESIGN.md's T(Y)/T(X) when both emit
+  (the records' own costs, padding excluded), equal to docs/metrics.md's T(Y)/T(X) when both emit
   the same records;
 - ``imbalance_sq``: torchtitan's figure, mean over micro-batches of max/mean across ranks of
   the sum of squared lengths;

@@ -115,7 +115,7 @@ def plan_all(
 
 
 def efficiency(matrix: npt.NDArray[np.float64]) -> float:
-    """DESIGN.md: sum_t mean_r C / sum_t max_r C, ranks padded with 0 where bins are missing."""
+    """docs/metrics.md: sum_t mean_r C / sum_t max_r C, ranks padded with 0 where bins are missing."""
     return float(matrix.mean(axis=0).sum() / matrix.max(axis=0).sum())
 
 

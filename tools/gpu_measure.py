@@ -1,5 +1,5 @@
 """Measuring for ``tools/gpu_check.py``: the budget, timing rounds, calibration per layout,
-plan sizing and scoring (DESIGN.md's metrics on measured and on predicted pack times).
+plan sizing and scoring (the metrics of docs/metrics.md on measured and on predicted pack times).
 
 Kept apart from the command so each file stays readable; nothing here is a public API.
 Importing this module loads numpy and the planner, cost and simulator modules only; torch comes
@@ -268,7 +268,7 @@ def score(
     tokens: np.ndarray,
     medians: dict[tuple[str, tuple[int, ...]], float],
 ) -> dict[str, dict[str, Any]]:
-    """Measured and predicted figures per strategy in one layout (DESIGN.md's definitions)."""
+    """Measured and predicted figures per strategy in one layout (docs/metrics.md's definitions)."""
     out: dict[str, dict[str, Any]] = {}
     for name, s in plans.items():
         keys = [[(layout, pack_key(ids)) for ids in rank] for rank in s.packs]

@@ -63,7 +63,7 @@ def train(
     fabric.seed_everything(seed)
     workdir = Path(workdir)
     dm = BCLDataModule(data, seed=seed, **datamodule_kwargs)
-    dm.setup_for(fabric.global_rank, fabric.world_size, fabric.world_size // num_nodes)
+    dm.setup_fabric(fabric)  # rank, world size and ranks per node from Fabric
     model = TinyGPT(model_config or TinyGPTConfig())
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model, optimizer = fabric.setup(model, optimizer)

@@ -1,4 +1,4 @@
-"""Balance simulator: plan an epoch under every strategy and score it with DESIGN.md's metrics.
+"""Balance simulator: plan an epoch under every strategy and score it with the metrics of docs/metrics.md.
 
 C[r, t] is the estimated cost of rank r's t-th pack (for a pooled peer, its t-th micro-batch).
 With ``sync="step"`` (gradient accumulation, DDP syncs once per optimizer step) the G
@@ -58,7 +58,7 @@ STRATEGIES = ("sequential", *POOLED, "bcl-rank", "bcl-node", "bcl-world")
 
 @dataclass(frozen=True, slots=True)
 class Metrics:
-    """DESIGN.md's metrics for one strategy on one epoch."""
+    """the metrics of docs/metrics.md for one strategy on one epoch."""
 
     efficiency: float
     cv_ranks: float
@@ -425,7 +425,7 @@ def simulate(
     config: SimConfig,
     strategies: tuple[str, ...] = STRATEGIES,
 ) -> dict[str, Metrics]:
-    """Plan one epoch under each strategy and score it with DESIGN.md's metrics."""
+    """Plan one epoch under each strategy and score it with the metrics of docs/metrics.md."""
     tok = np.asarray(tokens, dtype=np.int64)
     table = shard_table(tok, cost_model.cost(tok), config.shard_records)
     return score(schedules(tok, cost_model, config, strategies, table), config, table)
@@ -434,7 +434,7 @@ def simulate(
 def score(
     planned: dict[str, Schedule], config: SimConfig, table: ShardTable | None = None
 ) -> dict[str, Metrics]:
-    """DESIGN.md's metrics of schedules already planned (plus download amplification and
+    """the metrics of docs/metrics.md of schedules already planned (plus download amplification and
     shard working set when the shard table is given)."""
     out: dict[str, Metrics] = {}
     for name, s in planned.items():

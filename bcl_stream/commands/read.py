@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bcl_stream.commands.plan import (
     add_plan_options,
@@ -22,9 +22,6 @@ from bcl_stream.commands.plan import (
 )
 from bcl_stream.plan.checks import layout_text, require_packs
 from bcl_stream.plan.epoch import ReaderConfig, reader_plan
-
-if TYPE_CHECKING:
-    from bcl_stream.formats.reader_base import PlanDataset
 
 
 def add_parser(sub: Any) -> None:
@@ -62,30 +59,26 @@ def check_usage(args: argparse.Namespace) -> ReaderConfig:
 
 def run(args: argparse.Namespace) -> int:
     config = check_usage(args)
-    from bcl_stream.formats.open_reader import open_reader
+    from bcl_stream.formats.open_reader import open_dataset
     from bcl_stream.loading.loader import PackLoader
 
     location, specs = data_source(args)
-    dataset: PlanDataset
-    if specs is None:
-        assert location is not None
-        dataset = open_reader(location, config, args.rank, cache_dir(args, location))
-    else:
-        from bcl_stream.formats.mixture_reader import MixturePackDataset
-
-        root = cache_dir(args, *(spec.path for spec in specs))
-        dataset = MixturePackDataset(
-            specs, config, args.rank, cache_dir=root, epoch_size=args.epoch_size
-        )
-        location = dataset.location
-    dataset.set_epoch(args.epoch)
-    require_packs(location, dataset.plan(), config, len(dataset.index))
+    places = [location] if specs is None else [spec.path for spec in specs]
+    dataset = open_dataset(
+        location,
+        specs,
+        config,
+        args.rank,
+        cache_dir(args, *(p for p in places if p is not None)),
+        epoch_size=args.epoch_size,
+    )
 
     def loader() -> PackLoader:
         persistent = args.persistent_workers and args.num_workers > 0
         return PackLoader(dataset, num_workers=args.num_workers, persistent_workers=persistent)
 
     first = loader()
+    first.set_epoch(args.epoch)  # the loader owns the cursor: it is moved through it only
     if args.start_after:
         it = iter(first)
         taken = sum(1 for _ in islice(it, args.start_after))

@@ -1,16 +1,20 @@
 """What the MDS and WebDataset readers share: a torch IterableDataset that yields one rank's
 packs of the epoch plan, from a cursor, split over DataLoader workers.
 
-Cursor passing: the cursor's owner is ``PackLoader`` (``bcl_stream/loading/loader.py``); it writes
-(epoch, first pack, segments) here with :meth:`PlanDataset.set_cursor` right before each
-``iter()``, and (epoch, first pack) go into a ``share_memory_()`` tensor. Persistent workers keep their dataset copy forever, so plain attributes
-set later in the main process never reach them; the shared tensor does.
+The cursor is not this class's: its one owner is ``PackLoader``
+(``bcl_stream/loading/loader.py``), which hands (epoch, first pack, segments) over with
+:meth:`PlanDataset._set_cursor` right before each ``iter()``. The hand-over is the one way
+worker processes learn of it: the values go into a ``share_memory_()`` tensor created with the
+dataset, which every worker's copy of the dataset shares, persistent workers included (they
+keep their copy forever, so plain attributes set later in the main process never reach them).
+Each worker reads the tensor when its iterator starts. The read-only properties ``epoch``,
+``start`` and ``segments`` show the last hand-over; nothing else moves the cursor.
 
 Worker split: worker w of K yields chunks w, w+K, ... of ``chunk`` consecutive packs from the
 cursor on (``chunk`` = 1: single packs); torch's DataLoader takes one item from each worker in
-turn, which restores the plan order for any K (and K=0). Each process
-plans its rank's windows lazily as it reaches them (``plan_source.ReaderPlan``), so no process
-holds the epoch's plan.
+turn, which restores the plan order for any K (and K=0). Each process plans its rank's windows
+lazily as it reaches them (:class:`~bcl_stream.plan.epoch.ReaderPlan`), so no process holds
+the epoch's plan.
 
 A subclass implements :meth:`PlanDataset._read_packs` (sample ids -> record dicts).
 """
@@ -26,12 +30,15 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from bcl_stream.errors import StateError
 from bcl_stream.io.index import CostIndex
 from bcl_stream.plan.epoch import AnyPlan, PlanData, ReaderConfig, Segment, reader_plan
 from bcl_stream.plan.steps import step_cut, whole_steps
 
 Sample = dict[str, Any]
 Pack = list[Sample]
+MAX_SEGMENTS = 32
+"""World-size changes one epoch's cursor can carry to worker processes (elastic resume)."""
 
 
 def detect_rank() -> int:
@@ -68,15 +75,15 @@ class PlanDataset(IterableDataset[Pack]):
                     f"{world} ranks; ranks would disagree on the plan. Set world_size={world}."
                 )
         self.fingerprint = index.fingerprint()
-        self.segments: tuple[Segment, ...] = ()
-        # (epoch, first pack), shared with worker processes, persistent ones included.
-        self._cursor = torch.zeros(2, dtype=torch.int64).share_memory_()
+        # [epoch, first pack, n segments, (world_size, ranks_per_node, packs_consumed) * n]:
+        # the loader's last hand-over, shared with worker processes, persistent ones included.
+        self._cursor = torch.zeros(3 + 3 * MAX_SEGMENTS, dtype=torch.int64).share_memory_()
         self._plan: AnyPlan | None = None
         self.chunk = 1
         """Packs per DataLoader item (PackLoader sets it for worker processes)."""
         self._plan_segments: tuple[Segment, ...] = ()
 
-    # -- cursor ---------------------------------------------------------------------------
+    # -- cursor (owned by PackLoader) -----------------------------------------------------
     @property
     def epoch(self) -> int:
         return int(self._cursor[0])
@@ -85,17 +92,24 @@ class PlanDataset(IterableDataset[Pack]):
     def start(self) -> int:
         return int(self._cursor[1])
 
-    def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its first pack (new epochs reshuffle by (seed, epoch))."""
-        self.set_cursor(epoch, 0, ())
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        values = self._cursor[3 : 3 + 3 * int(self._cursor[2])].view(-1, 3).tolist()
+        return tuple(Segment(*row) for row in values)
 
-    def set_cursor(self, epoch: int, start: int, segments: tuple[Segment, ...] = ()) -> None:
-        """Yield from pack ``start`` of ``epoch`` on the next ``iter()``."""
+    def _set_cursor(self, epoch: int, start: int, segments: tuple[Segment, ...] = ()) -> None:
+        """Yield from pack ``start`` of ``epoch`` (after ``segments``) on the next ``iter()``,
+        in this process and in every worker. Called by the cursor's owner, ``PackLoader``."""
         if epoch < 0 or start < 0:
             raise ValueError(f"epoch and start must be >= 0, got {epoch}, {start}")
-        self.segments = tuple(segments)
-        self._cursor[0] = epoch
-        self._cursor[1] = start
+        if len(segments) > MAX_SEGMENTS:
+            raise StateError(
+                f"{len(segments)} world-size changes in one epoch; a reader follows at most "
+                f"{MAX_SEGMENTS}. Finish the epoch on one world size, or start it over without "
+                "the loader state."
+            )
+        flat = [v for s in segments for v in (s.world_size, s.ranks_per_node, s.packs_consumed)]
+        self._cursor[: 3 + len(flat)] = torch.tensor([epoch, start, len(segments), *flat])
 
     # -- plan -----------------------------------------------------------------------------
     def plan(

@@ -14,8 +14,9 @@ Stages (typed, ``def stage(src, ...)`` style, usable inside a stock ``wds.DataPi
 
 Scope ``rank`` only: a rank reads the contiguous share of the epoch order that scope ``rank``
 gives it, i.e. about ``share / shard_size + 2`` shards, in the order its packs first need them.
-Buffer: records needed later than the current pack wait in memory, about ``block + W*B +
-carry`` records at most for the default order (``ReaderConfig.block`` bounds it).
+Buffer: records needed later than the current pack wait in memory, about one shard group's
+records + W*B + carry at most for the default order (``PlanConfig.shard_group`` bounds it:
+the stratified shuffle mixes records within a group).
 
 Workers: worker w of K yields packs start+w, start+w+K, ...; each worker scans its rank's
 shards but reads and decodes only its own records.

@@ -139,6 +139,27 @@ def clean_stale_shared_memory_once() -> None:
     clean_stale_shared_memory()
 
 
+def set_streaming_env(local_world_size: int) -> None:
+    """Export the process layout Mosaic Streaming reads (env ``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_WORLD_SIZE``) from the initialised process group, before a dataset is built.
+
+    Why: Lightning's ``ddp`` launcher sets ``LOCAL_RANK``, ``NODE_RANK`` and ``WORLD_SIZE`` but
+    not ``RANK`` or ``LOCAL_WORLD_SIZE``; streaming names its shared memory from those three,
+    and without them two ranks collide (``FileExistsError: '/0000NN_locals'``). Only under an
+    initialised process group, and from it: a single process that plans for a rank of a larger
+    world (tests, inspection) keeps streaming's defaults (rank 0 of 1) and the environment.
+
+    Relies on: streaming's rank detection reading those variables (``streaming.base.world``).
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    os.environ["RANK"] = str(dist.get_rank())
+    os.environ["WORLD_SIZE"] = str(dist.get_world_size())
+    os.environ["LOCAL_WORLD_SIZE"] = str(local_world_size)
+
+
 # --- Mosaic Streaming: MDSWriter -------------------------------------------------------------
 
 W = TypeVar("W", bound=type)

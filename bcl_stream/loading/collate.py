@@ -35,13 +35,20 @@ longer than its ``max_seq_len``, naming the sample id).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from torch import Tensor
 
+from bcl_stream.cost import resolve
 from bcl_stream.errors import DatasetError
+from bcl_stream.formats.reader_base import Pack
+from bcl_stream.plan.epoch import PlanData
+from bcl_stream.plan.streams import MixtureIndex
+from bcl_stream.planner.padded import LAYOUTS
 
 IGNORE_INDEX = -100
 LABELS = ("shifted", "unshifted")
@@ -154,3 +161,59 @@ def collate_packed(
         )[None, :],
         **_audit(ids, sample_ids, cut, pack),
     }
+
+
+@dataclass(frozen=True, slots=True)
+class PackCollate:
+    """Pack -> batch dict with the pack's estimated cost (``est_cost``, the planner's costs, for
+    ``PackLogger``). Module level and frozen: picklable for worker processes.
+
+    ``layout`` is also the cost the planner must balance (``PlanConfig.layout``, the same
+    names): a padded batch costs B x its costliest record, a packed one the sum of its
+    records' costs (docs/layouts.md). ``BCLDataModule`` plans with this layout."""
+
+    layout: str
+    costs: tuple[npt.NDArray[np.floating[Any]], ...]
+    """Per-record estimated costs by sample id, one array per stream (one for one dataset)."""
+    max_seq_len: int | None = None
+    labels: str = "shifted"
+    step_records: int | None = None
+    """Under ``contract="step"``: B, the mean records per micro-batch. Each batch then carries
+    ``loss_scale`` = its records / B: a micro-batch's mean loss times it, accumulated over G
+    micro-batches with Lightning's 1/G, weighs every record of the step as the ``pack``
+    contract does (docs/lightning.md, "Variable micro-batches")."""
+
+    @classmethod
+    def for_dataset(
+        cls,
+        index: PlanData,
+        cost_model: str | None,
+        layout: str,
+        max_seq_len: int | None = None,
+        labels: str = "shifted",
+        *,
+        step_records: int | None = None,
+    ) -> PackCollate:
+        """The collate of a reader over ``index`` (a cost index or a mixture), costs under
+        ``cost_model`` (None: the stored ones; a mixture: each stream's own model)."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        _check_labels(labels)
+        model = None if cost_model is None else resolve(cost_model)
+        if isinstance(index, MixtureIndex):
+            models = index.stream_models(model)
+            costs = tuple(ix.costs(m) for ix, m in zip(index.indexes, models, strict=True))
+        else:
+            costs = (index.costs(model),)
+        return cls(layout, costs, max_seq_len, labels, step_records)
+
+    def __call__(self, pack: Pack) -> dict[str, Tensor]:
+        fn = collate_packed if self.layout == "packed" else collate_padded
+        batch = fn(pack, self.max_seq_len, self.labels)
+        if self.step_records is not None:
+            batch["loss_scale"] = torch.tensor(len(pack) / self.step_records)
+        ids = batch["sample_ids"].numpy()
+        streams = batch["streams"].numpy() if "streams" in batch else np.zeros_like(ids)
+        cost = sum(float(self.costs[s][i]) for s, i in zip(streams, ids, strict=True))
+        batch["est_cost"] = torch.tensor(cost, dtype=torch.float64)
+        return batch

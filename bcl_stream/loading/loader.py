@@ -6,10 +6,18 @@ not the dataset, is the place that sees which packs actually reached the trainer
 packs in the main process as its iterator yields them, so worker prefetch never inflates the
 count. The state is the cursor of :mod:`bcl_stream.plan.cursor` and is the same on every rank.
 
+The loader is the one owner of resumable state: its cursor (epoch, packs consumed, segments
+of earlier world sizes) is the only mutable copy. Before each ``iter()`` it hands the cursor to
+the dataset (``PlanDataset._set_cursor``), whose shared-memory tensor is how worker processes,
+persistent ones included, learn of it; nothing else moves the cursor (``bcl-stream read`` and
+the DataModule go through the loader too). ``docs/lightning.md`` ("State") gives the order of
+saves and restores.
+
 Epochs: an iterator that runs to the end completes the epoch, and the next ``iter()`` starts
 the next one (new order by (seed, epoch)); an iterator dropped mid-epoch leaves the cursor
-where it stopped. ``set_epoch(e)`` with another epoch restarts at pack 0 of ``e``. A state saved
-after the last pack of an epoch is (epoch + 1, 0).
+where it stopped. A new loader starts at pack 0 of epoch 0; ``set_epoch(e)`` with another
+epoch restarts at pack 0 of ``e``. A state saved after the last pack of an epoch is
+(epoch + 1, 0).
 """
 
 from __future__ import annotations
@@ -90,12 +98,11 @@ class PackLoader(DataLoader):
         )
         self.allow_resize = allow_resize
         self.on_mixture_change = on_mixture_change
-        # The cursor: this loader owns it and pushes it into the dataset (a copy the worker
-        # processes read) right before each iter(). It starts where the dataset was put
-        # (``dataset.set_epoch`` before the loader is built).
-        self._epoch = dataset.epoch
-        self._consumed = dataset.start
-        self._segments: tuple[Segment, ...] = dataset.segments
+        # The cursor: this loader owns it and hands it to the dataset (which shares it with
+        # the worker processes) right before each iter().
+        self._epoch = 0
+        self._consumed = 0
+        self._segments: tuple[Segment, ...] = ()
 
     @property
     def plan_dataset(self) -> PlanDataset:
@@ -141,10 +148,7 @@ class PackLoader(DataLoader):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self._epoch, self._consumed, self._segments = self._normalized()
         dataset = self.plan_dataset
-        if dataset.segments != self._segments and getattr(self, "_iterator", None) is not None:
-            # Persistent workers hold the old segments in their dataset copy: restart them.
-            self._iterator = None
-        dataset.set_cursor(self._epoch, self._consumed, self._segments)
+        dataset._set_cursor(self._epoch, self._consumed, self._segments)
         if self._consumed == 0 and (left := dataset.remainder_counts()):
             # Every record is yielded once per epoch or reported: this is the report.
             log.info(

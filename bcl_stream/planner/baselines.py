@@ -1,4 +1,4 @@
-"""The strategies BCL is measured against (DESIGN.md, Metrics).
+"""The strategies BCL is measured against (docs/metrics.md, Baselines).
 
 ``sequential``: each rank takes the next B records of its own share of the same node streams
 BCL reads (a plain loader over the same shards and shuffle): :func:`sequential_config` is BCL's

@@ -1,6 +1,6 @@
 """Batch Cost Lookahead over a whole epoch: every rank's packs of exactly B records.
 
-Scopes (DESIGN.md): ``rank`` balances each rank's own window (the paper's BCL); ``node`` plans
+Scopes (docs/metrics.md): ``rank`` balances each rank's own window (the paper's BCL); ``node`` plans
 one window jointly for the P ranks of a node; ``world`` plans each node's window the same way
 and has the nodes agree on per-step targets (``step_fill.fill_steps_joint``), so world balance
 needs no record to move between nodes: every node reads only its own shards in every scope

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from lightning_scripts.harness import cli_fit, cli_run_config, make_trainer, pack_log, tiny_config
 
 from bcl_stream.io.index import read_index
@@ -82,3 +84,34 @@ def test_ddp_two_ranks_balanced_disjoint_and_resumable(mds_dir: Path, tmp_path: 
     left = module.remainder_counts()
     assert left["consumed_before_resize"] == len(consumed) == 2 * STOP * PACK
     assert len(after) + sum(left.values()) == 300
+
+
+def test_ddp_accumulation_reaches_the_plan(mds_dir: Path, tmp_path: Path) -> None:
+    """2 gloo ranks with ``--trainer.accumulate_grad_batches 2`` and no planner knob: the plan
+    deals each optimizer step's packs for per-step balance (grad_accum=2, from the trainer),
+    which on this data gives other packs than the per-micro-batch plan, and the checkpoint's
+    cursor records it."""
+    data = {"data": str(mds_dir), "pack_size": PACK, "window": WINDOW, "seed": 5, "scope": "node"}
+    config = cli_run_config(ROOT / "configs" / "cpu_demo.yaml", tmp_path, "accum", STOP, data)
+    fit(config, "--trainer.accumulate_grad_batches", "2")
+    trained = logs(tmp_path, "accum")
+    index = read_index(mds_dir)
+    plans = {
+        g: full_plan(
+            index,
+            ReaderConfig.build(
+                world_size=2, pack_size=PACK, window=WINDOW, ranks_per_node=2, seed=5,
+                scope="node", layout="packed", grad_accum=g,
+            ),
+            0,
+        )
+        for g in (1, 2)
+    }  # fmt: skip
+    assert not np.array_equal(plans[1].plan.packs, plans[2].plan.packs)
+    for rank, lines in enumerate(trained):
+        assert [x["sample_ids"] for x in lines] == plans[2].rank_packs(rank).tolist()
+        assert [x["step"] for x in lines] == [k // 2 for k in range(len(lines))]
+    ckpt = torch.load(
+        tmp_path / "accum" / "ckpt" / f"step={STOP}.ckpt", map_location="cpu", weights_only=False
+    )
+    assert ckpt["BCLDataModule"]["reader"]["config"]["plan"]["grad_accum"] == 2

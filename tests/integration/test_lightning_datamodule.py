@@ -108,9 +108,11 @@ def test_state_round_trip_and_refusals(mds_dir: Path, wds_dir: Path) -> None:
     assert state["packing"] == "bcl" and state["reader"]["packs_consumed"] == 3
 
     second = dm(mds_dir)
-    second.load_state_dict(state)  # before setup: kept until the loader exists
-    assert second.state_dict() == state
+    with pytest.raises(RuntimeError, match="before setup"):  # no copy kept for later
+        second.load_state_dict(state)
     second.setup_for(0, 1, 1)
+    second.load_state_dict(state)
+    assert second.state_dict() == state
     rest = [b["sample_ids"].tolist() for b in second.train_dataloader()]
     full = [b["sample_ids"].tolist() for b in dm_loader(mds_dir)]
     assert seen + rest == full

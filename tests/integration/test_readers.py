@@ -60,8 +60,8 @@ def test_every_rank_yields_its_plan_and_records_are_used_once(
     lengths = set()
     for rank in range(config.plan.world_size):
         dataset = open_reader(fmt, root, config, rank)
-        dataset.set_epoch(1)
         loader = PackLoader(dataset, num_workers=workers)
+        loader.set_epoch(1)
         lengths.add(len(loader))
         packs = read_ids(loader)
         assert packs == dataset.plan(1).rank_packs(rank).tolist()

@@ -105,9 +105,7 @@ def _dataset(fmt: str, root: Path, config: ReaderConfig, rank: int) -> PlanDatas
     if key not in _DATASETS:
         cls = MDSPackDataset if fmt == "mds" else WDSPackDataset
         _DATASETS[key] = cls(root, config, rank)
-    dataset = _DATASETS[key]
-    dataset.set_epoch(0)
-    return dataset
+    return _DATASETS[key]  # a new loader starts it at pack 0 of epoch 0
 
 
 CONFIG = ReaderConfig.build(world_size=2, pack_size=4, window=3, seed=11)

@@ -44,9 +44,7 @@ class Data(L.LightningDataModule):
     def train_dataloader(self) -> PackLoader:
         if self.root not in _DATASETS:  # one StreamingDataset per process, as in a real job
             _DATASETS[self.root] = MDSPackDataset(self.root, CONFIG, 1)
-        dataset = _DATASETS[self.root]
-        dataset.set_epoch(0)  # what a fresh process starts from
-        return PackLoader(dataset, num_workers=self.workers)
+        return PackLoader(_DATASETS[self.root], num_workers=self.workers)  # from epoch 0
 
 
 def fit(root: Path, workers: int, **kwargs: Any) -> list[tuple[int, list[int]]]:

@@ -37,7 +37,6 @@ def test_mds_from_s3_with_workers_and_resume(moto_s3, dataset_writers, tmp_path:
     assert ids(loader) == plan
     assert len(list((tmp_path / "cache").glob("shard.*.mds"))) > 1  # shards came from S3
     # Resume mid-epoch, from the same process's live dataset (one per cache dir).
-    dataset.set_epoch(0)
     first = PackLoader(dataset)
     it = iter(first)
     head = [[int(s["sample_id"]) for s in next(it)] for _ in range(5)]

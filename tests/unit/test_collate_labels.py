@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from bcl_stream.loading.collate import IGNORE_INDEX, collate_packed, collate_padded
-from lightning_module.datamodule import BCLDataModule, PackCollate
+from bcl_stream.loading.collate import IGNORE_INDEX, PackCollate, collate_packed, collate_padded
+from lightning_module.datamodule import BCLDataModule
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "lightning.md"
 LENGTHS = [[5], [3, 7, 1], [4, 1, 6, 2], [2, 2]]
@@ -74,7 +74,7 @@ def test_docs_batch_table_matches_the_collate(layout: str) -> None:
     rows = table("## The batch")
     assert rows[0] == ["key", "layout", "shape", "dtype", "meaning"]
     documented = {row[0].strip("`"): row[3] for row in rows[1:] if row[1] in (layout, "both")}
-    batch = PackCollate(layout, np.ones(100))(make_pack([3, 5, 2]))
+    batch = PackCollate(layout, (np.ones(100),))(make_pack([3, 5, 2]))
     actual = {key: str(value.dtype).removeprefix("torch.") for key, value in batch.items()}
     assert documented == actual
 

@@ -22,7 +22,7 @@ from bcl_stream.plan.cursor import Cursor, parse_state
 from bcl_stream.plan.epoch import PLAN_FIELDS, ReaderConfig
 from bcl_stream.planner import PlanConfig
 from bcl_stream.planner.partition import ALGORITHMS
-from lightning_module.datamodule import OWN_ARGUMENTS, BCLDataModule
+from lightning_module.datamodule import OWN_ARGUMENTS, BCLDataModule, TrainerLayout
 
 BASE = {"world_size": 4, "pack_size": 3, "window": 5}
 """The required fields, at values other than any default."""
@@ -107,10 +107,13 @@ def test_simulate_has_no_scope_option_and_keeps_plan_defaults() -> None:
 @pytest.mark.parametrize("name", sorted(PLAN_FIELDS))
 def test_every_field_through_the_datamodule(name: str) -> None:
     value = VALUES[name]
-    layout = {"world_size": BASE["world_size"], "ranks_per_node": 1}
-    if name in ("world_size", "ranks_per_node"):
+    layout = {"world_size": BASE["world_size"], "ranks_per_node": 1, "grad_accum": 1}
+    if name in layout:  # the trainer's, never a knob
         layout[name] = value
         module = BCLDataModule("DIR", pack_size=BASE["pack_size"], window=BASE["window"])
+    elif name == "layout":  # the collate's
+        kwargs = {"pack_size": BASE["pack_size"], "window": BASE["window"], "layout": value}
+        module = BCLDataModule("DIR", **kwargs)
     elif name in OWN_ARGUMENTS:
         kwargs = {"pack_size": BASE["pack_size"], "window": BASE["window"], name: value}
         module = BCLDataModule("DIR", **kwargs)
@@ -118,7 +121,7 @@ def test_every_field_through_the_datamodule(name: str) -> None:
         module = BCLDataModule(
             "DIR", pack_size=BASE["pack_size"], window=BASE["window"], plan={name: value}
         )
-    config = module.reader_config(layout["world_size"], layout["ranks_per_node"])
+    config = module.reader_config(TrainerLayout(rank=0, **layout))
     assert getattr(config.plan, name) == value
 
 
@@ -198,5 +201,5 @@ def test_datamodule_plan_from_yaml_as_lightning_cli_reads_it() -> None:
     parser.add_class_arguments(BCLDataModule, "data")
     text = "data:\n  data: DIR\n  window: 4\n  plan: {carry_span: 32, stratify: false}\n"
     module = BCLDataModule(**parser.parse_string(text).data.as_dict())
-    plan = module.reader_config(2, 1).plan
+    plan = module.reader_config(TrainerLayout(rank=0, world_size=2, ranks_per_node=1)).plan
     assert (plan.window, plan.carry_span, plan.stratify) == (4, 32, False)

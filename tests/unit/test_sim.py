@@ -1,4 +1,4 @@
-"""The simulator's metrics are DESIGN.md's definitions exactly (hand-computed tiny matrices), every
+"""The simulator's metrics are docs/metrics.md's definitions exactly (hand-computed tiny matrices), every
 strategy accounts for every record, and ``bcl-stream simulate`` behaves as documented."""
 
 from __future__ import annotations

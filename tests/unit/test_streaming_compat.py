@@ -55,6 +55,7 @@ KNOWN_PRIVATE = frozenset(
         "clean_stale_shared_memory",
         "get_hash",
         "new_samples",
+        "_iterator",  # torch DataLoader's; persistent workers learn of the cursor another way
     }
 )
 CALL_ONLY = frozenset({"prepare_shard"})

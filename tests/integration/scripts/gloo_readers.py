@@ -67,7 +67,7 @@ def wrong_world_error(root: str) -> str:
 
 
 def worker(rank: int, mds_root: str, wds_root: str, port: int, out: str) -> None:
-    # Streaming reads these; a DDP launcher would set them (NOTES: set before building).
+    # Streaming reads these; a DDP launcher would set them (set before building: docs/lightning.md).
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(WORLD),

@@ -1,0 +1,124 @@
+"""The DataModule follows the trainer: every shipped YAML through LightningCLI plans with the
+trainer's world size, ranks per node and accumulation and the collate's layout; an explicit
+value that contradicts the trainer is refused naming which setting wins.
+
+The configs target GPUs (devices x nodes up to 4 x 8); here they are built on CPU with only the
+accelerator changed, so the Trainer's layout is the config's, and the DataModule's ``setup()``
+runs for rank 0 of that layout on the test dataset (a mixture's streams on copies of it).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import yaml
+from lightning.pytorch.cli import LightningCLI
+
+from lightning_module.datamodule import BCLDataModule
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+def cli_from(path: Path, tmp: Path, data_dir: Path) -> LightningCLI:
+    """LightningCLI on ``path`` as shipped, built (not run) on CPU over ``data_dir``."""
+    cfg: dict[str, Any] = yaml.safe_load(path.read_text())
+    cfg["trainer"].update(accelerator="cpu", default_root_dir=str(tmp), logger=False)
+    cfg["trainer"]["callbacks"] = []
+    data = cfg["data"]
+    data.pop("cache_dir", None)
+    if "streams" in data:  # one copy of the test dataset per stream (a path is named once)
+        for i, stream in enumerate(data["streams"]):
+            stream["path"] = str(shutil.copytree(data_dir, tmp / f"stream-{i}"))
+    else:
+        data["data"] = str(data_dir)
+    config = tmp / path.name
+    config.write_text(yaml.safe_dump(cfg))
+    return LightningCLI(
+        pl.LightningModule,
+        BCLDataModule,
+        subclass_mode_model=True,
+        run=False,
+        args=["--config", str(config)],
+    )
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_every_shipped_config_plans_what_its_trainer_runs(
+    path: Path, mds_dir: Path, tmp_path: Path
+) -> None:
+    shipped = yaml.safe_load(path.read_text())
+    cli = cli_from(path, tmp_path, mds_dir)
+    trainer, module = cli.trainer, cli.datamodule
+    assert isinstance(module, BCLDataModule)
+    module.trainer = trainer  # what trainer.fit(model, datamodule) does before setup()
+    module.setup("fit")
+    assert module.dataset is not None
+    plan = module.dataset.config.plan
+    nodes = shipped["trainer"].get("num_nodes", 1)
+    devices = shipped["trainer"]["devices"]
+    accumulate = shipped["trainer"].get("accumulate_grad_batches", 1)
+    assert (plan.world_size, plan.ranks_per_node) == (nodes * devices, devices)
+    assert (plan.world_size, plan.ranks_per_node) == (trainer.world_size, trainer.num_devices)
+    assert plan.grad_accum == accumulate == trainer.accumulate_grad_batches
+    assert plan.layout == shipped["data"].get("layout", "padded") == module.layout
+
+
+def test_accumulation_and_layout_reach_the_plan_and_the_cursor(
+    mds_dir: Path, tmp_path: Path
+) -> None:
+    """A default DataModule (padded collate) under a Trainer accumulating 3 micro-batches."""
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, accumulate_grad_batches=3, logger=False,
+        default_root_dir=str(tmp_path),
+    )  # fmt: skip
+    module = BCLDataModule(str(mds_dir), pack_size=4, window=3)
+    module.trainer = trainer
+    module.setup("fit")
+    assert module.dataset is not None
+    plan = module.dataset.config.plan
+    assert (plan.grad_accum, plan.layout) == (3, "padded")
+    module.train_dataloader()
+    saved = module.state_dict()["reader"]["config"]["plan"]
+    assert (saved["grad_accum"], saved["layout"]) == (3, "padded")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (
+            {"plan": {"grad_accum": 2}},
+            r"plan\.grad_accum=2 contradicts the trainer's accumulate_grad_batches \(3\); the "
+            r"trainer's setting wins",
+        ),
+        (
+            {"ranks_per_node": 4},
+            r"ranks_per_node=4 contradicts the trainer's devices per node \(1\); the trainer's "
+            r"setting wins",
+        ),
+    ],
+)
+def test_a_value_that_contradicts_the_trainer_is_refused(
+    mds_dir: Path, tmp_path: Path, kwargs: dict[str, Any], match: str
+) -> None:
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, accumulate_grad_batches=3, logger=False,
+        default_root_dir=str(tmp_path),
+    )  # fmt: skip
+    module = BCLDataModule(str(mds_dir), pack_size=4, window=3, **kwargs)
+    module.trainer = trainer
+    with pytest.raises(ValueError, match=match):
+        module.setup("fit")
+    agreeing = BCLDataModule(str(mds_dir), pack_size=4, window=3, plan={"grad_accum": 3})
+    agreeing.trainer = trainer
+    agreeing.setup("fit")  # equal to the trainer's: accepted
+
+
+def test_a_planner_layout_that_contradicts_the_collate_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"plan\.layout='packed' contradicts layout='padded'"):
+        BCLDataModule("DIR", plan={"layout": "packed"})
+    BCLDataModule("DIR", layout="packed", plan={"layout": "packed"})
