@@ -61,7 +61,11 @@ def corpus(path: Path, limit: int | None, copies: int) -> int:
     return sum(1 for _ in path.open("rb"))
 
 
-def bench_preprocess(src: Path, work: Path) -> list[dict[str, Any]]:
+def bench_preprocess(
+    src: Path, work: Path, options: dict[str, dict[str, Any]] | None = None, keep: bool = False
+) -> list[dict[str, Any]]:
+    """``preprocess`` MDS and WDS with 1 and 2 workers (``options[fmt]``: writer options);
+    ``keep``: leave the 1-worker outputs in ``work/pre_{fmt}_1`` (for annotate)."""
     from bcl_stream.preprocess import pipeline, preprocess
 
     pipeline.SMALL_INPUT_BYTES = 0  # measure the pool even on a small corpus
@@ -72,7 +76,12 @@ def bench_preprocess(src: Path, work: Path) -> list[dict[str, Any]]:
             out = work / f"pre_{fmt}_{workers}"
             start = time.perf_counter()
             report = preprocess(
-                [str(src)], str(out), format=fmt, workers=workers, overwrite=True, progress=False
+                [str(src)],
+                str(out),
+                workers=workers,
+                overwrite=True,
+                progress=False,
+                **(options or {}).get(fmt, {"format": fmt}),
             )
             wall = time.perf_counter() - start
             rows.append(
@@ -88,9 +97,17 @@ def bench_preprocess(src: Path, work: Path) -> list[dict[str, Any]]:
                     "tokens_per_s": report.tokens_written / report.seconds,
                     "seconds_parse": report.seconds_parse,
                     "seconds_tokenize": report.seconds_tokenize,
+                    "stages_s": {
+                        "read": report.seconds_read,
+                        "parse_workers": report.seconds_parse,
+                        "tokenize_workers": report.seconds_tokenize,
+                        "write": report.seconds_write,
+                        "finish": report.seconds_finish,
+                    },
                 }
             )
-            shutil.rmtree(out, ignore_errors=True)
+            if not keep or workers > 1:
+                shutil.rmtree(out, ignore_errors=True)
     return rows
 
 

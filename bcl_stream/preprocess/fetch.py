@@ -8,6 +8,7 @@ so a remote dataset is downloaded whole into a temporary directory with streamin
 
 from __future__ import annotations
 
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -41,6 +42,7 @@ def fetch_dataset(location: str, local: str | os.PathLike[str], *, progress: boo
             wanted.append(raw if raw in names or not zipped else zipped)
     else:
         wanted += sorted(n for n in names if n.endswith(WDS_SUFFIXES) and "/" not in n)
+        wanted += _indexed_subdir_shards(location, root, names)
     wanted = [n for n in wanted if n in names]
     # Each download builds its own client (~0.3 s here): overlap them.
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -48,6 +50,19 @@ def fetch_dataset(location: str, local: str | os.PathLike[str], *, progress: boo
         for job in tqdm(jobs, desc="download", unit="file", disable=not progress):
             job.result()
     return root
+
+
+def _indexed_subdir_shards(location: str, root: Path, names: set[str]) -> list[str]:
+    """WebDataset shards in sub-directories that the cost index lists (a merged dataset's
+    ``part-I-of-N/shard-*.tar``); a damaged index lists none here and is reported later."""
+    if INDEX_JSON not in names:
+        return []
+    download(join(location, INDEX_JSON), root / INDEX_JSON)
+    try:
+        shards = json.loads((root / INDEX_JSON).read_text())["shards"]
+        return sorted({s["name"] for s in shards if "/" in s["name"]})
+    except (ValueError, KeyError, TypeError):
+        return []
 
 
 def push_index(root: Path, location: str) -> None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from tqdm import tqdm
 
@@ -27,6 +28,7 @@ from bcl_stream.preprocess.sources import Bad, InputSlice, check_inputs, read_re
 from bcl_stream.preprocess.tokenizers import load_tokenizer
 from bcl_stream.preprocess.work import tokenize_stream
 
+T = TypeVar("T")
 FORMATS = ("mds", "wds")
 SMALL_INPUT_BYTES = 4 << 20
 """Below this much input, one process: spawning a tokenizer worker takes ~1-2 s here."""
@@ -57,6 +59,12 @@ class PreprocessReport:
     """Time parsing records (JSON, UTF-8, chat template), summed over workers."""
     seconds_tokenize: float = 0.0
     """Time in the tokenizer, summed over workers."""
+    seconds_read: float = 0.0
+    """Main process: reading raw records (file reads, line splitting, Parquet batches)."""
+    seconds_write: float = 0.0
+    """Main process: the writer's ``write`` (encoding, shard files, background uploads queued)."""
+    seconds_finish: float = 0.0
+    """Main process: the last shard, waiting for uploads, the cost index and ``index.json``."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,6 +107,20 @@ def parse_size(text: str) -> int:
     if low.isdigit():
         return int(low)
     raise ValueError(f"--shard-size-limit {text!r}: expected bytes such as 67108864 or 64mb")
+
+
+def _timed(items: Iterator[T], timing: dict[str, float]) -> Iterator[T]:
+    """``items``, adding the time spent producing them to ``timing["read"]`` (a stage time
+    of the report: what the main process spends reading, beside the workers' tokenizing)."""
+    while True:
+        t0 = time.perf_counter()
+        try:
+            item = next(items)
+        except StopIteration:
+            timing["read"] += time.perf_counter() - t0
+            return
+        timing["read"] += time.perf_counter() - t0
+        yield item
 
 
 def _bytes(piece: str | InputSlice) -> int:
@@ -244,9 +266,9 @@ def _preprocess(
     prefix = "" if part is None else f"{part.name}-"
     writer = _open_writer(format, output, model, shard_size_limit, compression, maxcount, prefix)
     start = time.perf_counter()  # after the writer's import of streaming (seconds, one-off)
-    raws = read_records(pieces, counts, report.empty_inputs if skip_bad else None)
+    timing: dict[str, float] = {"read": 0.0, "write": 0.0}
+    raws = _timed(read_records(pieces, counts, report.empty_inputs if skip_bad else None), timing)
     bar = tqdm(unit="rec", desc="preprocess", disable=not progress, mininterval=0.5)
-    timing: dict[str, float] = {}
     stream = None
     try:
         stream = tokenize_stream(raws, tokenizer, text_field, workers=workers, seconds=timing)
@@ -260,7 +282,9 @@ def _preprocess(
             ids = policy.apply(source, result)
             if ids is None:
                 continue
+            t0 = time.perf_counter()
             writer.write({"input_ids": ids, "source": source})
+            timing["write"] += time.perf_counter() - t0
             report.records_written += 1
             report.tokens_written += int(ids.size)
         if report.records_written == 0 and part is None:  # an empty part is a valid part
@@ -278,10 +302,14 @@ def _preprocess(
         report.seconds = time.perf_counter() - start
         report.seconds_parse = timing["parse"]
         report.seconds_tokenize = timing["tokenize"]
+        report.seconds_read = timing["read"]
+        report.seconds_write = timing["write"]
         writer.extra.update(preprocess=report.to_dict(), tokenizer=tok_name, chat_template=TEMPLATE)
         if part is not None:
             writer.extra["part"] = part_record(part, "preprocess", input_identity(inputs))
+        t0 = time.perf_counter()
         index = writer.finish()
+        report.seconds_finish = time.perf_counter() - t0
         report.shards = len(index.shards)
         report.seconds = time.perf_counter() - start
     except BaseException:

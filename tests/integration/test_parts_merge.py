@@ -6,6 +6,7 @@ of missing, duplicated, mixed or unlike parts are refused naming the part."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -193,6 +194,7 @@ def test_merges_of_wrong_parts_are_refused_naming_the_part(
 
 @pytest.mark.parametrize("fmt", ["mds", "wds"])
 def test_parts_on_s3_merge_to_the_single_run(
+    capsys: pytest.CaptureFixture[str],
     moto_s3: Callable[[str], str],
     corpus: list[str],
     single: dict[str, Path],
@@ -212,3 +214,8 @@ def test_parts_on_s3_merge_to_the_single_run(
     merge(remote)  # idempotent on S3 too
     assert open_cost_index(remote, tmp_path / "again")[0].content_hash() == index.content_hash()
     assert_same(local, single[fmt], fmt, tmp_path, remote)
+    from bcl_stream.cli import main
+
+    assert main(["inspect", remote, "--json"]) == 0  # every shard found under its part
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["records"] == len(index), report["problems"]
