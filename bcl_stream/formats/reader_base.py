@@ -78,10 +78,8 @@ class PlanDataset(IterableDataset[Pack]):
         # [epoch, first pack, n segments, (world_size, ranks_per_node, packs_consumed) * n]:
         # the loader's last hand-over, shared with worker processes, persistent ones included.
         self._cursor = torch.zeros(3 + 3 * MAX_SEGMENTS, dtype=torch.int64).share_memory_()
-        self._plan: AnyPlan | None = None
         self.chunk = 1
         """Packs per DataLoader item (PackLoader sets it for worker processes)."""
-        self._plan_segments: tuple[Segment, ...] = ()
 
     # -- cursor (owned by PackLoader) -----------------------------------------------------
     @property
@@ -121,12 +119,7 @@ class PlanDataset(IterableDataset[Pack]):
             epoch = self.epoch
         if segments is None:
             segments = self.segments if epoch == self.epoch else ()
-        cached = self._plan
-        if cached is not None and cached.epoch == epoch and self._plan_segments == segments:
-            return cached
-        self._plan = reader_plan(self.index, self.config, epoch, segments)
-        self._plan_segments = segments
-        return self._plan
+        return reader_plan(self.index, self.config, epoch, segments)
 
     def describe_mixture(self) -> list[dict[str, Any]] | None:
         """The mixture the plan reads, as a cursor records it (None: one dataset)."""

@@ -14,7 +14,6 @@ second change of world size in the same epoch works the same way.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, cast
@@ -25,6 +24,7 @@ import numpy.typing as npt
 from bcl_stream.cost import resolve
 from bcl_stream.errors import StateError
 from bcl_stream.io.index import CostIndex
+from bcl_stream.plan.cache import cached
 from bcl_stream.plan.streams import MixtureIndex
 from bcl_stream.plan.token_source import TokenSource
 from bcl_stream.planner import (
@@ -41,7 +41,6 @@ from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG
 from bcl_stream.planner.mixture import EpochSample
 
 REASON_CONSUMED = "consumed_before_resize"
-CACHE_SIZE = 4
 
 PlanData = CostIndex | MixtureIndex
 """What a plan is made from: one dataset's cost index, or a mixture of several."""
@@ -374,55 +373,38 @@ def _consumed(
     return consumed
 
 
-_READER_PLANS: OrderedDict[tuple[Any, ...], AnyPlan] = OrderedDict()
-
-
 def reader_plan(
     index: PlanData,
     config: ReaderConfig,
     epoch: int,
     segments: tuple[Segment, ...] = (),
 ) -> AnyPlan:
-    """The plan readers follow (cached per process: two epochs): the lazy BCL plan, or the
-    ``sequential`` baseline's whole-epoch plan (``config.packing``)."""
-    key = (index.fingerprint(), config, epoch, segments)
-    hit = _READER_PLANS.get(key)
-    if hit is None:
-        hit = (
-            _sequential(index, config, epoch, segments)
-            if config.packing == "sequential"
-            else ReaderPlan(index, config, epoch, segments)
-        )
-        _READER_PLANS[key] = hit
-        while len(_READER_PLANS) > 2:
-            _READER_PLANS.popitem(last=False)
-    return hit
+    """The plan readers follow (in the per-process plan cache, :mod:`bcl_stream.plan.cache`):
+    the lazy BCL plan, or the ``sequential`` baseline's whole-epoch plan (``config.packing``)."""
 
+    def make() -> AnyPlan:
+        if config.packing == "sequential":
+            return _sequential(index, config, epoch, segments)
+        return ReaderPlan(index, config, epoch, segments)
 
-_CACHE: OrderedDict[tuple[Any, ...], EpochPlan] = OrderedDict()
-
-
-_TABLES: OrderedDict[tuple[str, str | None], tuple[Any, ShardTable]] = OrderedDict()
+    return cached(("reader", index.fingerprint(), config, epoch, segments), make)
 
 
 def _costs_and_table(index: PlanData, config: ReaderConfig) -> tuple[Any, ShardTable]:
-    """Per-record costs and the shard table (mean cost per shard), once per data and model.
-    For a mixture the costs are a view over its streams' indexes (each its own cost model)."""
-    key = (index.fingerprint(), config.cost_model)
-    hit = _TABLES.get(key)
-    if hit is None:
+    """Per-record costs and the shard table (mean cost per shard), once per data and model
+    (in the plan cache). For a mixture the costs are a view over its streams' indexes (each its
+    own cost model)."""
+
+    def make() -> tuple[Any, ShardTable]:
         model = None if config.cost_model is None else resolve(config.cost_model)
         if isinstance(index, MixtureIndex):
             view = index.costs(model)
-            hit = (view, index.shard_table(view))
-        else:
-            costs = index.costs(model)
-            counts = index.shard_counts
-            hit = (costs, ShardTable.build(counts, weight=shard_weights(counts, costs)))
-        _TABLES[key] = hit
-        while len(_TABLES) > 2:
-            _TABLES.popitem(last=False)
-    return hit
+            return view, index.shard_table(view)
+        costs = index.costs(model)
+        counts = index.shard_counts
+        return costs, ShardTable.build(counts, weight=shard_weights(counts, costs))
+
+    return cached(("table", index.fingerprint(), config.cost_model), make)
 
 
 def _plan_one(
@@ -517,16 +499,11 @@ def full_plan(
     """
     if epoch < 0:
         raise ValueError(f"epoch must be >= 0, got {epoch}")
-    key = (index.fingerprint(), config, epoch, segments)
-    hit = _CACHE.get(key)
-    if hit is not None:
-        _CACHE.move_to_end(key)
-        return hit
     if config.packing == "sequential":
         return _sequential(index, config, epoch, segments)
-    consumed = _consumed(index, config, epoch, segments)
-    result = EpochPlan(_plan_one(index, config, epoch, consumed), epoch, consumed)
-    _CACHE[key] = result
-    while len(_CACHE) > CACHE_SIZE:
-        _CACHE.popitem(last=False)
-    return result
+
+    def make() -> EpochPlan:
+        consumed = _consumed(index, config, epoch, segments)
+        return EpochPlan(_plan_one(index, config, epoch, consumed), epoch, consumed)
+
+    return cached(("full", index.fingerprint(), config, epoch, segments), make)
