@@ -35,7 +35,6 @@ if __name__ == "__main__":
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from one_core import run_on_one_core
 
 ROOT = Path(__file__).resolve().parent.parent
 OLD_RANKS, NEW_RANKS, PER_NODE, PACK, WINDOW, SHARD = 16, 8, 8, 8, 16, 4096
@@ -131,13 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             root.mkdir()
             write_index(n, root)
             for scope in args.scopes:
-                env = {**os.environ, "PYTHONPATH": str(args.code.resolve())}
-                cmd = [sys.executable, __file__, "--child", str(root), scope]
-                cmd += ["--consumed", str(args.consumed)]
-                if sys.platform.startswith("linux"):
-                    cmd = ["taskset", "-c", "0", *cmd]
-                out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
-                row = json.loads(out.stdout.strip().splitlines()[-1])
+                child = ["--child", str(root), scope, "--consumed", str(args.consumed)]
+                row = run_on_one_core(__file__, child, args.code.resolve())
                 rows.append(row)
                 print(
                     f"{n:>11,} {scope:<6} set-up {row['setup_s']:6.2f}s  fresh "

@@ -30,7 +30,6 @@ if __name__ == "__main__":
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from one_core import run_on_one_core
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -138,12 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             path = Path(tmp) / f"costs_{n}.npy"
             write_costs(n, path)
             for scope in args.scopes:
-                env = {**os.environ, "PYTHONPATH": str(ROOT)}
-                cmd = [sys.executable, __file__, "--child", str(path), scope]
-                if sys.platform.startswith("linux"):
-                    cmd = ["taskset", "-c", "0", *cmd]
-                out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
-                row = json.loads(out.stdout.strip().splitlines()[-1])
+                row = run_on_one_core(__file__, ["--child", str(path), scope], ROOT)
                 rows.append(row)
                 print(
                     f"{n:>11,} {scope:<6} setup {row['setup_s']:6.2f}s  first pack "
