@@ -36,17 +36,26 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader
 
 from bcl_stream.cost import resolve
 from bcl_stream.errors import StateError
 from bcl_stream.formats.open_reader import open_dataset
+from bcl_stream.formats.read_options import DEFAULT_DOWNLOAD_TIMEOUT, DEFAULT_PREFETCH, ReadOptions
 from bcl_stream.formats.reader_base import PlanDataset
 from bcl_stream.io.streaming_compat import set_streaming_env
 from bcl_stream.loading.collate import LABELS, PackCollate
+from bcl_stream.loading.evaluation import (
+    evaluation_dataset,
+    evaluation_loader,
+    evaluation_sources,
+)
 from bcl_stream.loading.loader import PackLoader
 from bcl_stream.plan.checks import require_packs
 from bcl_stream.plan.cursor import MIXTURE_CHANGES
 from bcl_stream.plan.epoch import PACKINGS, PLAN_FIELDS, ReaderConfig
+from bcl_stream.plan.eval_plan import EVAL_PACKINGS
+from bcl_stream.plan.token_source import TokenSource
 from bcl_stream.planner import PlanConfig
 from bcl_stream.planner.padded import LAYOUTS
 
@@ -207,6 +216,20 @@ class BCLDataModule(pl.LightningDataModule):
         ranks_per_node: None (default) takes the trainer's devices per node; a value that
             differs from the trainer's is refused.
         allow_resize: resume a state saved under another world size (elastic) or refuse it.
+        tokens_field, tokens_dtype: the column of token ids when it is not ``input_ids``
+            (any name; raw integer bytes need their dtype: ``int64`` for llm-foundry's
+            ``tokens``). None: the column the cost index was counted from (``annotate``).
+        text_field, tokenizer: read a text column and tokenize it on the fly (``cl100k`` or a
+            local ``tokenizer.json``), as ``annotate --text-field --tokenizer`` counted it; a
+            source other than the one the cost index was counted from is refused.
+        val_data, val_streams, test_data, test_streams: validation / test data (one dataset,
+            or streams: one loader per stream, each read whole). Every record is evaluated
+            once across ranks, in the same number of packs of at most ``pack_size`` records
+            on every rank (docs/lightning.md, "Validation and test").
+        eval_packing: ``sequential`` (write order) or ``bcl`` (packs of similar cost, steps
+            balanced across ranks) for validation and test; None: ``packing``.
+        cache_limit, download_timeout, prefetch: how readers fetch remote shards (MDS: passed
+            to Mosaic Streaming, which owns its cache; ``bcl_stream.formats.read_options``).
         plan: any other planner knob, by ``PlanConfig`` field name (``algorithm``, ``refine``,
             ``pack_order``, ``step_fill``, ``carry``, ``carry_span``, ``stratify``,
             ``split_shards``, ``shard_group``); unset ones keep PlanConfig's defaults. YAML:
@@ -240,9 +263,35 @@ class BCLDataModule(pl.LightningDataModule):
         cache_dir: str | None = None,
         ranks_per_node: int | None = None,
         allow_resize: bool = True,
+        tokens_field: str | None = None,
+        tokens_dtype: str | None = None,
+        text_field: str | None = None,
+        tokenizer: str | None = None,
+        val_data: str | None = None,
+        val_streams: list[Any] | None = None,
+        test_data: str | None = None,
+        test_streams: list[Any] | None = None,
+        eval_packing: str | None = None,
+        cache_limit: int | str | None = None,
+        download_timeout: float = DEFAULT_DOWNLOAD_TIMEOUT,
+        prefetch: int = DEFAULT_PREFETCH,
         plan: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        given = {"tokens_field": tokens_field, "tokens_dtype": tokens_dtype}
+        given.update(text_field=text_field, tokenizer=tokenizer)
+        self.tokens = TokenSource.of({k: v for k, v in given.items() if v is not None})
+        self.options = ReadOptions(
+            cache_limit=cache_limit, download_timeout=download_timeout, prefetch=prefetch
+        )
+        self.evaluation = {
+            "val": evaluation_sources("val", val_data, val_streams),
+            "test": evaluation_sources("test", test_data, test_streams),
+        }
+        self.eval_packing = packing if eval_packing is None else eval_packing
+        if self.eval_packing not in EVAL_PACKINGS:
+            raise ValueError(f"eval_packing must be one of {EVAL_PACKINGS}, got {eval_packing!r}")
+        self._eval_loaders: dict[str, list[DataLoader[Any]]] = {}
         self.plan = check_plan_knobs(plan, pack_size=pack_size, window=window, scope=scope)
         if (data is None) == (streams is None):
             raise ValueError("give BCLDataModule either data (one dataset) or streams (a mixture)")
@@ -335,6 +384,7 @@ class BCLDataModule(pl.LightningDataModule):
             self.cache_dir,
             epoch_size=self.epoch_size,
             format=self.format,
+            options=self.options,
         )
         self.layout_used = layout
 
@@ -366,7 +416,7 @@ class BCLDataModule(pl.LightningDataModule):
             max_tokens=self.max_tokens,
             cost_model=self.cost_model,
             packing=self.packing,
-            tokens=None,  # the cost index's own source (the readers resolve it)
+            tokens=self.tokens,  # None: the cost index's own source (the readers resolve it)
             **knobs,
         )
 
@@ -377,8 +427,12 @@ class BCLDataModule(pl.LightningDataModule):
 
     def collate(self) -> PackCollate:
         """The collate function the loader uses (also handy for inspecting batches)."""
+        return self.collate_for(self._require_dataset())
+
+    def collate_for(self, dataset: PlanDataset) -> PackCollate:
+        """The collate function of a reader (training, or an evaluation reader's own index)."""
         return PackCollate.for_dataset(
-            self._require_dataset().index,
+            dataset.index,
             self.cost_model,
             self.layout,
             self.max_seq_len,
@@ -427,6 +481,40 @@ class BCLDataModule(pl.LightningDataModule):
                 on_mixture_change=self.on_mixture_change,
             )
         return self._loader
+
+    def val_dataloader(self) -> list[DataLoader[Any]]:
+        """One loader of every validation record, once across ranks (``val_data``: one;
+        ``val_streams``: one per stream); none without validation data."""
+        return self._evaluation_loaders("val")
+
+    def test_dataloader(self) -> list[DataLoader[Any]]:
+        """One loader of every test record, once across ranks (see :meth:`val_dataloader`)."""
+        return self._evaluation_loaders("test")
+
+    def _evaluation_loaders(self, kind: str) -> list[DataLoader[Any]]:
+        """Built once per DataModule and kind, after setup (the trainer's layout decides the
+        packs; ``bcl_stream.loading.evaluation``)."""
+        if kind not in self._eval_loaders:
+            self._require_dataset()
+            assert self.layout_used is not None
+            _explain_len_warning()  # exact here too: worker w of K reads packs w, w+K, ...
+            config = self.reader_config(self.layout_used)
+            loaders = []
+            for i, location in enumerate(self.evaluation[kind]):
+                dataset = evaluation_dataset(
+                    location,
+                    config,
+                    self.layout_used.rank,
+                    packing=self.eval_packing,
+                    cache_dir=None if self.cache_dir is None else f"{self.cache_dir}/{kind}-{i}",
+                    options=self.options,
+                )
+                collate = self.collate_for(dataset)
+                loaders.append(
+                    evaluation_loader(dataset, collate_fn=collate, num_workers=self.num_workers)
+                )
+            self._eval_loaders[kind] = loaders
+        return self._eval_loaders[kind]
 
     def remainder_counts(self) -> dict[str, int]:
         """Records no rank yields, by reason (the same on every rank), of the epoch the loader

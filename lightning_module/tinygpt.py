@@ -248,6 +248,20 @@ class TinyGPT(L.LightningModule):
         # the accumulated step weighs every record as with exactly B per micro-batch.
         return loss * batch["loss_scale"] if "loss_scale" in batch else loss
 
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        return self._evaluate("val_loss", batch)
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        return self._evaluate("test_loss", batch)
+
+    def _evaluate(self, name: str, batch: dict[str, Tensor]) -> Tensor:
+        """The loss of an evaluation pack (at most B records), averaged over every rank's
+        records (``sync_dist``: every rank runs the same number of packs)."""
+        loss = self.loss(batch)
+        records = int(batch["sample_ids"].numel()) if "sample_ids" in batch else 1
+        self.log(name, loss, prog_bar=True, batch_size=records, sync_dist=True)
+        return loss
+
     def configure_optimizers(self) -> Any:
         # Deliberately does not read trainer.estimated_stepping_batches (Lightning #20550:
         # it would stop loader states from being restored on resume).

@@ -29,7 +29,9 @@ import numpy.typing as npt
 
 from bcl_stream.errors import CostIndexError, DatasetError
 from bcl_stream.formats.dataset_files import read_mds_index
+from bcl_stream.formats.read_options import DEFAULT_PREFETCH, ReadOptions
 from bcl_stream.formats.reader_base import DatasetReader, Pack
+from bcl_stream.formats.token_ids import with_ids
 from bcl_stream.io.integrity import ShardVerifier
 from bcl_stream.io.remote import is_remote, open_cost_index
 from bcl_stream.io.streaming_compat import guard_downloads
@@ -76,8 +78,10 @@ class MDSPackDataset(DatasetReader):
     """One rank's packs of an MDS dataset (local directory or ``s3://...``), in plan order.
 
     ``location``: the dataset root (holding ``index.json`` and the cost index). ``cache_dir``:
-    required for remote datasets; streaming's ``local`` directory. Extra keyword arguments go
-    to ``StreamingDataset`` (for example ``cache_limit`` or ``download_timeout``).
+    required for remote datasets; streaming's ``local`` directory. ``options``
+    (:class:`~bcl_stream.formats.read_options.ReadOptions`): ``cache_limit`` and
+    ``download_timeout`` go to ``StreamingDataset``, which owns the cache, ``prefetch`` is the
+    depth of our shard prefetch. Extra keyword arguments go to ``StreamingDataset`` too.
     """
 
     def __init__(
@@ -87,7 +91,8 @@ class MDSPackDataset(DatasetReader):
         rank: int | None = None,
         *,
         cache_dir: str | os.PathLike[str] | None = None,
-        prefetch: int = 2,
+        prefetch: int = DEFAULT_PREFETCH,
+        options: ReadOptions | None = None,
         **streaming_kwargs: Any,
     ) -> None:
         from streaming import StreamingDataset
@@ -105,10 +110,12 @@ class MDSPackDataset(DatasetReader):
                 f"that format (WDSPackDataset for 'wds')"
             )
         super().__init__(index, config, rank)
+        self._resolve_tokens(location)
         self.location = location
-        self.prefetch = prefetch
+        self.prefetch = prefetch if options is None else options.prefetch
         self.remote = is_remote(location)
         kwargs: dict[str, Any] = {"shuffle": False, "batch_size": config.plan.pack_size}
+        kwargs.update({} if options is None else options.streaming_kwargs())
         kwargs.update(streaming_kwargs)
         if self.remote:
             kwargs.update(remote=location, local=str(local_root))
@@ -170,6 +177,7 @@ class MDSPackDataset(DatasetReader):
             ) from exc
         if self.remote:
             self.verifier.check_shard(shard)
+        with_ids(record, self.tokens, f"{self.location}: record {sample_id}")
         self.verifier.check_record(sample_id, record)
         record["sample_id"] = sample_id  # a fresh dict per call: safe to extend in place
         return record

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bcl_stream.errors import DatasetError
+from bcl_stream.formats.read_options import ReadOptions
 from bcl_stream.formats.reader_base import DatasetReader, PlanDataset
 from bcl_stream.plan.checks import check_format_scope
 from bcl_stream.plan.epoch import ReaderConfig
@@ -20,6 +21,7 @@ def open_reader(
     config: ReaderConfig,
     rank: int | None,
     cache_dir: str | os.PathLike[str] | None,
+    options: ReadOptions | None = None,
     *,
     format: str | None = None,
 ) -> DatasetReader:
@@ -38,10 +40,10 @@ def open_reader(
     if index.format == "wds":
         from bcl_stream.formats.wds_reader import WDSPackDataset
 
-        return WDSPackDataset(location, config, rank, cache_dir=cache_dir)
+        return WDSPackDataset(location, config, rank, cache_dir=cache_dir, options=options)
     from bcl_stream.formats.mds_reader import MDSPackDataset
 
-    return MDSPackDataset(location, config, rank, cache_dir=cache_dir)
+    return MDSPackDataset(location, config, rank, cache_dir=cache_dir, options=options)
 
 
 def open_dataset(
@@ -53,14 +55,16 @@ def open_dataset(
     *,
     epoch_size: int | None = None,
     format: str | None = None,
+    options: ReadOptions | None = None,
 ) -> PlanDataset:
     """The reader of one dataset (``data``) or of a mixture (``streams``: specs or dicts, each
-    stream read in its own format); exactly one of the two. ``format`` checks one dataset's."""
+    stream read in its own format); exactly one of the two. ``format`` checks one dataset's;
+    ``options``: how a dataset's shards are fetched (one dataset)."""
     if (data is None) == (streams is None):
         raise ValueError("give either data (one dataset) or streams (a mixture), not both")
     if streams is None:
         assert data is not None
-        return open_reader(data, config, rank, cache_dir, format=format)
+        return open_reader(data, config, rank, cache_dir, options, format=format)
     from bcl_stream.formats.mixture_reader import MixturePackDataset
 
     return MixturePackDataset(

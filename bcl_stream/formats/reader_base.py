@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -31,9 +32,12 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from bcl_stream.errors import StateError
+from bcl_stream.formats.token_ids import resolve_source
 from bcl_stream.io.index import CostIndex
 from bcl_stream.plan.epoch import AnyPlan, PlanData, ReaderConfig, Segment, reader_plan
+from bcl_stream.plan.eval_plan import EvalPlan
 from bcl_stream.plan.steps import step_cut, whole_steps
+from bcl_stream.plan.token_source import TokenSource
 
 Sample = dict[str, Any]
 Pack = list[Sample]
@@ -80,6 +84,22 @@ class PlanDataset(IterableDataset[Pack]):
         self._cursor = torch.zeros(3 + 3 * MAX_SEGMENTS, dtype=torch.int64).share_memory_()
         self.chunk = 1
         """Packs per DataLoader item (PackLoader sets it for worker processes)."""
+        self._evaluation: EvalPlan | None = None
+
+    def for_evaluation(self, packing: str = "sequential") -> PlanDataset:
+        """Read for validation or test (``plan/eval_plan.py``): every record once across
+        ranks, equal pack counts, packs of at most B records, no epochs; returns ``self``."""
+        from bcl_stream.cost import resolve
+
+        model = None if self.config.cost_model is None else resolve(self.config.cost_model)
+        self._evaluation = EvalPlan(
+            np.asarray(self.index.costs(model)[np.arange(len(self.index))]),
+            self.config.plan.world_size,
+            self.config.plan.pack_size,
+            packing,
+            self.location,
+        )
+        return self
 
     # -- cursor (owned by PackLoader) -----------------------------------------------------
     @property
@@ -130,6 +150,8 @@ class PlanDataset(IterableDataset[Pack]):
         return self.plan().rank_packs(self.rank)
 
     def __len__(self) -> int:
+        if self._evaluation is not None:
+            return self._evaluation.n_packs
         return self.plan().n_packs
 
     def remainder_counts(self) -> dict[str, int]:
@@ -164,8 +186,9 @@ class PlanDataset(IterableDataset[Pack]):
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         start, chunk = self.start, self.chunk
         cut = step_cut(self.index, self.config)
-        if cut is None:
-            for first, packs in self.plan().iter_rank_packs(self.rank, start):
+        if self._evaluation is not None or cut is None:
+            plan: AnyPlan | EvalPlan = self._evaluation or self.plan()
+            for first, packs in plan.iter_rank_packs(self.rank, start):
                 position = first - start + np.arange(packs.shape[0])
                 ids = position // chunk
                 mask = ids % workers == worker
@@ -203,6 +226,16 @@ class PlanDataset(IterableDataset[Pack]):
 
 class DatasetReader(PlanDataset):
     """A reader of one costed dataset (MDS or WebDataset, not a mixture): its index is the
-    dataset's :class:`~bcl_stream.io.index.CostIndex`."""
+    dataset's :class:`~bcl_stream.io.index.CostIndex`. Records' ``input_ids`` come from the
+    token source (``ReaderConfig.tokens``, or the one the index was counted from)."""
 
     index: CostIndex
+    tokens: TokenSource | None = None
+    """Where ``input_ids`` come from (None: the stored ``input_ids`` column)."""
+
+    def _resolve_tokens(self, location: str) -> None:
+        """Take the index's token source unless the config names one (a different one is
+        refused); the config, which the cursor records, then names it."""
+        self.tokens = resolve_source(self.config.tokens, self.index, location)
+        if self.tokens != self.config.tokens:
+            self.config = replace(self.config, tokens=self.tokens)

@@ -24,7 +24,8 @@ import numpy.typing as npt
 
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.npy import load_npy
-from bcl_stream.plan.token_source import TokenSource
+from bcl_stream.io.index import CostIndex
+from bcl_stream.plan.token_source import KEYS, TokenSource
 
 QUOTE = 60
 """Characters of a value quoted in an error message."""
@@ -169,3 +170,62 @@ def wds_column(members: Mapping[str, bytes], field: str, where: str) -> Any:
         f"{where}: no member {field}.npy or {field}, and no {field!r} in a json member "
         f"(members: {sorted(members)}); pass --tokens-field, --text-field or --length-field"
     )
+
+
+def recorded_source(index: CostIndex) -> TokenSource | None:
+    """The token source a cost index was counted from (``annotate`` records it), or None: the
+    ``input_ids`` column (``preprocess``), or a length column checked against no token column."""
+    record = index.extra.get("annotate")
+    if not isinstance(record, dict):
+        return None
+    if "length_field" in record and not index.extra.get("length_check", {}).get("records"):
+        return None
+    try:
+        return TokenSource.of({k: record[k] for k in KEYS if k in record})
+    except ValueError:
+        return None  # an index written before sources were recorded: nothing to compare
+
+
+def resolve_source(
+    configured: TokenSource | None, index: CostIndex, location: str
+) -> TokenSource | None:
+    """The source a reader reads: ``configured``, or the one the index was counted from. A
+    configured source that differs from the recorded one (another column, dtype, or a
+    tokenizer with other content) is refused: the plan would balance counts the reader does not
+    yield."""
+    recorded = recorded_source(index)
+    if configured is None:
+        return recorded
+    if recorded is None or _same(configured, recorded, index):
+        return configured
+    raise DatasetError(
+        f"{location}: the cost index counted the {recorded.describe()}, but the reader is set "
+        f"to read the {configured.describe()}: the plan would balance other token counts than "
+        f"the ones trained on. Read {_settings(recorded)}, or re-run `bcl-stream annotate "
+        f"--overwrite` with the reader's column"
+    )
+
+
+def _same(configured: TokenSource, recorded: TokenSource, index: CostIndex) -> bool:
+    if configured.tokenizer is None or recorded.tokenizer is None:
+        return configured == recorded
+    from dataclasses import replace
+
+    from bcl_stream.preprocess.tokenizers import tokenizer_identity
+
+    stored = index.extra.get("annotate", {}).get("tokenizer_id")
+    if stored is not None and tokenizer_identity(configured.tokenizer) != stored:
+        return False
+    return replace(configured, tokenizer=recorded.tokenizer) == recorded
+
+
+def _settings(source: TokenSource) -> str:
+    given = source.to_dict() or {"tokens_field": source.tokens_field}
+    return ", ".join(f"{k}={v!r}" for k, v in given.items())
+
+
+def with_ids(record: dict[str, Any], source: TokenSource | None, where: str) -> dict[str, Any]:
+    """``record`` with ``input_ids`` read from ``source`` (None: the stored ``input_ids``)."""
+    if source is not None:
+        record["input_ids"] = token_ids(record_column(record, source.field, where), source, where)
+    return record

@@ -38,8 +38,10 @@ import numpy.typing as npt
 
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.npy import load_npy
+from bcl_stream.formats.read_options import DEFAULT_PREFETCH, ReadOptions
 from bcl_stream.formats.reader_base import DatasetReader, Pack, Sample
 from bcl_stream.formats.tar_scan import TarFormatError, tar_members
+from bcl_stream.formats.token_ids import with_ids
 from bcl_stream.io.hashing import record_digest
 from bcl_stream.io.index import CostIndex
 from bcl_stream.io.remote import download, is_remote, join, open_cost_index
@@ -251,7 +253,10 @@ class WDSPackDataset(DatasetReader):
     """One rank's packs of a costed WebDataset dataset (local directory or ``s3://``).
 
     Remote shards are downloaded to ``cache_dir`` (streaming's downloader, with retries), up
-    to ``prefetch`` shards ahead of the one being read, and kept there.
+    to ``prefetch`` shards ahead of the one being read, and kept there; ``options``
+    (:class:`~bcl_stream.formats.read_options.ReadOptions`) sets the prefetch depth, each
+    download's timeout, and a ``cache_limit`` above which the tars this reader downloaded are
+    deleted oldest first (never one it is reading or has fetched ahead).
     """
 
     def __init__(
@@ -261,7 +266,8 @@ class WDSPackDataset(DatasetReader):
         rank: int | None = None,
         *,
         cache_dir: str | os.PathLike[str] | None = None,
-        prefetch: int = 2,
+        prefetch: int = DEFAULT_PREFETCH,
+        options: ReadOptions | None = None,
     ) -> None:
         if config.plan.scope != "rank":
             raise ValueError(
@@ -275,12 +281,16 @@ class WDSPackDataset(DatasetReader):
                 f"{location}: the cost index says format {index.format!r}; use MDSPackDataset"
             )
         super().__init__(index, config, rank)
+        self._resolve_tokens(location)
         if index.record_hashes is None:
             _warn_unhashed(location)
         self.location = location
         self.remote = is_remote(location)
         self.root = local_root
-        self.prefetch = prefetch
+        self.options = options or ReadOptions(prefetch=prefetch)
+        self.prefetch = self.options.prefetch
+        self._cached: list[Path] = []
+        """Tars this reader downloaded, oldest first (what ``cache_limit`` may evict)."""
         counts = np.asarray(index.shard_counts, dtype=np.int64)
         self._shard_starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
 
@@ -309,6 +319,7 @@ class WDSPackDataset(DatasetReader):
                     if ahead not in pending:
                         pending[ahead] = pool.submit(fetch, ahead)
                 path = pending.pop(s).result()
+                self._evict({path, *(self.root / entries[a].name for a in pending)})
                 yield entries[s].name, path, int(self._shard_starts[s]), entries[s].samples
 
     def _fetch(self, shard: int) -> Path:
@@ -316,17 +327,39 @@ class WDSPackDataset(DatasetReader):
         target = self.root / name
         if not target.is_file():
             try:
-                download(join(self.location, name), target)
+                download(join(self.location, name), target, timeout=self.options.download_timeout)
             except DatasetError as exc:
                 raise DatasetError(
                     f"{self.location}: cannot read shard {shard} ({name}): {exc}"
                 ) from exc
+            self._cached.append(target)
         return target
+
+    def _evict(self, keep: set[Path]) -> None:
+        """Delete the oldest tars this reader downloaded while the cache holds more than
+        ``cache_limit`` bytes, except ``keep`` (being read, or fetched ahead)."""
+        limit = self.options.cache_bytes
+        if limit is None:
+            return
+        sizes = {p: p.stat().st_size for p in self._cached if p.is_file()}
+        total = sum(sizes.values())
+        for path in list(self._cached):
+            if total <= limit:
+                break
+            if path in keep or path not in sizes:
+                continue
+            path.unlink(missing_ok=True)
+            self._cached.remove(path)
+            total -= sizes[path]
 
     def _read_packs(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
         wanted = set(int(i) for i in packs.ravel())
         hashes = self.index.record_hashes
         shards = self._local_shards(self.shard_order(packs))
         raw = tar_samples(shards, wanted, hashes, part_firsts(self.index))
-        decoded = (decode_sample(sid, key, members) for sid, key, members in raw)
+        where = f"{self.location}: record"
+        decoded = (
+            with_ids(decode_sample(sid, key, members), self.tokens, f"{where} {sid}")
+            for sid, key, members in raw
+        )
         yield from follow_plan(decoded, packs)

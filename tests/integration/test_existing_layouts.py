@@ -126,3 +126,117 @@ def test_2_a_length_field_is_checked_against_the_token_column(
     proc = bcl_stream_cli("annotate", str(wds), "--no-progress", "--length-field", "n",
                           "--tokens-field", "tokens")  # fmt: skip
     assert proc.returncode == 0 and "checked against the token column on" in proc.stdout
+
+
+FIT = {
+    # how each layout names its token source in the YAML: explicitly, or not at all (the
+    # cost index recorded it at annotate time and the reader takes it from there)
+    "foundry_tokens": {"tokens_field": "tokens", "tokens_dtype": "int64"},
+    "foundry_text": {"text_field": "text", "tokenizer": "cl100k"},
+    "wds_tokens": {},
+    "wds_text": {},
+}
+
+
+def fit_config(tmp: Path, data: Path, layout: str) -> Path:
+    import yaml
+    from lightning_scripts.harness import tiny_config
+
+    tiny = tiny_config()
+    config = {
+        "seed_everything": 0,
+        "trainer": {
+            "accelerator": "cpu",
+            "devices": 1,
+            "max_steps": 3,
+            "logger": False,
+            "enable_checkpointing": False,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "default_root_dir": str(tmp / "run"),
+            "callbacks": [
+                {
+                    "class_path": "lightning_module.callbacks.PackLogger",
+                    "init_args": {"directory": str(tmp / "logs")},
+                }
+            ],
+        },
+        "model": {
+            "class_path": "lightning_module.tinygpt.TinyGPT",
+            "init_args": {
+                "config": {
+                    k: getattr(tiny, k)
+                    for k in ("vocab_size", "d_model", "n_layers", "n_heads", "ffn_hidden")
+                }
+                | {"max_seq_len": 1024}
+            },
+        },
+        "data": {
+            "data": str(data),
+            "format": "wds" if layout.startswith("wds") else "mds",
+            "pack_size": 4,
+            "window": 4,
+            "layout": "packed",
+            **FIT[layout],
+        },
+    }
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.parametrize("layout", stock_layouts.LAYOUTS)
+def test_1_a_stock_dataset_trains_through_the_cli(
+    stock: dict[str, Path], layout: str, tmp_path: Path
+) -> None:
+    from lightning_scripts.harness import lightning_cli
+
+    from lightning_module.callbacks import read_pack_log
+
+    data = fresh(stock, layout, tmp_path)
+    annotated = bcl_stream_cli("annotate", str(data), "--no-progress", *ANNOTATE[layout])
+    assert annotated.returncode == 0, annotated.stderr[-2000:]
+    root = Path(__file__).resolve().parents[2]
+    proc = lightning_cli(root, "fit", "--config", str(fit_config(tmp_path, data, layout)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = read_pack_log(tmp_path / "logs" / "packs_rank0.jsonl")
+    assert [x["step"] for x in lines] == [0, 1, 2]
+    counts = np.load(data / "bcl_costs.npy")["tokens"]
+    for line in lines:
+        assert len(line["sample_ids"]) == 4  # exactly B records per step
+        # the ids trained on are the counted ones: tokens fed = the cost index's counts
+        assert line["tokens"] == int(counts[line["sample_ids"]].sum())
+
+
+def test_1_a_reader_set_to_another_source_is_refused(
+    stock: dict[str, Path], tmp_path: Path
+) -> None:
+    from bcl_stream.errors import DatasetError
+    from lightning_module import BCLDataModule
+
+    data = fresh(stock, "foundry_tokens", tmp_path)
+    args = ["--no-progress", *ANNOTATE["foundry_tokens"]]
+    assert bcl_stream_cli("annotate", str(data), *args).returncode == 0
+    module = BCLDataModule(str(data), pack_size=4, window=4, tokens_field="n")
+    with pytest.raises(DatasetError, match="counted the token column 'tokens' \\(raw int64"):
+        module.setup_for(0, 1, 1)
+    text = fresh(stock, "foundry_text", tmp_path)
+    args = ["--no-progress", *ANNOTATE["foundry_text"]]
+    assert bcl_stream_cli("annotate", str(text), *args).returncode == 0
+    tokenizer = tmp_path / "tokenizer.json"
+    write_word_tokenizer(tokenizer)
+    module = BCLDataModule(
+        str(text), pack_size=4, window=4, text_field="text", tokenizer=str(tokenizer)
+    )
+    with pytest.raises(DatasetError, match="tokenized with"):
+        module.setup_for(0, 1, 1)
+
+
+def write_word_tokenizer(path: Path) -> None:
+    """A local Hugging Face tokenizer.json (a word-level vocabulary): another tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "record": 1, "lorem": 2, "ipsum": 3}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path))
