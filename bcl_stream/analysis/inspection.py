@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +100,9 @@ def inspect_dataset(
         outliers=_outliers(index.tokens, max_tokens),
         preprocess=index.extra.get("preprocess") or index.extra.get("annotate"),
     )
+    started = time.perf_counter()
     report["problems"] = check_integrity(root, index)
+    report["integrity_seconds"] = time.perf_counter() - started
     report["ok"] = not report["problems"]
     if plot is not None and len(index):
         plot_inspection(index, plot, max_tokens)

@@ -56,7 +56,14 @@ def _text(report: dict[str, Any]) -> list[str]:
     pre = report.get("preprocess") or {}
     if pre.get("skipped_bad"):
         lines.append(f"skipped at preprocessing: {pre['skipped_bad']}")
-    lines.append("integrity: ok" if report["ok"] else "integrity: PROBLEMS")
+    checked = (
+        "every shard's size, header and content hash"
+        if report["format"] == "mds"
+        else "each tar's record count and every record's hash the index holds"
+    )
+    took = f"{report.get('integrity_seconds', 0.0):.2f} s"
+    verdict = "ok" if report["ok"] else "PROBLEMS"
+    lines.append(f"integrity: {verdict} ({checked} checked in {took})")
     lines += [f"  - {p}" for p in report["problems"]]
     return lines
 

@@ -176,10 +176,18 @@ def _mds_problems(root: Path, index: CostIndex) -> list[str]:
                 f"shard {got.name}: index.json says {got.samples} samples, "
                 f"{INDEX_JSON} says {want.samples}"
             )
+    # Every shard checked as the MDS reader checks it before its first read: present, its size
+    # as index.json records it (a truncated copy), its header, and its content hash.
+    from bcl_stream.io.integrity import mds_shard_problem
+
     for shard in data["shards"]:
         names = [shard.get(k, {}).get("basename") for k in ("raw_data", "zip_data") if shard.get(k)]
         if not any((root / n).is_file() for n in names if n):
             problems.append(f"shard file missing: {' or '.join(str(n) for n in names)}")
+            continue
+        problem = mds_shard_problem(root, shard)
+        if problem:
+            problems.append(f"damaged shard: {problem}")
     if data.get(POINTER_KEY) not in (None, INDEX_JSON):
         problems.append(f"index.json points to {data.get(POINTER_KEY)!r}, expected {INDEX_JSON!r}")
     return problems
@@ -238,9 +246,10 @@ def check_integrity(local_dir: str | os.PathLike[str], index: CostIndex) -> list
     """Problems (empty if none) between a cost index and the shards on disk.
 
     Checks the index's hash against ``bcl_index.json`` when that file is present, the format,
-    the shard list and per-shard record counts (MDS: ``index.json`` counts and shard file
-    presence; WDS: tar member keys counted per shard, and every record against its hash when
-    the index has record hashes).
+    the shard list and per-shard record counts (MDS: ``index.json`` counts, and every shard file
+    as the reader checks it: present, its recorded size, header and content hash; WDS: tar
+    member keys counted per shard, and every record against its hash when the index has
+    record hashes).
     """
     root = Path(local_dir)
     problems: list[str] = []
