@@ -197,7 +197,8 @@ def _sum_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
                 for k in ("truncated", "dropped", "tokens_removed"):
                     total[key][k] += value[k]
                 total[key]["longest_seen"] = max(total[key]["longest_seen"], value["longest_seen"])
-    total["output"] = str(Path(total["output"]).parent) if total.get("output") else None
+    if isinstance(total.get("output"), str):  # a part's directory -> the merged root (or URL)
+        total["output"] = total["output"].rstrip("/").rsplit("/", 1)[0]
     return total
 
 

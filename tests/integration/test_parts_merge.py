@@ -208,6 +208,7 @@ def test_parts_on_s3_merge_to_the_single_run(
     )
     index = merge(remote)
     assert len(index) == len(read_index(single[fmt]))
+    assert index.extra["preprocess"]["output"] == remote
     local = tmp_path / "index"
     index_again, _ = open_cost_index(remote, local)
     assert index_again.content_hash() == index.content_hash()
