@@ -82,9 +82,18 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _run_parts(args: argparse.Namespace) -> int:
     if args.engine != "ray" or args.parts is None or args.part is not None:
+        given = (
+            "--parts without --engine ray"
+            if args.engine != "ray"
+            else (
+                "--engine ray without --parts N"
+                if args.parts is None
+                else "--part with --engine ray"
+            )
+        )
         raise ValueError(
-            "--engine ray needs --parts N (and no --part); to run one part yourself (a Slurm "
-            "array task), pass --part I/N without --engine"
+            f"{given}: --engine ray --parts N runs all N parts on Ray; to run one part "
+            "yourself (a Slurm array task), pass --part I/N without --engine"
         )
     from bcl_stream.preprocess.distributed import preprocess_parts
 

@@ -115,3 +115,21 @@ def test_select_parts_names_what_is_missing_or_mixed() -> None:
         select_parts("o", ["part-0-of-2", "part-1-of-2", "part-0-of-3"])
     with pytest.raises(DatasetError, match="no part directories"):
         select_parts("o", ["index.json"])
+
+
+@pytest.mark.parametrize(
+    "extra,given",
+    [
+        (["--parts", "2"], "--parts without --engine ray"),
+        (["--engine", "ray"], "--engine ray without --parts N"),
+        (["--engine", "ray", "--parts", "2", "--part", "0/2"], "--part with --engine ray"),
+    ],
+)
+def test_cli_refuses_mixed_part_options_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], given: str
+) -> None:
+    from bcl_stream.cli import main
+
+    assert main(["preprocess", "x.jsonl", "--output", str(tmp_path / "o"), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and given in err[0] and "--part I/N without --engine" in err[0]
