@@ -98,6 +98,21 @@ class PackLogWriter:
             self._fh.close()
             self._fh = None
 
+    def drop_from(self, step: int) -> int:
+        """Remove the lines of steps ``>= step`` (a run resumed at ``step`` writes them
+        again); returns how many were removed. The file is replaced in one rename."""
+        if self._fh is None:
+            raise ValueError(f"{self.path}: the pack log is closed")
+        self._fh.close()
+        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if line.strip() and json.loads(line)["step"] < step]
+        if len(kept) != len(lines):
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text("".join(kept), encoding="utf-8")
+            os.replace(tmp, self.path)
+        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        return len(lines) - len(kept)
+
 
 class PackLogger(pl.Callback):
     """Write ``{step, rank, sample_ids, tokens, est_cost, step_seconds, ...}`` per batch.
@@ -105,7 +120,10 @@ class PackLogger(pl.Callback):
     The batch must be a dict carrying ``sample_ids`` (what ``BCLDataModule``'s collate adds);
     ``tokens`` and ``est_cost`` are taken from the batch when present. Files go to
     ``directory/packs_rank{rank}.jsonl`` and are appended to, so a resumed job continues the
-    same file (``fresh=True`` truncates it at the start of fit instead).
+    same file: when training starts, the lines of the steps it will run (``step`` >= the
+    restored ``global_step``) are removed first, so a step a killed run logged after its last
+    checkpoint appears once, as the resumed run ran it. ``fresh=True`` truncates the file at
+    the start of fit instead.
     """
 
     def __init__(self, directory: str | os.PathLike[str], *, fresh: bool = False) -> None:
@@ -124,6 +142,10 @@ class PackLogger(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             self._writer = PackLogWriter(self.directory, trainer.global_rank, fresh=self.fresh)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._writer is not None:  # the restored step is known here, not at setup
+            self._writer.drop_from(int(trainer.global_step))
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._writer is not None:

@@ -66,13 +66,10 @@ def detect_format(local_dir: str | os.PathLike[str]) -> Format:
     files mean WebDataset. Anything else is a :class:`DatasetError`.
     """
     root = Path(local_dir)
-    if root.is_file():
-        raise DatasetError(
-            f"{root}: a file, not a dataset directory; give the directory that holds the "
-            f"shards and index ({root.parent})"
-        )
     if not root.is_dir():
-        raise DatasetError(f"{root}: no such dataset directory")
+        from bcl_stream.io.remote import not_a_directory
+
+        raise not_a_directory(root)
     if not any(root.iterdir()):
         raise DatasetError(
             f"{root}: an empty directory, not a dataset (nothing was written there: a run that "

@@ -234,6 +234,17 @@ def upload(
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def not_a_directory(root: Path) -> DatasetError:
+    """The error for a dataset path that is not a directory: a file (a shard given for its
+    dataset, say: the directory is named) or nothing at all."""
+    if root.is_file():
+        return DatasetError(
+            f"{root}: a file, not a dataset directory; give the directory that holds the "
+            f"shards and index ({root.parent})"
+        )
+    return DatasetError(f"{root}: no such dataset directory")
+
+
 def missing_index_error(root: Path, shown: str | None = None) -> BCLStreamError:
     """Why a local directory without a cost index cannot be read, and the one fix that fits:
     not a dataset at all (point at what preprocess wrote), an interrupted write (re-run
@@ -284,7 +295,7 @@ def open_cost_index(
     if not is_remote(location):
         root = Path(location.removeprefix("file://"))
         if not root.is_dir():
-            raise DatasetError(f"{root}: no such dataset directory")
+            raise not_a_directory(root)
         if not (root / INDEX_JSON).is_file():
             raise missing_index_error(root)
         return read_index(root), root

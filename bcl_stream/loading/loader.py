@@ -141,7 +141,8 @@ class PackLoader(DataLoader):
 
     def _normalized(self) -> tuple[int, int, tuple[Segment, ...]]:
         # plan_len, not len(): a subclass may count len() differently (Lightning's epoch).
-        if self._consumed >= self.plan_len():
+        # An epoch without a pack is not "finished": it stays the epoch reported (and refused).
+        if self._consumed and self._consumed >= self.plan_len():
             return self._epoch + 1, 0, ()
         return self._epoch, self._consumed, self._segments
 

@@ -268,12 +268,22 @@ def _preprocess(
     start = time.perf_counter()  # after the writer's import of streaming (seconds, one-off)
     timing: dict[str, float] = {"read": 0.0, "write": 0.0}
     raws = _timed(read_records(pieces, counts, report.empty_inputs if skip_bad else None), timing)
-    bar = tqdm(unit="rec", desc="preprocess", disable=not progress, mininterval=0.5)
+    # The total is known in bytes (records are not counted before they are read): the bar
+    # follows the input read, so it shows a rate and a time left.
+    total = sum(_bytes(p) for p in pieces)
+    bar = tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        desc="preprocess",
+        disable=not progress,
+        mininterval=0.5,
+    )
     stream = None
     try:
         stream = tokenize_stream(raws, tokenizer, text_field, workers=workers, seconds=timing)
         for source, result in stream:
-            bar.update()
+            bar.update(min(counts["bytes_read"], total) - bar.n)
             if isinstance(result, Bad):
                 if not skip_bad:
                     raise _bad_error(result)
