@@ -2,11 +2,13 @@
 
 For N in (1M, 10M, 100M) records (lognormal SFT-like lengths, llama3-8b costs, shards of 4096
 records, written to a temporary .npy and memory-mapped as readers map the cost index), one
-process per measurement plans what a reader process of 64 ranks x 8 per node would plan:
+process per measurement plans what a reader process of ``--nodes`` nodes x 8 ranks (default 8
+nodes: 64 ranks) would plan:
 
 - ``rank``: rank 0's own windows (scope rank, W=16, B=8), the whole epoch, batch by batch;
 - ``node``: node 0's windows (scope node: the 8 ranks of node 0 jointly);
-- ``world``: every node's windows (scope world plans all nodes' windows in every process).
+- ``world``: node 0's windows too (planner v3: scope world plans its own node; planner v2 planned
+  every node's windows in every process, 31 s to the first pack at 128 nodes).
 
 Reported per (N, scope): set-up time (map the costs, per-shard means in one chunked pass,
 streams), time to the first pack, steady planning throughput in records planned per second
@@ -69,7 +71,7 @@ def write_costs(n: int, path: Path) -> None:
     del out
 
 
-def measure(path: Path, scope: str) -> dict[str, Any]:
+def measure(path: Path, scope: str, nodes: int = RANKS // PER_NODE) -> dict[str, Any]:
     """One process: map, set up, plan this process's windows; timings and private RSS."""
     from bcl_stream.planner import PlanConfig, ShardTable, build_node_streams, plan_windows
     from bcl_stream.planner.shard_table import shard_weights
@@ -81,11 +83,15 @@ def measure(path: Path, scope: str) -> dict[str, Any]:
     counts = [SHARD] * (n // SHARD) + ([n % SHARD] if n % SHARD else [])
     table = ShardTable.build(counts, weight=shard_weights(counts, costs))
     config = PlanConfig(
-        world_size=RANKS, ranks_per_node=PER_NODE, pack_size=PACK, window=WINDOW, scope=scope
+        world_size=nodes * PER_NODE,
+        ranks_per_node=PER_NODE,
+        pack_size=PACK,
+        window=WINDOW,
+        scope=scope,
     )
     streams = build_node_streams(costs, table, config, seed=0, epoch=0)
     setup_s = time.perf_counter() - t0
-    rows = list(range(streams.n_rows)) if scope == "world" else [0]
+    rows = [0]  # what a reader of rank 0 plans: its own row
     t1 = time.perf_counter()
     first = plan_windows(streams, costs, None, rows, 0, 1)
     first_pack_s = time.perf_counter() - t1
@@ -100,12 +106,15 @@ def measure(path: Path, scope: str) -> dict[str, Any]:
         planned_packs += batch.packs.shape[1]
         peak = max(peak, private_rss())
     steady_s = time.perf_counter() - t2
-    ranks_planned = {"rank": 1, "node": PER_NODE, "world": RANKS}[scope]
+    ranks_planned = 1 if scope == "rank" else PER_NODE
     steady_records = (planned_packs - first.packs.shape[1]) * PACK * ranks_planned
     final = private_rss()
+    own = planned_packs * PACK * ranks_planned
     return {
         "records": n,
+        "nodes": nodes,
         "scope": scope,
+        "planning_us_per_own_record": 1e6 * (first_pack_s + steady_s) / own if own else 0.0,
         "ranks_planned": ranks_planned,
         "setup_s": setup_s,
         "time_to_first_pack_s": setup_s + first_pack_s,
@@ -126,10 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", nargs="+", type=float, default=[1e6, 1e7, 1e8])
     parser.add_argument("--scopes", nargs="+", default=["rank", "node", "world"])
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_plan_scale.json")
-    parser.add_argument("--child", nargs=2, metavar=("PATH", "SCOPE"), help=argparse.SUPPRESS)
+    parser.add_argument("--nodes", nargs="+", type=int, default=[RANKS // PER_NODE])
+    parser.add_argument(
+        "--child", nargs=3, metavar=("PATH", "SCOPE", "NODES"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(measure(Path(args.child[0]), args.child[1])))
+        print(json.dumps(measure(Path(args.child[0]), args.child[1], int(args.child[2]))))
         return 0
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bcl_scale_") as tmp:
@@ -137,11 +149,11 @@ def main(argv: list[str] | None = None) -> int:
             n = int(size)
             path = Path(tmp) / f"costs_{n}.npy"
             write_costs(n, path)
-            for scope in args.scopes:
-                row = run_on_one_core(__file__, ["--child", str(path), scope], ROOT)
+            for nodes, scope in [(k, s) for k in args.nodes for s in args.scopes]:
+                row = run_on_one_core(__file__, ["--child", str(path), scope, str(nodes)], ROOT)
                 rows.append(row)
                 print(
-                    f"{n:>11,} {scope:<6} setup {row['setup_s']:6.2f}s  first pack "
+                    f"{n:>11,} {nodes:>4} nodes {scope:<6} setup {row['setup_s']:6.2f}s  first pack "
                     f"{row['time_to_first_pack_s']:6.2f}s  planned {row['records_planned_per_s'] / 1e6:5.2f}M"
                     f" records/s ({row['ranks_planned']} ranks)  private RSS peak "
                     f"{row['private_rss_growth_mb']:7.1f} MB ({row['private_bytes_per_record']:.2f} B/rec)",
@@ -151,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "setting": {
-            "ranks": RANKS,
+            "nodes": args.nodes,
             "ranks_per_node": PER_NODE,
             "pack_size": PACK,
             "window": WINDOW,

@@ -34,6 +34,7 @@ records). ``lane`` <= 1 turns the lane off.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol
@@ -147,16 +148,29 @@ class HeavyLane:
         return lo + where[np.searchsorted(plain[where], moved)]
 
 
+@functools.lru_cache(maxsize=8)
 def slot_order(size: int, window: int, pack_size: int, ranks_per_node: int) -> Ids:
     """Block positions in the order lane records fill them: window by window, and inside a
     window round robin over the P ranks' slices (a rank's share of a node window is the r-th
     run of W*B records), so consecutive lane records go to different ranks and the first W*P
-    of them to W packs of every rank."""
+    of them to W packs of every rank. Cached: every block of an epoch has the same shape."""
     pos = np.arange(size, dtype=np.int64)
     run = window * pack_size
     chunk = run * ranks_per_node
     inside = pos % chunk
-    return pos[np.lexsort((inside // run, inside % run, pos // chunk))]
+    order = pos[np.lexsort((inside // run, inside % run, pos // chunk))]
+    order.setflags(write=False)
+    return order
+
+
+def heaviest(ids: Ids, costs: npt.NDArray[np.float64], count: int) -> Ids:
+    """Positions of the ``count`` costliest of ``ids``, heaviest first, ties by id (the same
+    on every machine): a partition to the candidates, then an exact sort of those only."""
+    if count >= ids.size:
+        return np.lexsort((ids, -costs))
+    bar = np.partition(costs, ids.size - count)[ids.size - count]
+    candidates = np.flatnonzero(costs >= bar)
+    return candidates[np.lexsort((ids[candidates], -costs[candidates]))][:count]
 
 
 def lane_order(
@@ -184,22 +198,33 @@ def lane_order(
     count = window * ranks_per_node * windows // lane
     if count == 0:
         return ids
-    lab = np.zeros(ids.size, dtype=np.int64) if labels is None else np.asarray(labels, np.int64)
+    order = slot_order(ids.size, window, pack_size, ranks_per_node)
+    out = ids.copy()
+    if labels is None:
+        _move(out, ids, costs, np.arange(ids.size), order[:count], count)
+        return out
+    lab = np.asarray(labels, np.int64)
     streams, sizes = np.unique(lab, return_counts=True)
     share = sizes * count / ids.size
     quota = np.floor(share).astype(np.int64)
     quota[np.argsort(quota - share, kind="stable")[: count - int(quota.sum())]] += 1
-    order = slot_order(ids.size, window, pack_size, ranks_per_node)
-    out = np.empty_like(ids)
     for s, q in zip(streams.tolist(), quota.tolist(), strict=True):
-        mine = np.flatnonzero(lab == s)  # the stream's positions, in order
-        if q == 0:
-            out[mine] = ids[mine]
-            continue
-        heavy = mine[np.lexsort((ids[mine], -costs[mine]))[:q]]
-        slots = order[lab[order] == s][:q]
-        out[slots] = ids[heavy]
-        free = np.setdiff1d(mine, slots, assume_unique=True)
-        rest = np.setdiff1d(mine, heavy, assume_unique=True)
-        out[free] = ids[rest]
+        if q:
+            mine = np.flatnonzero(lab == s)  # the stream's positions, in order
+            _move(out, ids, costs, mine, order[lab[order] == s][:q], q)
     return out
+
+
+def _move(
+    out: Ids, ids: Ids, costs: npt.NDArray[np.float64], mine: Ids, slots: Ids, count: int
+) -> None:
+    """Within positions ``mine``: the ``count`` costliest records to ``slots`` heaviest first,
+    the others in their order to the rest of ``mine`` (in place on ``out``)."""
+    heavy = mine[heaviest(ids[mine], costs[mine], count)]
+    out[slots] = ids[heavy]
+    free = np.zeros(ids.size, dtype=bool)
+    free[mine] = True
+    rest = free.copy()
+    free[slots] = False  # the slots lie among ``mine``
+    rest[heavy] = False
+    out[free] = ids[rest]
