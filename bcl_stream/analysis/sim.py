@@ -214,6 +214,7 @@ class SimConfig:
     split_shards: float = _PLAN_DEFAULTS["split_shards"]
     max_amplification: float = _PLAN_DEFAULTS["max_amplification"]
     lane: int = _PLAN_DEFAULTS["lane"]
+    lane_threshold: float = _PLAN_DEFAULTS["lane_threshold"]
     stratify: bool = _PLAN_DEFAULTS["stratify"]
     layout: str = "packed"
     """``packed`` (pack cost = sum of record costs) or ``padded`` (B x the costliest record)."""

@@ -93,6 +93,11 @@ class PlanConfig:
     windows, aligned on every node, the W*P costliest records of the node's block move to the
     block's first window, one per pack, heaviest first; 0 or 1 turns it off. A record moves
     at most ``lane - 1`` windows and never leaves its block."""
+    lane_threshold: float = 0.5
+    """Only records costing more than this many mean packs (B times the epoch's mean record
+    cost) enter the heavy lane: a rare record that no window can balance. Where such records
+    are common (a tenth of a mixture at the length cap) the lane stays empty: concentrating a
+    common class in one window would unbalance it."""
     shard_group: int = DEFAULT_SHARD_GROUP
     """Shards whose records a node shuffles together (``planner/groups.py``): shuffle quality
     against the shard cache (a node holds at most 2 groups)."""
@@ -106,6 +111,13 @@ class PlanConfig:
         for name in ("world_size", "ranks_per_node"):
             checks.integer(getattr(self, name), name, 1, MAX_RANKS)
         checks.integer(self.lane, "lane", 0, MAX_SIZE)
+        bar = self.lane_threshold
+        if (
+            isinstance(bar, bool | np.bool_)
+            or not isinstance(bar, int | float | np.integer | np.floating)
+            or not 0.0 <= bar < float("inf")
+        ):
+            raise ValueError(f"lane_threshold must be a number >= 0, got {bar!r}")
         for name in ("pack_size", "window", "grad_accum", "shard_group"):
             checks.integer(getattr(self, name), name, 1, MAX_SIZE)
         checks.integer(self.refine, "refine", 0, MAX_SIZE)

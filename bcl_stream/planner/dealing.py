@@ -87,7 +87,9 @@ def deal_shards(
     totals = excess_cost(table)
     owner = np.full(n_shards, -1, dtype=np.int64)
     load = np.zeros(n_nodes)
-    whole = np.flatnonzero(table.split < 0) if table.split is not None else np.arange(n_shards)
+    if table.split is not None:  # pieces first: whole shards then even out cost and records
+        _deal_pieces(table, totals, n_nodes, rng, owner, load)
+    whole = np.flatnonzero(owner < 0)
     follows = np.full(n_shards, -1, dtype=np.int64) if table.origin is None else table.origin
     # A repeated stream's copies of a shard go where its first copy goes (one download).
     copies = whole[follows[whole] >= 0]  # (cut_shards unlinks copies of cut shards)
@@ -101,9 +103,6 @@ def deal_shards(
     for part in parts:
         owner[part] = balanced_deal(weight[part], n_nodes, rng, load)
         np.add.at(load, owner[part], weight[part])
-    if table.split is not None:  # pieces last: they fill the record gaps whole shards leave
-        held = np.bincount(owner[leaders], weights=records[leaders], minlength=n_nodes)
-        _deal_pieces(table, totals, n_nodes, rng, owner, load, held[:n_nodes].astype(np.float64))
     owner[copies] = owner[follows[copies]]  # (records 0: the swaps count them on the leader)
     for part in parts:  # swaps inside a stream keep each node's share of it
         even_out_records(owner, part, records, weight, n_nodes)
@@ -160,24 +159,26 @@ def _deal_pieces(
     rng: np.random.Generator,
     owner: Ids,
     load: npt.NDArray[np.float64],
-    records: npt.NDArray[np.float64],
 ) -> None:
-    """Cut shards' pieces to distinct nodes, in place, after the whole shards: largest pieces
-    first (then heaviest), a shard's q pieces in random order to the q nodes with the fewest
-    ``records`` so far (then the least excess ``load``), so record counts (the pack count) and
-    costs stay even whether few or all shards are cut."""
+    """Cut shards' pieces to distinct nodes, in place. A shard cut into one piece per node
+    weighs on every node alike: its pieces go in a random order. A shard cut into fewer
+    pieces (a team, ``cuts.cut_shards``) goes to the nodes with the fewest records so far, then
+    the least excess cost, largest pieces first, so record counts (the pack count) stay even
+    when every shard is cut."""
     assert table.split is not None
     cut = np.flatnonzero(table.split >= 0)
     shard_of = table.split[cut]
     bounds = np.flatnonzero(np.r_[True, shard_of[1:] != shard_of[:-1], True])
     groups = [cut[a:b] for a, b in itertools.pairwise(bounds)]
     weight = np.array([totals[g].sum() for g in groups])
-    records = records.astype(np.float64)  # (a copy: the caller's counts stay as they were)
-    jitter = rng.random(n_nodes)  # random ties: which of equal nodes gets a piece first
     size = np.array([table.usable[g].max(initial=0) for g in groups])
+    records = np.zeros(n_nodes)
+    jitter = rng.random(n_nodes)  # random ties: which of equal nodes gets a piece first
     for i in np.lexsort((rng.random(len(groups)), -weight, -size)):
         pieces = groups[i]
-        lightest = np.lexsort((jitter, load, records))[: pieces.size]
-        owner[pieces] = rng.permutation(lightest)
+        if pieces.size == n_nodes:
+            owner[pieces] = rng.permutation(n_nodes)
+        else:
+            owner[pieces] = rng.permutation(np.lexsort((jitter, load, records))[: pieces.size])
         np.add.at(load, owner[pieces], totals[pieces])
         np.add.at(records, owner[pieces], table.usable[pieces])

@@ -44,6 +44,11 @@ import numpy.typing as npt
 
 from bcl_stream.planner.shard_table import Ids
 
+RARITY_RANK = 2
+RARITY = 1.5
+"""A lane record costs more than this many times the block's record at ``lane`` times its
+rank (``rare``)."""
+
 CACHE_BLOCKS = 2
 """Lane blocks kept per node: a window straddles at most two blocks."""
 
@@ -70,9 +75,12 @@ class HeavyLane:
         lane: int,
         n_packs: int,
         costs: npt.NDArray[np.floating] | None,
+        threshold: float = 0.0,
     ) -> None:
         self._nodes = nodes
         self._costs = costs
+        self._threshold = threshold
+        """Only records costing more than this enter the lane (the same on every node)."""
         self._window, self._size, self._ranks = window, pack_size, ranks_per_node
         self._chunk = window * pack_size * ranks_per_node
         """Node-stream records of one window of the node (every rank's W packs)."""
@@ -128,6 +136,7 @@ class HeavyLane:
             ids,
             np.asarray(self._costs[ids], dtype=np.float64),  # type: ignore[index]
             self._nodes[node].labels(ids),
+            threshold=self._threshold,
             window=self._window,
             pack_size=self._size,
             ranks_per_node=self._ranks,
@@ -163,6 +172,22 @@ def slot_order(size: int, window: int, pack_size: int, ranks_per_node: int) -> I
     return order
 
 
+def rare(costs: npt.NDArray[np.float64], count: int, lane: int, threshold: float) -> int:
+    """How many of the ``count`` costliest records are rare outliers worth the lane: those
+    costing more than ``threshold`` and more than ``RARITY`` times the record at rank
+    ``RARITY_RANK * count`` of the block. A class common enough to reach that rank too (a
+    tenth of a mixture at the length cap) stays out: moving part of it into one window would
+    put two of it in many packs there."""
+    n = costs.size
+    if count == 0 or n == 0:
+        return 0
+    top = -np.sort(-np.partition(costs, n - count)[n - count :])
+    at = max(n - RARITY_RANK * count, 0)
+    level = np.partition(costs, at)[at]
+    bar = max(threshold, RARITY * float(level))
+    return int(np.count_nonzero(top > bar))
+
+
 def heaviest(ids: Ids, costs: npt.NDArray[np.float64], count: int) -> Ids:
     """Positions of the ``count`` costliest of ``ids``, heaviest first, ties by id (the same
     on every machine): a partition to the candidates, then an exact sort of those only."""
@@ -178,6 +203,7 @@ def lane_order(
     costs: npt.NDArray[np.float64],
     labels: Ids | None = None,
     *,
+    threshold: float = 0.0,
     window: int,
     pack_size: int,
     ranks_per_node: int,
@@ -201,7 +227,9 @@ def lane_order(
     order = slot_order(ids.size, window, pack_size, ranks_per_node)
     out = ids.copy()
     if labels is None:
-        _move(out, ids, costs, np.arange(ids.size), order[:count], count)
+        count = rare(costs, count, lane, threshold)
+        if count:
+            _move(out, ids, costs, np.arange(ids.size), order[:count], count)
         return out
     lab = np.asarray(labels, np.int64)
     streams, sizes = np.unique(lab, return_counts=True)
@@ -209,8 +237,9 @@ def lane_order(
     quota = np.floor(share).astype(np.int64)
     quota[np.argsort(quota - share, kind="stable")[: count - int(quota.sum())]] += 1
     for s, q in zip(streams.tolist(), quota.tolist(), strict=True):
+        mine = np.flatnonzero(lab == s)  # the stream's positions, in order
+        q = rare(costs[mine], q, lane, threshold)
         if q:
-            mine = np.flatnonzero(lab == s)  # the stream's positions, in order
             _move(out, ids, costs, mine, order[lab[order] == s][:q], q)
     return out
 

@@ -226,7 +226,9 @@ def plan_windows(
     config = streams.config
     row_ids, start, stop = _check_call(streams, costs, tokens, rows, start, stop)
     n_windows = streams.n_windows
-    if carry is None:
+    if carry is None and config.carry_records == 0:  # no carry: nothing to replay
+        carried = np.empty((row_ids.size, 0), np.int64)
+    elif carry is None:
         span = config.carry_span or max(n_windows, 1)
         carried = _walk(streams, costs, None, row_ids, start - start % span, start, None, None)
     else:

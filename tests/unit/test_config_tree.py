@@ -46,6 +46,7 @@ VALUES: dict[str, Any] = {
     "split_shards": 0.25,
     "max_amplification": 3.0,
     "lane": 4,
+    "lane_threshold": 2.5,
     "shard_group": 5,
     "layout": "padded",
     "contract": "step",
