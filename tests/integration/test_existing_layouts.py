@@ -48,6 +48,14 @@ def fresh(stock: dict[str, Path], layout: str, tmp: Path) -> Path:
     return copy
 
 
+def annotated(stock: dict[str, Path], layout: str, tmp: Path) -> Path:
+    """A fresh copy of ``layout`` annotated as ``ANNOTATE`` says (it must succeed)."""
+    data = fresh(stock, layout, tmp)
+    proc = bcl_stream_cli("annotate", str(data), "--no-progress", *ANNOTATE[layout])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return data
+
+
 def one_error(proc: subprocess.CompletedProcess[str]) -> str:
     assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
     (line,) = proc.stderr.strip().splitlines()
@@ -70,9 +78,7 @@ def true_counts(layout: str, n: int = 160) -> np.ndarray:
 def test_1_annotate_counts_the_real_tokens_and_records_the_source(
     stock: dict[str, Path], layout: str, tmp_path: Path
 ) -> None:
-    data = fresh(stock, layout, tmp_path)
-    proc = bcl_stream_cli("annotate", str(data), "--no-progress", *ANNOTATE[layout])
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = annotated(stock, layout, tmp_path)
     tokens = np.load(data / "bcl_costs.npy")["tokens"]
     assert tokens.tolist() == true_counts(layout).tolist()
     recorded = json.loads((data / "bcl_index.json").read_text())["extra"]["annotate"]
@@ -139,50 +145,17 @@ FIT = {
 
 
 def fit_config(tmp: Path, data: Path, layout: str) -> Path:
-    import yaml
-    from lightning_scripts.harness import tiny_config
+    from lightning_scripts.harness import tiny_fit_config
 
-    tiny = tiny_config()
-    config = {
-        "seed_everything": 0,
-        "trainer": {
-            "accelerator": "cpu",
-            "devices": 1,
-            "max_steps": 3,
-            "logger": False,
-            "enable_checkpointing": False,
-            "enable_progress_bar": False,
-            "enable_model_summary": False,
-            "default_root_dir": str(tmp / "run"),
-            "callbacks": [
-                {
-                    "class_path": "lightning_module.callbacks.PackLogger",
-                    "init_args": {"directory": str(tmp / "logs")},
-                }
-            ],
-        },
-        "model": {
-            "class_path": "lightning_module.tinygpt.TinyGPT",
-            "init_args": {
-                "config": {
-                    k: getattr(tiny, k)
-                    for k in ("vocab_size", "d_model", "n_layers", "n_heads", "ffn_hidden")
-                }
-                | {"max_seq_len": 1024}
-            },
-        },
-        "data": {
-            "data": str(data),
-            "format": "wds" if layout.startswith("wds") else "mds",
-            "pack_size": 4,
-            "window": 4,
-            "layout": "packed",
-            **FIT[layout],
-        },
+    fields = {
+        "data": str(data),
+        "format": "wds" if layout.startswith("wds") else "mds",
+        "pack_size": 4,
+        "window": 4,
+        "layout": "packed",
+        **FIT[layout],
     }
-    path = tmp / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return tiny_fit_config(tmp, fields, trainer={"max_steps": 3}, max_seq_len=1024)
 
 
 @pytest.mark.parametrize("layout", stock_layouts.LAYOUTS)
@@ -193,9 +166,7 @@ def test_1_a_stock_dataset_trains_through_the_cli(
 
     from lightning_module.callbacks import read_pack_log
 
-    data = fresh(stock, layout, tmp_path)
-    annotated = bcl_stream_cli("annotate", str(data), "--no-progress", *ANNOTATE[layout])
-    assert annotated.returncode == 0, annotated.stderr[-2000:]
+    data = annotated(stock, layout, tmp_path)
     root = Path(__file__).resolve().parents[2]
     proc = lightning_cli(root, "fit", "--config", str(fit_config(tmp_path, data, layout)))
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -214,15 +185,11 @@ def test_1_a_reader_set_to_another_source_is_refused(
     from bcl_stream.errors import DatasetError
     from lightning_module import BCLDataModule
 
-    data = fresh(stock, "foundry_tokens", tmp_path)
-    args = ["--no-progress", *ANNOTATE["foundry_tokens"]]
-    assert bcl_stream_cli("annotate", str(data), *args).returncode == 0
+    data = annotated(stock, "foundry_tokens", tmp_path)
     module = BCLDataModule(str(data), pack_size=4, window=4, tokens_field="n")
     with pytest.raises(DatasetError, match="counted the token column 'tokens' \\(raw int64"):
         module.setup_for(0, 1, 1)
-    text = fresh(stock, "foundry_text", tmp_path)
-    args = ["--no-progress", *ANNOTATE["foundry_text"]]
-    assert bcl_stream_cli("annotate", str(text), *args).returncode == 0
+    text = annotated(stock, "foundry_text", tmp_path)
     tokenizer = tmp_path / "tokenizer.json"
     write_word_tokenizer(tokenizer)
     module = BCLDataModule(

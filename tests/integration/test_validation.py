@@ -15,8 +15,7 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
-from lightning_scripts.harness import lightning_cli, tiny_config
+from lightning_scripts.harness import lightning_cli, tiny_config, tiny_fit_config
 
 pytestmark = pytest.mark.slow
 
@@ -52,45 +51,13 @@ def val_dir(tmp_path_factory: pytest.TempPathFactory, dataset_writers: tuple) ->
 
 
 def write_config(tmp: Path, data: Path, validation: dict) -> Path:  # type: ignore[type-arg]
-    tiny = tiny_config()
-    keys = ("vocab_size", "d_model", "n_layers", "n_heads", "ffn_hidden", "max_seq_len")
-    config = {
-        "seed_everything": 0,
-        "trainer": {
-            "accelerator": "cpu",
-            "devices": 2,
-            "strategy": "ddp",
-            "max_steps": 4,
-            "val_check_interval": 2,
-            "num_sanity_val_steps": 0,
-            "logger": False,
-            "enable_checkpointing": False,
-            "enable_progress_bar": False,
-            "enable_model_summary": False,
-            "default_root_dir": str(tmp / "run"),
-            "callbacks": [
-                {
-                    "class_path": "lightning_module.callbacks.PackLogger",
-                    "init_args": {"directory": str(tmp / "logs")},
-                }
-            ],
-        },
-        "model": {
-            "class_path": "recording.RecordingGPT",
-            "init_args": {"config": {k: getattr(tiny, k) for k in keys}, "out": str(tmp)},
-        },
-        "data": {
-            "data": str(data),
-            "pack_size": PACK,
-            "window": 4,
-            "layout": "packed",
-            **validation,
-        },
-    }
-    path = tmp / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
     (tmp / "recording.py").write_text(RECORDING_MODEL)
-    return path
+    trainer = {"devices": 2, "strategy": "ddp", "max_steps": 4, "val_check_interval": 2}
+    trainer["num_sanity_val_steps"] = 0
+    fields = {"data": str(data), "pack_size": PACK, "window": 4, "layout": "packed", **validation}
+    return tiny_fit_config(
+        tmp, fields, trainer=trainer, model="recording.RecordingGPT", model_args={"out": str(tmp)}
+    )
 
 
 def seen(tmp: Path, rank: int) -> list[dict]:  # type: ignore[type-arg]

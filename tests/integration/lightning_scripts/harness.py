@@ -154,3 +154,49 @@ def cli_fit(root: Path, config: Path, *extra: str) -> None:
     """``fit --config CONFIG EXTRA`` through :func:`lightning_cli`; it must succeed."""
     proc = lightning_cli(root, "fit", "--config", str(config), *extra)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def tiny_fit_config(
+    tmp: Path,
+    data: dict[str, Any],
+    *,
+    trainer: dict[str, Any] | None = None,
+    model: str = "lightning_module.tinygpt.TinyGPT",
+    model_args: dict[str, Any] | None = None,
+    max_seq_len: int | None = None,
+) -> Path:
+    """``tmp/config.yaml`` for ``python -m lightning_module fit``: a quiet CPU trainer (one
+    device, no checkpoints) with a PackLogger into ``tmp/logs``, ``model`` (a TinyGPT or a
+    subclass) of the tiny size, and ``data`` as the DataModule's arguments; ``trainer``
+    overrides trainer keys."""
+    import yaml
+
+    tiny = tiny_config()
+    keys = ("vocab_size", "d_model", "n_layers", "n_heads", "ffn_hidden", "max_seq_len")
+    sizes = {k: getattr(tiny, k) for k in keys}
+    if max_seq_len is not None:
+        sizes["max_seq_len"] = max_seq_len
+    config = {
+        "seed_everything": 0,
+        "trainer": {
+            "accelerator": "cpu",
+            "devices": 1,
+            "logger": False,
+            "enable_checkpointing": False,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "default_root_dir": str(tmp / "run"),
+            "callbacks": [
+                {
+                    "class_path": "lightning_module.callbacks.PackLogger",
+                    "init_args": {"directory": str(tmp / "logs")},
+                }
+            ],
+            **(trainer or {}),
+        },
+        "model": {"class_path": model, "init_args": {"config": sizes, **(model_args or {})}},
+        "data": data,
+    }
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
