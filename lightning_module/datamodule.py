@@ -45,11 +45,7 @@ from bcl_stream.formats.read_options import DEFAULT_DOWNLOAD_TIMEOUT, DEFAULT_PR
 from bcl_stream.formats.reader_base import PlanDataset
 from bcl_stream.io.streaming_compat import set_streaming_env
 from bcl_stream.loading.collate import LABELS, PackCollate
-from bcl_stream.loading.evaluation import (
-    evaluation_dataset,
-    evaluation_loader,
-    evaluation_sources,
-)
+from bcl_stream.loading.evaluation import evaluation_sources
 from bcl_stream.loading.loader import PackLoader
 from bcl_stream.plan.checks import require_packs
 from bcl_stream.plan.cursor import MIXTURE_CHANGES
@@ -58,6 +54,7 @@ from bcl_stream.plan.eval_plan import EVAL_PACKINGS
 from bcl_stream.plan.token_source import TokenSource
 from bcl_stream.planner import PlanConfig
 from bcl_stream.planner.padded import LAYOUTS
+from lightning_module.evaluation import EvaluationLoaders
 
 KEY_READER = "reader"
 KEY_PACKING = "packing"
@@ -182,7 +179,7 @@ def check_plan_knobs(
     return knobs
 
 
-class BCLDataModule(pl.LightningDataModule):
+class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
     """Balanced, resumable training packs from a costed MDS or WebDataset dataset.
 
     Args:
@@ -481,40 +478,6 @@ class BCLDataModule(pl.LightningDataModule):
                 on_mixture_change=self.on_mixture_change,
             )
         return self._loader
-
-    def val_dataloader(self) -> list[DataLoader[Any]]:
-        """One loader of every validation record, once across ranks (``val_data``: one;
-        ``val_streams``: one per stream); none without validation data."""
-        return self._evaluation_loaders("val")
-
-    def test_dataloader(self) -> list[DataLoader[Any]]:
-        """One loader of every test record, once across ranks (see :meth:`val_dataloader`)."""
-        return self._evaluation_loaders("test")
-
-    def _evaluation_loaders(self, kind: str) -> list[DataLoader[Any]]:
-        """Built once per DataModule and kind, after setup (the trainer's layout decides the
-        packs; ``bcl_stream.loading.evaluation``)."""
-        if kind not in self._eval_loaders:
-            self._require_dataset()
-            assert self.layout_used is not None
-            _explain_len_warning()  # exact here too: worker w of K reads packs w, w+K, ...
-            config = self.reader_config(self.layout_used)
-            loaders = []
-            for i, location in enumerate(self.evaluation[kind]):
-                dataset = evaluation_dataset(
-                    location,
-                    config,
-                    self.layout_used.rank,
-                    packing=self.eval_packing,
-                    cache_dir=None if self.cache_dir is None else f"{self.cache_dir}/{kind}-{i}",
-                    options=self.options,
-                )
-                collate = self.collate_for(dataset)
-                loaders.append(
-                    evaluation_loader(dataset, collate_fn=collate, num_workers=self.num_workers)
-                )
-            self._eval_loaders[kind] = loaders
-        return self._eval_loaders[kind]
 
     def remainder_counts(self) -> dict[str, int]:
         """Records no rank yields, by reason (the same on every rank), of the epoch the loader
