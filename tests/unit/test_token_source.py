@@ -68,3 +68,15 @@ def test_the_cursor_records_the_source_and_refuses_version_3() -> None:
     old = {**Cursor(0, 3, "f" * 16, plain).to_dict(), "version": 3}
     with pytest.raises(StateError, match="version 3 was written by planner v2"):
         parse_state(old)  # planner v3 orders every epoch differently: it cannot be replayed
+
+
+def test_a_resume_with_another_source_is_refused() -> None:
+    from bcl_stream.errors import StateError
+    from bcl_stream.plan.cursor import resolve_state
+
+    raw = ReaderConfig.build(world_size=2, pack_size=4, window=4, tokens=RAW)
+    text = ReaderConfig.build(world_size=2, pack_size=4, window=4, tokens=TEXT)
+    state = Cursor(0, 3, "f" * 16, raw).to_dict()
+    assert resolve_state(state, fingerprint="f" * 16, config=raw).packs_consumed == 3
+    with pytest.raises(StateError, match="saved with tokens="):
+        resolve_state(state, fingerprint="f" * 16, config=text)
