@@ -47,7 +47,7 @@ from bcl_stream.io.streaming_compat import set_streaming_env
 from bcl_stream.loading.collate import LABELS, PackCollate
 from bcl_stream.loading.evaluation import evaluation_sources
 from bcl_stream.loading.loader import PackLoader
-from bcl_stream.plan.checks import require_packs
+from bcl_stream.plan.checks import layout_text, require_packs
 from bcl_stream.plan.cursor import MIXTURE_CHANGES
 from bcl_stream.plan.epoch import PACKINGS, PLAN_FIELDS, ReaderConfig
 from bcl_stream.plan.eval_plan import EVAL_PACKINGS
@@ -460,8 +460,8 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
             rank_zero_info(
                 f"BCLDataModule: {self.packing} packing, {plan.n_packs} packs of "
                 f"{self.pack_size} records per rank in epoch {plan.epoch} on "
-                f"{ds.config.plan.world_size} ranks; records of that epoch not yielded, by reason: "
-                f"{counts or 'none'}"
+                f"{layout_text(ds.config.plan.world_size, ds.config.plan.ranks_per_node)}; "
+                f"records of that epoch not yielded, by reason: {counts or 'none'}"
             )
         return loader
 

@@ -71,6 +71,7 @@ def layout_text(world_size: int, ranks_per_node: int) -> str:
     describe another set-up than the one planned."""
     nodes = world_size // ranks_per_node
     return (
-        f"{world_size} ranks = {nodes} node{'s' if nodes != 1 else ''} x {ranks_per_node} "
+        f"{world_size} rank{'s' if world_size != 1 else ''} = {nodes} "
+        f"node{'s' if nodes != 1 else ''} x {ranks_per_node} "
         f"rank{'s' if ranks_per_node != 1 else ''} per node"
     )

@@ -45,9 +45,10 @@ def test_elastic_resume_is_announced_with_the_new_plan(
     assert f"The {consumed} records consumed before are skipped" in notices[0]
     assert notices[0].count("consumed_before_resize") == 1
     plan = loader.current_plan()
-    info = [r.getMessage() for r in caplog.records if "on 1 ranks" in r.getMessage()]
+    on = "on 1 rank = 1 node x 1 rank per node"  # the nodes the plan assumed, said
+    info = [r.getMessage() for r in caplog.records if on in r.getMessage()]
     assert len(info) == 1 and info[0].startswith("BCLDataModule:")
-    assert f"{plan.n_packs} packs of {PACK} records per rank in epoch 0 on 1 ranks" in info[0]
+    assert f"{plan.n_packs} packs of {PACK} records per rank in epoch 0 {on}" in info[0]
     assert f"'consumed_before_resize': {consumed}" in info[0]  # the post-resume remainder
     ids = [int(s) for pack in loader for s in pack["sample_ids"]]
     assert len(ids) == plan.n_packs * PACK and len(set(ids)) == len(ids)
