@@ -229,7 +229,8 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
             to Mosaic Streaming, which owns its cache; ``bcl_stream.formats.read_options``).
         plan: any other planner knob, by ``PlanConfig`` field name (``algorithm``, ``refine``,
             ``pack_order``, ``step_fill``, ``carry``, ``carry_span``, ``stratify``,
-            ``split_shards``, ``shard_group``); unset ones keep PlanConfig's defaults. YAML:
+            ``split_shards``, ``max_amplification``, ``lane``, ``lane_threshold``,
+            ``shard_group``); unset ones keep PlanConfig's defaults. YAML:
             ``data.init_args.plan: {carry_span: 32}``. The knobs above with their own argument
             and ``world_size`` are refused here; ``grad_accum`` (the trainer's
             ``accumulate_grad_batches``) and ``layout`` (the collate's) may be given only
