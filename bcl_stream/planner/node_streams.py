@@ -32,7 +32,7 @@ from bcl_stream.planner import checks
 from bcl_stream.planner.config import PlanConfig
 from bcl_stream.planner.cuts import cut_shards
 from bcl_stream.planner.dealing import deal_shards
-from bcl_stream.planner.groups import shard_groups
+from bcl_stream.planner.groups import NodeGroups, shard_groups
 from bcl_stream.planner.heavy_lane import HeavyLane
 from bcl_stream.planner.rng import Tag, epoch_rng
 from bcl_stream.planner.shard_table import Ids, KeepFilter, ShardTable
@@ -66,15 +66,43 @@ class NodeStream:
         self._seed, self._epoch, self._node = seed, epoch, node
         self._shuffle = shuffle
         self._keep = keep
-        rng = epoch_rng(seed, epoch, Tag.GROUP_DEAL, node) if shuffle else None
-        self.groups = shard_groups(table, node_shards, group, rng, (seed, epoch), keep)
+        self._table, self._node_shards, self._group = table, node_shards, group
+        self._length = int(table.usable[np.asarray(node_shards, dtype=np.int64)].sum())
+        self._groups: NodeGroups | None = None
         self._stream = table.stream
-        self._ends = np.cumsum(table.counts)
-        self.bounds = np.concatenate([[0], np.cumsum(self.groups.usable)]).astype(np.int64)
         self._cache: OrderedDict[int, Ids] = OrderedDict()
 
+    @property
+    def groups(self) -> NodeGroups:
+        """The node's shard groups, dealt on first use: a process that plans one node deals
+        only that node's groups (every node's length comes from the shard table alone)."""
+        if self._groups is None:
+            rng = epoch_rng(self._seed, self._epoch, Tag.GROUP_DEAL, self._node)
+            self._groups = shard_groups(
+                self._table,
+                self._node_shards,
+                self._group,
+                rng if self._shuffle else None,
+                (self._seed, self._epoch),
+                self._keep,
+            )
+            self._bounds = np.concatenate([[0], np.cumsum(self._groups.usable)]).astype(np.int64)
+            self._ends = np.cumsum(self._table.counts)
+            if int(self._bounds[-1]) != self._length:
+                raise ValueError(
+                    f"node {self._node}: its shard groups hold {int(self._bounds[-1])} records, "
+                    f"its shards {self._length}: usable counts and filter disagree"
+                )
+        return self._groups
+
+    @property
+    def bounds(self) -> Ids:
+        """Stream position where each group starts, and the stream's length last."""
+        self.groups  # noqa: B018 (deals the groups on first use)
+        return self._bounds
+
     def __len__(self) -> int:
-        return int(self.bounds[-1])
+        return self._length
 
     @property
     def shards(self) -> Ids:
@@ -130,6 +158,7 @@ class NodeStream:
         """The stream of each id for a mixture (kept together by the stratified shuffle)."""
         if self._stream is None:
             return None
+        self.groups  # noqa: B018 (deals the groups, and the shard ends, on first use)
         return self._stream[np.searchsorted(self._ends, ids, side="right")]
 
     def take(self, positions: Ids) -> Ids:

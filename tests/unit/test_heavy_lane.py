@@ -140,6 +140,7 @@ def test_scope_world_plans_one_node_without_touching_the_others() -> None:
     whole = plan_epoch(costs, table, config)
     assert np.array_equal(batch.packs, whole.packs[6:9])  # the same packs as the world plan
     assert [bool(n._cache) for n in streams.nodes] == [False, False, True, False]
+    assert [n._groups is not None for n in streams.nodes] == [False, False, True, False]
 
 
 @pytest.mark.parametrize(("scope", "lane"), [("rank", 3), ("node", 2), ("node", 8)])
