@@ -283,7 +283,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             "median": float(np.median(values)),
             "worst": float(np.max(values)),
         }
-    for scope in ("node", "world", "rank"):
+    for scope in ("node", "world", "rank") if four else ():
         label = f"bcl-{scope}@16"
         summary[f"4node_{scope}_efficiency"] = med_worst(col(four, label, "efficiency"))
         summary[f"4node_{scope}_efficiency_ordered"] = med_worst(
@@ -292,18 +292,22 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         summary[f"4node_{scope}_download_amplification_max"] = float(
             np.max(col(four, label, "download_amplification", sharded))
         )
-    summary["4node_world_vs_nemo_mffd"] = med_worst(
-        col(four, "bcl-world@16", "speedup_vs_nemo_mffd")
-    )
-    summary["4node_world_vs_verl_kk"] = med_worst(col(four, "bcl-world@16", "speedup_vs_verl_kk"))
-    summary["4node_pooled_bound_efficiency"] = med_worst(
-        col(four, "bcl-node+pooled@16", "efficiency")
-    )
-    for peer in ("sequential", *PEERS):
-        summary[f"4node_{peer}_download_amplification_max"] = float(
-            np.max(col(four, peer, "download_amplification", sharded))
+    if four:
+        summary["4node_world_vs_nemo_mffd"] = med_worst(
+            col(four, "bcl-world@16", "speedup_vs_nemo_mffd")
         )
-        summary[f"4node_{peer}_efficiency"] = med_worst(col(four, peer, "efficiency"))
+        summary["4node_world_vs_verl_kk"] = med_worst(
+            col(four, "bcl-world@16", "speedup_vs_verl_kk")
+        )
+        summary["4node_pooled_bound_efficiency"] = med_worst(
+            col(four, "bcl-node+pooled@16", "efficiency")
+        )
+    for peer in ("sequential", *PEERS):
+        if four and peer in FOUR_NODES:  # hf_rebalance: 1-node settings only
+            summary[f"4node_{peer}_download_amplification_max"] = float(
+                np.max(col(four, peer, "download_amplification", sharded))
+            )
+            summary[f"4node_{peer}_efficiency"] = med_worst(col(four, peer, "efficiency"))
         summary[f"1node_{peer}_efficiency"] = med_worst(col(one, peer, "efficiency"))
     return summary
 
@@ -360,7 +364,7 @@ def markdown(result: dict[str, Any]) -> str:
         ("  the same, exactly B per micro-batch", "padded_rank_pack_vs_hf_rebalance", ""),
         ("verl_kk speedup vs hf_rebalance, padded", "padded_verl_kk_vs_hf_rebalance", ""),
         (
-            "imbalance_sq, hf_rebalance, packed 1 node (lower is better; worst = min)",
+            "imbalance_sq, hf_rebalance, packed 1 node (lower is better; worst = max)",
             "1node_hf_rebalance_imbalance_sq",
             "",
         ),
@@ -374,21 +378,25 @@ def markdown(result: dict[str, Any]) -> str:
         pct = "reduction" in key
         fmt = (lambda x: f"{100 * x:.1f}%") if pct else (lambda x: f"{x:.3f}")
         lines.append(f"| {label} | {fmt(v['median'])} | {fmt(v['worst'])} | {target} |")
-    lines += [
-        "",
-        "Download amplification, 4 nodes (max over corpora with >= 2 shards per node; smaller "
-        "ones have every shard cut, one piece per node): "
-        + ", ".join(
-            f"{name} {s[f'4node_{name}_download_amplification_max']:.2f}"
-            for name in ("sequential", "nemo_mffd", "verl_kk")
-        )
-        + ", "
-        + ", ".join(
-            f"bcl-{sc} {s[f'4node_{sc}_download_amplification_max']:.2f}"
-            for sc in ("rank", "node", "world")
-        ),
-        "",
-    ]
+    lines += (
+        []
+        if "4node_sequential_download_amplification_max" not in s
+        else [
+            "",
+            "Download amplification, 4 nodes (max over corpora with >= 2 shards per node; smaller "
+            "ones have every shard cut, one piece per node): "
+            + ", ".join(
+                f"{name} {s[f'4node_{name}_download_amplification_max']:.2f}"
+                for name in ("sequential", "nemo_mffd", "verl_kk")
+            )
+            + ", "
+            + ", ".join(
+                f"bcl-{sc} {s[f'4node_{sc}_download_amplification_max']:.2f}"
+                for sc in ("rank", "node", "world")
+            ),
+            "",
+        ]
+    )
     for setting, labels in (
         (
             "1node",
@@ -419,6 +427,8 @@ def markdown(result: dict[str, Any]) -> str:
             ["sequential", "nemo_mffd", "verl_kk", "bcl-rank@16", "bcl-node@16", "bcl-world@16"],
         ),
     ):
+        if not result.get(setting):
+            continue
         lines += [
             f"Efficiency per corpus, {setting} ({'4 nodes x 8 ranks' if setting == '4node' else '8 ranks'}):",
             "",
@@ -515,7 +525,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer and smaller corpora")
     parser.add_argument("--out", type=Path, default=Path("results"), help="output directory")
+    parser.add_argument(
+        "--settings",
+        default="1node,4node,padded,ablation",
+        help="comma-separated subset (1node is always run: the summary needs it)",
+    )
+    parser.add_argument("--name", default="bench_balance", help="output file stem")
     args = parser.parse_args(argv)
+    settings = set(args.settings.split(",")) | {"1node"}
     n_ordered, n_iid = (200_000, 131_072) if args.quick else (1_000_000, 262_144)
     model = get_preset(COST_MODEL)
     data = corpora(n_ordered, n_iid, args.quick)
@@ -532,16 +549,19 @@ def main(argv: list[str] | None = None) -> int:
         tok = build()
         result["records"][name] = int(tok.size)
         result["1node"][name] = run_setting(tok, model, RANKS, RANKS, ONE_NODE)
-        result["padded"][name] = run_setting(tok, model, RANKS, RANKS, PADDED, "padded")
-        result["4node"][name] = run_setting(tok, model, 4 * RANKS, RANKS, FOUR_NODES)
-        if kind != "iid":
+        if "padded" in settings:
+            result["padded"][name] = run_setting(tok, model, RANKS, RANKS, PADDED, "padded")
+        if "4node" in settings:
+            result["4node"][name] = run_setting(tok, model, 4 * RANKS, RANKS, FOUR_NODES)
+        if kind != "iid" and "ablation" in settings:
             result["ablation"][name] = run_setting(tok, model, 4 * RANKS, RANKS, ABLATION)
     result["summary"] = summarize(result)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_balance.json").write_text(json.dumps(_rounded(result), indent=1))
+    (args.out / f"{args.name}.json").write_text(json.dumps(_rounded(result), indent=1))
     text = markdown(result)
-    (args.out / "bench_balance.md").write_text(text + "\n")
-    plots(result, args.out)
+    (args.out / f"{args.name}.md").write_text(text + "\n")
+    if "4node" in settings:
+        plots(result, args.out)
     print(text)
     return 0
 
