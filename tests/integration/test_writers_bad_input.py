@@ -130,7 +130,7 @@ def test_changed_counts_are_detected_and_named(dataset: Path) -> None:
     meta["shards"][1]["samples"] -= 1
     (dataset / "bcl_index.json").write_text(json.dumps(meta))
     # The sealed index (format 3) refuses the edit on open, naming the field and the fix.
-    with pytest.raises(CostIndexError, match="field 'shards' was changed.*annotate --overwrite"):
+    with pytest.raises(CostIndexError, match=r"field 'shards' was changed.*annotate --overwrite"):
         read_index(dataset)
     with pytest.raises(CostIndexError, match="field 'shards' was changed"):
         read_index(dataset, verify=False)  # not even a reader that skips the hashes takes it
