@@ -55,6 +55,11 @@ PEER_LIMIT = 2_000_000
 """Above this many records only ``sequential`` and ``bcl-world`` run: the central peers'
 pure-Python partitions and three BCL scopes at 10M records x 4 node counts x 5 corpora do not
 fit the 2-core machine's time; their 1M figures stand for them."""
+HF_NODE_LIMIT = 16
+"""``hf_rebalance`` runs up to this many nodes: its hill climbing over dp*grad_accum groups of
+every optimizer step is pure Python and grows with the world (measured here, 200K records:
+13 s at 4 nodes, 52 s at 16, 190 s at 64; a 1M-record row at 128 nodes would take over half an
+hour)."""
 TARGETS = {"world_64_median": 0.93, "world_64_worst": 0.88, "amplification_two_groups": 1.05}
 Lengths = npt.NDArray[np.int64]
 
@@ -101,6 +106,8 @@ def run_balance(sizes: list[int], nodes: tuple[int, ...], quick: bool) -> list[d
                     shard_records=SHARD,
                 )
                 names = STRATEGIES if n <= PEER_LIMIT else ("sequential", "bcl-world")
+                if k > HF_NODE_LIMIT:
+                    names = tuple(s for s in names if s != "hf_rebalance")
                 t0 = time.perf_counter()
                 metrics = score(schedules(tok, model, config, names, table), config, table)
                 row: dict[str, Any] = {
