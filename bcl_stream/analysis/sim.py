@@ -45,7 +45,7 @@ import numpy.typing as npt
 from bcl_stream.analysis.displacement import displacement_steps
 from bcl_stream.cost import CostModel
 from bcl_stream.planner.baselines import global_order, sequential
-from bcl_stream.planner.bcl import build_node_streams, plan_epoch, validate_costs
+from bcl_stream.planner.bcl import build_node_streams, plan_streams, validate_costs
 from bcl_stream.planner.config import Plan, PlanConfig
 from bcl_stream.planner.padded import Packs, check_layout, ragged_pack_costs
 from bcl_stream.planner.peers import POOLED, REAL_PEERS, plan_pooled
@@ -374,30 +374,17 @@ def plan_schedules(
             steps = micro_batches_per_batch(bins[0], order, batch)
             out[name] = schedule(bins, used, left_count, steps)
         elif name.startswith("bcl-"):
-            plan = plan_epoch(
-                costs,
-                table,
-                plan_config(config, name.removeprefix("bcl-")),
-                seed=seed,
-                epoch=epoch,
-                tokens=tok,
-                sample=sample,
+            planner = plan_config(config, name.removeprefix("bcl-"))
+            streams = build_node_streams(
+                costs, table, planner, seed=seed, epoch=epoch, tokens=tok, sample=sample
             )
+            plan = plan_streams(streams, costs, tok, sample=sample)
             packs: Packs = plan.packs
             if config.contract == "step":
                 group = 1 if name == "bcl-rank" else config.ranks_per_node
                 packs = node_micro_batches(
                     plan.packs, costs, config.grad_accum, layout, group, tok, config.max_tokens
                 )
-            streams = build_node_streams(
-                costs,
-                table,
-                plan_config(config, name.removeprefix("bcl-")),
-                seed=seed,
-                epoch=epoch,
-                tokens=tok,
-                sample=sample,
-            )
             out[name] = replace(
                 schedule(packs, plan.records_used, plan.records_left),
                 displacement=displacement_steps(plan.packs, streams),

@@ -97,6 +97,20 @@ def plan_epoch(
         excluded=excluded,
         sample=sample,
     )
+    return plan_streams(streams, costs, tokens, excluded=excluded, sample=sample)
+
+
+def plan_streams(
+    streams: NodeStreams,
+    costs: npt.NDArray[np.floating],
+    tokens: npt.NDArray[np.integer] | None = None,
+    *,
+    excluded: Ids | None = None,
+    sample: Sample | None = None,
+) -> Plan:
+    """The whole epoch's plan of ``streams`` (built by :func:`build_node_streams` from the same
+    costs, tokens, exclusions and sample): every row's windows, then the remainder."""
+    config = streams.config
     out = np.empty((config.world_size, streams.n_packs, config.pack_size), dtype=np.int64)
     rows = np.arange(streams.n_rows)
     carry = None

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shard_tables import table_for
 
 from bcl_stream.analysis.displacement import displacement_steps
-from bcl_stream.planner import PlanConfig, ShardTable, build_node_streams, plan_epoch, plan_windows
+from bcl_stream.planner import PlanConfig, build_node_streams, plan_epoch, plan_windows
 from bcl_stream.planner.heavy_lane import lane_order
-from bcl_stream.planner.shard_table import shard_weights
 
 
 def heavy_tailed(n: int, seed: int = 0) -> np.ndarray:
@@ -19,12 +19,6 @@ def heavy_tailed(n: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     scale = np.repeat(rng.lognormal(0, 0.8, n // 200 + 1), 200)[:n]
     return np.minimum(40 * scale * (1 + rng.pareto(1.4, n)), 8192)
-
-
-def table_for(costs: np.ndarray, shard: int) -> ShardTable:
-    n = costs.size
-    counts = [shard] * (n // shard) + ([n % shard] if n % shard else [])
-    return ShardTable.build(counts, weight=shard_weights(counts, costs))
 
 
 @settings(max_examples=60, deadline=None)

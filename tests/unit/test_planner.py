@@ -7,16 +7,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shard_tables import table_for
 
 from bcl_stream.errors import PlanError
 from bcl_stream.planner import (
     PlanConfig,
-    ShardTable,
     global_order,
     plan_epoch,
     pooled_mffd_split,
     sequential,
-    shard_weights,
 )
 from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG
 from bcl_stream.planner.mffd import mffd
@@ -25,12 +24,6 @@ from bcl_stream.planner.partition import lpt_rounds, partition, snake
 
 def lengths(n: int, seed: int = 0) -> np.ndarray:
     return np.minimum(np.random.default_rng(seed).lognormal(6.0, 1.0, n).astype(np.int64) + 1, 8192)
-
-
-def table_for(costs: np.ndarray, shard: int = 64) -> ShardTable:
-    n = costs.size
-    counts = [shard] * (n // shard) + ([n % shard] if n % shard else [])
-    return ShardTable.build(counts, weight=shard_weights(counts, costs))
 
 
 def plan(costs, config: PlanConfig, tokens=None, *, seed: int = 0, epoch: int = 0, shard: int = 64):

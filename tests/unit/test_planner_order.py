@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shard_tables import table_for
 
 from bcl_stream.planner import (
     PlanConfig,
@@ -28,12 +29,6 @@ from bcl_stream.planner.stratify import stratified_permutation
 def corpus(n: int, seed: int = 0, *, ordered: bool = True) -> np.ndarray:
     tok = np.minimum(np.random.default_rng(seed).lognormal(5.5, 1.1, n).astype(np.int64) + 1, 8192)
     return np.sort(tok) if ordered else tok
-
-
-def table_for(costs: np.ndarray, shard: int) -> ShardTable:
-    n = costs.size
-    counts = [shard] * (n // shard) + ([n % shard] if n % shard else [])
-    return ShardTable.build(counts, weight=shard_weights(counts, costs))
 
 
 @settings(max_examples=80, deadline=None)
