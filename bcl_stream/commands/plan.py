@@ -205,7 +205,8 @@ def summary(index: PlanData, config: ReaderConfig, plan: EpochPlan) -> dict[str,
 
 
 def run(args: argparse.Namespace) -> int:
-    from bcl_stream.plan.epoch import full_plan, stream_report
+    from bcl_stream.plan.epoch import full_plan
+    from bcl_stream.plan.stream_report import stream_report
 
     config = config_from_args(args)
     index, location = open_plan_data(args, config.plan.scope)

@@ -9,7 +9,8 @@ from bcl_stream.cost import get_preset
 from bcl_stream.errors import StateError
 from bcl_stream.io.index import CostIndex, ShardEntry
 from bcl_stream.plan.cursor import Cursor, resolve_state
-from bcl_stream.plan.epoch import ReaderConfig, ReaderPlan, full_plan, stream_report
+from bcl_stream.plan.epoch import ReaderConfig, ReaderPlan, full_plan
+from bcl_stream.plan.stream_report import stream_report
 from bcl_stream.plan.streams import MixtureIndex, SegmentArray, StreamSpec, mixture_changes
 from bcl_stream.planner import PlanConfig, plan_epoch
 from bcl_stream.planner.mixture import MixtureLayout, choose_counts
