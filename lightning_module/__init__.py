@@ -16,12 +16,13 @@ if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ loads them
     from bcl_stream.io.streaming_compat import clean_stale_shared_memory_once
     from bcl_stream.loading.collate import PackCollate
     from lightning_module.callbacks import PackLogger, PackLogWriter, read_pack_log
-    from lightning_module.datamodule import BCLDataModule, TrainerLayout, TrainerPackLoader
+    from lightning_module.datamodule import BCLDataModule, TrainerPackLoader
+    from lightning_module.trainer_layout import TrainerLayout
 
 _EXPORTS = {
     "BCLDataModule": "lightning_module.datamodule",
     "PackCollate": "bcl_stream.loading.collate",
-    "TrainerLayout": "lightning_module.datamodule",
+    "TrainerLayout": "lightning_module.trainer_layout",
     "TrainerPackLoader": "lightning_module.datamodule",
     "PackLogWriter": "lightning_module.callbacks",
     "PackLogger": "lightning_module.callbacks",

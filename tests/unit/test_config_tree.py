@@ -22,7 +22,8 @@ from bcl_stream.plan.cursor import Cursor, parse_state
 from bcl_stream.plan.epoch import PLAN_FIELDS, ReaderConfig
 from bcl_stream.planner import PlanConfig
 from bcl_stream.planner.partition import ALGORITHMS
-from lightning_module.datamodule import OWN_ARGUMENTS, BCLDataModule, TrainerLayout
+from lightning_module.datamodule import OWN_ARGUMENTS, BCLDataModule
+from lightning_module.trainer_layout import TrainerLayout
 
 BASE = {"world_size": 4, "pack_size": 3, "window": 5}
 """The required fields, at values other than any default."""
