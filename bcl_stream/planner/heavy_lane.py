@@ -90,14 +90,6 @@ class HeavyLane:
         """Windows per lane block (0: off)."""
         self._cache: OrderedDict[tuple[int, int], Ids] = OrderedDict()
 
-    @property
-    def active(self) -> bool:
-        return self.lane > 0
-
-    @property
-    def n_blocks(self) -> int:
-        return -(-self._windows // self.lane) if self.lane else 0
-
     def block_span(self, b: int) -> tuple[int, int]:
         """Node-stream positions [start, stop) of lane block ``b``."""
         lo = b * self.lane
@@ -147,15 +139,6 @@ class HeavyLane:
             self._cache.popitem(last=False)
         return out
 
-    def stream_positions(self, node: int, b: int) -> Ids:
-        """For tools: the node-stream position each record of lane block ``b`` had before the
-        lane moved it, in lane order (a permutation of the block's span)."""
-        lo, hi = self.block_span(b)
-        plain = self._nodes[node].take(np.arange(lo, hi, dtype=np.int64))
-        where = np.argsort(plain, kind="stable")
-        moved = self.block(node, b)
-        return lo + where[np.searchsorted(plain[where], moved)]
-
 
 @functools.lru_cache(maxsize=8)
 def slot_order(size: int, window: int, pack_size: int, ranks_per_node: int) -> Ids:
@@ -172,7 +155,7 @@ def slot_order(size: int, window: int, pack_size: int, ranks_per_node: int) -> I
     return order
 
 
-def rare(costs: npt.NDArray[np.float64], count: int, lane: int, threshold: float) -> int:
+def rare(costs: npt.NDArray[np.float64], count: int, threshold: float) -> int:
     """How many of the ``count`` costliest records are rare outliers worth the lane: those
     costing more than ``threshold`` and more than ``RARITY`` times the record at rank
     ``RARITY_RANK * count`` of the block. A class common enough to reach that rank too (a
@@ -181,7 +164,7 @@ def rare(costs: npt.NDArray[np.float64], count: int, lane: int, threshold: float
     n = costs.size
     if count == 0 or n == 0:
         return 0
-    top = -np.sort(-np.partition(costs, n - count)[n - count :])
+    top = np.partition(costs, n - count)[n - count :]  # the count costliest, in any order
     at = max(n - RARITY_RANK * count, 0)
     level = np.partition(costs, at)[at]
     bar = max(threshold, RARITY * float(level))
@@ -227,7 +210,7 @@ def lane_order(
     order = slot_order(ids.size, window, pack_size, ranks_per_node)
     out = ids.copy()
     if labels is None:
-        count = rare(costs, count, lane, threshold)
+        count = rare(costs, count, threshold)
         if count:
             _move(out, ids, costs, np.arange(ids.size), order[:count], count)
         return out
@@ -238,7 +221,7 @@ def lane_order(
     quota[np.argsort(quota - share, kind="stable")[: count - int(quota.sum())]] += 1
     for s, q in zip(streams.tolist(), quota.tolist(), strict=True):
         mine = np.flatnonzero(lab == s)  # the stream's positions, in order
-        q = rare(costs[mine], q, lane, threshold)
+        q = rare(costs[mine], q, threshold)
         if q:
             _move(out, ids, costs, mine, order[lab[order] == s][:q], q)
     return out

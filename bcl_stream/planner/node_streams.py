@@ -230,7 +230,7 @@ class NodeStreams:
             lane=config.lane if config.shuffle else 0,
             n_packs=self.n_packs,
             costs=costs,
-            threshold=config.lane_threshold * config.pack_size * _mean_cost(table),
+            threshold=config.lane_threshold * config.pack_size * table.mean_cost,
         )
         """Node-stream positions to ids, with the heavy lane applied (a plain shuffle without
         costs, or ``shuffle=False``, has no lane)."""
@@ -311,9 +311,3 @@ def _check_inputs(
                 f"split: every cut shard must have 2 to {config.n_nodes} pieces (one per node "
                 f"at most), got {sorted(set(pieces.tolist()))}"
             )
-
-
-def _mean_cost(table: ShardTable) -> float:
-    """Mean record cost of the epoch, from the shard table alone (the same in every process)."""
-    usable = int(table.usable.sum())
-    return float((table.weight * table.usable).sum()) / usable if usable else 0.0

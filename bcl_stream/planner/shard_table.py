@@ -113,6 +113,13 @@ class ShardTable:
         return np.concatenate([[0], np.cumsum(self.counts)[:-1]]).astype(np.int64)
 
     @property
+    def mean_cost(self) -> float:
+        """Mean cost of a usable record of the epoch, from the table alone (the same in every
+        process): the windows' cost target and the heavy lane's scale."""
+        usable = int(self.usable.sum())
+        return float((self.weight * self.usable).sum()) / usable if usable else 0.0
+
+    @property
     def n_records(self) -> int:
         return int(self.counts.sum())
 

@@ -258,7 +258,7 @@ def _walk(
     config = streams.config
     group, size, window = config.group_size, config.pack_size, config.window
     carried = np.empty((row_ids.size, 0), np.int64) if carry is None else carry
-    mean = _target_mean(streams)
+    mean = streams.table.mean_cost
     for run in carry_runs(streams.n_packs, config):
         lo, hi = max(run.first_window, start), min(run.first_window + run.n_windows, stop)
         if lo >= hi:
@@ -351,15 +351,6 @@ def _check_carry(
                 f"{k}, or re-plan from window 0"
             )
     return ids
-
-
-def _target_mean(streams: NodeStreams) -> float:
-    """Mean record cost of the epoch: from the shard table's weights (no pass over records)."""
-    table = streams.table
-    usable = table.usable.sum()
-    if usable == 0:
-        return 0.0
-    return float((table.weight * table.usable).sum() / usable)
 
 
 def _place(
