@@ -21,11 +21,10 @@ def stream_windows(streams: NodeStreams) -> tuple[npt.NDArray[np.int64], npt.NDA
     """(ids, window) of every record the epoch emits: the node-stream window each sits in
     before any reordering (the lane's own order is not applied). O(records): a tool."""
     c = streams.config
-    chunk = c.window * c.pack_size * c.ranks_per_node
     used = streams.n_packs * c.ranks_per_node * c.pack_size
     positions = np.arange(used, dtype=np.int64)
     ids = [node.take(positions) for node in streams.nodes]
-    windows = np.tile(positions // chunk, len(streams.nodes))
+    windows = np.tile(positions // c.node_window_records, len(streams.nodes))
     return np.concatenate(ids or [np.empty(0, np.int64)]), windows
 
 

@@ -378,7 +378,7 @@ def plan_schedules(
             streams = build_node_streams(
                 costs, table, planner, seed=seed, epoch=epoch, tokens=tok, sample=sample
             )
-            plan = plan_streams(streams, costs, tok, sample=sample)
+            plan = plan_streams(streams, costs, tok)
             packs: Packs = plan.packs
             if config.contract == "step":
                 group = 1 if name == "bcl-rank" else config.ranks_per_node

@@ -34,7 +34,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from bcl_stream.errors import StateError
 from bcl_stream.formats.token_ids import resolve_source
 from bcl_stream.io.index import CostIndex
-from bcl_stream.plan.epoch import AnyPlan, PlanData, ReaderConfig, Segment, reader_plan
+from bcl_stream.plan.epoch import PlanData, ReaderConfig, ReaderPlan, Segment, reader_plan
 from bcl_stream.plan.eval_plan import EvalPlan
 from bcl_stream.plan.steps import step_cut, whole_steps
 from bcl_stream.plan.token_source import TokenSource
@@ -132,7 +132,7 @@ class PlanDataset(IterableDataset[Pack]):
     # -- plan -----------------------------------------------------------------------------
     def plan(
         self, epoch: int | None = None, segments: tuple[Segment, ...] | None = None
-    ) -> AnyPlan:
+    ) -> ReaderPlan:
         """The plan of ``epoch`` with elastic ``segments`` (default: the current cursor's):
         lazy, windows are planned as the iterator reaches them."""
         if epoch is None:
@@ -187,7 +187,7 @@ class PlanDataset(IterableDataset[Pack]):
         start, chunk = self.start, self.chunk
         cut = step_cut(self.index, self.config)
         if self._evaluation is not None or cut is None:
-            plan: AnyPlan | EvalPlan = self._evaluation or self.plan()
+            plan: ReaderPlan | EvalPlan = self._evaluation or self.plan()
             for first, packs in plan.iter_rank_packs(self.rank, start):
                 position = first - start + np.arange(packs.shape[0])
                 ids = position // chunk

@@ -45,7 +45,7 @@ from bcl_stream.formats.token_ids import with_ids
 from bcl_stream.io.hashing import record_digest
 from bcl_stream.io.index import CostIndex
 from bcl_stream.io.remote import download, is_remote, join, open_cost_index
-from bcl_stream.plan.epoch import ReaderConfig, Segment, full_plan
+from bcl_stream.plan.epoch import ReaderConfig, Segment, reader_plan
 
 Raw = dict[str, bytes]
 
@@ -228,7 +228,7 @@ def bcl_packs(
     segments: tuple[Segment, ...] = (),
 ) -> Iterator[Pack]:
     """Pipeline stage: rank ``rank``'s balanced packs of ``epoch`` (packs start, start+step, ...)."""
-    packs = full_plan(index, config, epoch, segments).rank_packs(rank)
+    packs = reader_plan(index, config, epoch, segments).rank_packs(rank)
     return follow_plan(src, packs[start::step], part_firsts(index))
 
 

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 from bcl_stream.errors import StateError
 from bcl_stream.formats.reader_base import Pack, PlanDataset
 from bcl_stream.plan.cursor import MIXTURE_CHANGES, Cursor, resolve_state
-from bcl_stream.plan.epoch import AnyPlan, Segment
+from bcl_stream.plan.epoch import ReaderPlan, Segment
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class PackLoader(DataLoader):
     def _n_packs(self, epoch: int, segments: tuple[Segment, ...]) -> int:
         return self.plan_dataset.plan(epoch, segments).n_packs
 
-    def current_plan(self) -> AnyPlan:
+    def current_plan(self) -> ReaderPlan:
         """The plan the next ``iter()`` follows (after a finished epoch: the next epoch's)."""
         epoch, _, segments = self._normalized()
         return self.plan_dataset.plan(epoch, segments)

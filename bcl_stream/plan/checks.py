@@ -8,7 +8,7 @@ Numpy only (the CLI's ``plan`` imports this; it must start fast).
 from __future__ import annotations
 
 from bcl_stream.errors import PlanError
-from bcl_stream.plan.epoch import AnyPlan, ReaderConfig
+from bcl_stream.plan.epoch import EpochPlan, ReaderConfig, ReaderPlan
 
 
 def check_format_scope(location: str, fmt: str, scope: str, option: str = "--scope") -> None:
@@ -24,7 +24,7 @@ def check_format_scope(location: str, fmt: str, scope: str, option: str = "--sco
 
 def require_packs(
     location: str,
-    plan: AnyPlan,
+    plan: ReaderPlan | EpochPlan,
     config: ReaderConfig,
     records: int,
     fix: str = "Lower --pack-size or --world-size, or use more data.",

@@ -2,9 +2,10 @@
 
 Readers follow :class:`ReaderPlan`: pack count and remainder from the shard table, a rank's
 packs planned lazily a batch of windows at a time, so no process holds the epoch's plan.
-:func:`full_plan` computes the same plan for every rank at once, for ``bcl-stream plan``, tools
-and tests; both run the same planner (``planner.windows.plan_windows``), so what a loader yields
-is by construction what ``bcl-stream plan`` prints (tests compare them).
+:func:`full_plan` materializes the same plan for every rank at once, for ``bcl-stream plan``,
+tools and tests. Both walk the planner's one path (``planner.bcl.iter_windows``), for BCL and
+for the ``sequential`` baseline alike, so what a loader yields is by construction what
+``bcl-stream plan`` prints.
 
 Elastic resume: a checkpoint taken after ``k`` packs under world size R, resumed under R',
 records the old plan as a :class:`Segment`. The records of the first ``k`` packs of every old
@@ -32,9 +33,8 @@ from bcl_stream.planner import (
     PlanConfig,
     ShardTable,
     build_node_streams,
-    plan_epoch,
-    plan_windows,
-    sequential,
+    iter_windows,
+    plan_streams,
     shard_weights,
 )
 from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG
@@ -120,10 +120,6 @@ class ReaderConfig:
             packing=packing,
             tokens=TokenSource.of(tokens),
         )
-
-    def plan_config(self) -> PlanConfig:
-        """The planner's view of this config (``self.plan``; kept for existing callers)."""
-        return self.plan
 
     def flat(self) -> dict[str, Any]:
         """Every field by name, planner fields included (for comparisons and messages)."""
@@ -215,14 +211,6 @@ class EpochPlan:
             raise ValueError(f"rank must be in [0, {self.plan.packs.shape[0]}), got {rank}")
         return self.plan.packs[rank]
 
-    def iter_rank_packs(
-        self, rank: int, start: int = 0, group: bool = False
-    ) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
-        """(index of the first pack, packs) from pack ``start`` on, as one batch; ``group``:
-        as (1, n, B) (a whole-epoch plan is the ``sequential`` baseline's: no group deals)."""
-        packs = self.rank_packs(rank)[start:]
-        yield start, packs[None] if group else packs
-
     def remainder_counts(self) -> dict[str, int]:
         """Reason -> count of records this plan does not yield (consumed ones included)."""
         counts = self.plan.remainder_counts()
@@ -235,11 +223,12 @@ class ReaderPlan:
     """One epoch's plan as a reader process needs it, computed window by window.
 
     Building it costs O(shards): the pack count and the remainder counts come from the shard
-    table; a rank's packs are planned a batch of ``READ_BATCH`` windows at a time as the reader
-    reaches them (its own row only: its rank, or in scopes ``node``/``world`` its node), so
-    nothing per process grows with the dataset beyond the mapped cost index, and time to the
-    first pack does not depend on the epoch's length. A start in mid-epoch replays at most one
-    carry span of hold-backs (``PlanConfig.carry_span``), never the epoch.
+    table; a rank's packs are planned a batch of windows at a time as the reader reaches them
+    (its own row only: its rank, or in scopes ``node``/``world`` its node), so nothing per
+    process grows with the dataset beyond the mapped cost index, and time to the first pack
+    does not depend on the epoch's length. A start in mid-epoch replays at most one carry span
+    of hold-backs (``PlanConfig.carry_span``), never the epoch. ``packing="sequential"`` walks
+    the same streams with balancing off.
     """
 
     def __init__(
@@ -251,6 +240,11 @@ class ReaderPlan:
     ) -> None:
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if segments and config.packing == "sequential":
+            raise StateError(
+                "packing='sequential' cannot resume a state saved under another world size "
+                "(elastic resume is a BCL feature); resume with the original world size."
+            )
         self.epoch = epoch
         self.config = config
         self.consumed = _consumed(index, config, epoch, segments)
@@ -267,6 +261,7 @@ class ReaderPlan:
             tokens=self._tokens,
             excluded=self.consumed if self.consumed.size else None,
             sample=sample,
+            balanced=config.packing == "bcl",
         )
         # Records the filter removed are the too-long ones plus the consumed ones that were not
         # too long: derived from the table the streams already built (no second pass).
@@ -297,40 +292,29 @@ class ReaderPlan:
         self, rank: int, start: int = 0, group: bool = False
     ) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
         """(index of the first pack, packs (n, B)) of ``rank`` from pack ``start`` on, a batch
-        of windows at a time; ``group``: the packs of its planning group, (group_size, n, B)
+        of windows at a time; ``group``: the packs of its planning row, (row_ranks, n, B)
         (the ranks that share its node's stream: the ``step`` contract deals among them)."""
-        c = self.config
-        if not 0 <= rank < c.plan.world_size:
-            raise ValueError(f"rank must be in [0, {c.plan.world_size}), got {rank}")
-        streams, pc = self._streams, c.plan
-        rows = [rank // pc.group_size]
-        row_rank = rank % pc.group_size
-        carry = None
-        first = start // pc.window
-        for lo in range(first, streams.n_windows, READ_BATCH):
-            hi = min(lo + READ_BATCH, streams.n_windows)
-            batch = plan_windows(streams, self._costs, self._tokens, rows, lo, hi, carry)
-            carry = batch.carry
+        row, place = self._streams.config.row_of(rank)
+        first = start // self.config.plan.window
+        for batch in iter_windows(self._streams, self._costs, self._tokens, [row], first):
             skip = max(start - batch.first_pack, 0)
-            if group:
-                lo = row_rank - rank % pc.group_size
-                yield batch.first_pack + skip, batch.packs[lo : lo + pc.group_size, skip:]
-            else:
-                yield batch.first_pack + skip, batch.packs[row_rank, skip:]
+            packs = batch.packs[:, skip:] if group else batch.packs[place, skip:]
+            yield batch.first_pack + skip, packs
 
     def first_packs(self, k: int) -> npt.NDArray[np.int64]:
         """(world_size, k, pack_size): the first ``k`` packs of every rank, from the first
-        ceil(k / W) windows of every row planned in one call (elastic resume: what the ranks
-        of an old world size consumed). Cost O(k * world_size * B), not O(epoch)."""
+        ceil(k / W) windows of every row (elastic resume: what the ranks of an old world size
+        consumed). Cost O(k * world_size * B), not O(epoch)."""
         if not 0 <= k <= self.n_packs:
             raise ValueError(f"segment consumed {k} packs but its plan has {self.n_packs}")
         streams, pc = self._streams, self.config.plan
-        if k == 0:
-            return np.empty((pc.world_size, 0, pc.pack_size), dtype=np.int64)
+        out = np.empty((pc.world_size, k, pc.pack_size), dtype=np.int64)
+        rows = np.arange(streams.n_rows)
         stop = -(-k // pc.window)
-        rows = list(range(streams.n_rows))
-        batch = plan_windows(streams, self._costs, self._tokens, rows, 0, stop, None)
-        return batch.packs[:, :k]
+        for batch in iter_windows(streams, self._costs, self._tokens, rows, 0, stop):
+            taken = batch.packs[:, : k - batch.first_pack]
+            out[:, batch.first_pack : batch.first_pack + taken.shape[1]] = taken
+        return out
 
     def rank_packs(self, rank: int) -> npt.NDArray[np.int64]:
         """(n_packs, pack_size) sample ids of one rank (materialized: tools and tests)."""
@@ -338,13 +322,10 @@ class ReaderPlan:
         size = self.config.plan.pack_size
         return np.concatenate(parts) if parts else np.empty((0, size), dtype=np.int64)
 
-
-AnyPlan = EpochPlan | ReaderPlan
-"""What a reader follows: the lazy plan, or a whole-epoch one (the ``sequential`` baseline)."""
-
-READ_BATCH = 16
-"""Windows a reader plans at a time: 16 windows of W*B records per rank amortize numpy's
-per-call overhead (tools/bench_plan_scale.py) while memory stays O(window)."""
+    def whole(self) -> EpochPlan:
+        """Every rank's packs and the remainder's ids, materialized (``full_plan``)."""
+        return EpochPlan(plan_streams(self._streams, self._costs, self._tokens), self.epoch,
+                         self.consumed)  # fmt: skip
 
 
 def _consumed(
@@ -378,16 +359,11 @@ def reader_plan(
     config: ReaderConfig,
     epoch: int,
     segments: tuple[Segment, ...] = (),
-) -> AnyPlan:
-    """The plan readers follow (in the per-process plan cache, :mod:`bcl_stream.plan.cache`):
-    the lazy BCL plan, or the ``sequential`` baseline's whole-epoch plan (``config.packing``)."""
-
-    def make() -> AnyPlan:
-        if config.packing == "sequential":
-            return _sequential(index, config, epoch, segments)
-        return ReaderPlan(index, config, epoch, segments)
-
-    return cached(("reader", index.fingerprint(), config, epoch, segments), make)
+) -> ReaderPlan:
+    """The plan readers follow, lazy (in the per-process plan cache,
+    :mod:`bcl_stream.plan.cache`)."""
+    key = ("reader", index.fingerprint(), config, epoch, segments)
+    return cached(key, lambda: ReaderPlan(index, config, epoch, segments))
 
 
 def _costs_and_table(index: PlanData, config: ReaderConfig) -> tuple[Any, ShardTable]:
@@ -407,54 +383,6 @@ def _costs_and_table(index: PlanData, config: ReaderConfig) -> tuple[Any, ShardT
     return cached(("table", index.fingerprint(), config.cost_model), make)
 
 
-def _plan_one(
-    index: PlanData,
-    config: ReaderConfig,
-    epoch: int,
-    exclude: npt.NDArray[np.int64],
-) -> Plan:
-    costs, table = _costs_and_table(index, config)
-    # Token counts only matter under a memory cap.
-    tokens = None if config.plan.max_tokens is None else tokens_of(index)
-    return plan_epoch(
-        costs,
-        table,
-        config.plan,
-        seed=config.seed,
-        epoch=epoch,
-        tokens=tokens,
-        excluded=exclude if exclude.size else None,
-        sample=epoch_sample(index, config, epoch),
-    )
-
-
-def sequential_plan(index: PlanData, config: ReaderConfig, epoch: int) -> EpochPlan:
-    """The ``sequential`` baseline over the same streams: each rank's next B records, unbalanced
-    (records over ``max_tokens`` are left out, but the per-pack cap is not enforced)."""
-    costs, table = _costs_and_table(index, config)
-    plan = sequential(
-        costs,
-        table,
-        config.plan,
-        seed=config.seed,
-        epoch=epoch,
-        tokens=tokens_of(index),
-        sample=epoch_sample(index, config, epoch),
-    )
-    return EpochPlan(plan, epoch)
-
-
-def _sequential(
-    index: PlanData, config: ReaderConfig, epoch: int, segments: tuple[Segment, ...]
-) -> EpochPlan:
-    if segments:
-        raise StateError(
-            "packing='sequential' cannot resume a state saved under another world size "
-            "(elastic resume is a BCL feature); resume with the original world size."
-        )
-    return sequential_plan(index, config, epoch)
-
-
 def full_plan(
     index: PlanData,
     config: ReaderConfig,
@@ -465,13 +393,5 @@ def full_plan(
     Readers follow the same plan lazily (:class:`ReaderPlan`). ``segments``: earlier world
     sizes of this epoch, oldest first, each with the packs per rank consumed under it.
     """
-    if epoch < 0:
-        raise ValueError(f"epoch must be >= 0, got {epoch}")
-    if config.packing == "sequential":
-        return _sequential(index, config, epoch, segments)
-
-    def make() -> EpochPlan:
-        consumed = _consumed(index, config, epoch, segments)
-        return EpochPlan(_plan_one(index, config, epoch, consumed), epoch, consumed)
-
-    return cached(("full", index.fingerprint(), config, epoch, segments), make)
+    key = ("full", index.fingerprint(), config, epoch, segments)
+    return cached(key, lambda: ReaderPlan(index, config, epoch, segments).whole())

@@ -4,13 +4,8 @@ No I/O and no torch here (tests/unit/test_purity.py guards it): every rank runs 
 replicated cost index and must get the same answer, fast.
 """
 
-from bcl_stream.planner.baselines import (
-    global_order,
-    pooled_mffd_split,
-    sequential,
-    sequential_config,
-)
-from bcl_stream.planner.bcl import build_node_streams, plan_epoch
+from bcl_stream.planner.baselines import global_order, pooled_mffd_split, sequential
+from bcl_stream.planner.bcl import build_node_streams, iter_windows, plan_epoch, plan_streams
 from bcl_stream.planner.config import SCOPES, Plan, PlanConfig
 from bcl_stream.planner.shard_table import KeepFilter, ShardTable, shard_weights
 from bcl_stream.planner.windows import WindowBatch, plan_windows
@@ -24,10 +19,11 @@ __all__ = [
     "WindowBatch",
     "build_node_streams",
     "global_order",
+    "iter_windows",
     "plan_epoch",
+    "plan_streams",
     "plan_windows",
     "pooled_mffd_split",
     "sequential",
-    "sequential_config",
     "shard_weights",
 ]

@@ -1,7 +1,7 @@
 """The strategies BCL is measured against (docs/metrics.md, Baselines).
 
 ``sequential``: each rank takes the next B records of its own share of the same node streams
-BCL reads (a plain loader over the same shards and shuffle): :func:`sequential_config` is BCL's
+BCL reads (a plain loader over the same shards and shuffle): ``PlanConfig.unbalanced`` is BCL's
 configuration with balancing switched off, so the two differ only in the packing.
 ``pooled_mffd_split``: pool a global batch of R*B*G records, pack by tokens with a textbook
 MFFD (``mffd.py``) into bins of capacity M, deal the bins round-robin so every rank runs the
@@ -17,33 +17,15 @@ Central baselines read from :func:`global_order`: one shuffle of every record, w
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import numpy.typing as npt
 
-from bcl_stream.planner.bcl import plan_epoch, too_long
-from bcl_stream.planner.config import REASON_TOO_LONG, Plan, PlanConfig
+from bcl_stream.planner.bcl import plan_epoch
+from bcl_stream.planner.config import Plan, PlanConfig
 from bcl_stream.planner.mffd import mffd
 from bcl_stream.planner.pools import global_batches
 from bcl_stream.planner.rng import Tag, epoch_rng
 from bcl_stream.planner.shard_table import Sample, ShardTable
-
-
-def sequential_config(config: PlanConfig) -> PlanConfig:
-    """``config`` with balancing off: rank scope, packs in stream order, no carry, a plain
-    shuffle inside shard groups."""
-    return replace(
-        config,
-        scope="rank",
-        algorithm="stream",
-        refine=0,
-        pack_order="stream",
-        step_fill=False,
-        carry=0,
-        stratify=False,
-        lane=0,
-    )
 
 
 def sequential(
@@ -62,25 +44,17 @@ def sequential(
     With ``config.max_tokens`` set, longer records are left out and reported as BCL does, but
     the per-pack token cap is not enforced: a plain loader cannot.
     """
-    plain = sequential_config(config)
-    if config.max_tokens is None:
-        return plan_epoch(
-            costs, table, plain, seed=seed, epoch=epoch, excluded=excluded, sample=sample
-        )
-    if tokens is None:
-        raise ValueError("tokens are required when max_tokens is set")
-    long_ids = too_long(tokens, config.max_tokens, excluded, sample)
-    skip = long_ids if excluded is None else np.union1d(long_ids, excluded)
-    plan = plan_epoch(
+    return plan_epoch(
         costs,
         table,
-        replace(plain, max_tokens=None),
+        config,
         seed=seed,
         epoch=epoch,
-        excluded=skip if skip.size else None,
+        tokens=tokens,
+        excluded=excluded,
         sample=sample,
+        balanced=False,
     )
-    return Plan(plan.packs, {**plan.remainder, REASON_TOO_LONG: long_ids})
 
 
 def global_order(

@@ -1,9 +1,10 @@
-"""Batch Cost Lookahead over a whole epoch: every rank's packs of exactly B records.
+"""Batch Cost Lookahead: every rank's packs of exactly B records, window by window.
 
-Scopes (docs/metrics.md): ``rank`` balances each rank's own window (the paper's BCL); ``node`` plans
-one window jointly for the P ranks of a node; ``world`` plans each node's window the same way
-and has the nodes agree on per-step targets (``step_fill.fill_steps_joint``), so world balance
-needs no record to move between nodes: every node reads only its own shards in every scope
+Scopes (docs/metrics.md): ``rank`` balances each rank's own window (the paper's BCL); ``node``
+plans one window jointly for the P ranks of a node; ``world`` plans exactly as ``node`` does
+(a reader plans only its own node's row): the nodes agree without communication because they
+share the shard-group order and the heavy lane's aligned blocks (``heavy_lane.py``). No record
+moves between nodes: every node reads only its own shards in every scope
 (``dealing.deal_shards``). Every rank computes the same plan without communication: the inputs
 are the replicated cost index and (seed, epoch).
 
@@ -11,8 +12,10 @@ Pack count: every rank gets ``n_packs = min over nodes of len(node stream) // (P
 computable from the shard table alone, so ranks never disagree and collectives never hang.
 Records not emitted come back in ``Plan.remainder`` keyed by reason.
 
-This module builds whole-epoch arrays, which is what tools, tests and the simulator want.
-Readers plan lazily with :func:`bcl_stream.planner.windows.plan_windows`, which this calls.
+One path (:func:`iter_windows`): a reader walks its own row's windows a batch at a time, the
+whole-epoch plan (:func:`plan_streams`, what tools, tests and the simulator want) walks every
+row's, and the ``sequential`` baseline walks the same streams with balancing off
+(``balanced=False``).
 
 Order of packs inside a window (``pack_order``): ``desc`` (heaviest first) aligns the residual
 imbalance of independent windows across ranks, so rank 0's slightly heavy pack runs beside
@@ -21,17 +24,20 @@ rank 1's slightly heavy pack; ``stream`` keeps partition order.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG, Plan, PlanConfig
 from bcl_stream.planner.node_streams import NodeStreams
 from bcl_stream.planner.shard_table import Ids, KeepFilter, Sample, ShardTable
-from bcl_stream.planner.windows import plan_windows
+from bcl_stream.planner.windows import WindowBatch, plan_windows
 
-WINDOW_BATCH = 64
-"""Windows planned per call in :func:`plan_epoch`: large enough to amortize numpy's per-call
-overhead, small enough that memory stays O(window) rather than O(epoch)."""
+WINDOW_BATCH = 16
+"""Windows planned per call of :func:`plan_windows` (:func:`iter_windows`): 16 windows of W*B
+records per rank amortize numpy's per-call overhead (``tools/bench_plan_scale.py``) while a
+reader's memory stays O(window), never O(epoch)."""
 
 
 def validate_costs(costs: npt.NDArray[np.floating], name: str = "costs") -> npt.NDArray[np.float64]:
@@ -56,10 +62,14 @@ def build_node_streams(
     tokens: npt.NDArray[np.integer] | None = None,
     excluded: Ids | None = None,
     sample: Sample | None = None,
+    balanced: bool = True,
 ) -> NodeStreams:
     """The epoch's streams; the memory cap and exclusions recompute the table's usable counts
     and mean costs (one pass over the records, only when either is set); a mixture's
-    ``sample`` gives its counts without a pass."""
+    ``sample`` gives its counts without a pass. ``balanced=False``: the ``sequential``
+    baseline's streams (:meth:`PlanConfig.unbalanced`): the same records are kept (records over
+    the memory cap are left out), but packs follow stream order and no pack cap is enforced,
+    as a plain loader cannot."""
     if config.max_tokens is not None and tokens is None:
         raise ValueError("tokens are required when max_tokens is set")
     if costs.shape[0] != table.n_records:
@@ -67,7 +77,8 @@ def build_node_streams(
             f"costs hold {costs.shape[0]} records but the shards hold {table.n_records}"
         )
     keep = KeepFilter(tokens, config.max_tokens, excluded, sample)
-    return NodeStreams(keep.kept_table(table, costs), config, seed, epoch, keep, costs)
+    layout = config if balanced else config.unbalanced()
+    return NodeStreams(keep.kept_table(table, costs), layout, seed, epoch, keep, costs)
 
 
 def plan_epoch(
@@ -80,8 +91,10 @@ def plan_epoch(
     tokens: npt.NDArray[np.integer] | None = None,
     excluded: Ids | None = None,
     sample: Sample | None = None,
+    balanced: bool = True,
 ) -> Plan:
-    """Plan one epoch. ``costs`` and ``tokens`` are indexed by global sample id (write order;
+    """Plan one epoch (``balanced=False``: the ``sequential`` baseline, see
+    :func:`build_node_streams`). ``costs`` and ``tokens`` are indexed by global sample id (write order;
     memory-mapped arrays work); ``tokens`` is required when ``config.max_tokens`` is set;
     ``excluded`` ids are neither planned nor reported, nor are ids outside a mixture's
     ``sample``. Output: ``Plan.packs`` of shape (world_size, n_packs, pack_size) and the
@@ -96,36 +109,53 @@ def plan_epoch(
         tokens=tokens,
         excluded=excluded,
         sample=sample,
+        balanced=balanced,
     )
-    return plan_streams(streams, costs, tokens, excluded=excluded, sample=sample)
+    return plan_streams(streams, costs, tokens)
+
+
+def iter_windows(
+    streams: NodeStreams,
+    costs: npt.NDArray[np.floating],
+    tokens: npt.NDArray[np.integer] | None,
+    rows: npt.ArrayLike,
+    first: int = 0,
+    stop: int | None = None,
+) -> Iterator[WindowBatch]:
+    """The one path every plan takes: ``rows``' windows ``first`` .. ``stop`` (default: the
+    epoch's end), :data:`WINDOW_BATCH` windows per :func:`plan_windows` call, each batch
+    continuing from the previous one's carry. A reader passes its own row, the whole-epoch
+    plan every row; both therefore emit the same packs (``plan_windows`` replays the carry
+    when ``first`` falls inside a carry span)."""
+    end = streams.n_windows if stop is None else min(stop, streams.n_windows)
+    carry = None
+    for lo in range(first, end, WINDOW_BATCH):
+        batch = plan_windows(streams, costs, tokens, rows, lo, min(lo + WINDOW_BATCH, end), carry)
+        carry = batch.carry
+        yield batch
 
 
 def plan_streams(
     streams: NodeStreams,
     costs: npt.NDArray[np.floating],
     tokens: npt.NDArray[np.integer] | None = None,
-    *,
-    excluded: Ids | None = None,
-    sample: Sample | None = None,
 ) -> Plan:
     """The whole epoch's plan of ``streams`` (built by :func:`build_node_streams` from the same
-    costs, tokens, exclusions and sample): every row's windows, then the remainder."""
+    costs and tokens): every row's windows, then the remainder (each node's tail, and the
+    records over the memory cap the streams' filter left out)."""
     config = streams.config
     out = np.empty((config.world_size, streams.n_packs, config.pack_size), dtype=np.int64)
-    rows = np.arange(streams.n_rows)
-    carry = None
-    for start in range(0, streams.n_windows, WINDOW_BATCH):
-        stop = min(start + WINDOW_BATCH, streams.n_windows)
-        batch = plan_windows(streams, costs, tokens, rows, start, stop, carry)
+    for batch in iter_windows(streams, costs, tokens, np.arange(streams.n_rows)):
         out[:, batch.first_pack : batch.first_pack + batch.packs.shape[1]] = batch.packs
-        carry = batch.carry
     remainder: dict[str, Ids] = {
         REASON_TAIL: np.concatenate(
             [streams.tail(n) for n in range(len(streams.nodes))] or [np.empty(0, np.int64)]
         )
     }
-    if config.max_tokens is not None and tokens is not None:
-        remainder[REASON_TOO_LONG] = too_long(tokens, config.max_tokens, excluded, sample)
+    keep = streams.keep
+    if keep is not None and keep.max_tokens is not None and keep.tokens is not None:
+        excluded = keep.excluded if keep.excluded.size else None
+        remainder[REASON_TOO_LONG] = too_long(keep.tokens, keep.max_tokens, excluded, keep.sample)
     return Plan(out, remainder)
 
 

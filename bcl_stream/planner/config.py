@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -183,10 +183,48 @@ class PlanConfig:
         return self.world_size // self.ranks_per_node
 
     @property
-    def group_size(self) -> int:
-        """Ranks partitioned jointly (one planning row): 1 for ``rank``, P otherwise. Scope
-        ``world`` couples the node rows through shared step targets, not shared records."""
+    def row_ranks(self) -> int:
+        """Ranks of one planning row (partitioned jointly): 1 in scope ``rank``, the node's P
+        in scopes ``node`` and ``world``."""
         return 1 if self.scope == "rank" else self.ranks_per_node
+
+    @property
+    def n_rows(self) -> int:
+        """Planning rows of the world: one per rank, or one per node."""
+        return self.world_size // self.row_ranks
+
+    def row_of(self, rank: int) -> tuple[int, int]:
+        """(planning row, place among the row's ranks) of ``rank``: what a reader plans."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}")
+        return divmod(rank, self.row_ranks)
+
+    @property
+    def window_records(self) -> int:
+        """Records one rank takes from one window, W*B."""
+        return self.window * self.pack_size
+
+    @property
+    def node_window_records(self) -> int:
+        """Records one node's ranks take from one window, W*B*P."""
+        return self.window_records * self.ranks_per_node
+
+    def unbalanced(self) -> PlanConfig:
+        """This config with balancing off, the ``sequential`` baseline's: rank scope, packs in
+        stream order, no carry, no heavy lane, a plain shuffle inside shard groups, no pack
+        cap (records over ``max_tokens`` are still left out, by the streams' filter)."""
+        return replace(
+            self,
+            scope="rank",
+            algorithm="stream",
+            refine=0,
+            pack_order="stream",
+            step_fill=False,
+            carry=0,
+            stratify=False,
+            lane=0,
+            max_tokens=None,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,7 +82,7 @@ class HeavyLane:
         self._threshold = threshold
         """Only records costing more than this enter the lane (the same on every node)."""
         self._window, self._size, self._ranks = window, pack_size, ranks_per_node
-        self._chunk = window * pack_size * ranks_per_node
+        self._node_window = window * pack_size * ranks_per_node
         """Node-stream records of one window of the node (every rank's W packs)."""
         self._windows = n_packs // window
         """Complete windows of the epoch: the lane moves records only inside them."""
@@ -94,7 +94,7 @@ class HeavyLane:
         """Node-stream positions [start, stop) of lane block ``b``."""
         lo = b * self.lane
         hi = min(lo + self.lane, self._windows)
-        return lo * self._chunk, hi * self._chunk
+        return lo * self._node_window, hi * self._node_window
 
     def take(self, node: int, positions: Ids) -> Ids:
         """Sample ids of ``node`` at node-stream ``positions`` (any shape), lane applied."""
@@ -104,9 +104,9 @@ class HeavyLane:
             return stream.take(pos)
         out = np.empty(pos.shape, dtype=np.int64)
         flat, res = pos.reshape(-1), out.reshape(-1)
-        span = self.lane * self._chunk
+        span = self.lane * self._node_window
         block = flat // span
-        outside = flat >= self._windows * self._chunk
+        outside = flat >= self._windows * self._node_window
         if outside.any():
             res[outside] = stream.take(flat[outside])
         for b in np.unique(block[~outside]):
@@ -147,10 +147,10 @@ def slot_order(size: int, window: int, pack_size: int, ranks_per_node: int) -> I
     run of W*B records), so consecutive lane records go to different ranks and the first W*P
     of them to W packs of every rank. Cached: every block of an epoch has the same shape."""
     pos = np.arange(size, dtype=np.int64)
-    run = window * pack_size
-    chunk = run * ranks_per_node
-    inside = pos % chunk
-    order = pos[np.lexsort((inside // run, inside % run, pos // chunk))]
+    rank_window = window * pack_size  # W*B records: one rank's slice of a node window
+    node_window = rank_window * ranks_per_node
+    inside = pos % node_window
+    order = pos[np.lexsort((inside // rank_window, inside % rank_window, pos // node_window))]
     order.setflags(write=False)
     return order
 
@@ -202,8 +202,7 @@ def lane_order(
     each stream gives the lane its share of the count (largest remainders), its own costliest
     records, placed in its own first positions in slot order.
     """
-    chunk = window * pack_size * ranks_per_node
-    windows = ids.size // chunk
+    windows = ids.size // (window * pack_size * ranks_per_node)
     count = window * ranks_per_node * windows // lane
     if count == 0:
         return ids

@@ -45,6 +45,8 @@ class NodeStream:
     ``keep``: optional filter ``ids -> bool mask`` applied after the shuffle (memory cap,
     records consumed before an elastic resize); it must keep exactly ``table.usable`` records
     of each shard, which is what lets every process know every stream's length up front.
+    ``window_records``: W*B (``PlanConfig.window_records``), with ``costs`` the unit of the
+    stratified shuffle (every rank's window holds the group's mix); 0: a plain shuffle.
     """
 
     def __init__(
@@ -59,10 +61,10 @@ class NodeStream:
         shuffle: bool = True,
         keep: KeepFilter | None = None,
         costs: npt.NDArray[np.floating] | None = None,
-        unit: int = 0,
+        window_records: int = 0,
     ) -> None:
         self._costs = costs
-        self._unit = unit
+        self._window_records = window_records
         self._seed, self._epoch, self._node = seed, epoch, node
         self._shuffle = shuffle
         self._keep = keep
@@ -118,11 +120,11 @@ class NodeStream:
         ids = self._read_ranges(g)
         if self._shuffle:
             rng = epoch_rng(self._seed, self._epoch, Tag.GROUP_SHUFFLE, self._node, g)
-            if self._costs is not None and self._unit > 0:
+            if self._costs is not None and self._window_records > 0:
                 ids = stratified_permutation(
                     ids,
                     np.asarray(self._costs[ids]),
-                    self._unit,
+                    self._window_records,
                     rng,
                     self.labels(ids),
                     offset=int(self.bounds[g]),
@@ -203,6 +205,8 @@ class NodeStreams:
         self.table = table
         """The shard table the streams read: the heaviest shards may be split in pieces."""
         self.seed, self.epoch = seed, epoch
+        self.keep = keep
+        """The epoch's record filter (memory cap, exclusions, a mixture's draw), or None."""
         node_shards = deal_shards(table, config.n_nodes, seed, epoch, shuffle=config.shuffle)
         self.nodes = [
             NodeStream(
@@ -215,7 +219,7 @@ class NodeStreams:
                 shuffle=config.shuffle,
                 keep=keep if keep is not None and keep.active else None,
                 costs=costs if config.stratify else None,
-                unit=config.window * config.pack_size,
+                window_records=config.window_records,
             )
             for n, shards in enumerate(node_shards)
         ]
@@ -242,31 +246,31 @@ class NodeStreams:
 
     @property
     def n_rows(self) -> int:
-        return self.config.world_size // self.config.group_size
+        return self.config.n_rows
 
     @property
     def row_length(self) -> int:
         """Records each planning row emits this epoch."""
-        return self.n_packs * self.config.group_size * self.config.pack_size
+        return self.n_packs * self.config.row_ranks * self.config.pack_size
 
     @property
     def n_windows(self) -> int:
         return -(-self.n_packs // self.config.window)
 
     def node_of_row(self, row: int) -> int:
-        return row if self.config.group_size > 1 else row // self.config.ranks_per_node
+        return row if self.config.row_ranks > 1 else row // self.config.ranks_per_node
 
     def node_positions(self, row: int, positions: Ids) -> Ids:
         """Node-stream positions of a row's stream positions (identity for node rows)."""
         c = self.config
-        if c.group_size > 1:
+        if c.row_ranks > 1:
             return positions
-        chunk = c.window * c.pack_size  # one rank's slice of a full chunk
+        span = c.window_records  # a rank's slice of one window of the node's stream
         full = self.n_packs // c.window
-        k, off = np.divmod(positions, chunk)
-        piece = np.where(k < full, chunk, (self.n_packs % c.window) * c.pack_size)
+        k, off = np.divmod(positions, span)
+        piece = np.where(k < full, span, (self.n_packs % c.window) * c.pack_size)
         local = row % c.ranks_per_node
-        return k * chunk * c.ranks_per_node + local * piece + off
+        return k * span * c.ranks_per_node + local * piece + off
 
     def fetch(self, rows: npt.ArrayLike, start: int, stop: int) -> Ids:
         """(len(rows), stop - start) sample ids at row-stream positions [start, stop)."""

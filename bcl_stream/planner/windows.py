@@ -50,7 +50,7 @@ class Run:
     drain_packs: int = 0
 
     def fresh(self, config: PlanConfig) -> int:
-        return self.per_rank * config.group_size * config.pack_size - self.carry_in + self.hold
+        return self.per_rank * config.row_ranks * config.pack_size - self.carry_in + self.hold
 
 
 @functools.lru_cache(maxsize=16)
@@ -65,7 +65,7 @@ def carry_runs(n_packs: int, config: PlanConfig) -> tuple[Run, ...]:
     from at most ``carry_span - 1`` hold-backs (a resumed reader replays them; no carry state in
     the cursor). Cached: a reader plans batch after batch of the same epoch.
     """
-    group, size, window = config.group_size, config.pack_size, config.window
+    group, size, window = config.row_ranks, config.pack_size, config.window
     lookahead = config.carry_records * group
     n_windows = -(-n_packs // window)
     span = config.carry_span or max(n_windows, 1)
@@ -106,7 +106,7 @@ class WindowBatch:
     """Packs of a range of windows for some rows, and the carry to continue with."""
 
     packs: Ids
-    """(rows * group_size, packs in the range, pack_size): ranks of the rows in order."""
+    """(rows * row_ranks, packs in the range, pack_size): ranks of the rows in order."""
     carry: Ids
     """(rows, held records): what the last window held back for the next one."""
     first_pack: int
@@ -158,13 +158,13 @@ def partition_windows(
     """Partition (rows, n, count) windows into packs, heaviest first. Output: packs
     (rows, n, per_rank*G, B) and their loads (rows, n, per_rank*G)."""
     rows, n, count = windows.shape
-    m, size = per_rank * config.group_size, config.pack_size
+    m, size = per_rank * config.row_ranks, config.pack_size
     flat_ids = windows.reshape(rows * n, count)
     window_costs = _gather_costs(costs, flat_ids)
     algorithm = config.partition_algorithm
     assign = partition(window_costs, m, algorithm, config.refine)
     if config.step_fill and config.pack_order == "desc" and algorithm not in UNREFINED:
-        assign = fill_steps(window_costs, assign, config.group_size, config.refine)
+        assign = fill_steps(window_costs, assign, config.row_ranks, config.refine)
     flat = assign.reshape(rows * n, -1)
     packs = np.take_along_axis(flat_ids, flat, axis=1).reshape(rows * n, m, size)
     if config.max_tokens is not None and tokens is not None:
@@ -190,7 +190,7 @@ def rank_order(
     even out as well; otherwise rank j runs the j-th heaviest.
     """
     rows, n, m = loads.shape
-    group = config.group_size
+    group = config.row_ranks
     per_rank = m // group
     ident = np.broadcast_to(np.arange(group), (rows, n, per_rank, group))
     if config.grad_accum <= 1 or group == 1:
@@ -237,7 +237,7 @@ def plan_windows(
     first_pack = start * window
     end_pack = min(stop * window, streams.n_packs)
     out = np.empty(
-        (row_ids.size * config.group_size, end_pack - first_pack, config.pack_size), np.int64
+        (row_ids.size * config.row_ranks, end_pack - first_pack, config.pack_size), np.int64
     )
     carried = _walk(streams, costs, tokens, row_ids, start, stop, carried, out)
     return WindowBatch(out, carried, first_pack)
@@ -256,7 +256,7 @@ def _walk(
     """Hold back (and, with ``out``, partition and place) windows ``[start, stop)``; returns
     the carry after ``stop - 1``. ``carry`` None: ``start`` begins a carry span."""
     config = streams.config
-    group, size, window = config.group_size, config.pack_size, config.window
+    group, size, window = config.row_ranks, config.pack_size, config.window
     carried = np.empty((row_ids.size, 0), np.int64) if carry is None else carry
     mean = streams.table.mean_cost
     for run in carry_runs(streams.n_packs, config):
@@ -366,7 +366,7 @@ def _place(
     Step t of a window takes packs t*G .. t*G+G-1 (similar cost), one per rank of the row.
     """
     rows, n, m, size = packs.shape
-    group = config.group_size
+    group = config.row_ranks
     per_rank = m // group
     who = rank_order(loads, first_pack, config)  # (rows, n, per_rank, G)
     grid = packs.reshape(rows, n, per_rank, group, size)

@@ -18,7 +18,7 @@ from lightning_scripts.harness import make_trainer, pack_log, packs_by_step, tai
 
 from bcl_stream.errors import StateError
 from bcl_stream.io.index import read_index
-from bcl_stream.plan.epoch import ReaderConfig, sequential_plan
+from bcl_stream.plan.epoch import ReaderConfig, full_plan
 from lightning_module.datamodule import BCLDataModule
 from lightning_module.tinygpt import TinyGPT
 
@@ -73,8 +73,10 @@ def test_estimated_stepping_batches_with_max_epochs_resumes_exactly(
 
 def test_sequential_packing_is_the_planner_baseline(mds_dir: Path) -> None:
     index = read_index(mds_dir)
-    config = ReaderConfig.build(world_size=2, ranks_per_node=2, pack_size=8, window=4, seed=1)
-    expected = sequential_plan(index, config, 0).plan.packs
+    config = ReaderConfig.build(
+        world_size=2, ranks_per_node=2, pack_size=8, window=4, seed=1, packing="sequential"
+    )
+    expected = full_plan(index, config, 0).plan.packs
     for rank in range(2):
         module = dm(mds_dir, packing="sequential")
         module.setup_for(rank, 2, 2)

@@ -143,7 +143,6 @@ def test_datamodule_plan_is_checked_when_built(plan: dict[str, Any], match: str)
 def test_reader_config_build_and_nested_fields() -> None:
     config = ReaderConfig.build(seed=3, cost_model="tokens", **VALUES)
     assert config.plan == PlanConfig(**VALUES)
-    assert config.plan_config() is config.plan
     resized = config.resized(8, 4)
     assert (resized.plan.world_size, resized.plan.ranks_per_node) == (8, 4)
     assert resized.plan.carry_span == VALUES["carry_span"] and resized.seed == 3

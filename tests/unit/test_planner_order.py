@@ -232,7 +232,7 @@ def test_windowed_plan_equals_the_whole_epoch_plan(
             pieces.append(got.packs)
             state = got.carry
         ranks = np.concatenate(
-            [np.arange(r * config.group_size, (r + 1) * config.group_size) for r in rows]
+            [np.arange(r * config.row_ranks, (r + 1) * config.row_ranks) for r in rows]
         )
         assert np.array_equal(np.concatenate(pieces, axis=1), whole[ranks])
         # A resumed reader: any window, no carry given (replayed inside its carry span).
@@ -245,9 +245,9 @@ def test_group_order_is_a_pure_function_of_seed_and_epoch() -> None:
     costs = corpus(20_000).astype(float)
     table = table_for(costs, 250)
     shards = np.arange(table.counts.size)
-    a = NodeStream(table, shards, group=4, seed=1, epoch=2, node=0, costs=costs, unit=32)
-    b = NodeStream(table, shards, group=4, seed=1, epoch=2, node=0, costs=costs, unit=32)
-    c = NodeStream(table, shards, group=4, seed=1, epoch=3, node=0, costs=costs, unit=32)
+    a = NodeStream(table, shards, group=4, seed=1, epoch=2, node=0, costs=costs, window_records=32)
+    b = NodeStream(table, shards, group=4, seed=1, epoch=2, node=0, costs=costs, window_records=32)
+    c = NodeStream(table, shards, group=4, seed=1, epoch=3, node=0, costs=costs, window_records=32)
     every = np.arange(len(a))
     assert np.array_equal(a.take(every), b.take(every))
     assert not np.array_equal(a.take(every), c.take(every))

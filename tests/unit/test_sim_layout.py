@@ -14,7 +14,6 @@ import pytest
 from bcl_stream.analysis.sim import STRATEGIES, SimConfig, plan_config, schedules, simulate
 from bcl_stream.cli import main
 from bcl_stream.cost import get_preset
-from bcl_stream.planner.baselines import sequential_config
 from bcl_stream.planner.padded import pack_cost
 
 
@@ -79,7 +78,7 @@ def test_plan_config_selects_the_padded_partition_only_for_padded() -> None:
     assert (padded.layout, padded.partition_algorithm) == ("padded", "padded")
     assert plan_config(SimConfig(), "world").partition_algorithm == "lpt"
     # the unbalanced baseline keeps stream order whatever the layout
-    assert sequential_config(padded).partition_algorithm == "stream"
+    assert padded.unbalanced().partition_algorithm == "stream"
     with pytest.raises(ValueError, match="layout must be one of"):
         schedules(_lengths(100), get_preset("tokens"), SimConfig(layout="ragged"))
 
