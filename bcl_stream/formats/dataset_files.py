@@ -59,6 +59,20 @@ def wds_shards_on_disk(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_file() and p.name.endswith(WDS_SUFFIXES))
 
 
+def _peek_index_json(root: Path, key: str) -> Any:
+    """One top-level value of ``root``'s ``bcl_index.json``, or None when the file is missing,
+    unreadable or not a JSON object.
+
+    Why not ``read_index_json``: detecting the format and checking the stored hash only peek at
+    one field and must not raise on a damaged file; reading the index proper reports what is
+    wrong with it, naming the file.
+    """
+    try:
+        return json.loads((root / INDEX_JSON).read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def detect_format(local_dir: str | os.PathLike[str]) -> Format:
     """``"mds"`` or ``"wds"`` for a local dataset directory.
 
@@ -75,14 +89,9 @@ def detect_format(local_dir: str | os.PathLike[str]) -> Format:
             f"{root}: an empty directory, not a dataset (nothing was written there: a run that "
             "failed before its first shard, or the wrong path)"
         )
-    meta = root / INDEX_JSON
-    if meta.is_file():
-        try:
-            fmt = json.loads(meta.read_text()).get("format")
-        except (OSError, ValueError, AttributeError):
-            fmt = None
-        if fmt in ("mds", "wds"):
-            return "mds" if fmt == "mds" else "wds"
+    fmt = _peek_index_json(root, "format")
+    if fmt in ("mds", "wds"):
+        return "mds" if fmt == "mds" else "wds"
     if (root / MDS_INDEX).is_file() or any(".mds" in p.name for p in root.iterdir()):
         return "mds"
     if wds_shards_on_disk(root):
@@ -256,12 +265,8 @@ def check_integrity(local_dir: str | os.PathLike[str], index: CostIndex) -> list
         return [str(exc)]
     if fmt != index.format:
         problems.append(f"the cost index is for {index.format}, the directory holds {fmt}")
-    meta = root / INDEX_JSON
-    if meta.is_file():
-        try:
-            stored = json.loads(meta.read_text()).get("sha256")
-        except (OSError, ValueError, AttributeError):
-            stored = None
+    if (root / INDEX_JSON).is_file():
+        stored = _peek_index_json(root, "sha256")
         if stored != index.content_hash():
             problems.append(
                 f"{INDEX_JSON} hash {str(stored)[:12]} does not match the cost array "
