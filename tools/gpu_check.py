@@ -80,7 +80,7 @@ IMPORTS_LOADED = [m for m in HEAVY_MODULES if m in sys.modules]
 import numpy as np  # noqa: E402
 
 from bcl_stream.analysis import sim  # noqa: E402
-from bcl_stream.cost import CostModel, ModelShape, from_shape  # noqa: E402
+from bcl_stream.cost import CostModel, from_shape  # noqa: E402
 from bcl_stream.planner.padded import LAYOUTS  # noqa: E402
 
 STRATEGY_CHOICES = (
@@ -170,8 +170,7 @@ def build(args: argparse.Namespace, cfg: dict[str, Any], result: dict[str, Any])
     torch.manual_seed(args.seed)
     with torch.device(device):
         model = Llama(shape, attention["backend"]).to_dtype(dtype)
-    fields = {f.name: getattr(shape, f.name) for f in dataclasses.fields(ModelShape)}
-    flops = from_shape("flops", ModelShape(**fields), f"{name} (tools/gpu_llama.py)")
+    flops = from_shape("flops", shape, f"{name} (tools/gpu_llama.py)")
     result["model"] = {
         "name": name,
         "shape": dataclasses.asdict(shape),

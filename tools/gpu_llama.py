@@ -33,19 +33,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bcl_stream.cost import ModelShape
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class LlamaShape:
-    """A decoder's shape, named as in a Llama ``config.json``."""
+class LlamaShape(ModelShape):
+    """A Llama decoder's shape: the cost presets' ``ModelShape`` (so ``from_shape`` gives the
+    FLOPs model of exactly the model built here) plus what only the forward pass needs."""
 
-    n_layers: int
-    d_model: int
-    n_heads: int
-    n_kv_heads: int
-    ffn_hidden: int
-    vocab_size: int
     rope_theta: float = 500000.0
+    """Rotary position base (``rope_theta``)."""
     max_seq_len: int = 8192
+    """Rows of the rotary table: the longest record a pack may hold."""
 
 
 LLAMA_1B = LlamaShape(
