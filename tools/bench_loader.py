@@ -31,6 +31,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -218,53 +219,42 @@ def throughput(mds: Path, wds_root: Path, repeats: int, cache: Path) -> list[dic
             }
             if src == "local" and workers == 0:
                 sides["raw"] = lambda s=source: raw_getitem(s)
-            rates = {side: 0.0 for side in sides}
-            counts = {side: 0 for side in sides}
-            for _ in range(repeats):
-                for side, fn in sides.items():
-                    counts[side], seconds = timed(fn)
-                    rates[side] = max(rates[side], counts[side] / seconds)
-            row = {
-                "format": "mds",
-                "source": src,
-                "num_workers": workers,
-                "batch_size": B,
-                "records_ours": counts["ours"],
-                "records_stock": counts["stock"],
-                "ours_records_per_s": round(rates["ours"], 1),
-                "stock_records_per_s": round(rates["stock"], 1),
-                "ratio": round(rates["ours"] / rates["stock"], 3),
-            }
-            if "raw" in rates:
-                row["raw_get_item_records_per_s"] = round(rates["raw"], 1)
-                row["ratio_vs_raw_get_item"] = round(rates["ours"] / rates["raw"], 3)
-            rows.append(row)
+            rows.append(compare("mds", src, workers, sides, repeats))
     finally:
         server.close()
     limit = 20_000
-    rates = {"ours": 0.0, "stock": 0.0}
-    counts = {"ours": 0, "stock": 0}
+    sides = {"ours": lambda: ours_wds(wds_root), "stock": lambda: plain_wds(wds_root, limit)}
+    rows.append(compare("wds", "local", 0, sides, repeats))
+    return rows
+
+
+def compare(
+    fmt: str, source: str, workers: int, sides: dict[str, Callable[[], int]], repeats: int
+) -> dict[str, Any]:
+    """One throughput row: ``ours`` against ``stock`` (and ``raw`` get_item when given) on the
+    same data, each side's best records/s over ``repeats`` rounds. The sides alternate within a
+    round, so a slowdown of the shared machine hits them alike."""
+    rates = {side: 0.0 for side in sides}
+    counts = {side: 0 for side in sides}
     for _ in range(repeats):
-        for side, fn in (
-            ("ours", lambda: ours_wds(wds_root)),
-            ("stock", lambda: plain_wds(wds_root, limit)),
-        ):
+        for side, fn in sides.items():
             counts[side], seconds = timed(fn)
             rates[side] = max(rates[side], counts[side] / seconds)
-    rows.append(
-        {
-            "format": "wds",
-            "source": "local",
-            "num_workers": 0,
-            "batch_size": B,
-            "records_ours": counts["ours"],
-            "records_stock": counts["stock"],
-            "ours_records_per_s": round(rates["ours"], 1),
-            "stock_records_per_s": round(rates["stock"], 1),
-            "ratio": round(rates["ours"] / rates["stock"], 3),
-        }
-    )
-    return rows
+    row: dict[str, Any] = {
+        "format": fmt,
+        "source": source,
+        "num_workers": workers,
+        "batch_size": B,
+        "records_ours": counts["ours"],
+        "records_stock": counts["stock"],
+        "ours_records_per_s": round(rates["ours"], 1),
+        "stock_records_per_s": round(rates["stock"], 1),
+        "ratio": round(rates["ours"] / rates["stock"], 3),
+    }
+    if "raw" in rates:
+        row["raw_get_item_records_per_s"] = round(rates["raw"], 1)
+        row["ratio_vs_raw_get_item"] = round(rates["ours"] / rates["raw"], 3)
+    return row
 
 
 def rss_child(root: str, packs: int) -> None:
