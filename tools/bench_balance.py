@@ -157,11 +157,10 @@ def run_setting(
     model: CostModel,
     ranks: int,
     per_node: int,
-    plans: dict[str, tuple[int, dict]],
+    labels: tuple[str, ...],
     layout: str = "packed",
 ) -> dict[str, dict[str, float]]:
-    """strategy label -> scores. ``plans``: label -> (window, extra SimConfig fields); the label
-    is ``<strategy>@<W>`` or a peer name."""
+    """strategy label -> scores, for the settings the labels name (:func:`plan_of`)."""
     base_cfg = SimConfig(
         ranks=ranks, ranks_per_node=per_node, pack_size=PACK, grad_accum=ACCUM,
         shard_records=SHARD_RECORDS, layout=layout,
@@ -169,8 +168,8 @@ def run_setting(
     table = shard_table(tok, model.cost(tok), SHARD_RECORDS)
     planned: dict[str, Schedule] = {}
     configs: dict[str, SimConfig] = {}
-    for label, (window, extra) in plans.items():
-        strategy = label.split("@")[0].split("+")[0]
+    for label in labels:
+        strategy, window, extra = plan_of(label)
         cfg = dataclasses.replace(base_cfg, window=window, **extra)
         planned[label] = schedules(tok, model, cfg, (strategy,), table)[strategy]
         configs[label] = cfg
@@ -185,51 +184,77 @@ def run_setting(
     return out
 
 
-ONE_NODE = {
-    "sequential": (16, {}),
-    "nemo_mffd": (16, {}),
-    "verl_kk": (16, {}),
-    "verl_dynbsz": (16, {}),
-    "hf_rebalance": (16, {}),
-    "bcl-rank@16": (16, {}),
-    "bcl-rank@32": (32, {}),
-    "bcl-node@16": (16, {}),
+PEER_WINDOW = 16
+"""W of the peers' settings (their labels name no window)."""
+VARIANTS: dict[str, dict[str, Any]] = {
+    "step": {"contract": "step"},
+    "pooled": {"ranks_per_node": 4 * RANKS},
+    "no_stratify": {"stratify": False},
+    "carry_wb4": {"carry": None},
+    "no_step_fill": {"step_fill": False},
+    "no_split_shards": {"split_shards": 0.0},
+    "shard_group_8": {"shard_group": 8},
+    "shard_group_32": {"shard_group": 32},
 }
-PADDED = {
-    "sequential": (16, {}),
-    "verl_kk": (16, {}),
-    "hf_rebalance": (16, {}),
-    "bcl-rank@16": (16, {}),
-    "bcl-node@16": (16, {}),
-    "bcl-rank+step@16": (16, {"contract": "step"}),
-    "bcl-node+step@16": (16, {"contract": "step"}),
-}
+"""What a label's ``+variant`` changes in the SimConfig. ``bcl-node+pooled``: all 32 ranks
+planned as one node, i.e. records moved freely between nodes (every node reads every shard): a
+bound for what locality costs, not a strategy to run."""
+
+
+def plan_of(label: str) -> tuple[str, int, dict[str, Any]]:
+    """``<strategy>[+<variant>][@<W>]`` -> (strategy, W, SimConfig fields the variant sets).
+
+    Why the label alone: the tables and reports name a setting by its label, so the label is
+    the one place that says what ran (a peer's label is its strategy, run at ``PEER_WINDOW``).
+    """
+    head, _, window = label.partition("@")
+    strategy, _, variant = head.partition("+")
+    return strategy, int(window or PEER_WINDOW), VARIANTS[variant] if variant else {}
+
+
+ONE_NODE = (
+    "sequential",
+    "nemo_mffd",
+    "verl_kk",
+    "verl_dynbsz",
+    "hf_rebalance",
+    "bcl-rank@16",
+    "bcl-rank@32",
+    "bcl-node@16",
+)
+PADDED = (
+    "sequential",
+    "verl_kk",
+    "hf_rebalance",
+    "bcl-rank@16",
+    "bcl-node@16",
+    "bcl-rank+step@16",
+    "bcl-node+step@16",
+)
 """One node of 8 ranks, padded layout: BCL under both record contracts against the peers."""
-FOUR_NODES = {
-    "sequential": (16, {}),
-    "nemo_mffd": (16, {}),
-    "verl_kk": (16, {}),
-    "bcl-rank@16": (16, {}),
-    "bcl-rank@32": (32, {}),
-    "bcl-node@16": (16, {}),
-    "bcl-world@16": (16, {}),
-    "bcl-node+pooled@16": (16, {"ranks_per_node": 4 * RANKS}),
-}
-"""``bcl-node+pooled``: all 32 ranks planned as one node, i.e. records moved freely between nodes
-(every node reads every shard): a bound for what locality costs, not a strategy to run."""
-ABLATION = {
-    "sequential": (16, {}),
-    "bcl-world@16": (16, {}),
-    "bcl-world+no_stratify@16": (16, {"stratify": False}),
-    "bcl-world+carry_wb4@16": (16, {"carry": None}),
-    "bcl-world+no_step_fill@16": (16, {"step_fill": False}),
-    "bcl-world+no_split_shards@16": (16, {"split_shards": 0.0}),
-    "bcl-world+shard_group_8@16": (16, {"shard_group": 8}),
-    "bcl-world+shard_group_32@16": (16, {"shard_group": 32}),
-    "bcl-rank@32": (32, {}),
-    "bcl-rank+no_stratify@32": (32, {"stratify": False}),
-    "bcl-rank+carry_wb4@32": (32, {"carry": None}),
-}
+FOUR_NODES = (
+    "sequential",
+    "nemo_mffd",
+    "verl_kk",
+    "bcl-rank@16",
+    "bcl-rank@32",
+    "bcl-node@16",
+    "bcl-world@16",
+    "bcl-node+pooled@16",
+)
+ABLATION = (
+    "sequential",
+    "bcl-world@16",
+    "bcl-world+no_stratify@16",
+    "bcl-world+carry_wb4@16",
+    "bcl-world+no_step_fill@16",
+    "bcl-world+no_split_shards@16",
+    "bcl-world+shard_group_8@16",
+    "bcl-world+shard_group_32@16",
+    "bcl-rank@32",
+    "bcl-rank+no_stratify@32",
+    "bcl-rank+carry_wb4@32",
+)
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
@@ -410,18 +435,7 @@ def markdown(result: dict[str, Any]) -> str:
                 "bcl-node@16",
             ],
         ),
-        (
-            "padded",
-            [
-                "sequential",
-                "verl_kk",
-                "hf_rebalance",
-                "bcl-rank@16",
-                "bcl-node@16",
-                "bcl-rank+step@16",
-                "bcl-node+step@16",
-            ],
-        ),
+        ("padded", list(PADDED)),
         (
             "4node",
             ["sequential", "nemo_mffd", "verl_kk", "bcl-rank@16", "bcl-node@16", "bcl-world@16"],
