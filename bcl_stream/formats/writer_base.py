@@ -17,15 +17,8 @@ from typing import Any
 import numpy as np
 
 from bcl_stream.cost import CostModel
-from bcl_stream.io.index import (
-    COSTS_NPY,
-    HASHES_NPY,
-    INDEX_JSON,
-    CostIndex,
-    ShardEntry,
-    write_index,
-)
-from bcl_stream.io.remote import upload
+from bcl_stream.io.index import CostIndex, ShardEntry, write_index
+from bcl_stream.io.remote import upload_index
 
 
 def seal_cost_index(
@@ -57,9 +50,7 @@ def seal_cost_index(
     )
     write_index(local, index)
     if remote:
-        names = [COSTS_NPY] + ([HASHES_NPY] if hashes is not None else []) + [INDEX_JSON]
-        for name in names:
-            upload(os.path.join(local, name), remote, name)
+        upload_index(local, remote)
     return index
 
 

@@ -34,6 +34,9 @@ from bcl_stream.io.hashing import RECORD_HASH
 INDEX_JSON = "bcl_index.json"
 COSTS_NPY = "bcl_costs.npy"
 HASHES_NPY = "bcl_hashes.npy"
+INDEX_FILES = (COSTS_NPY, HASHES_NPY, INDEX_JSON)
+"""Every file of a cost index, in the order it is written and uploaded: the arrays, then the
+JSON that seals them, so a reader that finds the JSON finds its arrays. MDS has no hashes file."""
 FORMAT_VERSION = 3
 """3: adds ``fields_sha256`` (every field that decides a plan is sealed); 2: per-record content
 hashes (``record_hashes``); 1: neither. 1 and 2 are still read, with a warning."""

@@ -22,6 +22,7 @@ from bcl_stream.formats.dataset_files import MDS_INDEX, WDS_SUFFIXES, detect_for
 from bcl_stream.io.index import (
     COSTS_NPY,
     HASHES_NPY,
+    INDEX_FILES,
     INDEX_JSON,
     CostIndex,
     read_index,
@@ -232,6 +233,15 @@ def upload(
         _with_retries(what, url, lambda: uploader.upload_file(name), retries, 0.2)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def upload_index(root: str | os.PathLike[str], remote_dir: str) -> None:
+    """Upload the cost index files present in ``root``, ``bcl_index.json`` last: a reader takes
+    the JSON as the index's seal, so it must never reach the store before its arrays. The
+    writers and ``annotate``/``merge`` all publish an index this one way."""
+    for name in INDEX_FILES:
+        if os.path.isfile(os.path.join(root, name)):
+            upload(os.path.join(root, name), remote_dir, name)
 
 
 def not_a_directory(root: Path) -> DatasetError:

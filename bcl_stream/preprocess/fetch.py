@@ -17,8 +17,8 @@ from tqdm import tqdm
 
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.dataset_files import MDS_INDEX, WDS_SUFFIXES, read_mds_index
-from bcl_stream.io.index import COSTS_NPY, HASHES_NPY, INDEX_JSON
-from bcl_stream.io.remote import download, join, upload
+from bcl_stream.io.index import INDEX_FILES, INDEX_JSON
+from bcl_stream.io.remote import download, join, upload, upload_index
 from bcl_stream.preprocess.output import remote_listing
 
 
@@ -31,7 +31,7 @@ def fetch_dataset(location: str, local: str | os.PathLike[str], *, progress: boo
     names = set(remote_listing(location))
     if not names:
         raise DatasetError(f"{location}: no such dataset (nothing stored under it)")
-    wanted = [n for n in (INDEX_JSON, COSTS_NPY, HASHES_NPY) if n in names]
+    wanted = [n for n in INDEX_FILES if n in names]
     if MDS_INDEX in names:
         download(join(location, MDS_INDEX), root / MDS_INDEX)
         for shard in read_mds_index(root)["shards"]:
@@ -67,8 +67,6 @@ def _indexed_subdir_shards(location: str, root: Path, names: set[str]) -> list[s
 
 def push_index(root: Path, location: str) -> None:
     """Upload the cost index, then (MDS) ``index.json``: the completion marker goes last."""
-    for name in (COSTS_NPY, HASHES_NPY, INDEX_JSON):
-        if name != HASHES_NPY or (root / name).is_file():
-            upload(root / name, location, name)
+    upload_index(root, location)
     if (root / MDS_INDEX).is_file():
         upload(root / MDS_INDEX, location, MDS_INDEX)

@@ -44,8 +44,7 @@ from bcl_stream.formats.dataset_files import (
     write_mds_index,
 )
 from bcl_stream.io.index import (
-    COSTS_NPY,
-    HASHES_NPY,
+    INDEX_FILES,
     INDEX_JSON,
     CostIndex,
     ShardEntry,
@@ -318,7 +317,7 @@ def _remote_parts(output: str, tmp: Path) -> tuple[list[_Part], set[str]]:
         prefix = part.name + "/"
         names = frozenset(n[len(prefix) :] for n in listing if n.startswith(prefix))
         base = tmp / part.name
-        for name in (INDEX_JSON, COSTS_NPY, HASHES_NPY, MDS_INDEX):
+        for name in (*INDEX_FILES, MDS_INDEX):
             if name in names:
                 download(join(output, prefix + name), base / name)
         base.mkdir(parents=True, exist_ok=True)

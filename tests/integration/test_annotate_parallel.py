@@ -13,13 +13,13 @@ import pytest
 
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.dataset_files import open_layout
-from bcl_stream.io.index import COSTS_NPY, HASHES_NPY, INDEX_JSON, read_index
+from bcl_stream.io.index import COSTS_NPY, HASHES_NPY, INDEX_FILES, INDEX_JSON, read_index
 from bcl_stream.io.remote import download, open_cost_index
 from bcl_stream.preprocess.annotate import annotate
 from bcl_stream.preprocess.merge import merge
 
 pytestmark = pytest.mark.slow
-FILES = (COSTS_NPY, HASHES_NPY, INDEX_JSON)
+FILES = INDEX_FILES
 
 
 @pytest.fixture(scope="module")

@@ -44,11 +44,12 @@ def _corpus(path: Path, n: int = 80) -> str:
 def _record_uploads(
     monkeypatch: pytest.MonkeyPatch, module: object, marker: str, seen: list[tuple[str, set[str]]]
 ) -> None:
-    """Wrap ``upload`` in the writer module and in ``writer_base`` (which uploads the cost
-    index for both writers): note each name and what the bucket held when the marker went up."""
-    from bcl_stream.formats import writer_base
+    """Wrap ``upload`` in the writer module and in ``bcl_stream.io.remote`` (whose
+    ``upload_index`` uploads the cost index for both writers): note each name and what the
+    bucket held when the marker went up."""
+    from bcl_stream.io import remote
 
-    for target in (module, writer_base):
+    for target in (module, remote):
         real: Callable[..., None] = target.upload  # type: ignore[attr-defined]
 
         def spy(

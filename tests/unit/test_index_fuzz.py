@@ -18,6 +18,7 @@ from bcl_stream.errors import CostIndexError
 from bcl_stream.io.index import (
     COSTS_NPY,
     HASHES_NPY,
+    INDEX_FILES,
     INDEX_JSON,
     CostIndex,
     ShardEntry,
@@ -38,7 +39,7 @@ WRITTEN = CostIndex.build(
     {"note": "fuzz"},
     record_hashes=np.arange(40, dtype=np.uint64) * 7919,
 )
-FILES = [INDEX_JSON, COSTS_NPY, HASHES_NPY]
+FILES = INDEX_FILES
 
 
 def good_files(tmp_path: Path) -> dict[str, bytes]:
