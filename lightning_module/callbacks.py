@@ -10,7 +10,7 @@ Line fields:
 
 - ``step``: optimizer steps completed before this batch (``trainer.global_step``);
 - ``epoch``, ``batch_idx``: Lightning's counters for this batch;
-- ``rank``: global rank; ``sample_ids``: the pack's global sample ids, in pack order;
+- ``rank``: global rank; ``sample_ids``: the pack's global record ids, in pack order;
 - ``streams`` (mixtures only): the stream of each record, by its position in the mixture's
   list (``sample_ids`` are then ids inside each record's stream);
 - ``tokens``: real (unpadded) tokens in the pack; ``est_cost``: the pack's estimated cost

@@ -36,6 +36,11 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from bcl_stream.cost import resolve
+from bcl_stream.epoch.checks import layout_text, require_packs
+from bcl_stream.epoch.cursor import MIXTURE_CHANGES
+from bcl_stream.epoch.eval_plan import EVAL_PACKINGS
+from bcl_stream.epoch.plan import PACKINGS, PLAN_FIELDS, ReaderConfig
+from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.errors import StateError
 from bcl_stream.formats.open_reader import open_dataset
 from bcl_stream.formats.read_options import DEFAULT_DOWNLOAD_TIMEOUT, DEFAULT_PREFETCH, ReadOptions
@@ -44,11 +49,6 @@ from bcl_stream.io.streaming_compat import set_streaming_env
 from bcl_stream.loading.collate import LABELS, PackCollate
 from bcl_stream.loading.evaluation import evaluation_sources
 from bcl_stream.loading.loader import PackLoader
-from bcl_stream.plan.checks import layout_text, require_packs
-from bcl_stream.plan.cursor import MIXTURE_CHANGES
-from bcl_stream.plan.epoch import PACKINGS, PLAN_FIELDS, ReaderConfig
-from bcl_stream.plan.eval_plan import EVAL_PACKINGS
-from bcl_stream.plan.token_source import TokenSource
 from bcl_stream.planner import PlanConfig
 from bcl_stream.planner.padded import LAYOUTS
 from lightning_module.evaluation import EvaluationLoaders
@@ -237,7 +237,7 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
         if (data is None) == (streams is None):
             raise ValueError("give BCLDataModule either data (one dataset) or streams (a mixture)")
         if streams is not None:
-            from bcl_stream.plan.streams import StreamSpec
+            from bcl_stream.epoch.mixture_index import StreamSpec
 
             if not isinstance(streams, list | tuple) or not streams:
                 raise ValueError(f"streams must be a non-empty list, got {streams!r}")

@@ -1,7 +1,7 @@
 """Validation and test loaders of :class:`~lightning_module.datamodule.BCLDataModule`.
 
 A mixin, so the DataModule's file keeps to training: the evaluation readers and their plan are
-in the core (``bcl_stream.loading.evaluation``, ``bcl_stream.plan.eval_plan``: every record
+in the core (``bcl_stream.loading.evaluation``, ``bcl_stream.epoch.eval_plan``: every record
 once across ranks, equal pack counts, packs of at most B); this wires them to the trainer's
 layout and the DataModule's collate. Lightning calls ``val_dataloader`` / ``test_dataloader``
 after ``setup``; without validation (test) data they return no loader.
@@ -16,10 +16,10 @@ from torch.utils.data import DataLoader
 from bcl_stream.loading.evaluation import evaluation_dataset, evaluation_loader
 
 if TYPE_CHECKING:
+    from bcl_stream.epoch.plan import ReaderConfig
     from bcl_stream.formats.read_options import ReadOptions
     from bcl_stream.formats.reader_base import PlanDataset
     from bcl_stream.loading.collate import PackCollate
-    from bcl_stream.plan.epoch import ReaderConfig
 
 
 class EvaluationLoaders:

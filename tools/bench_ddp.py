@@ -87,7 +87,7 @@ def build_corpus(n: int, seed: int, max_len: int, out: Path) -> dict[str, Any]:
 def plans_for(
     lengths: npt.NDArray[np.int64], args: argparse.Namespace, epoch: int
 ) -> dict[str, Any]:
-    """``[rank][step]`` sample ids per strategy on the same records: (ranks, steps, B) arrays,
+    """``[rank][step]`` record ids per strategy on the same records: (ranks, steps, B) arrays,
     and for ``hf_rebalance`` (Transformers' sampler, one micro-batch per step: no
     accumulation here) lists of arrays of varying size."""
     from bcl_stream.analysis.sim import shard_table

@@ -65,9 +65,9 @@ def rank_main(rank: int, world: int, per_node: int, remote: str, dist_port: int)
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{dist_port}", rank=rank, world_size=world
         )
+    from bcl_stream.epoch.plan import ReaderConfig
     from bcl_stream.formats.mds_reader import MDSPackDataset
     from bcl_stream.loading.loader import PackLoader
-    from bcl_stream.plan.epoch import ReaderConfig
 
     def say(kind: str, **data: Any) -> None:
         print(MARK + json.dumps({"kind": kind, "rank": rank, **data}), flush=True)

@@ -75,8 +75,8 @@ def write_index(n: int, root: Path) -> None:
 
 def measure(root: Path, scope: str, consumed: int) -> dict[str, Any]:
     """One process: open the index, then time a fresh and a resumed plan to the first pack."""
+    from bcl_stream.epoch.plan import ReaderConfig, ReaderPlan, Segment, _costs_and_table
     from bcl_stream.io.index import read_index
-    from bcl_stream.plan.epoch import ReaderConfig, ReaderPlan, Segment, _costs_and_table
 
     t0 = time.perf_counter()
     index = read_index(root)

@@ -8,7 +8,7 @@ runs interleaved so that machine load hits both sides alike:
 - stock: ``StreamingDataset(batch_size=B, shuffle=True)`` in ``DataLoader(batch_size=B)``, the
   way streaming's users configure it (``batch_size`` sets its predownload and worker split; a
   stock ``batch_size=1`` predownloads 8 samples and polls every 7 ms, ~1.1K records/s, which
-  only measures that polling). Both sides collate to a list of sample dicts.
+  only measures that polling). Both sides collate to a list of record dicts.
 Sources: the local directory, and the same shards as ``s3://`` on a moto server (a separate
 process on 127.0.0.1) with a fresh cache directory per run, so every run downloads.
 The bare ``StreamingDataset.get_item`` loop over our ids (local, in process) is the floor.
@@ -77,7 +77,7 @@ B = 8
 
 
 def as_list(batch: Any) -> Any:
-    """Both sides' collate: the batch stays a list of sample dicts (module level: picklable)."""
+    """Both sides' collate: the batch stays a list of record dicts (module level: picklable)."""
     return batch
 
 
@@ -101,9 +101,9 @@ def stock_mds(source: str, cache: Path | None, workers: int) -> int:
 
 def ours_mds(source: str, cache: Path | None, workers: int) -> int:
     """``MDSPackDataset`` + ``PackLoader``: the whole epoch of a one-rank world."""
+    from bcl_stream.epoch.plan import ReaderConfig
     from bcl_stream.formats.mds_reader import MDSPackDataset
     from bcl_stream.loading.loader import PackLoader
-    from bcl_stream.plan.epoch import ReaderConfig
 
     config = ReaderConfig.build(world_size=1, pack_size=B, window=16)
     dataset = MDSPackDataset(source, config, 0, cache_dir=cache)
@@ -116,8 +116,8 @@ def ours_mds(source: str, cache: Path | None, workers: int) -> int:
 def raw_getitem(source: str) -> int:
     """The floor under our MDS reader: ``StreamingDataset.get_item`` in a bare loop over the
     ids our reader yields (no plan lookups, no loader, no checks)."""
+    from bcl_stream.epoch.plan import ReaderConfig
     from bcl_stream.formats.mds_reader import MDSPackDataset
-    from bcl_stream.plan.epoch import ReaderConfig
 
     dataset = MDSPackDataset(source, ReaderConfig.build(world_size=1, pack_size=B, window=16), 0)
     count = 0
@@ -140,9 +140,9 @@ def plain_wds(root: Path, limit: int) -> int:
 
 
 def ours_wds(root: Path) -> int:
+    from bcl_stream.epoch.plan import ReaderConfig
     from bcl_stream.formats.wds_reader import WDSPackDataset
     from bcl_stream.loading.loader import PackLoader
-    from bcl_stream.plan.epoch import ReaderConfig
 
     dataset = WDSPackDataset(root, ReaderConfig.build(world_size=4, pack_size=B, window=16), 0)
     return sum(sum(s["input_ids"].size > 0 for s in pack) for pack in PackLoader(dataset))
@@ -269,9 +269,9 @@ def rss_child(root: str, packs: int) -> None:
     import psutil
     import streaming  # noqa: F401  (imported up front: ~200 MB that is not the reader's)
 
+    from bcl_stream.epoch.plan import ReaderConfig
     from bcl_stream.formats.mds_reader import MDSPackDataset
     from bcl_stream.loading.loader import PackLoader
-    from bcl_stream.plan.epoch import ReaderConfig
 
     proc = psutil.Process()
     gc.collect()

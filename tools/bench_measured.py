@@ -56,7 +56,7 @@ from bcl_stream.planner import (  # noqa: E402
 )
 from bcl_stream.planner.peers import REAL_PEERS, plan_pooled  # noqa: E402
 
-Packs = list[list[npt.NDArray[np.int64]]]  # [rank][step] -> sample ids
+Packs = list[list[npt.NDArray[np.int64]]]  # [rank][step] -> record ids
 
 
 def load_lengths(path: str | None, max_len: int) -> npt.NDArray[np.int64]:

@@ -40,7 +40,7 @@ from corpora import PROFILES  # noqa: E402
 
 from bcl_stream.analysis.sim import SimConfig, plan_schedules, score  # noqa: E402
 from bcl_stream.cost import CostModel, get_preset  # noqa: E402
-from bcl_stream.plan.streams import SegmentArray  # noqa: E402
+from bcl_stream.epoch.mixture_index import SegmentArray  # noqa: E402
 from bcl_stream.planner import ShardTable, shard_weights  # noqa: E402
 from bcl_stream.planner.mixture import MixtureLayout, choose_counts  # noqa: E402
 
@@ -149,13 +149,13 @@ def amplification(layout: MixtureLayout, packs: Any, per_node: int) -> float:
 
 
 def copies_dealt_freely(
-    data: dict[str, Any], config: SimConfig, bcl: str, sample: Any, per_node: int
+    data: dict[str, Any], config: SimConfig, bcl: str, draw: Any, per_node: int
 ) -> dict[str, float]:
     """The same plan with a repeated stream's copies of a shard dealt to nodes on their own
     (no ``ShardTable.origin``): what keeping each shard on one node costs in balance, and
     saves in downloads."""
     free = replace(data["table"], origin=None)
-    planned = plan_schedules(data["all_tokens"], data["all_costs"], free, config, (bcl,), sample)
+    planned = plan_schedules(data["all_tokens"], data["all_costs"], free, config, (bcl,), draw)
     return {
         "efficiency": score(planned, config)[bcl].efficiency,
         "download_amplification": amplification(data["layout"], planned[bcl].packs, per_node),
@@ -187,16 +187,16 @@ def run(
         config = SimConfig(ranks=ranks, ranks_per_node=per_node, window=window, seed=seed,
                            shard_records=SHARD_RECORDS, max_tokens=None)  # fmt: skip
         strategies = ("sequential", f"bcl-{scope}", *PEERS)
-        sample = layout.sample(seed, 0)
+        draw = layout.draw(seed, 0)
         started = time.perf_counter()
         planned = plan_schedules(
-            data["all_tokens"], data["all_costs"], data["table"], config, strategies, sample
+            data["all_tokens"], data["all_costs"], data["table"], config, strategies, draw
         )
         elapsed = time.perf_counter() - started
         metrics = score(planned, config)
         bcl = f"bcl-{scope}"
         t0 = time.perf_counter()
-        plan_schedules(data["all_tokens"], data["all_costs"], data["table"], config, (bcl,), sample)
+        plan_schedules(data["all_tokens"], data["all_costs"], data["table"], config, (bcl,), draw)
         plan_s = time.perf_counter() - t0
         per_cost = {k: metrics[k].time / float(planned[k].pack_costs.sum()) for k in planned}
         singles = {}
@@ -218,9 +218,9 @@ def run(
             "download_amplification": {
                 k: amplification(layout, planned[k].packs, per_node) for k in planned
             },
-            "copies_dealt_freely": copies_dealt_freely(data, config, bcl, sample, per_node),
+            "copies_dealt_freely": copies_dealt_freely(data, config, bcl, draw, per_node),
             "plan_seconds": plan_s,
-            "records_per_second": float(sample.usable.sum()) / plan_s,
+            "records_per_second": float(draw.usable.sum()) / plan_s,
             "all_strategies_seconds": elapsed,
         }
     # Resampling across epochs: every record of a subsampled stream is drawn once before any
@@ -231,7 +231,7 @@ def run(
         epochs = -(-n // per_epoch)
         seen = np.zeros(layout.n_records, dtype=np.int64)
         for e in range(epochs):
-            seen += layout.sample(seed, e)(np.arange(layout.n_records))
+            seen += layout.draw(seed, e)(np.arange(layout.n_records))
         _, local = layout.locate(np.arange(layout.n_records))
         streams = layout.stream_of(np.arange(layout.n_records))
         draws = np.bincount(local[streams == s], weights=seen[streams == s], minlength=n)

@@ -5,7 +5,7 @@
 3. Train TinyGPT with ``python -m lightning_module fit --config configs/cpu_demo.yaml``
    (2 gloo ranks, BCL packs), uninterrupted.
 4. Train again but stop at a checkpoint, then resume from it in a NEW process; compare every
-   rank's packs (PackLogger logs, exact sample ids per step) with the uninterrupted run.
+   rank's packs (PackLogger logs, exact record ids per step) with the uninterrupted run.
 5. Train with ``packing=sequential`` (the plain-loader baseline, same records and order).
 6. Report balance: estimated (cost index) and measured (per-rank forward seconds, step wall
    seconds) across ranks, BCL against sequential: a table, ``results/demo/report.json`` and

@@ -50,7 +50,7 @@ from bcl_stream.planner.config import Plan, PlanConfig
 from bcl_stream.planner.padded import Packs, check_layout, ragged_pack_costs
 from bcl_stream.planner.peers import POOLED, REAL_PEERS, plan_pooled
 from bcl_stream.planner.pools import micro_batches_per_batch
-from bcl_stream.planner.shard_table import Sample, ShardTable, shard_weights
+from bcl_stream.planner.shard_table import Draw, ShardTable, shard_weights
 from bcl_stream.planner.step_contract import node_micro_batches
 
 STRATEGIES = ("sequential", *POOLED, "bcl-rank", "bcl-node", "bcl-world")
@@ -243,7 +243,7 @@ class Schedule:
     records_used: int
     records_left: int
     packs: Packs = ()
-    """``packs[r][t]``: sample ids of rank r's t-th micro-batch (a (ranks, packs, B) array for
+    """``packs[r][t]``: record ids of rank r's t-th micro-batch (a (ranks, packs, B) array for
     exactly-B strategies, lists of variable-size arrays otherwise), to run the real packs.
     Empty only for a schedule built from a cost matrix alone."""
     useful_costs: npt.NDArray[np.float64] | None = None
@@ -324,10 +324,10 @@ def plan_schedules(
     table: ShardTable,
     config: SimConfig,
     strategies: tuple[str, ...] = STRATEGIES,
-    sample: Sample | None = None,
+    draw: Draw | None = None,
 ) -> dict[str, Schedule]:
     """:func:`schedules` from per-record costs and the shard table, for records already costed
-    (a mixture: each stream under its own model, ``sample`` its epoch's draw; the pooled peers
+    (a mixture: each stream under its own model, ``draw`` its epoch's draw; the pooled peers
     then read a global shuffle of the draw)."""
     tok = tokens
     seed, epoch = config.seed, config.epoch
@@ -357,14 +357,14 @@ def plan_schedules(
                 seed=seed,
                 epoch=epoch,
                 tokens=tok,
-                sample=sample,
+                draw=draw,
             )
             out[name] = schedule(plan.packs, plan.records_used, plan.records_left)
         elif name in POOLED:
             capacity = config.max_tokens or default_capacity(tok, config.pack_size)
             order = global_order(tok.size, seed, epoch, shuffle=config.shuffle)
-            if sample is not None:
-                order = order[sample(order)]
+            if draw is not None:
+                order = order[draw(order)]
             bins, left = plan_pooled(
                 name, order, tok, config.ranks, config.pack_size, config.grad_accum, capacity
             )
@@ -376,7 +376,7 @@ def plan_schedules(
         elif name.startswith("bcl-"):
             planner = plan_config(config, name.removeprefix("bcl-"))
             streams = build_node_streams(
-                costs, table, planner, seed=seed, epoch=epoch, tokens=tok, sample=sample
+                costs, table, planner, seed=seed, epoch=epoch, tokens=tok, draw=draw
             )
             plan = plan_streams(streams, costs, tok)
             packs: Packs = plan.packs

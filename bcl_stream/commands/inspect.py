@@ -71,7 +71,7 @@ def _text(report: dict[str, Any]) -> list[str]:
 def run_streams(args: argparse.Namespace) -> int:
     """Every stream's report, plus its place in the mixture (weight, records per epoch)."""
     from bcl_stream.analysis.inspection import inspect_dataset
-    from bcl_stream.plan.streams import StreamSpec
+    from bcl_stream.epoch.mixture_index import StreamSpec
     from bcl_stream.planner.mixture import choose_counts
 
     if args.plot is not None:

@@ -1,6 +1,6 @@
 """``bcl-stream plan``: every rank's packs of one epoch, computed from the cost index alone.
 
-This is exactly the plan the readers follow (``bcl_stream.plan.epoch.full_plan``), so it
+This is exactly the plan the readers follow (``bcl_stream.epoch.plan.full_plan``), so it
 can be diffed against ``bcl-stream read`` and inspected without touching any shard.
 """
 
@@ -14,14 +14,14 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.commands.config_options import add_plan_config_options, plan_fields
-from bcl_stream.plan.checks import check_format_scope, layout_text, require_packs
-from bcl_stream.plan.epoch import (
+from bcl_stream.epoch.checks import check_format_scope, layout_text, require_packs
+from bcl_stream.epoch.plan import (
     PACKINGS,
     EpochPlan,
     PlanData,
     ReaderConfig,
+    epoch_draw,
     epoch_records,
-    epoch_sample,
 )
 
 
@@ -70,7 +70,7 @@ def add_stream_options(p: argparse.ArgumentParser) -> None:
 def data_source(args: argparse.Namespace) -> tuple[str | None, list[Any] | None]:
     """(DIR, None) or (None, the ``--stream`` specs): exactly one, ``--epoch-size`` with streams
     only. Every command that takes a dataset or a mixture checks its options here."""
-    from bcl_stream.plan.streams import StreamSpec
+    from bcl_stream.epoch.mixture_index import StreamSpec
 
     location = getattr(args, "location", None)
     if (location is None) == (args.stream is None):
@@ -85,8 +85,8 @@ def data_source(args: argparse.Namespace) -> tuple[str | None, list[Any] | None]
 def open_mixture(args: argparse.Namespace, specs: list[Any]) -> Any:
     """The ``MixtureIndex`` of ``specs`` (their cost indexes only; remote streams cache under
     ``<cache-dir>/stream-<i>``)."""
+    from bcl_stream.epoch.mixture_index import MixtureIndex
     from bcl_stream.io.remote import open_cost_index
-    from bcl_stream.plan.streams import MixtureIndex
 
     root = cache_dir(args, *(spec.path for spec in specs))
     indexes = [
@@ -147,9 +147,9 @@ def add_parser(sub: Any) -> None:
 
 
 def pack_json(index: PlanData, packs: Any) -> Any:
-    """Packs as JSON lists: sample ids, or for a mixture [stream, sample id] pairs (what
+    """Packs as JSON lists: record ids, or for a mixture [stream, record id] pairs (what
     ``read`` prints too, so the two can be diffed)."""
-    from bcl_stream.plan.streams import MixtureIndex
+    from bcl_stream.epoch.mixture_index import MixtureIndex
 
     if not isinstance(index, MixtureIndex):
         return packs.tolist()
@@ -162,7 +162,7 @@ def pack_json(index: PlanData, packs: Any) -> Any:
 
 def n_shards(index: PlanData) -> int:
     """Shard files the plan reads (a mixture: its streams' together)."""
-    from bcl_stream.plan.streams import MixtureIndex
+    from bcl_stream.epoch.mixture_index import MixtureIndex
 
     if isinstance(index, MixtureIndex):
         return sum(len(ix.shards) for ix in index.indexes)
@@ -187,7 +187,7 @@ def summary(index: PlanData, config: ReaderConfig, plan: EpochPlan) -> dict[str,
         plan.plan.records_left,
     )
     return {
-        "records": epoch_records(index, epoch_sample(index, config, plan.epoch)),
+        "records": epoch_records(index, epoch_draw(index, config, plan.epoch)),
         "shards": n_shards(index),
         "world_size": pc.world_size,
         "ranks_per_node": pc.ranks_per_node,
@@ -205,8 +205,8 @@ def summary(index: PlanData, config: ReaderConfig, plan: EpochPlan) -> dict[str,
 
 
 def run(args: argparse.Namespace) -> int:
-    from bcl_stream.plan.epoch import full_plan
-    from bcl_stream.plan.stream_report import stream_report
+    from bcl_stream.epoch.plan import full_plan
+    from bcl_stream.epoch.stream_report import stream_report
 
     config = config_from_args(args)
     index, location = open_plan_data(args, config.plan.scope)

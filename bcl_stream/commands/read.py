@@ -1,4 +1,4 @@
-"""``bcl-stream read``: the sample ids rank r's real loader yields.
+"""``bcl-stream read``: the record ids rank r's real loader yields.
 
 Same code path as training: ``MDSPackDataset``/``WDSPackDataset`` + ``PackLoader`` with
 ``--num-workers`` DataLoader workers. ``--start-after N`` reads N packs, takes the loader's
@@ -20,8 +20,8 @@ from bcl_stream.commands.plan import (
     data_source,
     open_plan_data,
 )
-from bcl_stream.plan.checks import layout_text, require_packs
-from bcl_stream.plan.epoch import ReaderConfig, reader_plan
+from bcl_stream.epoch.checks import layout_text, require_packs
+from bcl_stream.epoch.plan import ReaderConfig, reader_plan
 
 
 def add_parser(sub: Any) -> None:

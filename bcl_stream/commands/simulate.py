@@ -31,9 +31,9 @@ from bcl_stream.analysis.sim import (
 )
 from bcl_stream.commands.config_options import PLAN_DEFAULTS, add_plan_config_options, plan_fields
 from bcl_stream.cost import resolve
-from bcl_stream.plan.checks import layout_text, no_pack_error
+from bcl_stream.epoch.checks import layout_text, no_pack_error
 from bcl_stream.planner.bcl import validate_costs
-from bcl_stream.planner.mixture import EpochSample
+from bcl_stream.planner.mixture import EpochDraw
 from bcl_stream.planner.shard_table import ShardTable, shard_weights
 
 DEFAULT_COST_MODEL = "llama3-8b"
@@ -154,7 +154,7 @@ class SimInput:
     costs: np.ndarray
     table: ShardTable
     model: dict[str, Any]
-    sample: EpochSample | None = None
+    draw: EpochDraw | None = None
     streams: list[dict[str, Any]] | None = None
 
 
@@ -165,15 +165,15 @@ def sim_input(args: argparse.Namespace, config: SimConfig) -> SimInput:
 
         mixture = open_mixture(args, data_source(args)[1] or [])
         model = None if args.cost_model is None else resolve(args.cost_model)
-        sample = mixture.sample(config.seed, config.epoch)
-        drawn = sample.per_stream()
+        draw = mixture.draw(config.seed, config.epoch)
+        drawn = draw.per_stream()
         costs = mixture.costs(model)
         return SimInput(
             np.asarray(mixture.tokens[:], dtype=np.int64),
             np.asarray(costs[:], dtype=np.float64),
             mixture.shard_table(costs),
             {"streams": [None if m is None else m.to_dict() for m in mixture.stream_models(model)]},
-            sample,
+            draw,
             [
                 {**d, "records_drawn": int(n)}
                 for d, n in zip(mixture.describe(), drawn, strict=True)
@@ -237,7 +237,7 @@ def refuse_empty(label: str, config: SimConfig, data: SimInput, scored: dict[str
 
 def sim_records(data: SimInput) -> int:
     """Records simulated (a mixture: its epoch's draw)."""
-    return int(data.lengths.size if data.sample is None else data.sample.usable.sum())
+    return int(data.lengths.size if data.draw is None else data.draw.usable.sum())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -245,11 +245,11 @@ def run(args: argparse.Namespace) -> int:
     names = tuple(s for s in args.strategies.split(",") if s)
     data = sim_input(args, config)
     table = data.table
-    planned = plan_schedules(data.lengths, data.costs, table, config, names, data.sample)
+    planned = plan_schedules(data.lengths, data.costs, table, config, names, data.draw)
     layouts = {config.layout: (planned, score(planned, config, table))}
     if config.layout == "padded":
         packed = dataclasses.replace(config, layout="packed")
-        packed_plans = plan_schedules(data.lengths, data.costs, table, packed, names, data.sample)
+        packed_plans = plan_schedules(data.lengths, data.costs, table, packed, names, data.draw)
         layouts = {"packed": (packed_plans, score(packed_plans, packed, table)), **layouts}
     results = layouts[config.layout][1]
     refuse_empty(args.dataset or args.lengths or ",".join(args.stream), config, data, results)

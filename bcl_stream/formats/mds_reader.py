@@ -4,7 +4,7 @@ Why random access: streaming's own iteration order (``_get_work``) is its partit
 shuffle, which we replace with the plan. ``StreamingDataset.get_item`` keeps everything else of
 streaming: the download of a missing shard (any remote it supports, ``s3://`` included), the
 shared cache and its eviction (``cache_limit``), and cross-worker coordination of downloads.
-The dataset is built with ``shuffle=False`` so its sample ids are the global write order,
+The dataset is built with ``shuffle=False`` so its record ids are the global write order,
 which is what the plan and the cost index use.
 
 Prefetch: for a remote dataset a background thread downloads the next ``prefetch`` shards the
@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.errors import CostIndexError, DatasetError
 from bcl_stream.formats.dataset_files import read_mds_index
 from bcl_stream.formats.read_options import DEFAULT_PREFETCH, ReadOptions
@@ -35,7 +36,6 @@ from bcl_stream.formats.token_ids import with_ids
 from bcl_stream.io.integrity import ShardVerifier
 from bcl_stream.io.remote import is_remote, open_cost_index
 from bcl_stream.io.streaming_compat import guard_downloads
-from bcl_stream.plan.epoch import ReaderConfig
 
 
 class _Prefetcher:
@@ -157,7 +157,7 @@ class MDSPackDataset(DatasetReader):
             )
 
     def shard_of(self, sample_ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """Shard id of each global sample id."""
+        """Shard id of each global record id."""
         return np.searchsorted(self._shard_starts, sample_ids, side="right") - 1
 
     def _get(self, sample_id: int, shard: int) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """A mixture reader: one rank's packs of a mixture plan, each record read by its stream's reader.
 
-The plan is made over the mixture ids (``bcl_stream.plan.streams.MixtureIndex``); each stream keeps
+The plan is made over the mixture ids (``bcl_stream.epoch.mixture_index.MixtureIndex``); each stream keeps
 its own reader (MDS through a stock ``StreamingDataset``, WebDataset through our tar reader)
 with its own cache directory, integrity checks and prefetch. For a batch of packs this reader
 asks each stream's reader for that stream's records in first-needed order (each record once,
@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from bcl_stream.epoch.mixture_index import MixtureIndex, StreamSpec
+from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.formats.open_reader import open_reader
 from bcl_stream.formats.reader_base import Pack, PlanDataset
-from bcl_stream.plan.epoch import ReaderConfig
-from bcl_stream.plan.streams import MixtureIndex, StreamSpec
 
 
 class MixturePackDataset(PlanDataset):

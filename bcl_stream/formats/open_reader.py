@@ -9,11 +9,11 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from bcl_stream.epoch.checks import check_format_scope
+from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.read_options import ReadOptions
 from bcl_stream.formats.reader_base import DatasetReader, PlanDataset
-from bcl_stream.plan.checks import check_format_scope
-from bcl_stream.plan.epoch import ReaderConfig
 
 
 def open_reader(

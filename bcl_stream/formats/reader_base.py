@@ -10,13 +10,13 @@ keep their copy forever, so plain attributes set later in the main process never
 Each worker reads the tensor when its iterator starts. The read-only properties ``epoch``,
 ``start`` and ``segments`` show the last hand-over; nothing else moves the cursor.
 
-Worker split: worker w of K yields chunks w, w+K, ... of ``chunk`` consecutive packs from the
-cursor on (``chunk`` = 1: single packs); torch's DataLoader takes one item from each worker in
+Worker split: worker w of K yields items w, w+K, ... of ``packs_per_item`` consecutive packs
+from the cursor on (1: single packs); torch's DataLoader takes one item from each worker in
 turn, which restores the plan order for any K (and K=0). Each process plans its rank's windows
-lazily as it reaches them (:class:`~bcl_stream.plan.epoch.ReaderPlan`), so no process holds
+lazily as it reaches them (:class:`~bcl_stream.epoch.plan.ReaderPlan`), so no process holds
 the epoch's plan.
 
-A subclass implements :meth:`PlanDataset._read_packs` (sample ids -> record dicts).
+A subclass implements :meth:`PlanDataset._read_packs` (record ids -> record dicts).
 """
 
 from __future__ import annotations
@@ -31,16 +31,16 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from bcl_stream.epoch.eval_plan import EvalPlan
+from bcl_stream.epoch.plan import PlanData, ReaderConfig, ReaderPlan, Segment, reader_plan
+from bcl_stream.epoch.steps import step_cut, whole_steps
+from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.errors import StateError
 from bcl_stream.formats.token_ids import resolve_source
 from bcl_stream.io.index import CostIndex
-from bcl_stream.plan.epoch import PlanData, ReaderConfig, ReaderPlan, Segment, reader_plan
-from bcl_stream.plan.eval_plan import EvalPlan
-from bcl_stream.plan.steps import step_cut, whole_steps
-from bcl_stream.plan.token_source import TokenSource
 
-Sample = dict[str, Any]
-Pack = list[Sample]
+Record = dict[str, Any]
+Pack = list[Record]
 MAX_SEGMENTS = 32
 """World-size changes one epoch's cursor can carry to worker processes (elastic resume)."""
 
@@ -53,10 +53,10 @@ def detect_rank() -> int:
 
 
 class PlanDataset(IterableDataset[Pack]):
-    """Yields rank ``rank``'s packs (lists of exactly ``pack_size`` sample dicts; under
+    """Yields rank ``rank``'s packs (lists of exactly ``pack_size`` record dicts; under
     ``contract="step"`` micro-batches of varying size, G*B records per step) in plan order.
 
-    Each sample dict holds at least ``sample_id`` (global index in write order) and the
+    Each record dict holds at least ``sample_id`` (global index in write order) and the
     record's columns (``input_ids`` as a numpy array for datasets bcl-stream writes).
     ``len()`` is the number of packs per rank in the current epoch, equal on every rank.
     """
@@ -82,12 +82,12 @@ class PlanDataset(IterableDataset[Pack]):
         # [epoch, first pack, n segments, (world_size, ranks_per_node, packs_consumed) * n]:
         # the loader's last hand-over, shared with worker processes, persistent ones included.
         self._cursor = torch.zeros(3 + 3 * MAX_SEGMENTS, dtype=torch.int64).share_memory_()
-        self.chunk = 1
+        self.packs_per_item = 1
         """Packs per DataLoader item (PackLoader sets it for worker processes)."""
         self._evaluation: EvalPlan | None = None
 
     def for_evaluation(self, packing: str = "sequential") -> PlanDataset:
-        """Read for validation or test (``plan/eval_plan.py``): every record once across
+        """Read for validation or test (``epoch/eval_plan.py``): every record once across
         ranks, equal pack counts, packs of at most B records, no epochs; returns ``self``."""
         from bcl_stream.cost import resolve
 
@@ -130,7 +130,7 @@ class PlanDataset(IterableDataset[Pack]):
         self._cursor[: 3 + len(flat)] = torch.tensor([epoch, start, len(segments), *flat])
 
     # -- plan -----------------------------------------------------------------------------
-    def plan(
+    def epoch_plan(
         self, epoch: int | None = None, segments: tuple[Segment, ...] | None = None
     ) -> ReaderPlan:
         """The plan of ``epoch`` with elastic ``segments`` (default: the current cursor's):
@@ -146,27 +146,27 @@ class PlanDataset(IterableDataset[Pack]):
         return None
 
     def rank_packs(self) -> npt.NDArray[np.int64]:
-        """(n_packs, pack_size) sample ids this rank yields in the current epoch."""
-        return self.plan().rank_packs(self.rank)
+        """(n_packs, pack_size) record ids this rank yields in the current epoch."""
+        return self.epoch_plan().rank_packs(self.rank)
 
     def __len__(self) -> int:
         if self._evaluation is not None:
             return self._evaluation.n_packs
-        return self.plan().n_packs
+        return self.epoch_plan().n_packs
 
     def remainder_counts(self) -> dict[str, int]:
         """Records of the current epoch no rank yields, by reason (same on every rank)."""
-        return self.plan().remainder_counts()
+        return self.epoch_plan().remainder_counts()
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        """Packs from the cursor on; with ``chunk`` > 1, lists of up to ``chunk`` consecutive
+        """Packs from the cursor on; with ``packs_per_item`` > 1, lists of up to that many consecutive
         packs (one DataLoader item each: see :class:`~bcl_stream.loading.loader.PackLoader`)."""
-        chunk = self.chunk
+        per_item = self.packs_per_item
         current: list[Pack] = []
         current_id = -1
         for pack_id, pack in self._mine():
-            if chunk == 1:
+            if per_item == 1:
                 yield pack
                 continue
             if pack_id != current_id and current:
@@ -178,28 +178,28 @@ class PlanDataset(IterableDataset[Pack]):
             yield current
 
     def _mine(self) -> Iterator[tuple[int, Pack]]:
-        """(chunk id, pack) of the packs this worker yields, from the cursor on: chunk c holds
-        packs start + c*chunk ...; worker w takes chunks w, w+workers, ... Under the ``step``
-        contract a pack is a micro-batch of its step's re-cut (``plan/steps.py``): a worker
+        """(item id, pack) of the packs this worker yields, from the cursor on: item c holds
+        packs start + c*packs_per_item ...; worker w takes items w, w+workers, ... Under the ``step``
+        contract a pack is a micro-batch of its step's re-cut (``epoch/steps.py``): a worker
         reads the whole step of every micro-batch it yields."""
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        start, chunk = self.start, self.chunk
+        start, per_item = self.start, self.packs_per_item
         cut = step_cut(self.index, self.config)
         if self._evaluation is not None or cut is None:
-            plan: ReaderPlan | EvalPlan = self._evaluation or self.plan()
+            plan: ReaderPlan | EvalPlan = self._evaluation or self.epoch_plan()
             for first, packs in plan.iter_rank_packs(self.rank, start):
                 position = first - start + np.arange(packs.shape[0])
-                ids = position // chunk
+                ids = position // per_item
                 mask = ids % workers == worker
                 if mask.any():
                     yield from zip(ids[mask].tolist(), self._read_packs(packs[mask]), strict=True)
             return
         g = self.config.plan.grad_accum
-        batches = self.plan().iter_rank_packs(self.rank, start - start % g, group=True)
+        batches = self.epoch_plan().iter_rank_packs(self.rank, start - start % g, group=True)
         for first, group in whole_steps(batches, g):
             position = first - start + np.arange(group.shape[1])
-            ids = np.where(position >= 0, position // chunk, -1)
+            ids = np.where(position >= 0, position // per_item, -1)
             mask = (position >= 0) & (ids % workers == worker)
             if not mask.any():
                 continue
@@ -220,7 +220,7 @@ class PlanDataset(IterableDataset[Pack]):
                         yield int(ids[k * g + j]), records[ends[j] - sizes[j] : ends[j]]
 
     def _read_packs(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
-        """Yield one list of sample dicts per row of ``packs`` (global sample ids), in order."""
+        """Yield one list of record dicts per row of ``packs`` (global record ids), in order."""
         raise NotImplementedError
 
 

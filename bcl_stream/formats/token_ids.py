@@ -1,4 +1,4 @@
-"""A record's token ids from its column, by :class:`~bcl_stream.plan.token_source.TokenSource`:
+"""A record's token ids from its column, by :class:`~bcl_stream.epoch.token_source.TokenSource`:
 one set of rules for ``annotate`` (which counts) and the readers (which yield ids), so a count
 in the cost index is by construction the length the reader yields.
 
@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from bcl_stream.epoch.token_source import KEYS, TokenSource
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.npy import load_npy
 from bcl_stream.io.index import CostIndex
-from bcl_stream.plan.token_source import KEYS, TokenSource
 
 QUOTE = 60
 """Characters of a value quoted in an error message."""

@@ -2,10 +2,10 @@
 
 Stages (typed, ``def stage(src, ...)`` style, usable inside a stock ``wds.DataPipeline``):
 
-- :func:`tar_samples`: shards -> (sample id, raw members) read sequentially. A record the plan
+- :func:`tar_samples`: shards -> (record id, raw members) read sequentially. A record the plan
   does not need is skipped from its tar header alone: the payload is neither decoded nor read
   (``tar_scan`` seeks over it), which is what makes resume and other ranks' records cheap.
-- :func:`decode_sample`: raw members -> a sample dict (``input_ids`` as numpy, ``json`` parsed).
+- :func:`decode_sample`: raw members -> a record dict (``input_ids`` as numpy, ``json`` parsed).
 - :func:`follow_plan` / :func:`bcl_packs`: samples -> packs of exactly B records, in plan order,
   held in a bounded buffer. ``bcl_packs`` computes the rank-local BCL plan itself from the cost
   index, so every rank yields the same number of packs without talking to the others. Samples
@@ -36,16 +36,16 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from bcl_stream.epoch.plan import ReaderConfig, Segment, reader_plan
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.npy import load_npy
 from bcl_stream.formats.read_options import DEFAULT_PREFETCH, ReadOptions
-from bcl_stream.formats.reader_base import DatasetReader, Pack, Sample
+from bcl_stream.formats.reader_base import DatasetReader, Pack, Record
 from bcl_stream.formats.tar_scan import TarFormatError, tar_members
 from bcl_stream.formats.token_ids import with_ids
 from bcl_stream.io.hashing import record_digest
 from bcl_stream.io.index import CostIndex
 from bcl_stream.io.remote import download, is_remote, join, open_cost_index
-from bcl_stream.plan.epoch import ReaderConfig, Segment, reader_plan
 
 Raw = dict[str, bytes]
 
@@ -62,7 +62,7 @@ PART_KEY = re.compile(r"^part-(\d+)-of-\d+-(\d+)$")
 
 
 def part_firsts(index: CostIndex) -> tuple[int, ...]:
-    """First global sample id of each part of a merged dataset (empty for any other)."""
+    """First global record id of each part of a merged dataset (empty for any other)."""
     merged = index.extra.get("merge")
     if not isinstance(merged, dict) or merged.get("kind") != "preprocess":
         return ()
@@ -70,7 +70,7 @@ def part_firsts(index: CostIndex) -> tuple[int, ...]:
 
 
 def key_sample_id(key: str, firsts: Sequence[int] = ()) -> int | None:
-    """The global sample id a record key stands for: a plain id (``0000000042``), or in a
+    """The global record id a record key stands for: a plain id (``0000000042``), or in a
     merged dataset ``part-I-of-N-<id in part I>`` (with ``firsts`` from :func:`part_firsts`;
     without, the id inside the part: a part read on its own). None: not one of ours."""
     base = os.path.basename(key)
@@ -91,10 +91,10 @@ def tar_samples(
     hashes: npt.NDArray[np.uint64] | None = None,
     firsts: Sequence[int] = (),
 ) -> Iterator[tuple[int, str, Raw]]:
-    """Shards (name, local path, first sample id, record count) -> (sample id, key, members)
+    """Shards (name, local path, first record id, record count) -> (record id, key, members)
     for the records in ``wanted``; the others are skipped without reading their payload.
 
-    ``hashes`` (per global sample id, from the cost index): each wanted record's members are
+    ``hashes`` (per global record id, from the cost index): each wanted record's members are
     checked against it before the record is yielded; a mismatch is a DatasetError naming the
     shard and the record. ``firsts``: see :func:`key_sample_id`.
     """
@@ -147,14 +147,14 @@ def _check_key(shard: str, key: str, sample_id: int, firsts: Sequence[int]) -> N
     stands_for = key_sample_id(base, firsts)
     if stands_for is not None and stands_for != sample_id:
         raise DatasetError(
-            f"{shard}: record key {base!r} is not the expected global sample id {sample_id}; "
+            f"{shard}: record key {base!r} is not the expected global record id {sample_id}; "
             "the shard order differs from the cost index (shards renamed or reordered?)."
         )
 
 
-def decode_sample(sample_id: int, key: str, members: Raw) -> Sample:
+def decode_sample(sample_id: int, key: str, members: Raw) -> Record:
     """Raw tar members -> ``{"sample_id", "__key__", "input_ids": ndarray, "json": dict, ...}``."""
-    out: Sample = {"sample_id": sample_id, "__key__": key}
+    out: Record = {"sample_id": sample_id, "__key__": key}
     for suffix, data in members.items():
         try:
             if suffix.endswith("npy"):
@@ -173,20 +173,20 @@ def decode_sample(sample_id: int, key: str, members: Raw) -> Sample:
     return out
 
 
-def _sample_id(sample: Sample, firsts: Sequence[int]) -> int:
+def _sample_id(sample: Record, firsts: Sequence[int]) -> int:
     if "sample_id" in sample:
         return int(sample["sample_id"])
     sid = key_sample_id(str(sample.get("__key__", "")), firsts)
     if sid is None:
         raise DatasetError(
             f"sample with key {sample.get('__key__')!r} has no 'sample_id' and its key is not a "
-            "global sample id; write the dataset with CostedWDSWriter or add sample ids upstream."
+            "global record id; write the dataset with CostedWDSWriter or add record ids upstream."
         )
     return sid
 
 
 def follow_plan(
-    src: Iterable[Sample], packs: npt.NDArray[np.int64], firsts: Sequence[int] = ()
+    src: Iterable[Record], packs: npt.NDArray[np.int64], firsts: Sequence[int] = ()
 ) -> Iterator[Pack]:
     """Samples (any order) -> the rows of ``packs`` as lists of samples, in row order.
 
@@ -195,7 +195,7 @@ def follow_plan(
     missing records.
     """
     slot: dict[int, int] = {int(sid): row for row, ids in enumerate(packs) for sid in ids}
-    buffer: dict[int, Sample] = {}
+    buffer: dict[int, Record] = {}
     row = 0
     n_rows = packs.shape[0]
     for sample in src:
@@ -217,7 +217,7 @@ def follow_plan(
 
 
 def bcl_packs(
-    src: Iterable[Sample],
+    src: Iterable[Record],
     *,
     index: CostIndex,
     config: ReaderConfig,

@@ -4,7 +4,7 @@ Each record becomes one tar sample: ``<key>.input_ids.npy`` (the token ids, ``np
 bytes, decoded by stock ``.decode()``) and ``<key>.json`` with ``{"source", "tokens", ...}``.
 Members are encoded here (webdataset's own encoder, from ``streaming_compat``), so the bytes hashed into the record's
 xxh64 (``bcl_hashes.npy``, checked by the reader) are exactly the bytes in the tar.
-Keys are the global sample id, zero-padded (no dots: WebDataset groups members by the prefix
+Keys are the global record id, zero-padded (no dots: WebDataset groups members by the prefix
 before the first dot).
 
 WebDataset has no index of its own, so ``bcl_index.json`` (written last, after
@@ -109,7 +109,7 @@ class CostedWDSWriter(FinishOnExit):
                 member[f"{key}.npy"] = npy_bytes(ids)
                 tokens = int(ids.size) if tokens is None else tokens
             elif key == "__key__":
-                raise ValueError("record keys are assigned by the writer (global sample id)")
+                raise ValueError("record keys are assigned by the writer (global record id)")
             elif "." in key:
                 member[key] = value
             else:

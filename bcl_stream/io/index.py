@@ -3,7 +3,7 @@
 Two files per dataset, written before the format's own index (``index.json`` for MDS, the
 shard list for WebDataset), because readers take that one as "dataset complete":
 
-- ``bcl_costs.npy``: a structured array ordered by global sample id, fields ``tokens``
+- ``bcl_costs.npy``: a structured array ordered by global record id, fields ``tokens``
   (uint32) and ``cost`` (float32), 8 bytes per record.
 - ``bcl_index.json``: format version, dataset format, cost model, per-shard sample counts,
   the SHA-256 of the array's bytes, summary statistics, and (format 3) the seal
@@ -176,7 +176,7 @@ class CostIndex:
 
     @property
     def tokens(self) -> npt.NDArray[np.uint32]:
-        """Token counts by global sample id: a view (of the mapped file when read from disk)."""
+        """Token counts by global record id: a view (of the mapped file when read from disk)."""
         return self.records["tokens"]
 
     @property
@@ -184,7 +184,7 @@ class CostIndex:
         return [s.samples for s in self.shards]
 
     def costs(self, model: CostModel | None = None) -> npt.NDArray[np.floating[Any]]:
-        """Per-record costs, indexable by arrays of global sample ids.
+        """Per-record costs, indexable by arrays of global record ids.
 
         The stored model (``model`` None or equal to it): the float32 ``cost`` column as a view,
         no copy (for a read index, a read-only view of the mapped file). Another model: a new
@@ -203,7 +203,7 @@ class CostIndex:
     def cost_chunks(
         self, model: CostModel | None = None, chunk: int = COST_CHUNK
     ) -> Iterator[tuple[int, npt.NDArray[np.float64]]]:
-        """(first sample id, float64 costs) of consecutive chunks of ``chunk`` records: the
+        """(first record id, float64 costs) of consecutive chunks of ``chunk`` records: the
         stored costs, or recomputed under ``model``. Memory: one chunk at a time."""
         if chunk < 1:
             raise ValueError(f"chunk must be >= 1, got {chunk}")

@@ -299,7 +299,7 @@ def list_objects(location: str) -> list[str]:
 
 
 def wds_member_encoder() -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """webdataset's default member encoder (a sample dict -> a dict of bytes, by extension),
+    """webdataset's default member encoder (a record dict -> a dict of bytes, by extension),
     so a writer can encode, hash the exact stored bytes, then write with ``encoder=False``.
 
     Relies on: ``webdataset.writer.make_encoder(True)`` (not exported at the top level).

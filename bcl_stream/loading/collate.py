@@ -6,7 +6,7 @@ with ``cu_seqlens``) computes on sum(L) tokens and attention per record, which i
 per-record cost model c(L) = a*L + b*L^2 + k describes (flash-attn varlen on GPUs).
 
 Input: ``pack`` is a list of B dicts, each with ``"input_ids"`` (1-D integer np.ndarray, the
-record's token ids, uint32 in our shards) and ``"sample_id"`` (int, the global sample id).
+record's token ids, uint32 in our shards) and ``"sample_id"`` (int, the global record id).
 
 Output (both layouts): ``input_ids``, ``labels``, ``sample_ids`` (LongTensor (B,)) and
 ``tokens`` (LongTensor (B,), the tokens fed per record) so loggers can audit every record, and
@@ -29,7 +29,7 @@ The full key/shape/dtype table is in docs/lightning.md ("The batch").
 
 Truncation is explicit: with ``max_seq_len=N`` a record keeps its first N tokens and the cut
 is reported in ``truncated_tokens``; without it nothing is cut (TinyGPT raises on a record
-longer than its ``max_seq_len``, naming the sample id).
+longer than its ``max_seq_len``, naming the record id).
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ import torch
 from torch import Tensor
 
 from bcl_stream.cost import resolve
+from bcl_stream.epoch.mixture_index import MixtureIndex
+from bcl_stream.epoch.plan import PlanData
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.reader_base import Pack
-from bcl_stream.plan.epoch import PlanData
-from bcl_stream.plan.streams import MixtureIndex
 from bcl_stream.planner.padded import LAYOUTS
 
 IGNORE_INDEX = -100
@@ -57,7 +57,7 @@ LABELS = ("shifted", "unshifted")
 def _records(
     pack: Sequence[Mapping[str, Any]], max_seq_len: int | None
 ) -> tuple[list[Tensor], list[int], list[int]]:
-    """Validated token tensors (int64), sample ids, and tokens cut per record."""
+    """Validated token tensors (int64), record ids, and tokens cut per record."""
     if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 1):
         raise ValueError(f"max_seq_len must be an integer >= 1 or None, got {max_seq_len!r}")
     if len(pack) == 0:
@@ -174,7 +174,7 @@ class PackCollate:
 
     layout: str
     costs: tuple[npt.NDArray[np.floating[Any]], ...]
-    """Per-record estimated costs by sample id, one array per stream (one for one dataset)."""
+    """Per-record estimated costs by record id, one array per stream (one for one dataset)."""
     max_seq_len: int | None = None
     labels: str = "shifted"
     step_records: int | None = None

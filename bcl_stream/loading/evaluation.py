@@ -1,5 +1,5 @@
 """Validation and test loaders: every record of a dataset once across ranks, equal pack counts,
-no resume state (``plan/eval_plan.py`` says why and how the packs are cut).
+no resume state (``epoch/eval_plan.py`` says why and how the packs are cut).
 
 A plain torch ``DataLoader`` over the reader (not :class:`~bcl_stream.loading.loader.PackLoader`):
 an evaluation pass has no cursor to save (Lightning restarts it from its first batch), and its
@@ -16,10 +16,10 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from bcl_stream.epoch.eval_plan import EVAL_PACKINGS
+from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.formats.read_options import ReadOptions
 from bcl_stream.formats.reader_base import Pack, PlanDataset
-from bcl_stream.plan.epoch import ReaderConfig
-from bcl_stream.plan.eval_plan import EVAL_PACKINGS
 
 
 def evaluation_dataset(
@@ -59,7 +59,7 @@ def evaluation_sources(kind: str, data: str | None, streams: list[Any] | None) -
         raise ValueError(f"give {kind}_data or {kind}_streams, not both")
     if streams is None:
         return [] if data is None else [data]
-    from bcl_stream.plan.streams import StreamSpec
+    from bcl_stream.epoch.mixture_index import StreamSpec
 
     if not isinstance(streams, list | tuple) or not streams:
         raise ValueError(f"{kind}_streams must be a non-empty list, got {streams!r}")

@@ -4,7 +4,7 @@ Why a DataLoader subclass: Lightning (and Fabric) save ``state_dict()`` of the o
 ``train_dataloader()`` returns, and call ``load_state_dict()`` BEFORE ``iter()``. The loader,
 not the dataset, is the place that sees which packs actually reached the trainer: it counts
 packs in the main process as its iterator yields them, so worker prefetch never inflates the
-count. The state is the cursor of :mod:`bcl_stream.plan.cursor` and is the same on every rank.
+count. The state is the cursor of :mod:`bcl_stream.epoch.cursor` and is the same on every rank.
 
 The loader is the one owner of resumable state: its cursor (epoch, packs consumed, segments
 of earlier world sizes) is the only mutable copy. Before each ``iter()`` it hands the cursor to
@@ -29,31 +29,31 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from bcl_stream.epoch.cursor import MIXTURE_CHANGES, Cursor, resolve_state
+from bcl_stream.epoch.plan import ReaderPlan, Segment
 from bcl_stream.errors import StateError
 from bcl_stream.formats.reader_base import Pack, PlanDataset
-from bcl_stream.plan.cursor import MIXTURE_CHANGES, Cursor, resolve_state
-from bcl_stream.plan.epoch import ReaderPlan, Segment
 
 log = logging.getLogger(__name__)
 
 
 def identity_collate(pack: Pack) -> Pack:
-    """The default collate: a pack stays a list of sample dicts (module level: picklable)."""
+    """The default collate: a pack stays a list of record dicts (module level: picklable)."""
     return pack
 
 
-CHUNK = 8
+PACKS_PER_ITEM = 8
 """Packs per DataLoader item when reading through worker processes."""
 
 
 @dataclass(frozen=True, slots=True)
 class ChunkCollate:
-    """Collate each pack of a chunk (in the worker); module level and frozen: picklable."""
+    """Collate each pack of an item (in the worker); module level and frozen: picklable."""
 
     collate: Callable[[Pack], Any]
 
-    def __call__(self, chunk: list[Pack]) -> list[Any]:
-        return [self.collate(pack) for pack in chunk]
+    def __call__(self, item: list[Pack]) -> list[Any]:
+        return [self.collate(pack) for pack in item]
 
 
 class PackLoader(DataLoader):
@@ -85,9 +85,9 @@ class PackLoader(DataLoader):
             )
         collate = collate_fn or identity_collate
         # Through worker processes a DataLoader item costs ~100 us of IPC, as much as reading a
-        # pack of 8 small records: workers hand over CHUNK packs per item (measured on 100K
+        # pack of 8 small records: workers hand over PACKS_PER_ITEM packs per item (measured on 100K
         # small records: 2 workers went from 0.4-0.55x of in-process reading to above it).
-        dataset.chunk = CHUNK if num_workers > 0 else 1
+        dataset.packs_per_item = PACKS_PER_ITEM if num_workers > 0 else 1
         super().__init__(
             dataset,
             batch_size=None,
@@ -117,12 +117,12 @@ class PackLoader(DataLoader):
         return self._consumed
 
     def _n_packs(self, epoch: int, segments: tuple[Segment, ...]) -> int:
-        return self.plan_dataset.plan(epoch, segments).n_packs
+        return self.plan_dataset.epoch_plan(epoch, segments).n_packs
 
     def current_plan(self) -> ReaderPlan:
         """The plan the next ``iter()`` follows (after a finished epoch: the next epoch's)."""
         epoch, _, segments = self._normalized()
-        return self.plan_dataset.plan(epoch, segments)
+        return self.plan_dataset.epoch_plan(epoch, segments)
 
     def plan_len(self) -> int:
         """Packs of the current plan: what one full pass of the iterator yields."""
@@ -214,7 +214,7 @@ class PackLoader(DataLoader):
     def _log_resize(self, n_packs: int) -> None:
         """Say what an elastic resume did: it changes what every rank reads from here on."""
         last = self._segments[-1]
-        plan = self.plan_dataset.plan(self._epoch, self._segments)
+        plan = self.plan_dataset.epoch_plan(self._epoch, self._segments)
         config = self.plan_dataset.config
         log.warning(
             "elastic resume: the reader state was saved on %d ranks (%d per node) after %d packs "

@@ -25,7 +25,7 @@ from bcl_stream.planner.config import Plan, PlanConfig
 from bcl_stream.planner.mffd import mffd
 from bcl_stream.planner.pools import global_batches
 from bcl_stream.planner.rng import Tag, epoch_rng
-from bcl_stream.planner.shard_table import Sample, ShardTable
+from bcl_stream.planner.shard_table import Draw, ShardTable
 
 
 def sequential(
@@ -37,7 +37,7 @@ def sequential(
     epoch: int = 0,
     tokens: npt.NDArray[np.integer] | None = None,
     excluded: npt.NDArray[np.int64] | None = None,
-    sample: Sample | None = None,
+    draw: Draw | None = None,
 ) -> Plan:
     """Rank r's t-th pack = the next B records of its share of its node's stream.
 
@@ -52,7 +52,7 @@ def sequential(
         epoch=epoch,
         tokens=tokens,
         excluded=excluded,
-        sample=sample,
+        draw=draw,
         balanced=False,
     )
 
@@ -85,7 +85,7 @@ def pooled_mffd_split(
     grad_accum: int,
     capacity: int,
 ) -> tuple[list[list[npt.NDArray[np.int64]]], dict[str, npt.NDArray[np.int64]]]:
-    """Bins per rank (each a variable-length array of sample ids) and the remainder by reason.
+    """Bins per rank (each a variable-length array of record ids) and the remainder by reason.
 
     Global batches of R*B*G records are packed one at a time, in stream order; a last partial
     global batch is left out (``epoch_tail``) as a trainer would.

@@ -31,7 +31,7 @@ import numpy.typing as npt
 
 from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG, Plan, PlanConfig
 from bcl_stream.planner.node_streams import NodeStreams
-from bcl_stream.planner.shard_table import Ids, KeepFilter, Sample, ShardTable
+from bcl_stream.planner.shard_table import Draw, Ids, KeepFilter, ShardTable
 from bcl_stream.planner.windows import WindowBatch, plan_windows
 
 WINDOW_BATCH = 16
@@ -61,12 +61,12 @@ def build_node_streams(
     epoch: int,
     tokens: npt.NDArray[np.integer] | None = None,
     excluded: Ids | None = None,
-    sample: Sample | None = None,
+    draw: Draw | None = None,
     balanced: bool = True,
 ) -> NodeStreams:
     """The epoch's streams; the memory cap and exclusions recompute the table's usable counts
     and mean costs (one pass over the records, only when either is set); a mixture's
-    ``sample`` gives its counts without a pass. ``balanced=False``: the ``sequential``
+    ``draw`` gives its counts without a pass. ``balanced=False``: the ``sequential``
     baseline's streams (:meth:`PlanConfig.unbalanced`): the same records are kept (records over
     the memory cap are left out), but packs follow stream order and no pack cap is enforced,
     as a plain loader cannot."""
@@ -76,7 +76,7 @@ def build_node_streams(
         raise ValueError(
             f"costs hold {costs.shape[0]} records but the shards hold {table.n_records}"
         )
-    keep = KeepFilter(tokens, config.max_tokens, excluded, sample)
+    keep = KeepFilter(tokens, config.max_tokens, excluded, draw)
     layout = config if balanced else config.unbalanced()
     return NodeStreams(keep.kept_table(table, costs), layout, seed, epoch, keep, costs)
 
@@ -90,14 +90,14 @@ def plan_epoch(
     epoch: int = 0,
     tokens: npt.NDArray[np.integer] | None = None,
     excluded: Ids | None = None,
-    sample: Sample | None = None,
+    draw: Draw | None = None,
     balanced: bool = True,
 ) -> Plan:
     """Plan one epoch (``balanced=False``: the ``sequential`` baseline, see
-    :func:`build_node_streams`). ``costs`` and ``tokens`` are indexed by global sample id (write order;
+    :func:`build_node_streams`). ``costs`` and ``tokens`` are indexed by global record id (write order;
     memory-mapped arrays work); ``tokens`` is required when ``config.max_tokens`` is set;
     ``excluded`` ids are neither planned nor reported, nor are ids outside a mixture's
-    ``sample``. Output: ``Plan.packs`` of shape (world_size, n_packs, pack_size) and the
+    ``draw``. Output: ``Plan.packs`` of shape (world_size, n_packs, pack_size) and the
     remainder by reason.
     """
     streams = build_node_streams(
@@ -108,7 +108,7 @@ def plan_epoch(
         epoch=epoch,
         tokens=tokens,
         excluded=excluded,
-        sample=sample,
+        draw=draw,
         balanced=balanced,
     )
     return plan_streams(streams, costs, tokens)
@@ -155,7 +155,7 @@ def plan_streams(
     keep = streams.keep
     if keep is not None and keep.max_tokens is not None and keep.tokens is not None:
         excluded = keep.excluded if keep.excluded.size else None
-        remainder[REASON_TOO_LONG] = too_long(keep.tokens, keep.max_tokens, excluded, keep.sample)
+        remainder[REASON_TOO_LONG] = too_long(keep.tokens, keep.max_tokens, excluded, keep.draw)
     return Plan(out, remainder)
 
 
@@ -163,13 +163,13 @@ def too_long(
     tokens: npt.NDArray[np.integer],
     max_tokens: int,
     excluded: Ids | None = None,
-    sample: Sample | None = None,
+    draw: Draw | None = None,
 ) -> Ids:
     """Ids of records longer than the memory cap (not counting ``excluded`` ones, nor ids
-    outside a mixture's ``sample``)."""
+    outside a mixture's ``draw``)."""
     ids = np.flatnonzero(np.asarray(tokens[:]) > max_tokens).astype(np.int64)
     if excluded is not None and excluded.size:
         ids = ids[~np.isin(ids, excluded)]
-    if sample is not None and sample.active:
-        ids = ids[sample(ids)]
+    if draw is not None and draw.active:
+        ids = ids[draw(ids)]
     return ids

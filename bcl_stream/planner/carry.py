@@ -45,7 +45,7 @@ def hold_back(
     ``new`` (rows, n, m): the records each window reads fresh; ``carried_in`` (rows, h): what
     the window before the run held back (h == hold unless n == 1); ``target``: desired total
     cost of each emitted window. Window j emits its carry-in plus the m - hold new records not
-    held. Output: (windows (rows, n, h + m - hold) sample ids, carry-out (rows, hold)).
+    held. Output: (windows (rows, n, h + m - hold) record ids, carry-out (rows, hold)).
 
     Only the choice of the run start is sequential (it depends on the previous window's
     carry); sorting and prefix sums are batched over every window of the run.

@@ -232,9 +232,9 @@ class Plan:
     """One epoch's packs for every rank, plus what was left out and why."""
 
     packs: npt.NDArray[np.int64]
-    """(world_size, n_packs, pack_size) global sample ids."""
+    """(world_size, n_packs, pack_size) global record ids."""
     remainder: dict[str, npt.NDArray[np.int64]] = field(default_factory=dict)
-    """Sample ids not emitted this epoch, keyed by reason."""
+    """Record ids not emitted this epoch, keyed by reason."""
 
     @property
     def n_packs(self) -> int:

@@ -1,7 +1,7 @@
 """Cut shards into pieces that several nodes read: lumps, and datasets too small per node.
 
 A piece is a contiguous record range of a shard; every piece is a valid "shard" for the planner
-(pieces lie in write order, so global sample ids are unchanged), and the pieces of one shard go
+(pieces lie in write order, so global record ids are unchanged), and the pieces of one shard go
 to distinct nodes (``dealing.deal_shards``). A shard cut into q pieces is downloaded q times:
 download amplification grows by (q - 1) / shards.
 

@@ -33,7 +33,7 @@ of world efficiency against 64, groups of 32 up to 3 points."""
 @dataclass(frozen=True, slots=True)
 class NodeGroups:
     """A node's shard groups as record ranges: group g reads ``ranges[g]`` ((start, count) of
-    global sample ids), ``usable[g]`` records of them after the filter."""
+    global record ids), ``usable[g]`` records of them after the filter."""
 
     ranges: list[list[tuple[int, int]]]
     usable: Ids

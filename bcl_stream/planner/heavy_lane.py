@@ -62,7 +62,7 @@ class Stream(Protocol):
 
 
 class HeavyLane:
-    """Node-stream positions -> sample ids, with each lane block's heaviest records moved to the
+    """Node-stream positions -> record ids, with each lane block's heaviest records moved to the
     block's first window (module docstring). One per epoch; identical in every process."""
 
     def __init__(
@@ -97,7 +97,7 @@ class HeavyLane:
         return lo * self._node_window, hi * self._node_window
 
     def take(self, node: int, positions: Ids) -> Ids:
-        """Sample ids of ``node`` at node-stream ``positions`` (any shape), lane applied."""
+        """Record ids of ``node`` at node-stream ``positions`` (any shape), lane applied."""
         stream = self._nodes[node]
         pos = np.asarray(positions, dtype=np.int64)
         if not self.lane:

@@ -227,7 +227,7 @@ def hf_rebalance(
     """Transformers' batch rebalance with ``per_device_train_batch_size`` = B, as the Trainer
     builds it (``effective_batch_size`` = R*B*G).
 
-    Output: ``[rank][micro-batch]`` arrays of sample ids, G per global batch, sizes varying
+    Output: ``[rank][micro-batch]`` arrays of record ids, G per global batch, sizes varying
     (exactly R*B*G records per step over all ranks; a rank's share and each micro-batch vary),
     and
     ``{"epoch_tail": ids}`` for the last partial global batch, left out as for the other

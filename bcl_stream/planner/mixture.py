@@ -1,14 +1,14 @@
-"""A mixture of datasets as one record space the planner reads, and each epoch's sample of it.
+"""A mixture of datasets as one record space the planner reads, and each epoch's draw of it.
 
 A mixture is a list of streams (datasets), each with a number of records per epoch
 (``choose``: Mosaic Streaming's proportion, repeat and choose all reduce to it). The planner
 sees one id space, the **mixture ids**: stream s takes ``copies(s) = ceil(choose / records)``
 consecutive copies of its records (copy c of record i is one id), streams in the order given.
 Only ``choose`` of a stream's ``copies * records`` ids are in an epoch: every whole copy but
-the last, and of the last copy the records :class:`EpochSample` draws. The planner handles the
-sample as it handles the memory cap, a filter with per-shard usable counts, so everything
+the last, and of the last copy the records :class:`EpochDraw` draws. The planner handles the
+draw as it handles the memory cap, a filter with per-shard usable counts, so everything
 downstream (node streams, windows, pack counts, resume) is unchanged and the pack count still
-comes from the index alone: the sample's per-shard counts are closed-form, no pass over records.
+comes from the index alone: the draw's per-shard counts are closed-form, no pass over records.
 
 Sampling is per shard and **cyclic**: a shard of n records that gives k records an epoch
 takes positions [o, o + k) (mod n) of one fixed random order of its records, o advancing by k
@@ -211,11 +211,11 @@ class MixtureLayout:
     def stream_of(self, ids: npt.ArrayLike) -> Ids:
         return self.locate(ids)[0]
 
-    def sample(self, seed: int, epoch: int) -> EpochSample:
-        return EpochSample(self, seed, epoch)
+    def draw(self, seed: int, epoch: int) -> EpochDraw:
+        return EpochDraw(self, seed, epoch)
 
 
-class EpochSample:
+class EpochDraw:
     """The ids of one epoch: whole copies plus a cyclic per-shard draw from each last copy.
 
     ``usable`` (per shard of the mixture table) is closed-form; :meth:`__call__` is the mask
@@ -250,7 +250,7 @@ class EpochSample:
                 take[sl], offset[sl], partial[sl] = k, o, True
             first += int(layout.copies[s]) * n_shards
         self.usable = take
-        """Records of each mixture-table shard in this epoch's sample."""
+        """Records of each mixture-table shard in this epoch's draw."""
         self._offset, self._partial = offset, partial
         self._orders: OrderedDict[int, Ids] = OrderedDict()
 
@@ -273,7 +273,7 @@ class EpochSample:
             stream = int(self._streams[shard])
             n = int(self._counts[shard])
             rng = epoch_rng(
-                self.seed, 0, Tag.MIXTURE_SAMPLE, stream, int(self._shard_in_stream[shard])
+                self.seed, 0, Tag.MIXTURE_DRAW, stream, int(self._shard_in_stream[shard])
             )
             hit = np.empty(n, dtype=np.int64)
             hit[rng.permutation(n)] = np.arange(n, dtype=np.int64)
@@ -285,7 +285,7 @@ class EpochSample:
         return hit
 
     def __call__(self, ids: npt.ArrayLike) -> npt.NDArray[np.bool_]:
-        """Which of ``ids`` (mixture ids) are in this epoch's sample."""
+        """Which of ``ids`` (mixture ids) are in this epoch's draw."""
         v = np.asarray(ids, dtype=np.int64)
         keep = np.ones(v.shape, dtype=bool)
         if not self.active or v.size == 0:
@@ -318,7 +318,7 @@ def _cyclic_draw(counts: Ids, rest: int, seed: int, epoch: int, stream: int) -> 
     per shard). Integer arithmetic: the same on every machine."""
     n = counts.astype(np.int64)
     total = int(n.sum())
-    phase = epoch_rng(seed, 0, Tag.MIXTURE_SAMPLE, stream).integers(0, total, size=n.size)
+    phase = epoch_rng(seed, 0, Tag.MIXTURE_DRAW, stream).integers(0, total, size=n.size)
 
     def drawn_through(e: int) -> Ids:
         whole, part = divmod(e * rest, total)  # e * rest * n_i = (whole * N + part) * n_i

@@ -158,7 +158,7 @@ def nemo_mffd(
 
     ``capacity`` is NeMo-RL's ``train_mb_tokens``; ``pad_multiple`` its
     ``make_sequence_length_divisible_by`` (lengths are padded up to it before packing).
-    Output: ``[rank][micro-batch]`` arrays of sample ids (every rank the same number of
+    Output: ``[rank][micro-batch]`` arrays of record ids (every rank the same number of
     micro-batches, record counts varying), and ``{"epoch_tail": ids}`` for the last partial
     global batch.
     """

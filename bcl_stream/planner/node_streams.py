@@ -164,7 +164,7 @@ class NodeStream:
         return self._stream[np.searchsorted(self._ends, ids, side="right")]
 
     def take(self, positions: Ids) -> Ids:
-        """Sample ids at stream ``positions`` (any order, each < len)."""
+        """Record ids at stream ``positions`` (any order, each < len)."""
         pos = np.asarray(positions, dtype=np.int64)
         out = np.empty(pos.shape, dtype=np.int64)
         if pos.size == 0:
@@ -273,7 +273,7 @@ class NodeStreams:
         return k * span * c.ranks_per_node + local * piece + off
 
     def fetch(self, rows: npt.ArrayLike, start: int, stop: int) -> Ids:
-        """(len(rows), stop - start) sample ids at row-stream positions [start, stop)."""
+        """(len(rows), stop - start) record ids at row-stream positions [start, stop)."""
         row_ids = np.asarray(rows, dtype=np.int64).reshape(-1)
         if not 0 <= start <= stop <= self.row_length:
             raise ValueError(f"positions [{start}, {stop}) outside [0, {self.row_length})")

@@ -44,7 +44,7 @@ LAYOUTS = ("packed", "padded")
 (varlen, compute ~ the records' sum) or ``padded`` (B x the longest record)."""
 
 Packs = npt.NDArray[np.int64] | Sequence[Sequence[npt.NDArray[np.int64]]]
-"""``packs[r][t]``: sample ids of rank r's t-th pack: a (ranks, packs, B) array, or lists of
+"""``packs[r][t]``: record ids of rank r's t-th pack: a (ranks, packs, B) array, or lists of
 arrays of any size (bins of a pooled packer)."""
 
 
@@ -83,8 +83,8 @@ def ragged_pack_costs(
 ) -> npt.NDArray[np.float64]:
     """(ranks, max packs per rank) costs of packs of any size; 0 where a rank has fewer packs.
 
-    ``packs[r][t]``: the sample ids of rank r's t-th pack (a bin of ``pooled_mffd`` may hold
-    any number); ``values`` indexed by sample id. A (ranks, packs, B) array is scored in one
+    ``packs[r][t]``: the record ids of rank r's t-th pack (a bin of ``pooled_mffd`` may hold
+    any number); ``values`` indexed by record id. A (ranks, packs, B) array is scored in one
     vectorized call.
     """
     check_layout(layout)

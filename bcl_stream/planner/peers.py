@@ -2,7 +2,7 @@
 
 Each takes the stream order, per-record tokens, R, B, G and the token capacity M, pools
 global batches of R*B*G records (``pools.py``) and returns ``[rank][micro-batch]`` arrays of
-sample ids plus ``{"epoch_tail": ids}``. Every rank gets the same number of micro-batches.
+record ids plus ``{"epoch_tail": ids}``. Every rank gets the same number of micro-batches.
 
 | name | reproduces | records per micro-batch | uses M as |
 |---|---|---|---|

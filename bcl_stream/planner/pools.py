@@ -14,14 +14,14 @@ import numpy.typing as npt
 from bcl_stream.planner.bcl import REASON_TAIL
 
 Bins = list[list[npt.NDArray[np.int64]]]
-"""[rank][micro-batch] -> sample ids of the records that rank runs in that micro-batch."""
+"""[rank][micro-batch] -> record ids of the records that rank runs in that micro-batch."""
 Remainder = dict[str, npt.NDArray[np.int64]]
 
 
 def global_batches(
     order: npt.NDArray[np.integer], world_size: int, pack_size: int, grad_accum: int
 ) -> tuple[npt.NDArray[np.int64], Remainder]:
-    """(n_batches, R*B*G) sample ids of each full global batch, and the tail by reason."""
+    """(n_batches, R*B*G) record ids of each full global batch, and the tail by reason."""
     if min(world_size, pack_size, grad_accum) < 1:
         raise ValueError(
             "world_size, pack_size and grad_accum must be >= 1, got "

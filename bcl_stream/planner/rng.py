@@ -26,7 +26,7 @@ class Tag(IntEnum):
     """The central peers' global shuffle (``baselines.global_order``)."""
     GROUP_ORDER = 4
     """The order of a node's groups, shared by every node (``groups.shard_groups``)."""
-    MIXTURE_SAMPLE = 7
+    MIXTURE_DRAW = 7
     """A mixture stream's per-shard record order and phase (``mixture``), per stream."""
 
 

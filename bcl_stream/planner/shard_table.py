@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from bcl_stream.planner import checks
 
-CHUNK = 1 << 20
+PASS_RECORDS = 1 << 20
 """Records per chunk of passes over the whole cost array (8 MB of float64 temporaries)."""
 
 Ids = npt.NDArray[np.int64]
@@ -128,15 +128,15 @@ def shard_sums(
     counts: npt.ArrayLike, columns: Callable[[int, int], npt.NDArray[np.float64]], rows: int = 1
 ) -> npt.NDArray[np.float64]:
     """Per-shard sums (rows, shards) of ``columns(lo, hi)``, a (rows, hi - lo) array of per-record
-    values for records [lo, hi), in chunks of ``CHUNK`` records: a pass over every record with
+    values for records [lo, hi), in chunks of ``PASS_RECORDS`` records: a pass over every record with
     no full-size temporary beside a mapped array."""
     c = np.asarray(counts, dtype=np.int64)
     ends = np.cumsum(c)
     starts = ends - c
     n = int(ends[-1]) if ends.size else 0
     sums = np.zeros((rows, c.size))
-    for lo in range(0, n, CHUNK):
-        hi = min(lo + CHUNK, n)
+    for lo in range(0, n, PASS_RECORDS):
+        hi = min(lo + PASS_RECORDS, n)
         values = np.reshape(columns(lo, hi), (rows, hi - lo))
         first_shard = int(np.searchsorted(ends, lo, side="right"))
         last_shard = int(np.searchsorted(ends, hi - 1, side="right"))
@@ -171,7 +171,7 @@ def shard_weights(
 
 class KeepFilter:
     """Records eligible this epoch: at most ``max_tokens`` tokens, not in ``excluded``, and in
-    ``sample`` (a mixture's draw of this epoch, ``planner.mixture.EpochSample``).
+    ``draw`` (a mixture's draw of this epoch, ``planner.mixture.EpochDraw``).
 
     A class (not a closure) so a reader holding it stays picklable for DataLoader workers.
     """
@@ -181,23 +181,23 @@ class KeepFilter:
         tokens: npt.NDArray[np.integer] | None,
         max_tokens: int | None,
         excluded: Ids | None = None,
-        sample: Sample | None = None,
+        draw: Draw | None = None,
     ) -> None:
         self.tokens = tokens
         self.max_tokens = max_tokens
         self.excluded = (
             np.empty(0, np.int64) if excluded is None else np.sort(np.asarray(excluded, np.int64))
         )
-        self.sample = sample if sample is not None and sample.active else None
+        self.draw = draw if draw is not None and draw.active else None
         if max_tokens is not None and tokens is None:
             raise ValueError("tokens are required when max_tokens is set")
 
     @property
     def active(self) -> bool:
-        return self.max_tokens is not None or self.excluded.size > 0 or self.sample is not None
+        return self.max_tokens is not None or self.excluded.size > 0 or self.draw is not None
 
     def __call__(self, ids: Ids) -> npt.NDArray[np.bool_]:
-        keep = np.ones(ids.shape, dtype=bool) if self.sample is None else self.sample(ids)
+        keep = np.ones(ids.shape, dtype=bool) if self.draw is None else self.draw(ids)
         if self.max_tokens is not None and self.tokens is not None:
             keep &= np.asarray(self.tokens[ids]) <= self.max_tokens
         if self.excluded.size:
@@ -208,7 +208,7 @@ class KeepFilter:
     def kept_table(self, table: ShardTable, costs: npt.NDArray[np.floating]) -> ShardTable:
         """``table`` with usable counts and mean costs over the records kept.
 
-        One chunked pass over the records when a memory cap is set; a sample alone gives its
+        One chunked pass over the records when a memory cap is set; a draw alone gives its
         closed-form counts (each shard keeps its mean cost: the draw is uniform inside a shard)
         and no pass; exclusions are subtracted from that, over the excluded ids only;
         unfiltered tables are returned as they are.
@@ -218,8 +218,8 @@ class KeepFilter:
         if self.excluded.size:
             return self._minus_excluded(table, costs)
         counts = table.counts
-        if self.max_tokens is None and self.sample is not None:
-            return table.with_usable(self.sample.usable)
+        if self.max_tokens is None and self.draw is not None:
+            return table.with_usable(self.draw.usable)
 
         def kept(lo: int, hi: int) -> npt.NDArray[np.float64]:
             mask = self(np.arange(lo, hi, dtype=np.int64))
@@ -234,7 +234,7 @@ class KeepFilter:
         """The table kept without the exclusions, less the excluded records it keeps: a pass
         over the excluded ids only (elastic resume: the records consumed under an earlier
         world size), so resuming early in an epoch does not cost a pass over every record."""
-        base = KeepFilter(self.tokens, self.max_tokens, None, self.sample)
+        base = KeepFilter(self.tokens, self.max_tokens, None, self.draw)
         kept = base.kept_table(table, costs)
         gone = self.excluded[base(self.excluded)]
         n = table.counts.size
@@ -247,8 +247,8 @@ class KeepFilter:
         return table.with_usable(usable, weight)
 
 
-class Sample(Protocol):
-    """What :class:`KeepFilter` needs of an epoch's sample (``planner.mixture.EpochSample``)."""
+class Draw(Protocol):
+    """What :class:`KeepFilter` needs of an epoch's draw (``planner.mixture.EpochDraw``)."""
 
     @property
     def active(self) -> bool: ...

@@ -142,7 +142,7 @@ def recut_step(
 def deal_step(
     node_step: npt.NDArray[np.int64], costs: npt.NDArray[np.float64]
 ) -> npt.NDArray[np.int64]:
-    """(P, g, B) sample ids of one step of a node's P ranks -> (P, g*B): the same records dealt
+    """(P, g, B) record ids of one step of a node's P ranks -> (P, g*B): the same records dealt
     in snake order of cost (costliest first, stable), so every rank gets the same quantiles."""
     p = node_step.shape[0]
     ids = np.asarray(node_step, dtype=np.int64).ravel()

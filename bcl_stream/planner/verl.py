@@ -158,7 +158,7 @@ def verl_kk(
 ) -> tuple[Bins, Remainder]:
     """verl's balanced global batches with a fixed micro-batch of B records.
 
-    Output: ``[rank][micro-batch]`` arrays of exactly B sample ids (G per global batch), and
+    Output: ``[rank][micro-batch]`` arrays of exactly B record ids (G per global batch), and
     ``{"epoch_tail": ids}`` for the last partial global batch."""
     batches, remainder = global_batches(order, world_size, pack_size, grad_accum)
     tok = np.asarray(tokens, dtype=np.int64)
@@ -183,7 +183,7 @@ def verl_dynbsz(
     """verl's dynamic batch size after the same driver balance (``ppo_max_token_len_per_gpu``
     = ``max_token_len``, no sequence parallelism, no virtual pipeline).
 
-    Output: ``[rank][micro-batch]`` arrays of sample ids; every rank has the same number of
+    Output: ``[rank][micro-batch]`` arrays of record ids; every rank has the same number of
     micro-batches per global batch, record counts vary."""
     batches, remainder = global_batches(order, world_size, pack_size, grad_accum)
     tok = np.asarray(tokens, dtype=np.int64)

@@ -7,7 +7,7 @@ whole-epoch plan (:func:`bcl_stream.planner.bcl.plan_epoch`) is the same functio
 window, so a windowed plan equals the whole-epoch plan by construction (tests check it).
 
 Carry-over makes window k depend on what window k-1 held back: :class:`WindowBatch` returns that
-carry (sample ids, ``carry`` records per rank) so the next batch, or a resumed reader, continues
+carry (record ids, ``carry`` records per rank) so the next batch, or a resumed reader, continues
 from it. Windows come in runs of identical shape (:func:`carry_runs`) so a run is planned in
 one vectorized call.
 """

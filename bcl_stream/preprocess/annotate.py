@@ -39,6 +39,7 @@ import numpy as np
 from tqdm import tqdm
 
 from bcl_stream.cost import CostModel, resolve
+from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.dataset_files import (
     MDS_INDEX,
@@ -52,7 +53,6 @@ from bcl_stream.formats.dataset_files import (
 )
 from bcl_stream.io.index import INDEX_JSON, CostIndex, ShardEntry, write_index
 from bcl_stream.io.remote import download, is_remote, join
-from bcl_stream.plan.token_source import TokenSource
 from bcl_stream.preprocess.column_counts import (
     LENGTH_CHECK_SHARDS,
     Counting,

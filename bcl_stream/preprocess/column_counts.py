@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.dataset_files import MDS_INDEX
 from bcl_stream.formats.mds_lengths import column_bytes, shard_counts
@@ -37,7 +38,6 @@ from bcl_stream.formats.token_ids import (
     wds_column,
 )
 from bcl_stream.io.hashing import record_digest
-from bcl_stream.plan.token_source import TokenSource
 
 LENGTH_CHECK_SHARDS = 4
 """Shards (evenly spread, first and last included) whose records check a length column."""

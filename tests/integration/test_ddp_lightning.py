@@ -17,8 +17,8 @@ import pytest
 import torch
 from lightning_scripts.harness import cli_fit, cli_run_config, make_trainer, pack_log, tiny_config
 
+from bcl_stream.epoch.plan import ReaderConfig, full_plan
 from bcl_stream.io.index import read_index
-from bcl_stream.plan.epoch import ReaderConfig, full_plan
 from lightning_module.callbacks import read_pack_log
 from lightning_module.datamodule import BCLDataModule
 from lightning_module.tinygpt import TinyGPT

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from bcl_stream.epoch.plan import ReaderConfig, full_plan
 from bcl_stream.io.remote import open_cost_index
-from bcl_stream.plan.epoch import ReaderConfig, full_plan
 
 pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).parent / "scripts" / "gloo_readers.py"

@@ -16,9 +16,9 @@ import pytest
 import torch
 from lightning_scripts.harness import make_trainer, pack_log, packs_by_step, tail_from, tiny_config
 
+from bcl_stream.epoch.plan import ReaderConfig, full_plan
 from bcl_stream.errors import StateError
 from bcl_stream.io.index import read_index
-from bcl_stream.plan.epoch import ReaderConfig, full_plan
 from lightning_module.datamodule import BCLDataModule
 from lightning_module.tinygpt import TinyGPT
 
@@ -200,7 +200,7 @@ def test_s3_dataset_under_trainer(moto_s3: Any, tmp_path: Path) -> None:
     module = BCLDataModule(remote, pack_size=4, window=3, cache_dir=str(tmp_path / "cache"))
     trainer = make_trainer(tmp_path, max_epochs=1)
     trainer.fit(TinyGPT(tiny_config()), module)
-    plan = module.dataset.plan(0).rank_packs(0).tolist()  # type: ignore[union-attr]
+    plan = module.dataset.epoch_plan(0).rank_packs(0).tolist()  # type: ignore[union-attr]
     assert [x["sample_ids"] for x in pack_log(tmp_path)] == plan
     assert len(plan) == 30
     assert any((tmp_path / "cache").glob("shard.*.mds"))  # shards came from S3

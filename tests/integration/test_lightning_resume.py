@@ -2,7 +2,7 @@
 
 One uninterrupted run per loader setting saves checkpoints at chosen steps; resumed runs
 start from a checkpoint mid-epoch, at the epoch end and inside the next epoch, in a fresh
-Trainer, and must log the same (step, epoch, sample ids) as the uninterrupted run from that
+Trainer, and must log the same (step, epoch, record ids) as the uninterrupted run from that
 step on. Settings: workers 0 and 2, persistent workers, both collate layouts, MDS and
 WebDataset.
 """

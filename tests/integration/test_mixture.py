@@ -22,10 +22,10 @@ from lightning_scripts.harness import (
     tiny_config,
 )
 
+from bcl_stream.epoch.plan import ReaderConfig, full_plan
 from bcl_stream.errors import StateError
 from bcl_stream.formats.mixture_reader import MixturePackDataset
 from bcl_stream.loading.loader import PackLoader
-from bcl_stream.plan.epoch import ReaderConfig, full_plan
 from lightning_module.datamodule import BCLDataModule
 from lightning_module.tinygpt import TinyGPT
 
@@ -95,7 +95,7 @@ def test_reader_yields_the_plan_with_the_right_records(streams: dict[str, Path])
             for record in pack:
                 check_record(record, names)
                 seen.append((record["stream"], record["sample_id"]))
-    drawn = dataset.mixture.sample(3, 0).per_stream()
+    drawn = dataset.mixture.draw(3, 0).per_stream()
     counts = np.bincount([s for s, _ in seen], minlength=3)
     assert np.all(counts <= drawn) and abs(counts / counts.sum() - [0.5, 0.3, 0.2]).max() < 0.02
 

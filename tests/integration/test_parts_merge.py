@@ -75,15 +75,15 @@ def test_merged_parts_equal_a_single_run(
 
 def _wds_plan_reads(root: Path) -> None:
     """Our reader and the ``bcl_packs`` stage after stock webdataset both follow the plan over
-    a merged WebDataset, whose keys (``part-I-of-N-<id>``) map to global sample ids."""
+    a merged WebDataset, whose keys (``part-I-of-N-<id>``) map to global record ids."""
     import webdataset as wds
 
+    from bcl_stream.epoch.plan import ReaderConfig
     from bcl_stream.formats.wds_reader import WDSPackDataset, bcl_packs, key_sample_id
-    from bcl_stream.plan.epoch import ReaderConfig
 
     config = ReaderConfig.build(world_size=2, pack_size=4, window=3, seed=3)
     dataset = WDSPackDataset(root, config, 1)
-    want = dataset.plan(0).rank_packs(1).tolist()
+    want = dataset.epoch_plan(0).rank_packs(1).tolist()
     assert [[int(s["sample_id"]) for s in pack] for pack in dataset] == want
     urls = [str(root / shard.name) for shard in dataset.index.shards]
     stage = wds.pipelinefilter(bcl_packs)(index=dataset.index, config=config, rank=1)

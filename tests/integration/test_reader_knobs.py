@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.formats.read_options import ReadOptions, size_bytes
 from bcl_stream.formats.wds_reader import WDSPackDataset
 from bcl_stream.loading.loader import PackLoader
-from bcl_stream.plan.epoch import ReaderConfig
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ def test_7_mds_knobs_reach_streaming(moto_s3, dataset_writers, tmp_path: Path) -
     assert dataset.streaming.streams[0].download_timeout == 7.5
     assert dataset.prefetch == 1
     got = [[int(s["sample_id"]) for s in pack] for pack in PackLoader(dataset)]
-    assert got == dataset.plan(0).rank_packs(0).tolist()
+    assert got == dataset.epoch_plan(0).rank_packs(0).tolist()
 
 
 def test_7_wds_cache_limit_evicts_and_yields_the_plan(  # type: ignore[no-untyped-def]

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from bcl_stream.cli import main
+from bcl_stream.epoch.plan import ReaderConfig, full_plan
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.formats.reader_base import PlanDataset
 from bcl_stream.formats.wds_reader import WDSPackDataset
 from bcl_stream.loading.loader import PackLoader
-from bcl_stream.plan.epoch import ReaderConfig, full_plan
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,7 @@ def test_every_rank_yields_its_plan_and_records_are_used_once(
         loader.set_epoch(1)
         lengths.add(len(loader))
         packs = read_ids(loader)
-        assert packs == dataset.plan(1).rank_packs(rank).tolist()
+        assert packs == dataset.epoch_plan(1).rank_packs(rank).tolist()
         # the reader's lazy, window-by-window plan is the whole-epoch plan
         assert packs == full_plan(dataset.index, config, 1).rank_packs(rank).tolist()
         assert len(packs) == len(loader)
@@ -85,7 +85,7 @@ def test_persistent_workers_follow_new_epochs(fmt: str, mds_dir: Path, wds_dir: 
     loader = PackLoader(dataset, num_workers=2, persistent_workers=True)
     epochs = [read_ids(loader) for _ in range(3)]
     for epoch, packs in enumerate(epochs):
-        assert packs == dataset.plan(epoch).rank_packs(1).tolist()
+        assert packs == dataset.epoch_plan(epoch).rank_packs(1).tolist()
     assert epochs[0] != epochs[1] != epochs[2]
     assert loader.state_dict()["epoch"] == 3
 
@@ -97,8 +97,8 @@ def test_set_epoch_restarts_and_len_is_exact(mds_dir: Path) -> None:
     next(it)
     loader.set_epoch(4)
     packs = read_ids(loader)
-    assert packs == loader.plan_dataset.plan(4).rank_packs(2).tolist()
-    plan = loader.plan_dataset.plan(4)
+    assert packs == loader.plan_dataset.epoch_plan(4).rank_packs(2).tolist()
+    plan = loader.plan_dataset.epoch_plan(4)
     assert len(loader) == len(packs) == plan.n_packs > 0
     # every node reads only its own shards: what the shortest node cannot fill is the tail
     assert plan.n_packs * 3 * 5 + sum(plan.remainder_counts().values()) == 300
@@ -180,14 +180,14 @@ def test_bcl_packs_stage_in_a_stock_webdataset_pipeline(wds_dir: Path) -> None:
     # Shards in the order the plan first needs them keep the stage's buffer small.
     urls = [
         str(wds_dir / dataset.index.shards[s].name)
-        for s in dataset.shard_order(dataset.plan(2).rank_packs(1))
+        for s in dataset.shard_order(dataset.epoch_plan(2).rank_packs(1))
     ]
     stage = wds.pipelinefilter(bcl_packs)(index=dataset.index, config=config, rank=1, epoch=2)
     pipe = wds.DataPipeline(
         wds.SimpleShardList(urls), wds.tarfile_to_samples(), wds.decode(), stage
     )
     packs = [[int(s["__key__"]) for s in pack] for pack in pipe]
-    assert packs == dataset.plan(2).rank_packs(1).tolist()
+    assert packs == dataset.epoch_plan(2).rank_packs(1).tolist()
 
 
 def test_cli_read_resumes_into_the_next_epoch_and_refuses_past_it(

@@ -18,10 +18,10 @@ from urllib.parse import urlparse
 import pytest
 from conftest import write_mds
 
+from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.errors import CostIndexError, DatasetError
 from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.loading.loader import PackLoader
-from bcl_stream.plan.epoch import ReaderConfig
 
 sys.path.insert(0, str(Path(__file__).parent / "reliability_scripts"))
 from faulty_proxy import FaultyProxy
@@ -79,7 +79,7 @@ def test_transient_failures_are_retried(s3_dataset, tmp_path: Path) -> None:  # 
     proxy.fail_next(3)  # the cost index download
     dataset = MDSPackDataset(remote, CONFIG, 0, cache_dir=tmp_path / "cache", prefetch=1)
     assert proxy.counts()[1] == 3
-    plan = dataset.plan(0).rank_packs(0).tolist()
+    plan = dataset.epoch_plan(0).rank_packs(0).tolist()
     proxy.fail_next(2, path_contains="shard.")  # shard downloads
     got = [ids(pack) for pack in PackLoader(dataset)]
     assert got == plan
@@ -89,7 +89,7 @@ def test_transient_failures_are_retried(s3_dataset, tmp_path: Path) -> None:  # 
 def test_server_down_mid_epoch_then_resume(s3_dataset, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     remote, proxy = s3_dataset
     dataset = MDSPackDataset(remote, CONFIG, 0, cache_dir=tmp_path / "cache", prefetch=1)
-    plan = dataset.plan(0).rank_packs(0).tolist()
+    plan = dataset.epoch_plan(0).rank_packs(0).tolist()
     loader = PackLoader(dataset)
     got: list[list[int]] = []
     state = loader.state_dict()
@@ -141,7 +141,7 @@ def test_wds_transient_failures_are_retried(s3_wds, tmp_path: Path) -> None:  # 
     proxy.fail_next(3)  # the cost index download
     dataset = wds_dataset(remote, tmp_path / "cache")
     assert proxy.counts()[1] == 3
-    plan = dataset.plan(0).rank_packs(0).tolist()
+    plan = dataset.epoch_plan(0).rank_packs(0).tolist()
     proxy.fail_next(2, path_contains="shard-")
     got = [ids(pack) for pack in PackLoader(dataset)]
     assert got == plan
@@ -151,7 +151,7 @@ def test_wds_transient_failures_are_retried(s3_wds, tmp_path: Path) -> None:  # 
 def test_wds_server_down_mid_epoch_then_resume(s3_wds, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     remote, proxy = s3_wds
     dataset = wds_dataset(remote, tmp_path / "cache")
-    plan = dataset.plan(0).rank_packs(0).tolist()
+    plan = dataset.epoch_plan(0).rank_packs(0).tolist()
     loader = PackLoader(dataset)
     got: list[list[int]] = []
     it = iter(loader)
@@ -198,5 +198,5 @@ def test_inspect_and_annotate_on_a_faulty_remote(s3_wds, tmp_path: Path) -> None
     proxy.set_down(False)
     annotate(remote, cost_model="tokens", overwrite=True, progress=False)
     assert inspect_dataset(remote)["ok"]
-    plan = wds_dataset(remote, tmp_path / "c2").plan(0).rank_packs(0).tolist()
+    plan = wds_dataset(remote, tmp_path / "c2").epoch_plan(0).rank_packs(0).tolist()
     assert [ids(p) for p in PackLoader(wds_dataset(remote, tmp_path / "c2"))] == plan

@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.errors import CostIndexError, DatasetError
 from bcl_stream.formats.wds_reader import WDSPackDataset
 from bcl_stream.io.index import HASHES_NPY, INDEX_JSON, read_index
 from bcl_stream.loading.loader import PackLoader
-from bcl_stream.plan.epoch import ReaderConfig
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ def copy_of(src: Path, tmp_path: Path) -> Path:
 
 
 def read_all(root: Path, config: ReaderConfig = CONFIG) -> list[int]:
-    """Sample ids of one epoch; each record's payload must be the value of its id."""
+    """Record ids of one epoch; each record's payload must be the value of its id."""
     out = []
     for pack in PackLoader(WDSPackDataset(root, config, 0)):
         for sample in pack:

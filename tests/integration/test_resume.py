@@ -16,12 +16,12 @@ from typing import Any, Protocol
 import numpy as np
 import pytest
 
+from bcl_stream.epoch.plan import ReaderConfig, Segment, full_plan
 from bcl_stream.errors import StateError
 from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.formats.reader_base import PlanDataset
 from bcl_stream.formats.wds_reader import WDSPackDataset
 from bcl_stream.loading.loader import PackLoader
-from bcl_stream.plan.epoch import ReaderConfig, Segment, full_plan
 
 pytestmark = pytest.mark.slow
 
@@ -200,8 +200,8 @@ def test_elastic_state_reaches_live_persistent_workers(mds_dir: Path) -> None:
     config = old.resized(3, 1)
     dataset = _dataset("mds", mds_dir, config, 1)
     loader = PackLoader(dataset, num_workers=2, persistent_workers=True)
-    assert [pack_key(p) for p in loader] == [tuple(r) for r in dataset.plan(0).rank_packs(1)]
+    assert [pack_key(p) for p in loader] == [tuple(r) for r in dataset.epoch_plan(0).rank_packs(1)]
     loader.load_state_dict(state)  # the workers are alive and hold the old (no) segments
-    expected = dataset.plan(0, (Segment(2, 1, 4),)).rank_packs(1)
+    expected = dataset.epoch_plan(0, (Segment(2, 1, 4),)).rank_packs(1)
     assert [pack_key(p) for p in loader] == [tuple(r) for r in expected]
-    assert len(expected) < len(dataset.plan(1).rank_packs(1))
+    assert len(expected) < len(dataset.epoch_plan(1).rank_packs(1))

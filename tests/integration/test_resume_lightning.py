@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 
+from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.loading.loader import PackLoader
-from bcl_stream.plan.epoch import ReaderConfig
 
 pytestmark = pytest.mark.slow
 L = pytest.importorskip("lightning")

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from bcl_stream.cli import main
+from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.formats.wds_reader import WDSPackDataset
 from bcl_stream.loading.loader import PackLoader
-from bcl_stream.plan.epoch import ReaderConfig
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ def test_mds_from_s3_with_workers_and_resume(moto_s3, dataset_writers, tmp_path:
     remote = moto_s3("bcl-mds") + "/train"
     dataset_writers[0](remote, 200)
     dataset = MDSPackDataset(remote, CONFIG, 1, cache_dir=tmp_path / "cache", prefetch=2)
-    plan = dataset.plan(0).rank_packs(1).tolist()
+    plan = dataset.epoch_plan(0).rank_packs(1).tolist()
     loader = PackLoader(dataset, num_workers=2)
     assert ids(loader) == plan
     assert len(list((tmp_path / "cache").glob("shard.*.mds"))) > 1  # shards came from S3
@@ -54,7 +54,7 @@ def test_wds_from_s3_via_cli(  # type: ignore[no-untyped-def]
     dataset_writers[1](remote, 200, maxcount=23)
     config = ReaderConfig.build(world_size=2, pack_size=4, window=3, seed=4)
     dataset = WDSPackDataset(remote, config, 0, cache_dir=tmp_path / "c1")
-    assert ids(PackLoader(dataset, num_workers=2)) == dataset.plan(0).rank_packs(0).tolist()
+    assert ids(PackLoader(dataset, num_workers=2)) == dataset.epoch_plan(0).rank_packs(0).tolist()
     argv = ["--world-size", "2", "--pack-size", "4", "--window", "3", "--seed", "4", "--json"]
     assert main(["plan", remote, *argv, "--cache-dir", str(tmp_path / "c2")]) == 0
     plan = json.loads(capsys.readouterr().out)

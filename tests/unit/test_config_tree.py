@@ -17,9 +17,9 @@ from bcl_stream.analysis.sim import SimConfig, plan_config
 from bcl_stream.cli import build_parser
 from bcl_stream.commands.plan import config_from_args
 from bcl_stream.commands.simulate import sim_config
+from bcl_stream.epoch.cursor import Cursor, parse_state
+from bcl_stream.epoch.plan import PLAN_FIELDS, ReaderConfig
 from bcl_stream.errors import StateError
-from bcl_stream.plan.cursor import Cursor, parse_state
-from bcl_stream.plan.epoch import PLAN_FIELDS, ReaderConfig
 from bcl_stream.planner import PlanConfig
 from bcl_stream.planner.partition import ALGORITHMS
 from lightning_module.datamodule import OWN_ARGUMENTS, BCLDataModule

@@ -1,4 +1,4 @@
-"""The evaluation plan (``plan/eval_plan.py``): every record once across ranks, the same
+"""The evaluation plan (``epoch/eval_plan.py``): every record once across ranks, the same
 number of packs on every rank, at most B records per pack; refused when impossible."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bcl_stream.epoch.eval_plan import EvalPlan
 from bcl_stream.errors import PlanError
-from bcl_stream.plan.eval_plan import EvalPlan
 
 
 @settings(max_examples=200, deadline=None)

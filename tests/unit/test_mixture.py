@@ -1,4 +1,4 @@
-"""Mixtures: stream weights, the per-epoch sample, one plan over the mixture, resume checks."""
+"""Mixtures: stream weights, the per-epoch draw, one plan over the mixture, resume checks."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from bcl_stream.cost import get_preset
+from bcl_stream.epoch.cursor import Cursor, resolve_state
+from bcl_stream.epoch.mixture_index import MixtureIndex, SegmentArray, StreamSpec, mixture_changes
+from bcl_stream.epoch.plan import ReaderConfig, ReaderPlan, full_plan
+from bcl_stream.epoch.stream_report import stream_report
 from bcl_stream.errors import StateError
 from bcl_stream.io.index import CostIndex, ShardEntry
-from bcl_stream.plan.cursor import Cursor, resolve_state
-from bcl_stream.plan.epoch import ReaderConfig, ReaderPlan, full_plan
-from bcl_stream.plan.stream_report import stream_report
-from bcl_stream.plan.streams import MixtureIndex, SegmentArray, StreamSpec, mixture_changes
 from bcl_stream.planner import PlanConfig, plan_epoch
 from bcl_stream.planner.mixture import MixtureLayout, choose_counts
 
@@ -56,14 +56,14 @@ def layout(counts: list[list[int]], choose: list[int]) -> MixtureLayout:
 def test_sample_counts_are_closed_form_and_exact(choose: list[int]) -> None:
     lay = layout([[20, 30, 0, 50], [17, 23, 21]], choose)
     for epoch in range(6):
-        sample = lay.sample(3, epoch)
-        mask = sample(np.arange(lay.n_records))
+        draw = lay.draw(3, epoch)
+        mask = draw(np.arange(lay.n_records))
         per_shard = np.add.reduceat(mask, np.r_[0, np.cumsum(lay.table_counts)[:-1]])
         per_shard[lay.table_counts == 0] = 0
-        assert np.array_equal(per_shard, sample.usable)
+        assert np.array_equal(per_shard, draw.usable)
         shards = np.array([4, 3])  # an epoch's count is choose give or take one per shard
-        assert np.all(np.abs(sample.per_stream() - np.array(choose)) <= shards)
-        again = lay.sample(3, epoch)(np.arange(lay.n_records))
+        assert np.all(np.abs(draw.per_stream() - np.array(choose)) <= shards)
+        again = lay.draw(3, epoch)(np.arange(lay.n_records))
         assert np.array_equal(mask, again)  # a pure function of (seed, epoch)
 
 
@@ -71,10 +71,10 @@ def test_draws_cycle_through_every_record_before_repeating() -> None:
     lay = layout([[40, 25, 35]], [30])  # 30 of 100 records an epoch
     seen = np.zeros(100, dtype=np.int64)
     for epoch in range(10):  # 300 draws: every record exactly 3 times
-        seen += lay.sample(0, epoch)(np.arange(100))
+        seen += lay.draw(0, epoch)(np.arange(100))
         assert seen.max() - seen.min() <= 1  # never a second draw before every first one
     assert set(seen.tolist()) == {3}
-    assert not np.array_equal(lay.sample(0, 0)(np.arange(100)), lay.sample(0, 1)(np.arange(100)))
+    assert not np.array_equal(lay.draw(0, 0)(np.arange(100)), lay.draw(0, 1)(np.arange(100)))
 
 
 def test_segment_array_gathers_like_the_concatenation() -> None:
@@ -113,10 +113,10 @@ def test_plan_holds_the_proportions_in_every_window_and_every_record_once(scope:
     index = mixture()
     config = ReaderConfig.build(world_size=4, ranks_per_node=2, pack_size=8, window=8, scope=scope)
     plan = full_plan(index, config, 1)
-    sample = index.sample(0, 1)
+    draw = index.draw(0, 1)
     planned = np.concatenate([plan.plan.packs.ravel(), *plan.plan.remainder.values()])
     assert np.unique(planned).size == planned.size  # each mixture id at most once
-    assert np.array_equal(np.sort(planned), np.flatnonzero(sample(np.arange(len(index)))))
+    assert np.array_equal(np.sort(planned), np.flatnonzero(draw(np.arange(len(index)))))
     want = index.layout.choose / index.layout.choose.sum()
     streams = index.locate(plan.plan.packs)[0]
     window = config.plan.window
@@ -125,7 +125,7 @@ def test_plan_holds_the_proportions_in_every_window_and_every_record_once(scope:
         assert np.abs(got / got.sum() - want).max() <= 0.02
     report = stream_report(index, config, plan)
     assert report is not None and [s["path"] for s in report] == ["a", "b", "c"]
-    for s, c in zip(report, sample.per_stream(), strict=True):
+    for s, c in zip(report, draw.per_stream(), strict=True):
         assert s["records_drawn"] == c
         assert s["records_used"] + sum(s["records_left"].values()) == c
 
@@ -192,7 +192,7 @@ def test_version_2_states_are_refused_with_what_to_do() -> None:
 def test_elastic_resume_of_a_mixture_reads_the_rest_of_the_draw_once() -> None:
     """4 ranks consume 5 packs each, then 2 ranks re-plan the rest: every drawn id once, over
     the two segments and the remainder, and every pack under the memory cap."""
-    from bcl_stream.plan.epoch import Segment
+    from bcl_stream.epoch.plan import Segment
 
     index = mixture()
     old = ReaderConfig.build(world_size=4, ranks_per_node=2, pack_size=4, window=4, max_tokens=2000)
@@ -203,7 +203,7 @@ def test_elastic_resume_of_a_mixture_reads_the_rest_of_the_draw_once() -> None:
     assert np.array_equal(np.sort(plan.consumed), np.sort(taken))
     rest = np.concatenate([plan.plan.packs.ravel(), *plan.plan.remainder.values()])
     every = np.concatenate([taken, rest])
-    drawn = np.flatnonzero(index.sample(0, 1)(np.arange(len(index))))
+    drawn = np.flatnonzero(index.draw(0, 1)(np.arange(len(index))))
     assert np.array_equal(np.sort(every), drawn)
     assert np.asarray(index.tokens[plan.plan.packs]).sum(axis=-1).max() <= 2000
     lazy = ReaderPlan(index, new, 1, (Segment(4, 2, 5),))
@@ -222,7 +222,7 @@ def test_a_repeated_stream_keeps_each_shard_on_one_node() -> None:
         world_size=4, ranks_per_node=2, pack_size=4, window=4, split_shards=0.0,
         max_amplification=1.0,
     )  # fmt: skip
-    plan = plan_epoch(costs, table, config, seed=2, epoch=1, sample=lay.sample(2, 1))
+    plan = plan_epoch(costs, table, config, seed=2, epoch=1, draw=lay.draw(2, 1))
     nodes: list[set[tuple[int, int]]] = []
     for node in range(2):
         ids = plan.packs[node * 2 : node * 2 + 2].ravel()

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bcl_stream.plan import cache
+from bcl_stream.epoch import cache
 
 
 @pytest.fixture(autouse=True)

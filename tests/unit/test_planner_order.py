@@ -314,13 +314,13 @@ def test_chunked_shard_passes_equal_the_direct_ones(
     spans = list(zip(ends - np.asarray(counts, dtype=np.int64), ends, strict=True))
     keep = KeepFilter(tokens, 50, rng.choice(n, min(n, 3), replace=False) if n else None)
     kept = keep(np.arange(n, dtype=np.int64))
-    old = order.CHUNK
-    order.CHUNK = chunk
+    old = order.PASS_RECORDS
+    order.PASS_RECORDS = chunk
     try:
         means = shard_weights(counts, costs)
         table = keep.kept_table(ShardTable.build(counts), costs)
     finally:
-        order.CHUNK = old
+        order.PASS_RECORDS = old
     assert np.allclose(means, [costs[a:b].mean() if b > a else 0.0 for a, b in spans])
     assert table.usable.tolist() == [int(kept[a:b].sum()) for a, b in spans]
     expected = [costs[a:b][kept[a:b]].mean() if kept[a:b].any() else 0.0 for a, b in spans]

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from bcl_stream.cost import get_preset
+from bcl_stream.epoch.cursor import STATE_VERSION, Cursor, parse_state, resolve_state
+from bcl_stream.epoch.plan import REASON_CONSUMED, ReaderConfig, ReaderPlan, Segment, full_plan
 from bcl_stream.errors import StateError
 from bcl_stream.io.index import CostIndex, ShardEntry
-from bcl_stream.plan.cursor import STATE_VERSION, Cursor, parse_state, resolve_state
-from bcl_stream.plan.epoch import REASON_CONSUMED, ReaderConfig, ReaderPlan, Segment, full_plan
 
 
 def make_index(n: int = 500, shard: int = 60, seed: int = 0) -> CostIndex:

@@ -22,12 +22,12 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from bcl_stream.cost import get_preset
+from bcl_stream.epoch.cursor import parse_state
+from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.errors import StateError
 from bcl_stream.formats.reader_base import PlanDataset
 from bcl_stream.io.index import CostIndex, ShardEntry
 from bcl_stream.loading.loader import PackLoader
-from bcl_stream.plan.cursor import parse_state
-from bcl_stream.plan.epoch import ReaderConfig
 
 FUZZ = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -53,7 +53,7 @@ def _memory_guard() -> Iterator[None]:
 
 
 class MemoryDataset(PlanDataset):
-    """Yields sample ids only: enough to check what a resumed loader replays."""
+    """Yields record ids only: enough to check what a resumed loader replays."""
 
     def _read_packs(self, packs):  # type: ignore[no-untyped-def]
         for row in packs:
@@ -111,9 +111,9 @@ def load_or_state_error(state: Any) -> None:
     # A state saved at the end of an epoch resumes at the next one; an epoch left without a
     # pack (an elastic resume after which no pack fits) stays the epoch, and yields nothing.
     if consumed and consumed == n:
-        expected = loader.plan_dataset.plan(epoch + 1, ()).rank_packs(0)
+        expected = loader.plan_dataset.epoch_plan(epoch + 1, ()).rank_packs(0)
     else:
-        expected = loader.plan_dataset.plan(epoch, segments).rank_packs(0)[consumed:]
+        expected = loader.plan_dataset.epoch_plan(epoch, segments).rank_packs(0)[consumed:]
     got = [[s["sample_id"] for s in pack] for pack in loader]
     assert got == expected.tolist()
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from bcl_stream.analysis.sim import SimConfig, schedules, simulate
 from bcl_stream.cost import get_preset
-from bcl_stream.plan.steps import whole_steps
+from bcl_stream.epoch.steps import whole_steps
 from bcl_stream.planner.padded import pack_cost
 from bcl_stream.planner.step_contract import deal_step, node_micro_batches, recut_step
 

@@ -1,4 +1,4 @@
-"""Where token ids come from (``plan/token_source.py``, ``formats/token_ids.py``): one set of
+"""Where token ids come from (``epoch/token_source.py``, ``formats/token_ids.py``): one set of
 rules for annotate's counts and the readers' ids; recorded in the reader cursor."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bcl_stream.epoch.cursor import STATE_VERSION, Cursor, parse_state
+from bcl_stream.epoch.plan import ReaderConfig
+from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.errors import DatasetError, StateError
 from bcl_stream.formats.token_ids import length_value, token_count, token_ids
-from bcl_stream.plan.cursor import STATE_VERSION, Cursor, parse_state
-from bcl_stream.plan.epoch import ReaderConfig
-from bcl_stream.plan.token_source import TokenSource
 
 RAW = TokenSource(tokens_field="tokens", tokens_dtype="int64")
 TEXT = TokenSource(text_field="text", tokenizer="cl100k")
@@ -71,8 +71,8 @@ def test_the_cursor_records_the_source_and_refuses_version_3() -> None:
 
 
 def test_a_resume_with_another_source_is_refused() -> None:
+    from bcl_stream.epoch.cursor import resolve_state
     from bcl_stream.errors import StateError
-    from bcl_stream.plan.cursor import resolve_state
 
     raw = ReaderConfig.build(world_size=2, pack_size=4, window=4, tokens=RAW)
     text = ReaderConfig.build(world_size=2, pack_size=4, window=4, tokens=TEXT)

@@ -13,10 +13,10 @@ import json
 import sys
 import time
 
+from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.errors import BCLStreamError
 from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.loading.loader import PackLoader
-from bcl_stream.plan.epoch import ReaderConfig
 
 CONFIG = ReaderConfig.build(world_size=1, pack_size=4, window=2, seed=3, shard_group=2)
 
@@ -38,7 +38,10 @@ def main(url: str, cache: str, mode: str) -> None:
     except BCLStreamError as exc:
         print(json.dumps({"error": type(exc).__name__, "message": str(exc)}), flush=True)
         return
-    print(json.dumps({"packs": packs, "plan": dataset.plan(0).rank_packs(0).tolist()}), flush=True)
+    print(
+        json.dumps({"packs": packs, "plan": dataset.epoch_plan(0).rank_packs(0).tolist()}),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -123,7 +123,7 @@ def _saves(markers: Path) -> list[int]:
 def reference_run(
     data: Path, work: Path, *, every: int = 5, workers: int = 0
 ) -> list[dict[int, list[int]]]:
-    """The uninterrupted run: per rank, step -> sample ids."""
+    """The uninterrupted run: per rank, step -> record ids."""
     tmpdir = work / "tmp"
     tmpdir.mkdir(parents=True, exist_ok=True)
     config = write_config(

@@ -23,8 +23,8 @@ WORLD = 2
 
 def run_reader(fmt: str, root: str) -> list[object]:
     """Two epochs of this rank's loader; returns what every rank yielded (all_gather)."""
+    from bcl_stream.epoch.plan import ReaderConfig
     from bcl_stream.loading.loader import PackLoader
-    from bcl_stream.plan.epoch import ReaderConfig
 
     config = ReaderConfig.build(world_size=WORLD, pack_size=4, window=3, seed=9)
     if fmt == "mds":
@@ -56,8 +56,8 @@ def run_reader(fmt: str, root: str) -> list[object]:
 
 def wrong_world_error(root: str) -> str:
     """A config whose world size differs from the process group must be refused."""
+    from bcl_stream.epoch.plan import ReaderConfig
     from bcl_stream.formats.wds_reader import WDSPackDataset
-    from bcl_stream.plan.epoch import ReaderConfig
 
     try:
         WDSPackDataset(root, ReaderConfig.build(world_size=WORLD + 1, pack_size=4, window=3), 0)

@@ -26,7 +26,7 @@ import numpy.typing as npt
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.io.index import CostIndex
 from bcl_stream.planner import ShardTable, shard_weights
-from bcl_stream.planner.mixture import EpochSample, MixtureLayout, choose_counts
+from bcl_stream.planner.mixture import EpochDraw, MixtureLayout, choose_counts
 
 WEIGHT_KEYS = ("proportion", "repeat", "choose")
 STREAM_KEYS = (*WEIGHT_KEYS, "cost_model")
@@ -249,12 +249,12 @@ class MixtureIndex:
         ]
         return self.layout.table(weights)
 
-    def sample(self, seed: int, epoch: int) -> EpochSample:
+    def draw(self, seed: int, epoch: int) -> EpochDraw:
         """The ids of ``epoch`` (whole copies plus each stream's cyclic draw)."""
-        return self.layout.sample(seed, epoch)
+        return self.layout.draw(seed, epoch)
 
     def locate(self, ids: npt.ArrayLike) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """(stream, sample id inside the stream) of mixture ids."""
+        """(stream, record id inside the stream) of mixture ids."""
         return self.layout.locate(ids)
 
     def fingerprint(self) -> str:

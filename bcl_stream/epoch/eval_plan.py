@@ -83,7 +83,7 @@ class EvalPlan:
         self._packs = [np.array_split(share, self.n_packs) for share in shares]
 
     def rank_packs(self, rank: int) -> list[npt.NDArray[np.int64]]:
-        """Rank ``rank``'s packs (sample ids; at most B each, sizes differ by at most one)."""
+        """Rank ``rank``'s packs (record ids; at most B each, sizes differ by at most one)."""
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}")
         return self._packs[rank]

@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from bcl_stream.plan.epoch import REASON_CONSUMED, EpochPlan, PlanData, ReaderConfig
-from bcl_stream.plan.streams import MixtureIndex
+from bcl_stream.epoch.mixture_index import MixtureIndex
+from bcl_stream.epoch.plan import REASON_CONSUMED, EpochPlan, PlanData, ReaderConfig
 
 
 def stream_report(
@@ -20,7 +20,7 @@ def stream_report(
     if not isinstance(index, MixtureIndex):
         return None
     n = index.layout.n_streams
-    drawn = index.sample(config.seed, plan.epoch).per_stream()
+    drawn = index.draw(config.seed, plan.epoch).per_stream()
     used = np.bincount(index.locate(plan.plan.packs.ravel())[0], minlength=n)
     left: list[dict[str, int]] = [{} for _ in range(n)]
     remainder = dict(plan.plan.remainder)

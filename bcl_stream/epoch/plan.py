@@ -23,11 +23,11 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.cost import resolve
+from bcl_stream.epoch.cache import cached
+from bcl_stream.epoch.mixture_index import MixtureIndex
+from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.errors import StateError
 from bcl_stream.io.index import CostIndex
-from bcl_stream.plan.cache import cached
-from bcl_stream.plan.streams import MixtureIndex
-from bcl_stream.plan.token_source import TokenSource
 from bcl_stream.planner import (
     Plan,
     PlanConfig,
@@ -38,7 +38,7 @@ from bcl_stream.planner import (
     shard_weights,
 )
 from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG
-from bcl_stream.planner.mixture import EpochSample
+from bcl_stream.planner.mixture import EpochDraw
 
 REASON_CONSUMED = "consumed_before_resize"
 
@@ -46,10 +46,10 @@ PlanData = CostIndex | MixtureIndex
 """What a plan is made from: one dataset's cost index, or a mixture of several."""
 
 
-def epoch_sample(index: PlanData, config: ReaderConfig, epoch: int) -> EpochSample | None:
+def epoch_draw(index: PlanData, config: ReaderConfig, epoch: int) -> EpochDraw | None:
     """A mixture's draw of ``epoch`` (None for one dataset: every record, once)."""
     if isinstance(index, MixtureIndex):
-        return index.sample(config.seed, epoch)
+        return index.draw(config.seed, epoch)
     return None
 
 
@@ -59,9 +59,9 @@ def tokens_of(index: PlanData) -> npt.NDArray[np.integer[Any]]:
     return cast("npt.NDArray[np.integer[Any]]", index.tokens)
 
 
-def epoch_records(index: PlanData, sample: EpochSample | None) -> int:
+def epoch_records(index: PlanData, draw: EpochDraw | None) -> int:
     """Records the epoch holds before any filter (a mixture: its draw)."""
-    return len(index) if sample is None else int(sample.usable.sum())
+    return len(index) if draw is None else int(draw.usable.sum())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,7 +81,7 @@ class ReaderConfig:
     """``bcl`` (balanced packs) or ``sequential`` (the baseline: each rank's next B records of
     the same epoch order, what a plain loader yields). Both follow the same node streams."""
     tokens: TokenSource | None = None
-    """Where records' token ids come from (``plan/token_source.py``); None: the ``input_ids``
+    """Where records' token ids come from (``epoch/token_source.py``); None: the ``input_ids``
     column bcl-stream writes. Recorded in the cursor: a resume reads the same ids."""
 
     def __post_init__(self) -> None:
@@ -198,7 +198,7 @@ class EpochPlan:
     """Packs of shape (world_size, n_packs, pack_size) and the remainder by reason."""
     epoch: int
     consumed: npt.NDArray[np.int64] = field(default_factory=lambda: np.empty(0, np.int64))
-    """Sample ids consumed under earlier world sizes this epoch (not in ``plan``)."""
+    """Record ids consumed under earlier world sizes this epoch (not in ``plan``)."""
 
     @property
     def n_packs(self) -> int:
@@ -206,7 +206,7 @@ class EpochPlan:
         return self.plan.n_packs
 
     def rank_packs(self, rank: int) -> npt.NDArray[np.int64]:
-        """(n_packs, pack_size) sample ids of one rank."""
+        """(n_packs, pack_size) record ids of one rank."""
         if not 0 <= rank < self.plan.packs.shape[0]:
             raise ValueError(f"rank must be in [0, {self.plan.packs.shape[0]}), got {rank}")
         return self.plan.packs[rank]
@@ -251,7 +251,7 @@ class ReaderPlan:
         costs, table = _costs_and_table(index, config)
         self._costs = costs
         self._tokens = None if config.plan.max_tokens is None else tokens_of(index)
-        sample = epoch_sample(index, config, epoch)
+        draw = epoch_draw(index, config, epoch)
         self._streams = build_node_streams(
             costs,
             table,
@@ -260,12 +260,12 @@ class ReaderPlan:
             epoch=epoch,
             tokens=self._tokens,
             excluded=self.consumed if self.consumed.size else None,
-            sample=sample,
+            draw=draw,
             balanced=config.packing == "bcl",
         )
         # Records the filter removed are the too-long ones plus the consumed ones that were not
         # too long: derived from the table the streams already built (no second pass).
-        removed = epoch_records(index, sample) - int(self._streams.table.usable.sum())
+        removed = epoch_records(index, draw) - int(self._streams.table.usable.sum())
         short_consumed = int(self.consumed.size)
         if self._tokens is not None and config.plan.max_tokens is not None:
             long = np.asarray(self._tokens[self.consumed]) > config.plan.max_tokens
@@ -317,7 +317,7 @@ class ReaderPlan:
         return out
 
     def rank_packs(self, rank: int) -> npt.NDArray[np.int64]:
-        """(n_packs, pack_size) sample ids of one rank (materialized: tools and tests)."""
+        """(n_packs, pack_size) record ids of one rank (materialized: tools and tests)."""
         parts = [packs for _, packs in self.iter_rank_packs(rank)]
         size = self.config.plan.pack_size
         return np.concatenate(parts) if parts else np.empty((0, size), dtype=np.int64)
@@ -361,7 +361,7 @@ def reader_plan(
     segments: tuple[Segment, ...] = (),
 ) -> ReaderPlan:
     """The plan readers follow, lazy (in the per-process plan cache,
-    :mod:`bcl_stream.plan.cache`)."""
+    :mod:`bcl_stream.epoch.cache`)."""
     key = ("reader", index.fingerprint(), config, epoch, segments)
     return cached(key, lambda: ReaderPlan(index, config, epoch, segments))
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bcl_stream.plan.epoch import PlanData, ReaderConfig, _costs_and_table, tokens_of
+from bcl_stream.epoch.plan import PlanData, ReaderConfig, _costs_and_table, tokens_of
 from bcl_stream.planner.step_contract import deal_step, recut_step
 
 
@@ -26,7 +26,7 @@ class StepCut:
     """One rank's micro-batches of one step, from the step's packs of its planning group."""
 
     costs: Any
-    """Per-record costs by sample id (the planner's: an array or a mixture's view)."""
+    """Per-record costs by record id (the planner's: an array or a mixture's view)."""
     layout: str
     deal: bool
     """Deal the group's step among its ranks (scopes node and world, BCL packing)."""
@@ -36,8 +36,8 @@ class StepCut:
     def __call__(
         self, group: npt.NDArray[np.int64], local: int
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """``group`` (P, g, B) sample ids, ``local`` the rank's place in it -> (the rank's
-        g*B sample ids, micro-batch sizes), the ids in micro-batch order."""
+        """``group`` (P, g, B) record ids, ``local`` the rank's place in it -> (the rank's
+        g*B record ids, micro-batch sizes), the ids in micro-batch order."""
         mine = group[local].ravel()
         if self.deal and group.shape[0] > 1:
             mine = deal_step(group, self.costs)[local]

@@ -9,7 +9,7 @@ skips the consumed packs; no buffer is pickled, so a state is a few hundred byte
 Anything that would make the replayed plan differ (other data, pack size, seed, ...) is a
 :class:`~bcl_stream.errors.StateError` naming the field, both values and what to do. A changed
 world size (or ranks per node) is an elastic resume: the old plan becomes a
-:class:`~bcl_stream.plan.epoch.Segment` and the rest of the epoch is re-planned.
+:class:`~bcl_stream.epoch.plan.Segment` and the rest of the epoch is re-planned.
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from bcl_stream.epoch.mixture_index import mixture_changes
+from bcl_stream.epoch.plan import ReaderConfig, Segment
 from bcl_stream.errors import StateError
-from bcl_stream.plan.epoch import ReaderConfig, Segment
-from bcl_stream.plan.streams import mixture_changes
 from bcl_stream.planner import PlanConfig
+from bcl_stream.planner.checks import MAX_COUNT
+from bcl_stream.planner.config import MAX_RANKS
 
 STATE_VERSION = 4
 """4: planner v3 (the heavy lane, shards cut by the read budget, scope ``world`` planned per
@@ -42,10 +44,6 @@ KEY_SEGMENTS = "segments"
 RESIZABLE = ("world_size", "ranks_per_node")
 BOOL_FIELDS = frozenset(f.name for f in fields(PlanConfig) if f.type == "bool")
 """Planner fields that are flags (any other bool in a state's config is corruption)."""
-MAX_COUNT = 1 << 62
-"""Largest epoch or pack count a state may hold: beyond any real run, safely inside int64."""
-MAX_RANKS = 1 << 20
-"""Largest world size a state may name; larger is corruption, and planning it exhausts memory."""
 
 
 @dataclass(frozen=True, slots=True)

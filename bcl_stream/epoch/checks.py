@@ -7,8 +7,8 @@ Numpy only (the CLI's ``plan`` imports this; it must start fast).
 
 from __future__ import annotations
 
+from bcl_stream.epoch.plan import EpochPlan, ReaderConfig, ReaderPlan
 from bcl_stream.errors import PlanError
-from bcl_stream.plan.epoch import EpochPlan, ReaderConfig, ReaderPlan
 
 
 def check_format_scope(location: str, fmt: str, scope: str, option: str = "--scope") -> None:
