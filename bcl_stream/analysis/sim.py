@@ -46,7 +46,7 @@ from bcl_stream.analysis.displacement import displacement_steps
 from bcl_stream.cost import CostModel
 from bcl_stream.planner.baselines import global_order, sequential
 from bcl_stream.planner.bcl import build_node_streams, plan_streams, validate_costs
-from bcl_stream.planner.config import Plan, PlanConfig
+from bcl_stream.planner.config import PlanConfig
 from bcl_stream.planner.padded import Packs, check_layout, ragged_pack_costs
 from bcl_stream.planner.peers import POOLED, REAL_PEERS, plan_pooled
 from bcl_stream.planner.pools import micro_batches_per_batch
@@ -161,13 +161,6 @@ def imbalance_sq(squared: npt.NDArray[np.float64]) -> float:
     mean = s.mean(axis=0) if s.size else s.sum(axis=0)
     live = mean > 0
     return float((s.max(axis=0)[live] / mean[live]).mean()) if live.any() else float("nan")
-
-
-def plan_costs(
-    plan: Plan, costs: npt.NDArray[np.float64], layout: str = "packed"
-) -> npt.NDArray[np.float64]:
-    """(ranks, packs) matrix of pack costs under ``layout`` (``planner/padded.py``)."""
-    return ragged_pack_costs(plan.packs, costs, layout)
 
 
 _PLAN_DEFAULTS: dict[str, Any] = {

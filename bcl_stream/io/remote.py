@@ -12,7 +12,6 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlparse
@@ -134,19 +133,6 @@ def _with_retries(what: str, url: str, action: Any, retries: int, backoff: float
                 ) from exc
             time.sleep(backoff * 2**attempt)
     raise AssertionError("unreachable")
-
-
-def with_retries(
-    what: str,
-    action: Callable[[], T],
-    retries: int = DEFAULT_RETRIES,
-    backoff: float = 0.2,
-    url: str | None = None,
-) -> T:
-    """``action()`` with the bounded retries every remote call here uses: an access problem
-    (credentials, endpoint, permission, bucket) fails at once, other faults after ``retries``
-    more attempts, each as one line naming ``what`` with the cause chained."""
-    return _with_retries(what, url or what, action, retries, backoff)
 
 
 def list_remote(location: str, *, retries: int = DEFAULT_RETRIES) -> list[str]:

@@ -1,6 +1,6 @@
 """Batch Cost Lookahead: every rank's packs of exactly B records, window by window.
 
-Scopes (docs/metrics.md): ``rank`` balances each rank's own window (the paper's BCL); ``node``
+Scopes (docs/glossary.md): ``rank`` balances each rank's own window (the paper's BCL); ``node``
 plans one window jointly for the P ranks of a node; ``world`` plans exactly as ``node`` does
 (a reader plans only its own node's row): the nodes agree without communication because they
 share the shard-group order and the heavy lane's aligned blocks (``heavy_lane.py``). No record

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import hashlib
-import inspect
 import json
 import os
 import socket
@@ -32,7 +30,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -123,20 +121,3 @@ def output_lock(output: str | os.PathLike[str], what: str) -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # still ours: nobody else can hold it, and we checked the inode
         os.close(fd)
-
-
-def holding_output_lock(what: str, argument: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Decorator: run the function under :func:`output_lock` of its argument ``argument``."""
-
-    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
-        signature = inspect.signature(fn)
-
-        @functools.wraps(fn)
-        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            output = signature.bind(*args, **kwargs).arguments[argument]
-            with output_lock(output, what):
-                return fn(*args, **kwargs)
-
-        return wrapper
-
-    return decorate
