@@ -92,7 +92,7 @@ def plans_for(
     accumulation here) lists of arrays of varying size."""
     from bcl_stream.analysis.sim import shard_table
     from bcl_stream.cost import resolve
-    from bcl_stream.planner import PlanConfig, global_order, plan_epoch, sequential
+    from bcl_stream.planner import PlanConfig, global_order, plan_epoch
     from bcl_stream.planner.hf import hf_rebalance
 
     costs = resolve(args.cost_model).cost(lengths)
@@ -109,7 +109,9 @@ def plans_for(
         out[f"bcl-{scope}"] = plan_epoch(
             costs, table, config, seed=args.seed, epoch=epoch, tokens=lengths
         ).packs
-    out["sequential"] = sequential(costs, table, config, seed=args.seed, epoch=epoch).packs
+    out["sequential"] = plan_epoch(
+        costs, table, config, seed=args.seed, epoch=epoch, balanced=False
+    ).packs
     order = global_order(lengths.size, args.seed, epoch)
     out["hf_rebalance"] = hf_rebalance(order, lengths, 2, args.pack_size, 1)[0]
     return out

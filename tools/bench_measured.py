@@ -51,7 +51,6 @@ from bcl_stream.planner import (  # noqa: E402
     ShardTable,
     global_order,
     plan_epoch,
-    sequential,
     shard_weights,
 )
 from bcl_stream.planner.peers import REAL_PEERS, plan_pooled  # noqa: E402
@@ -87,7 +86,7 @@ def plan_all(
     )  # fmt: skip
     sub_costs = sub.astype(np.float64)
     table = ShardTable.build([sub.size], weight=shard_weights([sub.size], sub_costs))
-    seq = sequential(sub_costs, table, one_node, seed=args.seed)
+    seq = plan_epoch(sub_costs, table, one_node, seed=args.seed, balanced=False)
     out["sequential"] = [list(rank) for rank in order[seq.packs]]
     planned_with["sequential"] = "none"
     capacity = default_capacity(tokens[order], args.pack_size)

@@ -44,8 +44,8 @@ import numpy.typing as npt
 
 from bcl_stream.analysis.displacement import displacement_steps
 from bcl_stream.cost import CostModel
-from bcl_stream.planner.baselines import global_order, sequential
-from bcl_stream.planner.bcl import build_node_streams, plan_streams, validate_costs
+from bcl_stream.planner.baselines import global_order
+from bcl_stream.planner.bcl import build_node_streams, plan_epoch, plan_streams, validate_costs
 from bcl_stream.planner.config import PlanConfig
 from bcl_stream.planner.padded import Packs, check_layout, ragged_pack_costs
 from bcl_stream.planner.peers import POOLED, REAL_PEERS, plan_pooled
@@ -343,7 +343,7 @@ def plan_schedules(
     out: dict[str, Schedule] = {}
     for name in strategies:
         if name == "sequential":
-            plan = sequential(
+            plan = plan_epoch(
                 costs,
                 table,
                 plan_config(config, "rank"),
@@ -351,6 +351,7 @@ def plan_schedules(
                 epoch=epoch,
                 tokens=tok,
                 draw=draw,
+                balanced=False,
             )
             out[name] = schedule(plan.packs, plan.records_used, plan.records_left)
         elif name in POOLED:

@@ -4,7 +4,7 @@ No I/O and no torch here (tests/unit/test_purity.py guards it): every rank runs 
 replicated cost index and must get the same answer, fast.
 """
 
-from bcl_stream.planner.baselines import global_order, pooled_mffd_split, sequential
+from bcl_stream.planner.baselines import global_order, pooled_mffd_split
 from bcl_stream.planner.bcl import build_node_streams, iter_windows, plan_epoch, plan_streams
 from bcl_stream.planner.config import SCOPES, Plan, PlanConfig
 from bcl_stream.planner.shard_table import KeepFilter, ShardTable, shard_weights
@@ -24,6 +24,5 @@ __all__ = [
     "plan_streams",
     "plan_windows",
     "pooled_mffd_split",
-    "sequential",
     "shard_weights",
 ]

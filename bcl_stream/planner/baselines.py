@@ -1,8 +1,10 @@
 """The strategies BCL is measured against (docs/metrics.md, Baselines).
 
 ``sequential``: each rank takes the next B records of its own share of the same node streams
-BCL reads (a plain loader over the same shards and shuffle): ``PlanConfig.unbalanced`` is BCL's
-configuration with balancing switched off, so the two differ only in the packing.
+BCL reads (a plain loader over the same shards and shuffle): ``plan_epoch(..., balanced=False)``
+plans it with ``PlanConfig.unbalanced``, BCL's configuration with balancing switched off, so
+the two differ only in the packing. With a memory cap, longer records are left out and
+reported as BCL does, but the per-pack token cap is not enforced: a plain loader cannot.
 ``pooled_mffd_split``: pool a global batch of R*B*G records, pack by tokens with a textbook
 MFFD (``mffd.py``) into bins of capacity M, deal the bins round-robin so every rank runs the
 same number of bins. When the bin count is not a multiple of R, the fullest bins are split in
@@ -20,41 +22,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from bcl_stream.planner.bcl import plan_epoch
-from bcl_stream.planner.config import Plan, PlanConfig
 from bcl_stream.planner.mffd import mffd
 from bcl_stream.planner.pools import global_batches
 from bcl_stream.planner.rng import Tag, epoch_rng
-from bcl_stream.planner.shard_table import Draw, ShardTable
-
-
-def sequential(
-    costs: npt.NDArray[np.floating],
-    table: ShardTable,
-    config: PlanConfig,
-    *,
-    seed: int = 0,
-    epoch: int = 0,
-    tokens: npt.NDArray[np.integer] | None = None,
-    excluded: npt.NDArray[np.int64] | None = None,
-    draw: Draw | None = None,
-) -> Plan:
-    """Rank r's t-th pack = the next B records of its share of its node's stream.
-
-    With ``config.max_tokens`` set, longer records are left out and reported as BCL does, but
-    the per-pack token cap is not enforced: a plain loader cannot.
-    """
-    return plan_epoch(
-        costs,
-        table,
-        config,
-        seed=seed,
-        epoch=epoch,
-        tokens=tokens,
-        excluded=excluded,
-        draw=draw,
-        balanced=False,
-    )
 
 
 def global_order(
