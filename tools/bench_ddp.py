@@ -94,6 +94,7 @@ def plans_for(
     from bcl_stream.cost import resolve
     from bcl_stream.planner import PlanConfig, global_order, plan_epoch
     from bcl_stream.planner.hf import hf_rebalance
+    from bcl_stream.planner.pools import Pool
 
     costs = resolve(args.cost_model).cost(lengths)
     table = shard_table(lengths, costs, lengths.size)  # one shard: the corpus file
@@ -113,7 +114,7 @@ def plans_for(
         costs, table, config, seed=args.seed, epoch=epoch, balanced=False
     ).packs
     order = global_order(lengths.size, args.seed, epoch)
-    out["hf_rebalance"] = hf_rebalance(order, lengths, 2, args.pack_size, 1)[0]
+    out["hf_rebalance"] = hf_rebalance(Pool(order, lengths, 2, args.pack_size, 1))[0]
     return out
 
 

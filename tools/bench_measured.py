@@ -54,6 +54,7 @@ from bcl_stream.planner import (  # noqa: E402
     shard_weights,
 )
 from bcl_stream.planner.peers import REAL_PEERS, plan_pooled  # noqa: E402
+from bcl_stream.planner.pools import Pool  # noqa: E402
 
 Packs = list[list[npt.NDArray[np.int64]]]  # [rank][step] -> record ids
 
@@ -96,9 +97,8 @@ def plan_all(
         "hf_rebalance": "lengths, padded cost (Transformers)",
     }
     for peer, how in ((p, hows[p]) for p in REAL_PEERS):
-        bins, _ = plan_pooled(
-            peer, order, tokens, args.ranks, args.pack_size, args.grad_accum, capacity
-        )
+        pool = Pool(order, tokens, args.ranks, args.pack_size, args.grad_accum)
+        bins, _ = plan_pooled(peer, pool, capacity)
         out[peer] = [list(rank) for rank in bins]
         planned_with[peer] = how
     for label, model in models.items():

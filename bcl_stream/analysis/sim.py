@@ -49,7 +49,7 @@ from bcl_stream.planner.bcl import build_node_streams, plan_epoch, plan_streams,
 from bcl_stream.planner.config import PlanConfig
 from bcl_stream.planner.padded import Packs, check_layout, ragged_pack_costs
 from bcl_stream.planner.peers import POOLED, REAL_PEERS, plan_pooled
-from bcl_stream.planner.pools import micro_batches_per_batch
+from bcl_stream.planner.pools import Pool, micro_batches_per_batch
 from bcl_stream.planner.shard_table import Draw, ShardTable, shard_weights
 from bcl_stream.planner.step_contract import node_micro_batches
 
@@ -359,13 +359,11 @@ def plan_schedules(
             order = global_order(tok.size, seed, epoch, shuffle=config.shuffle)
             if draw is not None:
                 order = order[draw(order)]
-            bins, left = plan_pooled(
-                name, order, tok, config.ranks, config.pack_size, config.grad_accum, capacity
-            )
+            pool = Pool(order, tok, config.ranks, config.pack_size, config.grad_accum)
+            bins, left = plan_pooled(name, pool, capacity)
             used = sum(b.size for rank_bins in bins for b in rank_bins)
             left_count = sum(v.size for v in left.values())
-            batch = config.ranks * config.pack_size * config.grad_accum
-            steps = micro_batches_per_batch(bins[0], order, batch)
+            steps = micro_batches_per_batch(bins[0], order, pool.batch_size)
             out[name] = schedule(bins, used, left_count, steps)
         elif name.startswith("bcl-"):
             planner = plan_config(config, name.removeprefix("bcl-"))

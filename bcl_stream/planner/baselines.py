@@ -19,11 +19,13 @@ Central baselines read from :func:`global_order`: one shuffle of every record, w
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.planner.mffd import mffd
-from bcl_stream.planner.pools import global_batches
+from bcl_stream.planner.pools import Bins, Pool, Remainder
 from bcl_stream.planner.rng import Tag, epoch_rng
 
 
@@ -47,26 +49,18 @@ def _split_to_multiple(bins: list[list[int]], sizes: npt.NDArray[np.int64], mult
         bins.append(extra)
 
 
-def pooled_mffd_split(
-    order: npt.NDArray[np.integer],
-    tokens: npt.NDArray[np.integer],
-    world_size: int,
-    pack_size: int,
-    grad_accum: int,
-    capacity: int,
-) -> tuple[list[list[npt.NDArray[np.int64]]], dict[str, npt.NDArray[np.int64]]]:
+def pooled_mffd_split(pool: Pool, capacity: int) -> tuple[Bins, Remainder]:
     """Bins per rank (each a variable-length array of record ids) and the remainder by reason.
 
     Global batches of R*B*G records are packed one at a time, in stream order; a last partial
     global batch is left out (``epoch_tail``) as a trainer would.
     """
-    batches, tail = global_batches(order, world_size, pack_size, grad_accum)
-    tok = np.asarray(tokens, dtype=np.int64)
-    per_rank: list[list[npt.NDArray[np.int64]]] = [[] for _ in range(world_size)]
-    for members in batches:
-        sizes = tok[members]
+
+    def plan_batch(members: npt.NDArray[np.int64]) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
+        sizes = pool.tokens[members]
         bins = mffd(sizes, capacity)
-        _split_to_multiple(bins, sizes, world_size)
+        _split_to_multiple(bins, sizes, pool.world_size)
         for b, positions in enumerate(bins):
-            per_rank[b % world_size].append(members[np.asarray(positions, dtype=np.int64)])
-    return per_rank, tail
+            yield b % pool.world_size, members[np.asarray(positions, dtype=np.int64)]
+
+    return pool.deal(plan_batch)

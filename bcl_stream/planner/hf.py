@@ -36,12 +36,12 @@ same numpy global shuffle as the other pooled peers).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-from bcl_stream.planner.pools import Bins, Remainder, global_batches
+from bcl_stream.planner.pools import Bins, Pool, Remainder
 
 TRANSFORMERS_VERSION = "5.23.0"
 QUADRATIC_COST_COEF = 0.001
@@ -217,28 +217,25 @@ def rebalance_epoch(
     return out
 
 
-def hf_rebalance(
-    order: npt.NDArray[np.integer],
-    tokens: npt.NDArray[np.integer],
-    world_size: int,
-    pack_size: int,
-    grad_accum: int,
-) -> tuple[Bins, Remainder]:
+def hf_rebalance(pool: Pool) -> tuple[Bins, Remainder]:
     """Transformers' batch rebalance with ``per_device_train_batch_size`` = B, as the Trainer
     builds it (``effective_batch_size`` = R*B*G).
 
     Output: ``[rank][micro-batch]`` arrays of record ids, G per global batch, sizes varying
     (exactly R*B*G records per step over all ranks; a rank's share and each micro-batch vary),
-    and
-    ``{"epoch_tail": ids}`` for the last partial global batch, left out as for the other
+    and ``{"epoch_tail": ids}`` for the last partial global batch, left out as for the other
     pooled peers (the Trainer's ``dataloader_drop_last=True``)."""
-    batches, remainder = global_batches(order, world_size, pack_size, grad_accum)
-    tok = np.asarray(tokens, dtype=np.int64)
-    per_rank: Bins = [[] for _ in range(world_size)]
-    for members in batches:
+
+    def plan_batch(members: npt.NDArray[np.int64]) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
         ranks = rebalance_global_batch(
-            members.tolist(), tok[members].tolist(), world_size, grad_accum, members.size
+            members.tolist(),
+            pool.tokens[members].tolist(),
+            pool.world_size,
+            pool.grad_accum,
+            members.size,
         )
         for r, slots in enumerate(ranks):
-            per_rank[r].extend(np.asarray(s, dtype=np.int64) for s in slots)
-    return per_rank, remainder
+            for micro in slots:
+                yield r, np.asarray(micro, dtype=np.int64)
+
+    return pool.deal(plan_batch)

@@ -34,12 +34,12 @@ and needs a central pool of the whole global batch.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-from bcl_stream.planner.pools import Bins, Remainder, global_batches
+from bcl_stream.planner.pools import Bins, Pool, Remainder
 
 NEMO_RL_REVISION = "7ea279abfbeb698b092856d0dab61e7cf39bc909"
 
@@ -144,17 +144,8 @@ def adjust_bin_count(bins: list[list[int]], multiple: int, minimum: int = 0) -> 
     return out
 
 
-def nemo_mffd(
-    order: npt.NDArray[np.integer],
-    tokens: npt.NDArray[np.integer],
-    world_size: int,
-    pack_size: int,
-    grad_accum: int,
-    capacity: int,
-    *,
-    pad_multiple: int = 1,
-) -> tuple[Bins, Remainder]:
-    """NeMo-RL's training shard of every global batch of R*B*G records of ``order``.
+def nemo_mffd(pool: Pool, capacity: int, *, pad_multiple: int = 1) -> tuple[Bins, Remainder]:
+    """NeMo-RL's training shard of every global batch of R*B*G records of the pool's order.
 
     ``capacity`` is NeMo-RL's ``train_mb_tokens``; ``pad_multiple`` its
     ``make_sequence_length_divisible_by`` (lengths are padded up to it before packing).
@@ -164,10 +155,9 @@ def nemo_mffd(
     """
     if pad_multiple < 1:
         raise ValueError(f"pad_multiple must be >= 1, got {pad_multiple}")
-    batches, remainder = global_batches(order, world_size, pack_size, grad_accum)
-    tok = np.asarray(tokens, dtype=np.int64)
-    per_rank: Bins = [[] for _ in range(world_size)]
-    for members in batches:
+    tok, ranks = pool.tokens, pool.world_size
+
+    def plan_batch(members: npt.NDArray[np.int64]) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
         padded = -(-tok[members] // pad_multiple) * pad_multiple
         bad = np.flatnonzero((padded <= 0) | (padded > capacity))
         if bad.size:
@@ -177,7 +167,8 @@ def nemo_mffd(
                 f"(0, {capacity}]; NeMo-RL refuses it: raise the capacity (train_mb_tokens) "
                 "or drop empty and longer records"
             )
-        bins = adjust_bin_count(mffd_bins(padded.tolist(), capacity), world_size, world_size)
+        bins = adjust_bin_count(mffd_bins(padded.tolist(), capacity), ranks, ranks)
         for b, positions in enumerate(bins):
-            per_rank[b % world_size].append(members[np.asarray(positions, dtype=np.int64)])
-    return per_rank, remainder
+            yield b % ranks, members[np.asarray(positions, dtype=np.int64)]
+
+    return pool.deal(plan_batch)

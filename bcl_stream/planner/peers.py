@@ -1,7 +1,7 @@
 """The pooled strategies BCL is measured against, by name, behind one signature.
 
-Each takes the stream order, per-record tokens, R, B, G and the token capacity M, pools
-global batches of R*B*G records (``pools.py``) and returns ``[rank][micro-batch]`` arrays of
+Each takes a :class:`~bcl_stream.planner.pools.Pool` (the order a driver reads, tokens by
+record id, R, B, G) and the token capacity M, pools global batches of R*B*G records and returns ``[rank][micro-batch]`` arrays of
 record ids plus ``{"epoch_tail": ids}``. Every rank gets the same number of micro-batches.
 
 | name | reproduces | records per micro-batch | uses M as |
@@ -17,44 +17,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-import numpy.typing as npt
-
 from bcl_stream.planner.baselines import pooled_mffd_split
 from bcl_stream.planner.hf import hf_rebalance
 from bcl_stream.planner.nemo import nemo_mffd
-from bcl_stream.planner.pools import Bins, Remainder
+from bcl_stream.planner.pools import Bins, Pool, Remainder
 from bcl_stream.planner.verl import verl_dynbsz, verl_kk
 
-PooledPlanner = Callable[
-    [npt.NDArray[np.int64], npt.NDArray[np.int64], int, int, int, int], tuple[Bins, Remainder]
-]
-"""(order, tokens, world_size, pack_size, grad_accum, capacity) -> (bins per rank, remainder)."""
+PooledPlanner = Callable[[Pool, int], tuple[Bins, Remainder]]
+"""(pool, capacity M) -> (bins per rank, remainder)."""
 
 POOLED: dict[str, PooledPlanner] = {
     "nemo_mffd": nemo_mffd,
-    "verl_kk": lambda order, tok, r, b, g, _capacity: verl_kk(order, tok, r, b, g),
+    "verl_kk": lambda pool, _capacity: verl_kk(pool),
     "verl_dynbsz": verl_dynbsz,
     "pooled_mffd_split": pooled_mffd_split,
-    "hf_rebalance": lambda order, tok, r, b, g, _capacity: hf_rebalance(order, tok, r, b, g),
+    "hf_rebalance": lambda pool, _capacity: hf_rebalance(pool),
 }
 REAL_PEERS = ("nemo_mffd", "verl_kk", "hf_rebalance")
 """The peers speedups are reported against: what NeMo-RL, verl and Hugging Face Trainer users
 run today."""
 
 
-def plan_pooled(
-    name: str,
-    order: npt.NDArray[np.integer],
-    tokens: npt.NDArray[np.integer],
-    world_size: int,
-    pack_size: int,
-    grad_accum: int,
-    capacity: int,
-) -> tuple[Bins, Remainder]:
+def plan_pooled(name: str, pool: Pool, capacity: int) -> tuple[Bins, Remainder]:
     """Run the pooled strategy ``name`` (a key of :data:`POOLED`)."""
     if name not in POOLED:
         raise ValueError(f"unknown pooled strategy {name!r}; choose from {tuple(POOLED)}")
-    ids = np.asarray(order, dtype=np.int64)
-    tok = np.asarray(tokens, dtype=np.int64)
-    return POOLED[name](ids, tok, world_size, pack_size, grad_accum, capacity)
+    return POOLED[name](pool, capacity)

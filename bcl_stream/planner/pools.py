@@ -8,6 +8,9 @@ global batch is left out as ``epoch_tail``, as a trainer with ``drop_last`` woul
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
 import numpy as np
 import numpy.typing as npt
 
@@ -16,21 +19,52 @@ from bcl_stream.planner.bcl import REASON_TAIL
 Bins = list[list[npt.NDArray[np.int64]]]
 """[rank][micro-batch] -> record ids of the records that rank runs in that micro-batch."""
 Remainder = dict[str, npt.NDArray[np.int64]]
+Ids = npt.NDArray[np.int64]
 
 
-def global_batches(
-    order: npt.NDArray[np.integer], world_size: int, pack_size: int, grad_accum: int
-) -> tuple[npt.NDArray[np.int64], Remainder]:
-    """(n_batches, R*B*G) record ids of each full global batch, and the tail by reason."""
-    if min(world_size, pack_size, grad_accum) < 1:
-        raise ValueError(
-            "world_size, pack_size and grad_accum must be >= 1, got "
-            f"{world_size}, {pack_size}, {grad_accum}"
-        )
-    ids = np.asarray(order, dtype=np.int64).ravel()
-    size = world_size * pack_size * grad_accum
-    n = ids.size // size
-    return ids[: n * size].reshape(n, size), {REASON_TAIL: ids[n * size :]}
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """One epoch as a central driver pools it: every pooled peer's input. ``order``: the
+    record ids in the order the driver reads them; ``tokens``: token counts by record id; a
+    global batch holds R*B*G records (``world_size`` x ``pack_size`` x ``grad_accum``)."""
+
+    order: Ids
+    tokens: Ids
+    world_size: int
+    pack_size: int
+    grad_accum: int
+
+    def __post_init__(self) -> None:
+        if min(self.world_size, self.pack_size, self.grad_accum) < 1:
+            raise ValueError(
+                "world_size, pack_size and grad_accum must be >= 1, got "
+                f"{self.world_size}, {self.pack_size}, {self.grad_accum}"
+            )
+        object.__setattr__(self, "order", np.asarray(self.order, dtype=np.int64).ravel())
+        object.__setattr__(self, "tokens", np.asarray(self.tokens, dtype=np.int64))
+
+    @property
+    def batch_size(self) -> int:
+        """Records per global batch, R*B*G."""
+        return self.world_size * self.pack_size * self.grad_accum
+
+    def batches(self) -> tuple[Ids, Remainder]:
+        """(n_batches, R*B*G) record ids of each full global batch, and the tail by reason."""
+        n = self.order.size // self.batch_size
+        full = self.order[: n * self.batch_size].reshape(n, self.batch_size)
+        return full, {REASON_TAIL: self.order[n * self.batch_size :]}
+
+    def deal(
+        self, plan_batch: Callable[[Ids], Iterable[tuple[int, Ids]]]
+    ) -> tuple[Bins, Remainder]:
+        """Every full global batch planned by ``plan_batch`` (its record ids -> (rank, one
+        micro-batch's record ids) in each rank's order), the last partial batch left out."""
+        batches, remainder = self.batches()
+        per_rank: Bins = [[] for _ in range(self.world_size)]
+        for members in batches:
+            for rank, ids in plan_batch(members):
+                per_rank[rank].append(ids)
+        return per_rank, remainder
 
 
 def micro_batches_per_batch(

@@ -26,12 +26,12 @@ Records per micro-batch vary: it breaks the record-count contract.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-from bcl_stream.planner.pools import Bins, Remainder, global_batches
+from bcl_stream.planner.pools import Bins, Pool, Remainder
 
 VERL_REVISION = "1dda039b9c6311889a9c9a26040677e1254814f9"
 
@@ -149,46 +149,31 @@ def dynamic_micro_batches(
     return parts[::2][::-1] + parts[1::2]
 
 
-def verl_kk(
-    order: npt.NDArray[np.integer],
-    tokens: npt.NDArray[np.integer],
-    world_size: int,
-    pack_size: int,
-    grad_accum: int,
-) -> tuple[Bins, Remainder]:
+def verl_kk(pool: Pool) -> tuple[Bins, Remainder]:
     """verl's balanced global batches with a fixed micro-batch of B records.
 
     Output: ``[rank][micro-batch]`` arrays of exactly B record ids (G per global batch), and
     ``{"epoch_tail": ids}`` for the last partial global batch."""
-    batches, remainder = global_batches(order, world_size, pack_size, grad_accum)
-    tok = np.asarray(tokens, dtype=np.int64)
-    per_rank: Bins = [[] for _ in range(world_size)]
-    for members in batches:
-        for r, positions in enumerate(
-            balance_batch(verl_workload(tok[members]).tolist(), world_size)
-        ):
+
+    def plan_batch(members: npt.NDArray[np.int64]) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
+        workload = verl_workload(pool.tokens[members]).tolist()
+        for r, positions in enumerate(balance_batch(workload, pool.world_size)):
             share = members[np.asarray(positions, dtype=np.int64)]
-            per_rank[r].extend(share.reshape(grad_accum, pack_size))
-    return per_rank, remainder
+            for micro in share.reshape(pool.grad_accum, pool.pack_size):
+                yield r, micro
+
+    return pool.deal(plan_batch)
 
 
-def verl_dynbsz(
-    order: npt.NDArray[np.integer],
-    tokens: npt.NDArray[np.integer],
-    world_size: int,
-    pack_size: int,
-    grad_accum: int,
-    max_token_len: int,
-) -> tuple[Bins, Remainder]:
+def verl_dynbsz(pool: Pool, max_token_len: int) -> tuple[Bins, Remainder]:
     """verl's dynamic batch size after the same driver balance (``ppo_max_token_len_per_gpu``
     = ``max_token_len``, no sequence parallelism, no virtual pipeline).
 
     Output: ``[rank][micro-batch]`` arrays of record ids; every rank has the same number of
     micro-batches per global batch, record counts vary."""
-    batches, remainder = global_batches(order, world_size, pack_size, grad_accum)
-    tok = np.asarray(tokens, dtype=np.int64)
-    per_rank: Bins = [[] for _ in range(world_size)]
-    for members in batches:
+    tok = pool.tokens
+
+    def plan_batch(members: npt.NDArray[np.int64]) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
         too_long = np.flatnonzero(tok[members] > max_token_len)
         if too_long.size:
             sid = int(members[too_long[0]])
@@ -198,7 +183,7 @@ def verl_dynbsz(
             )
         shares = [
             members[np.asarray(p, dtype=np.int64)]
-            for p in balance_batch(verl_workload(tok[members]).tolist(), world_size)
+            for p in balance_batch(verl_workload(tok[members]).tolist(), pool.world_size)
         ]
         # Each rank's own count, then the all-reduce MAX (same_micro_num_in_dp=True).
         n_micro = max(min(s.size, -(-int(tok[s].sum()) // max_token_len)) for s in shares)
@@ -207,5 +192,6 @@ def verl_dynbsz(
             for part in dynamic_micro_batches(
                 local.tolist(), verl_workload(local).tolist(), n_micro
             ):
-                per_rank[r].append(share[np.asarray(part, dtype=np.int64)])
-    return per_rank, remainder
+                yield r, share[np.asarray(part, dtype=np.int64)]
+
+    return pool.deal(plan_batch)

@@ -26,6 +26,7 @@ from bcl_stream.planner.hf import (
     rebalance_global_batch,
 )
 from bcl_stream.planner.peers import plan_pooled
+from bcl_stream.planner.pools import Pool
 
 UPSTREAM: dict[str, Any] = json.loads(
     (Path(__file__).parent / "fixtures" / "hf_rebalance_upstream.json").read_text()
@@ -64,7 +65,7 @@ def test_groups_match_the_real_sampler_on_every_rank(case: dict[str, Any]) -> No
 )
 def test_the_simulator_peer_is_the_sampler_with_drop_last(case: dict[str, Any]) -> None:
     bins, left = hf_rebalance(
-        np.array(case["order"]), np.array(case["lengths"]), case["dp"], case["bs"], case["ga"]
+        Pool(np.array(case["order"]), np.array(case["lengths"]), case["dp"], case["bs"], case["ga"])
     )
     assert [[b.tolist() for b in rank] for rank in bins] == case["ranks"]
     used = case["n"] // case["effective_batch_size"] * case["effective_batch_size"]
@@ -114,7 +115,7 @@ def test_every_step_holds_the_effective_batch_and_every_record_once(
     n = r * b * g * steps + extra % (r * b * g)
     tok = np.minimum(rng.lognormal(5.0, 1.3, n).astype(np.int64) + 1, 8192)
     order = rng.permutation(n)
-    bins, left = plan_pooled("hf_rebalance", order, tok, r, b, g, int(tok.max()))
+    bins, left = plan_pooled("hf_rebalance", Pool(order, tok, r, b, g), int(tok.max()))
     emitted = [int(i) for rank in bins for mb in rank for i in mb]
     assert sorted(emitted + left["epoch_tail"].tolist()) == list(range(n))
     assert all(len(rank) == g * steps for rank in bins)  # collectives never hang

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from bcl_stream.planner.nemo import NEMO_RL_REVISION, adjust_bin_count, mffd_bins, nemo_mffd
 from bcl_stream.planner.peers import POOLED, plan_pooled
+from bcl_stream.planner.pools import Pool
 from bcl_stream.planner.verl import (
     VERL_REVISION,
     balance_batch,
@@ -37,6 +38,17 @@ from bcl_stream.planner.verl import (
 UPSTREAM: dict[str, Any] = json.loads(
     (Path(__file__).parent / "fixtures" / "peers_upstream.json").read_text()
 )
+
+
+def whole_stream(case: dict[str, Any]) -> Pool:
+    """The pool of one recorded upstream run over a whole stream."""
+    return Pool(
+        np.array(case["order"]),
+        np.array(case["tokens"]),
+        case["world_size"],
+        case["pack_size"],
+        case["grad_accum"],
+    )
 
 
 def as_lists(bins: list[list[np.ndarray]]) -> list[list[list[int]]]:
@@ -60,14 +72,7 @@ def test_nemo_mffd_bins_match_nemo_rl(case: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("case", UPSTREAM["streams"], ids=lambda c: f"R{c['world_size']}")
 def test_nemo_mffd_ranks_match_nemo_rl_shard_by_batch_size(case: dict[str, Any]) -> None:
-    bins, left = nemo_mffd(
-        np.array(case["order"]),
-        np.array(case["tokens"]),
-        case["world_size"],
-        case["pack_size"],
-        case["grad_accum"],
-        case["capacity"],
-    )
+    bins, left = nemo_mffd(whole_stream(case), case["capacity"])
     assert as_lists(bins) == case["nemo_mffd"]
     assert left["epoch_tail"].tolist() == case["epoch_tail"]
 
@@ -96,17 +101,11 @@ def test_dynamic_micro_batches_match_verl(case: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("case", UPSTREAM["streams"], ids=lambda c: f"R{c['world_size']}")
 def test_verl_peers_match_verl_on_whole_streams(case: dict[str, Any]) -> None:
-    args = (
-        np.array(case["order"]),
-        np.array(case["tokens"]),
-        case["world_size"],
-        case["pack_size"],
-        case["grad_accum"],
-    )
-    kk, left = verl_kk(*args)
+    pool = whole_stream(case)
+    kk, left = verl_kk(pool)
     assert as_lists(kk) == case["verl_kk"]
     assert left["epoch_tail"].tolist() == case["epoch_tail"]
-    dyn, _ = verl_dynbsz(*args, case["capacity"])
+    dyn, _ = verl_dynbsz(pool, case["capacity"])
     assert as_lists(dyn) == case["verl_dynbsz"]
 
 
@@ -181,7 +180,7 @@ def test_every_peer_emits_every_record_once_and_equal_counts_per_rank(
     r, b, g, n, seed = stream
     order, tok = _stream(n, seed)
     capacity = int(max(tok.max(), b * tok.mean()))
-    bins, left = plan_pooled(name, order, tok, r, b, g, capacity)
+    bins, left = plan_pooled(name, Pool(order, tok, r, b, g), capacity)
     emitted = [int(i) for rank in bins for mb in rank for i in mb]
     assert sorted(emitted + left["epoch_tail"].tolist()) == list(range(n))
     assert left["epoch_tail"].size == n % (r * b * g)
@@ -201,7 +200,7 @@ def test_verl_kk_gives_each_rank_one_equal_share_of_each_global_batch(
 ) -> None:
     r, b, g, n, seed = stream
     order, tok = _stream(n, seed)
-    bins, _ = verl_kk(order, tok, r, b, g)
+    bins, _ = verl_kk(Pool(order, tok, r, b, g))
     gbs = r * b * g
     for k in range(n // gbs):
         share = [np.concatenate(rank[k * g : (k + 1) * g]) for rank in bins]
@@ -216,12 +215,12 @@ def test_verl_kk_gives_each_rank_one_equal_share_of_each_global_batch(
 def test_records_the_peers_refuse_are_named() -> None:
     order, tok = np.arange(8), np.array([5, 5, 5, 5, 5, 5, 5, 90])
     with pytest.raises(ValueError, match="record 7: 90 tokens"):
-        nemo_mffd(order, tok, 2, 2, 2, capacity=50)
+        nemo_mffd(Pool(order, tok, 2, 2, 2), capacity=50)
     with pytest.raises(ValueError, match="record 7: 90 tokens exceed max_token_len 50"):
-        verl_dynbsz(order, tok, 2, 2, 2, max_token_len=50)
+        verl_dynbsz(Pool(order, tok, 2, 2, 2), max_token_len=50)
     with pytest.raises(ValueError, match="record 2: 0 tokens"):
-        nemo_mffd(order, np.array([5, 5, 0, 5, 5, 5, 5, 5]), 2, 2, 2, capacity=50)
+        nemo_mffd(Pool(order, np.array([5, 5, 0, 5, 5, 5, 5, 5]), 2, 2, 2), capacity=50)
     with pytest.raises(ValueError, match="unknown pooled strategy"):
-        plan_pooled("pooled_mffd", order, tok, 2, 2, 2, 100)
+        plan_pooled("pooled_mffd", Pool(order, tok, 2, 2, 2), 100)
     with pytest.raises(ValueError, match="must be >= 1"):
-        verl_kk(order, tok, 0, 2, 2)
+        verl_kk(Pool(order, tok, 0, 2, 2))

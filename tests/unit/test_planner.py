@@ -19,6 +19,7 @@ from bcl_stream.planner import (
 from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG
 from bcl_stream.planner.mffd import mffd
 from bcl_stream.planner.partition import lpt_rounds, partition, snake
+from bcl_stream.planner.pools import Pool
 
 
 def lengths(n: int, seed: int = 0) -> np.ndarray:
@@ -225,7 +226,8 @@ def test_mffd_packs_every_item_once_within_capacity(sizes: list[int], capacity: 
 def test_pooled_mffd_split_gives_every_rank_the_same_bin_count_and_loses_nothing() -> None:
     tok = lengths(3000)
     order = global_order(tok.size, 0, 0)
-    bins, left = pooled_mffd_split(order, tok, 8, 8, 4, capacity=int(8 * tok.mean()) + 8192)
+    pool = Pool(order, tok, 8, 8, 4)
+    bins, left = pooled_mffd_split(pool, capacity=int(8 * tok.mean()) + 8192)
     assert len({len(b) for b in bins}) == 1
     ids = np.concatenate([np.concatenate(b) for b in bins] + list(left.values()))
     assert sorted(ids.tolist()) == list(range(tok.size))
