@@ -44,6 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
+from result_files import write_result  # noqa: E402
+
 STRATEGIES = ("sequential", "hf_rebalance", "bcl-world", "bcl-rank")
 
 
@@ -346,9 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         "strategies": strategies,
         "elapsed_s": time.time() - started,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    plot(result, args.out.with_suffix(".png"))
+    write_result(result, args.out, plot)
     print(json.dumps(result))
     return 0
 

@@ -41,6 +41,8 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from result_files import write_result  # noqa: E402
+
 
 def lengths(n: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
@@ -393,9 +395,7 @@ def main() -> int:
     )
     result["index_growth_mb"] = round(mem[-1]["index_mb"] - mem[0]["index_mb"], 2)
     result["seconds"] = round(time.perf_counter() - started, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    plot(result, args.out.with_suffix(".png"))
+    write_result(result, args.out, plot)
     print(json.dumps(result, indent=1))
     return 0
 

@@ -37,6 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
+from result_files import write_result  # noqa: E402
+
 from bcl_stream.analysis.calibrate import (  # noqa: E402
     CalibrationConfig,
     calibrate,
@@ -312,8 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if not args.cost_model:  # keep the model these figures used, for bench_ddp and readers
         calibrated.save(args.out.with_suffix(".cost_model.json"))
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    plot(result, args.out.with_suffix(".png"))
+    write_result(result, args.out, plot)
     print(json.dumps(result))
     return 0
 

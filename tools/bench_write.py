@@ -43,6 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
+from result_files import write_result  # noqa: E402
+
 from bcl_stream.cost import resolve  # noqa: E402
 from bcl_stream.io.index import CostIndex, ShardEntry, read_index, write_index  # noqa: E402
 
@@ -354,9 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         }
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    plot(result, args.out.with_suffix(".png"))
+    write_result(result, args.out, plot)
     w = result["writer_overhead"]
     print(f"writer overhead: MDS {w['ratio_mds']:.3f}, WDS {w['ratio_wds']:.3f} (target <= 1.10)")
     p = w["pipeline"]
