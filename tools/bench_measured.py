@@ -45,7 +45,8 @@ from bcl_stream.analysis.calibrate import (  # noqa: E402
     make_step,
     time_packs,
 )
-from bcl_stream.analysis.sim import default_capacity, imbalance_sq  # noqa: E402
+from bcl_stream.analysis.metrics import imbalance_sq  # noqa: E402
+from bcl_stream.analysis.sim import default_capacity  # noqa: E402
 from bcl_stream.commands.calibrate import DEMO_MODEL  # noqa: E402
 from bcl_stream.cost import CostModel, get_preset  # noqa: E402
 from bcl_stream.planner import (  # noqa: E402

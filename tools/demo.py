@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
+from bcl_stream.analysis.metrics import metrics_from_costs  # noqa: E402
 from bcl_stream.analysis.plots import plot_step_costs  # noqa: E402
-from bcl_stream.analysis.sim import metrics_from_costs  # noqa: E402
 from bcl_stream.cost import ModelShape, from_shape  # noqa: E402
 
 OUT = ROOT / "results" / "demo"

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from bcl_stream.analysis import sim
+from bcl_stream.analysis import metrics, sim
 from bcl_stream.analysis.calibrate import CalibrationConfig, design_packs, scaled_r2
 from bcl_stream.cost import CostModel, fit_cost_model
 from bcl_stream.planner.padded import LAYOUTS, padding_waste
@@ -281,7 +281,7 @@ def score(
             "steps": int(pred.shape[1]),
             "pack_sizes": sorted({len(ids) for rank in s.packs for ids in rank}),
             "predicted_efficiency": efficiency(pred),
-            "imbalance_sq": sim.imbalance_sq(
+            "imbalance_sq": metrics.imbalance_sq(
                 matrix([[float(np.sum(x.astype(np.float64) ** 2)) for x in rank] for rank in lens])
             ),
             "predicted_time_s": float(pred.max(axis=0).sum()),

@@ -173,7 +173,7 @@ def summary(index: PlanData, config: ReaderConfig, plan: EpochPlan) -> dict[str,
     """Every figure ``plan`` prints, as ``plan --json`` carries them: the set-up (ranks, nodes,
     ranks per node, pack size, window, scope), records and shards, packs per rank and the
     balance of the packs under the same metric ``simulate`` reports (``analysis.sim``)."""
-    from bcl_stream.analysis.sim import metrics_from_costs
+    from bcl_stream.analysis.metrics import metrics_from_costs
     from bcl_stream.cost import resolve
     from bcl_stream.planner.padded import ragged_pack_costs
 

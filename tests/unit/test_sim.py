@@ -14,13 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bcl_stream.analysis.metrics import Metrics, imbalance_sq, metrics_from_costs
 from bcl_stream.analysis.sim import (
     STRATEGIES,
-    Metrics,
     Schedule,
     SimConfig,
-    imbalance_sq,
-    metrics_from_costs,
     schedules,
     simulate,
     speedups,
