@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,10 +22,24 @@ def bcl_stream_cli(
     """Run ``bcl-stream ARGS`` with ``env`` (default: this process's environment), this
     checkout first on ``PYTHONPATH``; stdout and stderr captured as text, never raises on the
     exit code."""
+    return run_module("bcl_stream.cli", *args, env=env, cwd=cwd, timeout=timeout)
+
+
+def run_module(
+    module: str,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 300,
+    path: Sequence[Path] = (),
+) -> subprocess.CompletedProcess[str]:
+    """``python -m MODULE ARGS`` with ``env`` (default: this process's environment) and
+    ``path``, then this checkout, first on ``PYTHONPATH``; output captured as text, never
+    raises on the exit code."""
     env = dict(os.environ if env is None else env)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([*map(str, path), str(ROOT), env.get("PYTHONPATH", "")])
     return subprocess.run(
-        [sys.executable, "-m", "bcl_stream.cli", *args],
+        [sys.executable, "-m", module, *args],
         cwd=cwd or ROOT,
         env=env,
         capture_output=True,

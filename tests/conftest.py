@@ -75,6 +75,16 @@ def wds_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture
+def lengths_file(tmp_path: Path) -> Path:
+    """``lengths.npy``: 2048 token counts for ``bcl-stream simulate --lengths``."""
+    from shard_tables import lognormal_lengths
+
+    path = tmp_path / "lengths.npy"
+    np.save(path, lognormal_lengths(2048, seed=1))
+    return path
+
+
 @pytest.fixture(scope="session")
 def moto_s3() -> Iterator[Callable[[str], str]]:
     """A moto S3 server on 127.0.0.1; yields ``make_bucket(name) -> "s3://name"``.

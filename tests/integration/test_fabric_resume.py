@@ -3,8 +3,6 @@ exact packs (mid-epoch, at the epoch end, into the next epoch) and the exact wei
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -12,22 +10,11 @@ from typing import Any
 import pytest
 import torch
 from lightning_scripts.harness import pack_log, tiny_config
+from tool_modules import load_tool
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 PACKS_PER_EPOCH = 300 // 8
-
-
-def load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "train_fabric", ROOT / "tools" / "train_fabric.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["train_fabric"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def run(tool: ModuleType, data: Path, workdir: Path, steps: int, **kw: Any) -> dict[str, Any]:
@@ -41,7 +28,7 @@ def entries(workdir: Path) -> list[tuple[int, int, int, list[int]]]:
 
 
 def test_fabric_save_load_resumes_exactly(mds_dir: Path, tmp_path: Path) -> None:
-    tool = load_tool()
+    tool = load_tool("train_fabric")
     total = PACKS_PER_EPOCH + 6
     saves = (4, PACKS_PER_EPOCH, PACKS_PER_EPOCH + 2)
     out = run(tool, mds_dir, tmp_path / "full", total, save_at=saves)

@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 
 import pytest
 from conftest import write_mds
+from pack_oracles import check_epoch
 
 from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.errors import CostIndexError, DatasetError
@@ -55,11 +56,37 @@ def s3_dataset(moto_s3, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-unt
     proxy.close()
 
 
+def read_until_down(dataset, proxy, match: str):  # type: ignore[no-untyped-def]
+    """Read 8 packs, stop the server, read on until the DatasetError matching ``match``.
+    Returns (packs read, the last state, requests seen before the stop, the error)."""
+    loader = PackLoader(dataset)
+    got: list[list[int]] = []
+    it = iter(loader)
+    for _ in range(8):
+        got.append(ids(next(it)))
+    state = loader.state_dict()
+    proxy.set_down(True)
+    before = proxy.counts()[1]
+    with pytest.raises(DatasetError, match=match) as caught:
+        for pack in it:
+            got.append(ids(pack))
+            state = loader.state_dict()
+    del it
+    return got, state, before, caught.value
+
+
 def resume_after_outage(  # type: ignore[no-untyped-def]
-    proxy, before: int, dataset, got: list[list[int]], state: dict, plan: list[list[int]]
+    proxy,
+    before: int,
+    dataset,
+    got: list[list[int]],
+    state: dict,
+    plan: list[list[int]],
+    n_records: int,
 ) -> None:
     """After a read failed on a stopped remote: a bounded number of requests was tried; with
-    the remote back, a loader resumed from the last state yields exactly the rest of the plan."""
+    the remote back, a loader resumed from the last state yields exactly the rest of the plan,
+    and the epoch holds each of the ``n_records`` records once."""
     failed = proxy.counts()[1] - before
     assert 0 < failed <= MAX_FAILED_REQUESTS
     proxy.set_down(False)
@@ -68,6 +95,7 @@ def resume_after_outage(  # type: ignore[no-untyped-def]
     assert state["packs_consumed"] == len(got)
     got += [ids(pack) for pack in resumed]
     assert got == plan
+    check_epoch([got], n_records, pack_size=4, left_out=0)  # every record once, none lost
 
 
 def ids(pack: list[dict]) -> list[int]:  # type: ignore[type-arg]
@@ -83,6 +111,7 @@ def test_transient_failures_are_retried(s3_dataset, tmp_path: Path) -> None:  # 
     proxy.fail_next(2, path_contains="shard.")  # shard downloads
     got = [ids(pack) for pack in PackLoader(dataset)]
     assert got == plan
+    check_epoch([got], 200, pack_size=4, left_out=0)
     assert proxy.counts()[1] == 5
 
 
@@ -90,22 +119,9 @@ def test_server_down_mid_epoch_then_resume(s3_dataset, tmp_path: Path) -> None: 
     remote, proxy = s3_dataset
     dataset = MDSPackDataset(remote, CONFIG, 0, cache_dir=tmp_path / "cache", prefetch=1)
     plan = dataset.epoch_plan(0).rank_packs(0).tolist()
-    loader = PackLoader(dataset)
-    got: list[list[int]] = []
-    state = loader.state_dict()
-    it = iter(loader)
-    for _ in range(8):
-        got.append(ids(next(it)))
-        state = loader.state_dict()
-    proxy.set_down(True)
-    before = proxy.counts()[1]
-    with pytest.raises(DatasetError, match=rf"{remote}: cannot read record \d+ \(shard \d+, shard\.\d+\.mds\).*resume from the last checkpoint"):  # fmt: skip
-        for pack in it:
-            got.append(ids(pack))
-            state = loader.state_dict()
-    del it
-    resume_after_outage(proxy, before, dataset, got, state, plan)
-    assert sorted(i for pack in got for i in pack) == sorted(i for pack in plan for i in pack)
+    match = rf"{remote}: cannot read record \d+ \(shard \d+, shard\.\d+\.mds\).*resume from the last checkpoint"  # fmt: skip
+    got, state, before, _ = read_until_down(dataset, proxy, match)
+    resume_after_outage(proxy, before, dataset, got, state, plan, 200)
 
 
 def test_unreachable_cost_index_is_named(s3_dataset, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -152,22 +168,10 @@ def test_wds_server_down_mid_epoch_then_resume(s3_wds, tmp_path: Path) -> None: 
     remote, proxy = s3_wds
     dataset = wds_dataset(remote, tmp_path / "cache")
     plan = dataset.epoch_plan(0).rank_packs(0).tolist()
-    loader = PackLoader(dataset)
-    got: list[list[int]] = []
-    it = iter(loader)
-    for _ in range(8):
-        got.append(ids(next(it)))
-    state = loader.state_dict()
-    proxy.set_down(True)
-    before = proxy.counts()[1]
     match = rf"^{remote}: cannot read shard \d+ \(shard-\d+\.tar\): download of .* failed after 4 attempts: .*503.*resume from the last checkpoint\.$"  # fmt: skip
-    with pytest.raises(DatasetError, match=match) as caught:
-        for pack in it:
-            got.append(ids(pack))
-            state = loader.state_dict()
-    assert "\n" not in str(caught.value)
-    del it
-    resume_after_outage(proxy, before, dataset, got, state, plan)
+    got, state, before, error = read_until_down(dataset, proxy, match)
+    assert "\n" not in str(error)
+    resume_after_outage(proxy, before, dataset, got, state, plan, 300)
 
 
 def test_inspect_and_annotate_on_a_faulty_remote(s3_wds, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import pytest
 import torch
 
@@ -16,7 +17,6 @@ from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.loading.loader import PackLoader
 
 pytestmark = pytest.mark.slow
-L = pytest.importorskip("lightning")
 
 CONFIG = ReaderConfig.build(world_size=2, pack_size=4, window=3, seed=6)
 _DATASETS: dict[Path, MDSPackDataset] = {}

@@ -3,27 +3,14 @@ chat records in a deterministic order and names the files it cannot parse."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from tool_modules import load_tool
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load_corpora():
-    spec = importlib.util.spec_from_file_location("corpora", ROOT / "tools" / "corpora.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["corpora"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-corpora = _load_corpora()
+corpora = load_tool("corpora")
 
 
 def test_registry_has_at_least_13_documented_profiles() -> None:

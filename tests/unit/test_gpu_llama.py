@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
-from gpu_llama import TINY, Llama, make_batch  # noqa: E402
+from gpu_llama import TINY, Llama, make_batch
 
 CPU = torch.device("cpu")
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from shard_tables import table_for
+from shard_tables import lognormal_lengths, table_for
 
 from bcl_stream.errors import PlanError
 from bcl_stream.planner import (
@@ -21,9 +21,7 @@ from bcl_stream.planner.mffd import mffd
 from bcl_stream.planner.partition import lpt_rounds, partition, snake
 from bcl_stream.planner.pools import Pool
 
-
-def lengths(n: int, seed: int = 0) -> np.ndarray:
-    return np.minimum(np.random.default_rng(seed).lognormal(6.0, 1.0, n).astype(np.int64) + 1, 8192)
+lengths = lognormal_lengths
 
 
 def plan(costs, config: PlanConfig, tokens=None, *, seed: int = 0, epoch: int = 0, shard: int = 64):

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shard_tables import lognormal_lengths
+from tool_modules import load_tool
 
 from bcl_stream.analysis.metrics import Metrics, imbalance_sq, metrics_from_costs
 from bcl_stream.analysis.sim import (
@@ -118,8 +120,7 @@ def test_metric_invariants(ranks: int, packs: int, scale: float, seed: int) -> N
 
 
 def _lengths(n: int = 3000, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return np.minimum(rng.lognormal(6.0, 1.0, n).astype(np.int64) + 1, 8192)
+    return lognormal_lengths(n, seed)
 
 
 @pytest.mark.parametrize("ranks_per_node", [8, 4])
@@ -175,13 +176,6 @@ def test_unknown_strategy_and_bad_tokens_are_value_errors() -> None:
         schedules(np.array([5, -1, 3]), model, SimConfig())
     with pytest.raises(ValueError, match="non-empty"):
         schedules(np.array([], dtype=np.int64), model, SimConfig())
-
-
-@pytest.fixture
-def lengths_file(tmp_path: Path) -> Path:
-    path = tmp_path / "lengths.npy"
-    np.save(path, _lengths(2048, seed=1))
-    return path
 
 
 def test_cli_json_prints_exactly_one_object_with_the_documented_keys(
@@ -312,21 +306,10 @@ def test_cli_bad_lengths_as_a_real_process_has_no_traceback(tmp_path: Path) -> N
     assert f"--lengths {path}" in proc.stderr
 
 
-def _load_bench():
-    import importlib.util
-
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("bench_balance", root / "tools/bench_balance.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_bench_speedup_is_time_per_unit_cost_and_cv_reduction_is_vs_sequential() -> None:
     from bcl_stream.analysis.sim import Schedule
 
-    bench = _load_bench()
+    bench = load_tool("bench_balance")
     assert bench.ACCUM == 4
     # sequential: per micro-batch T = 3+2+3+2 = 10 for 16 cost units; per step rank sums [6, 10].
     seq = Schedule(np.array([[1.0, 2, 1, 2], [3, 2, 3, 2]]), 8, 0)

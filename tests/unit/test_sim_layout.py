@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from shard_tables import lognormal_lengths
 
 from bcl_stream.analysis.sim import STRATEGIES, SimConfig, plan_config, schedules, simulate
 from bcl_stream.cli import main
@@ -18,8 +19,7 @@ from bcl_stream.planner.padded import pack_cost
 
 
 def _lengths(n: int = 4096, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return np.minimum(rng.lognormal(6.0, 1.1, n).astype(np.int64) + 1, 8192)
+    return lognormal_lengths(n, seed, sigma=1.1)
 
 
 @pytest.mark.parametrize("layout", ["packed", "padded"])
@@ -81,13 +81,6 @@ def test_plan_config_selects_the_padded_partition_only_for_padded() -> None:
     assert padded.unbalanced().partition_algorithm == "stream"
     with pytest.raises(ValueError, match="layout must be one of"):
         schedules(_lengths(100), get_preset("tokens"), SimConfig(layout="ragged"))
-
-
-@pytest.fixture
-def lengths_file(tmp_path: Path) -> Path:
-    path = tmp_path / "lengths.npy"
-    np.save(path, _lengths(2048, seed=1))
-    return path
 
 
 def test_cli_padded_json_reports_both_layouts(

@@ -132,22 +132,13 @@ def lightning_cli(
     and debug variables cleared, other streaming jobs' shared memory kept; ``path`` first on
     ``PYTHONPATH``, then this checkout). Returns the completed process, output captured."""
     import os
-    import subprocess
-    import sys
+
+    from cli_process import run_module
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "BCL_STREAM_KEEP_SHM": "1"}
-    env["PYTHONPATH"] = os.pathsep.join([*map(str, path), str(root), env.get("PYTHONPATH", "")])
     for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "BCL_STREAM_DEBUG"):
         env.pop(key, None)
-    return subprocess.run(
-        [sys.executable, "-m", "lightning_module", *args],
-        cwd=cwd or root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    return run_module("lightning_module", *args, env=env, cwd=cwd or root, timeout=600, path=path)
 
 
 def cli_fit(root: Path, config: Path, *extra: str) -> None:
