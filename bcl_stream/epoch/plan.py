@@ -324,8 +324,8 @@ class ReaderPlan:
 
     def whole(self) -> EpochPlan:
         """Every rank's packs and the remainder's ids, materialized (``full_plan``)."""
-        return EpochPlan(plan_streams(self._streams, self._costs, self._tokens), self.epoch,
-                         self.consumed)  # fmt: skip
+        plan = plan_streams(self._streams, self._costs, self._tokens)
+        return EpochPlan(plan, self.epoch, self.consumed)
 
 
 def _consumed(
