@@ -1,4 +1,5 @@
-"""Run the test suite: unit tests in one pytest process, each integration file in its own.
+"""Run the test suite: unit tests in one pytest process, each integration file in its own,
+several processes at once, and one summary line at the end.
 
 Why separate processes: Mosaic Streaming 0.13 keeps every shared-memory handle it opens
 alive until interpreter exit (``atexit`` cleanup), and each new ``StreamingDataset`` opens a
@@ -8,28 +9,92 @@ integration file, and the whole suite in one process ran out of the 20,000 allow
 process per file bounds it. A fixture cannot bound it instead: the handles are reachable only
 through streaming's ``atexit`` registrations, and closing them while a module- or
 session-scoped dataset still maps them would pull the memory from under that dataset. The unit
-tests build no ``StreamingDataset`` and share one process. The summary line at the end adds up
-every run's counts.
+tests build no ``StreamingDataset`` and share one process.
+
+Why several at once: most groups spend much of their wall time waiting (interpreter and
+``import streaming`` start-up, child processes, DDP rendezvous, servers), so a pool as large as
+the usable CPUs (``os.sched_getaffinity``) finishes sooner than one group after another. The
+longest groups start first, by each file's seconds in the last full run on this checkout
+(``.pytest_cache/bcl_group_seconds.json``; without one, the figures committed in
+``tests/group_seconds.json``, a 2-core run; a group of files in neither counts as the longest). Each group's output
+is printed whole when it ends, and every group's wall time is listed at the end, slowest first.
+
+What makes concurrent groups safe, and what does not run concurrently:
+- Mosaic Streaming's ``clean_stale_shared_memory()`` unlinks the shared memory of *every*
+  streaming job on the machine, live ones included. Groups of the concurrent phase run with
+  ``BCL_STREAM_KEEP_SHM=1`` (our job-start cleanup is skipped) and no test calls streaming's
+  cleanup itself (every test reads from a fresh local directory, and streaming only refuses a
+  reused one that a live or stale registration still names).
+- A test file that must run the real cleanup carries the ``alone`` marker (registered in
+  ``pyproject.toml``). The runner finds it by reading the files (``pytestmark`` or a test's
+  decorator naming ``pytest.mark.alone``) and runs it after the concurrent phase, by itself,
+  without ``BCL_STREAM_KEEP_SHM``.
+- Every group gets its own ``TMPDIR``: streaming's lock files (named by its shared-memory
+  prefix) and pytest's numbered temp dirs do not meet another group's. Servers bind port 0 on
+  127.0.0.1; DDP tests pick a free port.
+- Streaming picks a shared-memory prefix by looking for a free one, counting from 0, and
+  creates it only after a barrier of the job's ranks, with no lock between processes: two
+  groups building datasets at the same moment could take the same prefix (``FileExistsError``
+  on ``*_locals``, seen on a DDP test in a concurrent run). Each lane (a slot of the pool) is
+  kept to its own prefixes in a band above those other jobs use, by empty lock files of every
+  other prefix in the group's ``TMPDIR`` (:func:`reserve_prefixes`); a test that gives its
+  subprocesses another temp dir copies them (``reliability_scripts/soak.py``). This also keeps
+  the suite out of reach of streaming's cleanup run by another job on the machine (it stops at
+  the first free prefix). The files run alone after the concurrent phase get no band.
+- Test files marked ``shared_process`` build no ``StreamingDataset`` in the pytest process
+  (their datasets are built in subprocesses, or they only write and parse): they are dealt
+  into ``workers`` pytest processes instead of one each, which saves an interpreter start
+  (``import streaming`` and torch, ~7 s of CPU) per file.
 
 There is no retry: a test that fails fails the run. (An earlier version reran a failing group
 once and passed it as FLAKY, for a rare SIGABRT of the 2-process gloo test on a loaded
-machine that was never reproduced. One hazard it had is gone: its script called streaming's
-``clean_stale_shared_memory()`` unconditionally, which unlinks the shared memory of every
-streaming job on the machine, live ones included, where test suites of several checkouts run
-at once. The gloo and DDP tests now set ``BCL_STREAM_KEEP_SHM=1`` and skip it.)
+machine that was never reproduced.) Arguments are passed to every pytest run.
 """
 
 from __future__ import annotations
 
+import ast
+import json
+import os
+import queue
 import resource
 import subprocess
 import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+ALONE_MARKER = "alone"
+SHARED_MARKER = "shared_process"
+LAST_SECONDS = ROOT / ".pytest_cache" / "bcl_group_seconds.json"
+KNOWN_SECONDS = ROOT / "tests" / "group_seconds.json"
+KEYS = ("tests", "failures", "errors", "skipped")
+BAND = 1024
+"""Shared-memory prefixes of one run, dealt to its lanes (a group holds a few dozen at most).
+The band starts at ``BAND * (1 + pid % 8)``: above any other job's prefixes, and usually not
+another run's band."""
+
+
+@dataclass
+class Group:
+    """One pytest process: the paths it runs and what it reported."""
+
+    name: str
+    paths: list[str]
+    alone: bool = False
+    seconds: float = 0.0
+    code: int = 0
+    max_fds: int = 0
+    files: dict[str, float] = field(default_factory=dict)
+    totals: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KEYS, 0))
+
+    @property
+    def failed(self) -> bool:
+        return self.code not in (0, 5) or bool(self.totals["failures"] or self.totals["errors"])
 
 
 def raise_open_file_limit() -> None:
@@ -39,7 +104,7 @@ def raise_open_file_limit() -> None:
 
 
 def counts(report: Path) -> dict[str, int]:
-    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    totals = dict.fromkeys(KEYS, 0)
     if not report.exists():
         return totals
     for suite in ET.parse(report).getroot().iter("testsuite"):
@@ -48,33 +113,193 @@ def counts(report: Path) -> dict[str, int]:
     return totals
 
 
+def file_marks(path: Path) -> set[str]:
+    """The ``pytest.mark.NAME`` names a file uses (at module level or on a test)."""
+    return {
+        node.attr
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "mark"
+    }
+
+
+def find_groups(seconds: dict[str, float], workers: int) -> list[Group]:
+    """The unit tests; every integration file in its own group, but the files marked
+    ``shared_process``, dealt longest first into ``workers`` groups of about equal seconds."""
+    groups = [Group("tests/unit", ["tests/unit"])]
+    shared: list[str] = []
+    for path in sorted((ROOT / "tests/integration").glob("test_*.py")):
+        name, marks = str(path.relative_to(ROOT)), file_marks(path)
+        if SHARED_MARKER in marks and ALONE_MARKER not in marks:
+            shared.append(name)
+        else:
+            groups.append(Group(name, [name], alone=ALONE_MARKER in marks))
+    batches: list[list[str]] = [[] for _ in range(min(workers, len(shared)))]
+    load = [0.0] * len(batches)
+    for name in sorted(shared, key=lambda n: -seconds.get(n, 60.0)):
+        lightest = load.index(min(load))
+        batches[lightest].append(name)
+        load[lightest] += seconds.get(name, 60.0)
+    for i, batch in enumerate(batches):
+        groups.append(Group(f"shared process {i + 1} ({len(batch)} files)", sorted(batch)))
+    return groups
+
+
+def file_seconds(report: Path) -> dict[str, float]:
+    """Seconds of each file's tests (setup, call, teardown) from a junit report."""
+    got: dict[str, float] = {}
+    if report.exists():
+        for case in ET.parse(report).getroot().iter("testcase"):
+            name = case.get("classname", "").split(".")
+            while name and not (ROOT / "/".join(name)).with_suffix(".py").is_file():
+                name.pop()  # a class inside the file
+            path = str(Path("/".join(name)).with_suffix(".py")) if name else "?"
+            got[path] = got.get(path, 0.0) + float(case.get("time", 0.0))
+    return got
+
+
+def known_seconds() -> dict[str, float]:
+    for source in (LAST_SECONDS, KNOWN_SECONDS):
+        try:
+            return {str(k): float(v) for k, v in json.loads(source.read_text()).items()}
+        except (OSError, ValueError):
+            continue
+    return {}
+
+
+def reserve_prefixes(tmpdir: Path, base: int, lane: int, lanes: int) -> None:
+    """Keep streaming in ``tmpdir`` to the shared-memory prefixes ``base + lane + k * lanes``.
+
+    Streaming 0.13 (``streaming/base/shared/prefix.py``) takes the first prefix, counting from
+    0, with neither live shared memory nor a ``{prefix:06}_barrier_filelock`` file in the temp
+    dir, and creates it only after a ``dist.barrier()`` of the job's ranks: two processes that
+    look in that window take the same prefix and one fails (``FileExistsError`` on
+    ``*_locals``; seen on a DDP test, whose ranks can wait seconds at that barrier). Empty lock
+    files for every other prefix below the band's end make concurrent groups choose from
+    disjoint sets, above the prefixes other jobs on the machine take. Streaming's
+    ``clean_stale_shared_memory()``, run by another job, also counts from 0 and stops at the
+    first free prefix, so it does not reach the band either.
+    """
+    for prefix in range(base + BAND):
+        if prefix < base or (prefix - base) % lanes != lane:
+            (tmpdir / f"{prefix:06}_barrier_filelock").touch()
+
+
+def run_group(
+    group: Group, argv: list[str], tmp: Path, index: int, lane: int = 0, lanes: int = 0
+) -> str:
+    """Run one pytest process (in ``lane`` of ``lanes`` running at once); fills in the group's
+    counts, code, seconds and files; returns its output."""
+    own_tmp = tmp / f"g{index}"
+    own_tmp.mkdir()
+    if lanes:
+        reserve_prefixes(own_tmp, BAND * (1 + os.getpid() % 8), lane, lanes)
+    report = tmp / f"g{index}.xml"
+    env = {**os.environ, "TMPDIR": str(own_tmp)}
+    if group.alone:
+        env.pop("BCL_STREAM_KEEP_SHM", None)
+    else:
+        env["BCL_STREAM_KEEP_SHM"] = "1"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-ra", f"--junitxml={report}"]
+    started = time.monotonic()
+    with open(tmp / f"g{index}.out", "w+", errors="replace") as out:
+        proc = subprocess.Popen(
+            [*cmd, *argv, *group.paths], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+        while proc.poll() is None:  # watch the descriptors streaming keeps open
+            group.max_fds = max(group.max_fds, open_fds(proc.pid))
+            time.sleep(1.0)
+        out.seek(0)
+        output = out.read()
+    group.seconds = time.monotonic() - started
+    group.code = proc.returncode
+    group.totals = counts(report)
+    group.files = file_seconds(report)
+    if len(group.paths) == 1 and group.paths[0].endswith(".py"):
+        group.files = {group.paths[0]: group.seconds}
+    return output
+
+
+def open_fds(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:  # gone, or no /proc
+        return 0
+
+
+def report_group(group: Group, output: str) -> None:
+    print(f"\n=== {group.name} ({group.seconds:.0f} s)\n{output.rstrip()}", flush=True)
+
+
+def run_concurrently(groups: list[Group], argv: list[str], tmp: Path, workers: int) -> None:
+    free_lanes: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for lane in range(workers):
+        free_lanes.put(lane)
+
+    def in_a_lane(group: Group, index: int) -> str:
+        lane = free_lanes.get()  # a pool thread runs one group at a time: one lane is free
+        try:
+            return run_group(group, argv, tmp, index, lane, workers)
+        finally:
+            free_lanes.put(lane)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending: dict[Future[str], Group] = {
+            pool.submit(in_a_lane, group, i): group for i, group in enumerate(groups)
+        }
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                report_group(pending.pop(future), future.result())
+
+
 def main(argv: list[str]) -> int:
     raise_open_file_limit()
-    groups = [["tests/unit"]] + [
-        [str(p.relative_to(ROOT))] for p in sorted((ROOT / "tests/integration").glob("test_*.py"))
-    ]
-    total = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-    failed_groups: list[str] = []
-    started = time.time()
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, paths in enumerate(groups):
-            name = " ".join(paths)
-            report = Path(tmp) / f"{i}.xml"
-            cmd = [sys.executable, "-m", "pytest", "-q", "-ra", f"--junitxml={report}"]
-            print(f"\n=== {name}", flush=True)
-            code = subprocess.call([*cmd, *argv, *paths], cwd=ROOT)
-            got = counts(report)
-            for key in total:
-                total[key] += got[key]
-            if code not in (0, 5) or got["failures"] or got["errors"]:
-                failed_groups.append(f"{name} (pytest exit code {code})")
+    seconds = known_seconds()
+    workers = max(1, len(os.sched_getaffinity(0)))
+    groups = find_groups(seconds, workers)
+
+    def expected(group: Group) -> float:  # a group of unknown files counts as the longest
+        known = [
+            s for f, s in seconds.items() for p in group.paths if f == p or f.startswith(p + "/")
+        ]
+        return sum(known) if known else float("inf")
+
+    together = sorted((g for g in groups if not g.alone), key=lambda g: -expected(g))
+    alone = [g for g in groups if g.alone]
+    started, cpu_before = time.monotonic(), os.times()
+    with tempfile.TemporaryDirectory(prefix="bcl-") as tmp:
+        run_concurrently(together, argv, Path(tmp), workers)
+        for i, group in enumerate(alone, start=len(together)):
+            report_group(group, run_group(group, argv, Path(tmp), i))
+    wall = time.monotonic() - started
+    cpu_after = os.times()
+    cpu = (cpu_after.children_user - cpu_before.children_user) + (
+        cpu_after.children_system - cpu_before.children_system
+    )
+
+    print("\ngroup seconds (most open files), slowest first:")
+    for group in sorted(groups, key=lambda g: -g.seconds):
+        alone_note = "  (alone)" if group.alone else ""
+        print(f"{group.seconds:7.1f}  ({group.max_fds:5d})  {group.name}{alone_note}")
+    if not argv:  # a partial run (-k, -x, ...) would order the next full run badly
+        measured = {path: round(s, 1) for g in groups for path, s in g.files.items()}
+        LAST_SECONDS.parent.mkdir(exist_ok=True)
+        LAST_SECONDS.write_text(json.dumps(measured, indent=0, sort_keys=True) + "\n")
+    total = {key: sum(g.totals[key] for g in groups) for key in KEYS}
     passed = total["tests"] - total["failures"] - total["errors"] - total["skipped"]
     failed = total["failures"] + total["errors"]
-    print(f"\ntest groups: {len(groups)}, wall {time.time() - started:.0f} s")
-    for group in failed_groups:
-        print(f"FAILED group: {group}")
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(
+        f"\ntest groups: {len(groups)} ({workers} at once, {len(alone)} alone), "
+        f"wall {wall:.0f} s, CPU {cpu:.0f} s, load average (1, 5, 15 min) {load}"
+    )
+    for group in groups:
+        if group.failed:
+            print(f"FAILED group: {group.name} (pytest exit code {group.code})")
     print(f"{passed} passed, {failed} failed, {total['skipped']} skipped")
-    return 1 if failed_groups or total["tests"] == 0 else 0
+    return 1 if any(g.failed for g in groups) or total["tests"] == 0 else 0
 
 
 if __name__ == "__main__":

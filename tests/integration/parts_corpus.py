@@ -51,9 +51,7 @@ def stock_records(
     """(ids, source) of every record as the stock reader yields them, in order."""
     if fmt == "mds":
         from streaming import StreamingDataset
-        from streaming.base.util import clean_stale_shared_memory
 
-        clean_stale_shared_memory()
         ds = StreamingDataset(
             remote=remote, local=str(tmp / "cache" if remote else root), batch_size=1, shuffle=False
         )

@@ -18,7 +18,7 @@ from bcl_stream.io.remote import download, open_cost_index
 from bcl_stream.preprocess.annotate import annotate
 from bcl_stream.preprocess.merge import merge
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared_process]
 FILES = INDEX_FILES
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from cli_process import bcl_stream_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared_process]
 
 RECORDS = 600
 

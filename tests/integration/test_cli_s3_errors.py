@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from cli_process import bcl_stream_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared_process]
 
 PLAN = ["--world-size", "2", "--pack-size", "4", "--window", "2"]
 BOUND_S = 120

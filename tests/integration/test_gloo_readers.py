@@ -17,7 +17,7 @@ import pytest
 from bcl_stream.epoch.plan import ReaderConfig, full_plan
 from bcl_stream.io.remote import open_cost_index
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared_process]
 SCRIPT = Path(__file__).parent / "scripts" / "gloo_readers.py"
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from bcl_stream.analysis.sim import STRATEGIES
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400), pytest.mark.shared_process]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from tool_modules import load_tool
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.shared_process
 
 
 @pytest.fixture(scope="module")
 def demo() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("demo_tool", ROOT / "tools" / "demo.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["demo_tool"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("demo", "demo_tool")
 
 
 def logs(n: int, ranks: int = 2, offset: int = 0) -> list[list[dict[str, Any]]]:

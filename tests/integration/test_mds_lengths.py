@@ -16,7 +16,7 @@ from cli_process import python_process
 from bcl_stream.formats.mds_lengths import shard_counts
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared_process]
 
 
 def write(root: Path, columns: dict[str, str], make: object, n: int = 150) -> None:

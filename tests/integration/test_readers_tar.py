@@ -15,6 +15,8 @@ from bcl_stream.formats.dataset_files import tar_record_counts, write_mds_index
 from bcl_stream.formats.tar_scan import TarFormatError, split_member, tar_members, tar_records
 from bcl_stream.formats.wds_reader import load_npy
 
+pytestmark = pytest.mark.shared_process
+
 
 def write_tar(path: Path, members: dict[str, bytes], fmt: int, mode: str = "w") -> None:
     with tarfile.open(path, mode, format=fmt) as tar:

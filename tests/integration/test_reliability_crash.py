@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.shared_process]
 
 sys.path.insert(0, str(Path(__file__).parent / "reliability_scripts"))
 from soak import reference_run, soak  # noqa: E402

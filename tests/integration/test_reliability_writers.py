@@ -20,7 +20,7 @@ import pytest
 from bcl_stream.errors import DatasetError
 from bcl_stream.preprocess.lock import lock_path, output_lock
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), pytest.mark.shared_process]
 
 REPO = Path(__file__).resolve().parents[2]
 

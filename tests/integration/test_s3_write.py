@@ -78,9 +78,7 @@ def test_mds_to_s3_uploads_costs_before_index_json(
     assert "index.json" not in before_index
 
     from streaming import StreamingDataset
-    from streaming.base.util import clean_stale_shared_memory
 
-    clean_stale_shared_memory()
     ds = StreamingDataset(remote=remote, local=str(tmp_path / "cache"), batch_size=1, shuffle=False)
     index, _ = open_cost_index(remote, tmp_path / "idx")
     assert len(ds) == len(index) == 80

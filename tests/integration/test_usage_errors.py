@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from cli_process import python_process
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared_process]
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "streaming", "lightning", "transformers")

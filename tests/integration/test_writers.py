@@ -23,9 +23,7 @@ def _records(n: int, seed: int = 1) -> list[np.ndarray]:
 
 def read_mds(root: Path) -> list[dict]:
     from streaming import StreamingDataset
-    from streaming.base.util import clean_stale_shared_memory
 
-    clean_stale_shared_memory()
     ds = StreamingDataset(local=str(root), batch_size=1, shuffle=False)
     return [ds[i] for i in range(len(ds))]
 

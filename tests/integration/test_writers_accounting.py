@@ -6,12 +6,15 @@ import json
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bcl_stream.formats.dataset_files import open_layout
 from bcl_stream.preprocess import preprocess
 from bcl_stream.preprocess.tokenizers import load_tokenizer
+
+pytestmark = pytest.mark.shared_process
 
 WORDS = ["alpha", "beta", "gamma", " ", "δέλτα", "\n", "42", "{}", "naïve"]
 BAD = {

@@ -14,6 +14,8 @@ from bcl_stream.errors import DatasetError
 from bcl_stream.formats.dataset_files import check_integrity, open_layout
 from bcl_stream.preprocess.annotate import annotate
 
+pytestmark = pytest.mark.shared_process
+
 LENGTHS = [int(n) for n in np.random.default_rng(5).integers(1, 300, 90)]
 
 

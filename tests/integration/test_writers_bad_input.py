@@ -15,6 +15,8 @@ from bcl_stream.formats.dataset_files import check_integrity, open_layout
 from bcl_stream.io.index import COST_DTYPE, read_index
 from bcl_stream.preprocess import preprocess
 
+pytestmark = pytest.mark.shared_process
+
 
 def _jsonl(path: Path, lines: list[bytes]) -> str:
     path.write_bytes(b"\n".join(lines) + b"\n")

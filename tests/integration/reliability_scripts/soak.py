@@ -26,6 +26,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -40,12 +41,26 @@ SCRIPTS = Path(__file__).resolve().parent
 KINDS = ("step", "save", "startup")
 
 
+def private_tmpdir() -> Path:
+    """A fresh temp dir for the runs (streaming's lock files land there: leftovers we can see),
+    short and directly under ours: DataLoader workers open AF_UNIX sockets in it
+    (multiprocessing's resource sharer), whose paths must stay under 108 bytes, which a dir
+    under pytest's ``tmp_path`` inside a test runner's temp dir is not. It holds the lock
+    files of the streaming shared-memory prefixes reserved in ours: ``tools/run_tests.py``
+    reserves each concurrent test group's own prefixes that way, so this job's ranks cannot
+    pick a prefix another group is taking."""
+    path = Path(tempfile.mkdtemp(prefix="soak-"))
+    for lock in Path(tempfile.gettempdir()).glob("*_barrier_filelock"):
+        (path / lock.name).touch()
+    return path
+
+
 def launch(config: Path, tmpdir: Path, *extra: str) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), str(SCRIPTS)]),
         "OMP_NUM_THREADS": "1",
-        "TMPDIR": str(tmpdir),  # streaming's lock files land here: leftovers we can see
+        "TMPDIR": str(tmpdir),
     }
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK"):
         env.pop(key, None)
@@ -87,9 +102,11 @@ def checkpoint_step(path: Path) -> int:
     return int(match.group(1))
 
 
-def kill_group(proc: subprocess.Popen[bytes]) -> None:
+def kill_group(proc: subprocess.Popen[bytes]) -> str:
+    """SIGKILL the run's whole process group; returns what it printed."""
     os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=60)
+    return out.decode(errors="replace") if out else ""
 
 
 def wait_and_kill(
@@ -109,7 +126,8 @@ def wait_and_kill(
             break
         time.sleep(0.005)
     else:
-        raise AssertionError(f"no {kind} kill within {timeout} s")
+        printed = kill_group(proc)[-4000:]
+        raise AssertionError(f"no {kind} kill within {timeout} s; the run printed:\n{printed}")
     kill_group(proc)
     return True
 
@@ -124,8 +142,7 @@ def reference_run(
     data: Path, work: Path, *, every: int = 5, workers: int = 0
 ) -> list[dict[int, list[int]]]:
     """The uninterrupted run: per rank, step -> record ids."""
-    tmpdir = work / "tmp"
-    tmpdir.mkdir(parents=True, exist_ok=True)
+    tmpdir = private_tmpdir()
     config = write_config(
         work / "reference.yaml", data=data, work=work / "reference", every=every,
         workers=workers, persistent=workers > 0,
@@ -151,8 +168,7 @@ def soak(
     import torch
 
     rng = random.Random(seed)
-    tmpdir = work / "tmp"
-    tmpdir.mkdir(parents=True, exist_ok=True)
+    tmpdir = private_tmpdir()
     common = {"data": data, "every": every, "workers": workers, "persistent": workers > 0}
     steps = len(reference[0])
 
