@@ -72,6 +72,7 @@ def test_planner_imports_only_numpy_and_the_standard_library() -> None:
         ("def f(p):\n    return open(p).read()", "calls open()"),
         ("def f(p):\n    return np.load(p)", "calls load()"),
     ],
+    ids=["torch", "streaming", "bcl_stream.io", "os", "pathlib", "nested", "open", "np.load"],
 )
 def test_the_check_catches_a_planted_offence(tmp_path: Path, line: str, caught: str) -> None:
     copy = tmp_path / "planner"
