@@ -35,7 +35,8 @@ What makes concurrent groups safe, and what does not run concurrently:
 - Streaming picks a shared-memory prefix by looking for a free one, counting from 0, and
   creates it only after a barrier of the job's ranks, with no lock between processes: two
   groups building datasets at the same moment could take the same prefix (``FileExistsError``
-  on ``*_locals``, seen on a DDP test in a concurrent run). Each lane (a slot of the pool) is
+  on ``*_locals``; a concurrent run lost a DDP test whose rank 0 died while rank 1 waited at
+  that barrier, rank 0's own error cut from the log). Each lane (a slot of the pool) is
   kept to its own prefixes in a band above those other jobs use, by empty lock files of every
   other prefix in the group's ``TMPDIR`` (:func:`reserve_prefixes`); a test that gives its
   subprocesses another temp dir copies them (``reliability_scripts/soak.py``). This also keeps
@@ -175,7 +176,7 @@ def reserve_prefixes(tmpdir: Path, base: int, lane: int, lanes: int) -> None:
     0, with neither live shared memory nor a ``{prefix:06}_barrier_filelock`` file in the temp
     dir, and creates it only after a ``dist.barrier()`` of the job's ranks: two processes that
     look in that window take the same prefix and one fails (``FileExistsError`` on
-    ``*_locals``; seen on a DDP test, whose ranks can wait seconds at that barrier). Empty lock
+    ``*_locals``; DDP ranks can wait seconds at that barrier). Empty lock
     files for every other prefix below the band's end make concurrent groups choose from
     disjoint sets, above the prefixes other jobs on the machine take. Streaming's
     ``clean_stale_shared_memory()``, run by another job, also counts from 0 and stops at the
