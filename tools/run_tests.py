@@ -25,10 +25,12 @@ What makes concurrent groups safe, and what does not run concurrently:
   ``BCL_STREAM_KEEP_SHM=1`` (our job-start cleanup is skipped) and no test calls streaming's
   cleanup itself (every test reads from a fresh local directory, and streaming only refuses a
   reused one that a live or stale registration still names).
-- A test file that must run the real cleanup carries the ``alone`` marker (registered in
+- A test file that must run the real cleanup carries the ``shm_cleanup`` marker (registered in
   ``pyproject.toml``). The runner finds it by reading the files (``pytestmark`` or a test's
-  decorator naming ``pytest.mark.alone``) and runs it after the concurrent phase, by itself,
-  without ``BCL_STREAM_KEEP_SHM``.
+  decorator naming ``pytest.mark.shm_cleanup``) and runs it without ``BCL_STREAM_KEEP_SHM`` and
+  outside the lanes' band (below): its cleanup walks prefixes up from 0 and stops at the first
+  free one, so it unlinks its own leftovers and never reaches the band where the other groups'
+  memory lives.
 - Every group gets its own ``TMPDIR``: streaming's lock files (named by its shared-memory
   prefix) and pytest's numbered temp dirs do not meet another group's. Servers bind port 0 on
   127.0.0.1; DDP tests pick a free port.
@@ -41,11 +43,14 @@ What makes concurrent groups safe, and what does not run concurrently:
   other prefix in the group's ``TMPDIR`` (:func:`reserve_prefixes`); a test that gives its
   subprocesses another temp dir copies them (``reliability_scripts/soak.py``). This also keeps
   the suite out of reach of streaming's cleanup run by another job on the machine (it stops at
-  the first free prefix). The files run alone after the concurrent phase get no band.
+  the first free prefix). The files marked ``shm_cleanup`` get no band.
 - Test files marked ``shared_process`` build no ``StreamingDataset`` in the pytest process
   (their datasets are built in subprocesses, or they only write and parse): they are dealt
   into ``workers`` pytest processes instead of one each, which saves an interpreter start
   (``import streaming`` and torch, ~7 s of CPU) per file.
+
+With ``--mypy`` (first argument; ``make test`` passes it) mypy runs beside the groups and a
+type error fails the run like a failing test.
 
 There is no retry: a test that fails fails the run. (An earlier version reran a failing group
 once and passed it as FLAKY, for a rare SIGABRT of the 2-process gloo test on a loaded
@@ -69,7 +74,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ALONE_MARKER = "alone"
+ALONE_MARKER = "shm_cleanup"
 SHARED_MARKER = "shared_process"
 LAST_SECONDS = ROOT / ".pytest_cache" / "bcl_group_seconds.json"
 KNOWN_SECONDS = ROOT / "tests" / "group_seconds.json"
@@ -240,8 +245,8 @@ def run_concurrently(groups: list[Group], argv: list[str], tmp: Path, workers: i
 
     def in_a_lane(group: Group, index: int) -> str:
         lane = free_lanes.get()  # a pool thread runs one group at a time: one lane is free
-        try:
-            return run_group(group, argv, tmp, index, lane, workers)
+        try:  # a shm_cleanup group runs below the band (module docstring)
+            return run_group(group, argv, tmp, index, lane, 0 if group.alone else workers)
         finally:
             free_lanes.put(lane)
 
@@ -255,7 +260,24 @@ def run_concurrently(groups: list[Group], argv: list[str], tmp: Path, workers: i
                 report_group(pending.pop(future), future.result())
 
 
+def start_typecheck(tmp: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """mypy over the packages, started beside the test groups (``--mypy``, what ``make test``
+    passes): on a fresh checkout it is ~40 s of one core's work with no cache, which the pool's
+    lanes absorb instead of the suite waiting for it first."""
+    log = tmp / "mypy.out"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mypy", "bcl_stream", "lightning_module"],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return proc, log
+
+
 def main(argv: list[str]) -> int:
+    typecheck = bool(argv) and argv[0] == "--mypy"
+    argv = argv[1:] if typecheck else argv
     raise_open_file_limit()
     seconds = known_seconds()
     workers = max(1, len(os.sched_getaffinity(0)))
@@ -267,13 +289,17 @@ def main(argv: list[str]) -> int:
         ]
         return sum(known) if known else float("inf")
 
-    together = sorted((g for g in groups if not g.alone), key=lambda g: -expected(g))
+    together = sorted(groups, key=lambda g: -expected(g))
     alone = [g for g in groups if g.alone]
     started, cpu_before = time.monotonic(), os.times()
+    mypy_failed = False
     with tempfile.TemporaryDirectory(prefix="bcl-") as tmp:
+        mypy = start_typecheck(Path(tmp)) if typecheck else None
         run_concurrently(together, argv, Path(tmp), workers)
-        for i, group in enumerate(alone, start=len(together)):
-            report_group(group, run_group(group, argv, Path(tmp), i))
+        if mypy is not None:
+            proc, log = mypy
+            mypy_failed = proc.wait() != 0
+            print(f"\n=== mypy bcl_stream lightning_module\n{log.read_text().rstrip()}", flush=True)
     wall = time.monotonic() - started
     cpu_after = os.times()
     cpu = (cpu_after.children_user - cpu_before.children_user) + (
@@ -282,7 +308,7 @@ def main(argv: list[str]) -> int:
 
     print("\ngroup seconds (most open files), slowest first:")
     for group in sorted(groups, key=lambda g: -g.seconds):
-        alone_note = "  (alone)" if group.alone else ""
+        alone_note = "  (alone: no band, real cleanup)" if group.alone else ""
         print(f"{group.seconds:7.1f}  ({group.max_fds:5d})  {group.name}{alone_note}")
     if not argv:  # a partial run (-k, -x, ...) would order the next full run badly
         measured = {path: round(s, 1) for g in groups for path, s in g.files.items()}
@@ -293,14 +319,16 @@ def main(argv: list[str]) -> int:
     failed = total["failures"] + total["errors"]
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print(
-        f"\ntest groups: {len(groups)} ({workers} at once, {len(alone)} alone), "
+        f"\ntest groups: {len(groups)} ({workers} at once, {len(alone)} below the band), "
         f"wall {wall:.0f} s, CPU {cpu:.0f} s, load average (1, 5, 15 min) {load}"
     )
     for group in groups:
         if group.failed:
             print(f"FAILED group: {group.name} (pytest exit code {group.code})")
+    if mypy_failed:
+        print("FAILED: mypy (its output is above)")
     print(f"{passed} passed, {failed} failed, {total['skipped']} skipped")
-    return 1 if any(g.failed for g in groups) or total["tests"] == 0 else 0
+    return 1 if any(g.failed for g in groups) or total["tests"] == 0 or mypy_failed else 0
 
 
 if __name__ == "__main__":

@@ -23,9 +23,10 @@ from pathlib import Path
 import pytest
 from conftest import write_mds
 
-# alone: the "job" run does the job-start cleanup, which unlinks the shared memory of every
-# streaming job on the machine (tools/run_tests.py runs this file by itself).
-pytestmark = [pytest.mark.slow, pytest.mark.alone, pytest.mark.timeout(240)]
+# shm_cleanup: the "job" run does the job-start cleanup, which unlinks the shared memory of every
+# streaming job on the machine that it reaches (tools/run_tests.py runs this file below the
+# other groups' shared-memory band, where the cleanup stops).
+pytestmark = [pytest.mark.slow, pytest.mark.shm_cleanup, pytest.mark.timeout(240)]
 
 SCRIPTS = Path(__file__).parent / "reliability_scripts"
 REPO = Path(__file__).resolve().parents[2]
