@@ -13,8 +13,8 @@ tests build no ``StreamingDataset`` and share one process.
 
 Why several at once: most groups spend much of their wall time waiting (interpreter and
 ``import streaming`` start-up, child processes, DDP rendezvous, servers), so a pool as large as
-the usable CPUs (``os.sched_getaffinity``) finishes sooner than one group after another. The
-longest groups start first, by each file's seconds in the last full run on this checkout
+the usable CPUs (``os.sched_getaffinity``, at most :data:`MAX_LANES`) finishes sooner than one
+group after another. The longest groups start first, by each file's seconds in the last full run on this checkout
 (``.pytest_cache/bcl_group_seconds.json``; without one, the figures committed in
 ``tests/group_seconds.json``, a 2-core run; a group of files in neither counts as the longest). Each group's output
 is printed whole when it ends, and every group's wall time is listed at the end, slowest first.
@@ -79,6 +79,9 @@ SHARED_MARKER = "shared_process"
 LAST_SECONDS = ROOT / ".pytest_cache" / "bcl_group_seconds.json"
 KNOWN_SECONDS = ROOT / "tests" / "group_seconds.json"
 KEYS = ("tests", "failures", "errors", "skipped")
+MAX_LANES = 4
+"""At most this many groups at once: each imports torch (about 0.5-1 GB), and a lane keeps
+BAND / lanes shared-memory prefixes (256 at 4 lanes; the heaviest files held 68 at once)."""
 BAND = 1024
 """Shared-memory prefixes of one run, dealt to its lanes (a group holds a few dozen at most).
 The band starts at ``BAND * (1 + pid % 8)``: above any other job's prefixes, and usually not
@@ -280,7 +283,7 @@ def main(argv: list[str]) -> int:
     argv = argv[1:] if typecheck else argv
     raise_open_file_limit()
     seconds = known_seconds()
-    workers = max(1, len(os.sched_getaffinity(0)))
+    workers = max(1, min(MAX_LANES, len(os.sched_getaffinity(0))))
     groups = find_groups(seconds, workers)
 
     def expected(group: Group) -> float:  # a group of unknown files counts as the longest
