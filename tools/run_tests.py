@@ -14,10 +14,11 @@ tests build no ``StreamingDataset`` and share one process.
 Why several at once: most groups spend much of their wall time waiting (interpreter and
 ``import streaming`` start-up, child processes, DDP rendezvous, servers), so a pool as large as
 the usable CPUs (``os.sched_getaffinity``, at most :data:`MAX_LANES`) finishes sooner than one
-group after another. The longest groups start first, by each file's seconds in the last full run on this checkout
-(``.pytest_cache/bcl_group_seconds.json``; without one, the figures committed in
-``tests/group_seconds.json``, a 2-core run; a group of files in neither counts as the longest). Each group's output
-is printed whole when it ends, and every group's wall time is listed at the end, slowest first.
+group after another. The longest groups start first, by each file's seconds in the last full
+run on this checkout (``.pytest_cache/bcl_group_seconds.json``; without one, the figures
+committed in ``tests/group_seconds.json``, a 2-core run; a group of files in neither counts as
+the longest). Each group's output is printed whole when it ends, and every group's wall time is
+listed at the end, slowest first.
 
 What makes concurrent groups safe, and what does not run concurrently:
 - Mosaic Streaming's ``clean_stale_shared_memory()`` unlinks the shared memory of *every*
