@@ -339,7 +339,7 @@ def _consumed(
     consumed = np.empty(0, dtype=np.int64)
     for i, seg in enumerate(segments):
         old = config.resized(seg.world_size, seg.ranks_per_node)
-        old_plan = ReaderPlan(index, old, epoch, segments[:i])  # excludes what came before
+        old_plan = reader_plan(index, old, epoch, segments[:i])  # excludes what came before
         steps = old.plan.grad_accum
         if old.plan.contract == "step" and seg.packs_consumed % steps:
             raise StateError(
@@ -394,4 +394,4 @@ def full_plan(
     sizes of this epoch, oldest first, each with the packs per rank consumed under it.
     """
     key = ("full", index.fingerprint(), config, epoch, segments)
-    return cached(key, lambda: ReaderPlan(index, config, epoch, segments).whole())
+    return cached(key, lambda: reader_plan(index, config, epoch, segments).whole())

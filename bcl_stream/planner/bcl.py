@@ -152,24 +152,6 @@ def plan_streams(
             [streams.tail(n) for n in range(len(streams.nodes))] or [np.empty(0, np.int64)]
         )
     }
-    keep = streams.keep
-    if keep is not None and keep.max_tokens is not None and keep.tokens is not None:
-        excluded = keep.excluded if keep.excluded.size else None
-        remainder[REASON_TOO_LONG] = too_long(keep.tokens, keep.max_tokens, excluded, keep.draw)
+    if streams.keep is not None and streams.keep.max_tokens is not None:
+        remainder[REASON_TOO_LONG] = streams.keep.too_long()
     return Plan(out, remainder)
-
-
-def too_long(
-    tokens: npt.NDArray[np.integer],
-    max_tokens: int,
-    excluded: Ids | None = None,
-    draw: Draw | None = None,
-) -> Ids:
-    """Ids of records longer than the memory cap (not counting ``excluded`` ones, nor ids
-    outside a mixture's ``draw``)."""
-    ids = np.flatnonzero(np.asarray(tokens[:]) > max_tokens).astype(np.int64)
-    if excluded is not None and excluded.size:
-        ids = ids[~np.isin(ids, excluded)]
-    if draw is not None and draw.active:
-        ids = ids[draw(ids)]
-    return ids

@@ -205,6 +205,14 @@ class KeepFilter:
             keep &= self.excluded[at] != ids
         return keep
 
+    def too_long(self) -> Ids:
+        """Ids of the records over the memory cap that the other filters keep (not excluded,
+        in the draw): the ``longer_than_max_tokens`` remainder. One pass over the tokens."""
+        if self.max_tokens is None or self.tokens is None:
+            return np.empty(0, np.int64)
+        ids = np.flatnonzero(np.asarray(self.tokens[:]) > self.max_tokens).astype(np.int64)
+        return ids[KeepFilter(None, None, self.excluded, self.draw)(ids)]
+
     def kept_table(self, table: ShardTable, costs: npt.NDArray[np.floating]) -> ShardTable:
         """``table`` with usable counts and mean costs over the records kept.
 
