@@ -75,7 +75,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ALONE_MARKER = "shm_cleanup"
+CLEANUP_MARKER = "shm_cleanup"
 SHARED_MARKER = "shared_process"
 LAST_SECONDS = ROOT / ".pytest_cache" / "bcl_group_seconds.json"
 KNOWN_SECONDS = ROOT / "tests" / "group_seconds.json"
@@ -95,7 +95,7 @@ class Group:
 
     name: str
     paths: list[str]
-    alone: bool = False
+    cleans_shm: bool = False
     seconds: float = 0.0
     code: int = 0
     max_fds: int = 0
@@ -141,10 +141,10 @@ def find_groups(seconds: dict[str, float], workers: int) -> list[Group]:
     shared: list[str] = []
     for path in sorted((ROOT / "tests/integration").glob("test_*.py")):
         name, marks = str(path.relative_to(ROOT)), file_marks(path)
-        if SHARED_MARKER in marks and ALONE_MARKER not in marks:
+        if SHARED_MARKER in marks and CLEANUP_MARKER not in marks:
             shared.append(name)
         else:
-            groups.append(Group(name, [name], alone=ALONE_MARKER in marks))
+            groups.append(Group(name, [name], cleans_shm=CLEANUP_MARKER in marks))
     batches: list[list[str]] = [[] for _ in range(min(workers, len(shared)))]
     load = [0.0] * len(batches)
     for name in sorted(shared, key=lambda n: -seconds.get(n, 60.0)):
@@ -207,7 +207,7 @@ def run_group(
         reserve_prefixes(own_tmp, BAND * (1 + os.getpid() % 8), lane, lanes)
     report = tmp / f"g{index}.xml"
     env = {**os.environ, "TMPDIR": str(own_tmp)}
-    if group.alone:
+    if group.cleans_shm:
         env.pop("BCL_STREAM_KEEP_SHM", None)
     else:
         env["BCL_STREAM_KEEP_SHM"] = "1"
@@ -250,7 +250,7 @@ def run_concurrently(groups: list[Group], argv: list[str], tmp: Path, workers: i
     def in_a_lane(group: Group, index: int) -> str:
         lane = free_lanes.get()  # a pool thread runs one group at a time: one lane is free
         try:  # a shm_cleanup group runs below the band (module docstring)
-            return run_group(group, argv, tmp, index, lane, 0 if group.alone else workers)
+            return run_group(group, argv, tmp, index, lane, 0 if group.cleans_shm else workers)
         finally:
             free_lanes.put(lane)
 
@@ -294,7 +294,7 @@ def main(argv: list[str]) -> int:
         return sum(known) if known else float("inf")
 
     together = sorted(groups, key=lambda g: -expected(g))
-    alone = [g for g in groups if g.alone]
+    cleaning = [g for g in groups if g.cleans_shm]
     started, cpu_before = time.monotonic(), os.times()
     mypy_failed = False
     with tempfile.TemporaryDirectory(prefix="bcl-") as tmp:
@@ -312,8 +312,8 @@ def main(argv: list[str]) -> int:
 
     print("\ngroup seconds (most open files), slowest first:")
     for group in sorted(groups, key=lambda g: -g.seconds):
-        alone_note = "  (alone: no band, real cleanup)" if group.alone else ""
-        print(f"{group.seconds:7.1f}  ({group.max_fds:5d})  {group.name}{alone_note}")
+        cleanup_note = "  (below the band, real cleanup)" if group.cleans_shm else ""
+        print(f"{group.seconds:7.1f}  ({group.max_fds:5d})  {group.name}{cleanup_note}")
     if not argv:  # a partial run (-k, -x, ...) would order the next full run badly
         measured = {path: round(s, 1) for g in groups for path, s in g.files.items()}
         LAST_SECONDS.parent.mkdir(exist_ok=True)
@@ -323,7 +323,7 @@ def main(argv: list[str]) -> int:
     failed = total["failures"] + total["errors"]
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print(
-        f"\ntest groups: {len(groups)} ({workers} at once, {len(alone)} below the band), "
+        f"\ntest groups: {len(groups)} ({workers} at once, {len(cleaning)} below the band), "
         f"wall {wall:.0f} s, CPU {cpu:.0f} s, load average (1, 5, 15 min) {load}"
     )
     for group in groups:
