@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ loads them
     from bcl_stream.loading.collate import PackCollate
     from lightning_module.callbacks import PackLogger, PackLogWriter, read_pack_log
     from lightning_module.datamodule import BCLDataModule, TrainerPackLoader
+    from lightning_module.parallel import parallelize
     from lightning_module.trainer_layout import TrainerLayout
 
 _EXPORTS = {
@@ -28,6 +29,7 @@ _EXPORTS = {
     "PackLogger": "lightning_module.callbacks",
     "read_pack_log": "lightning_module.callbacks",
     "clean_stale_shared_memory_once": "bcl_stream.io.streaming_compat",
+    "parallelize": "lightning_module.parallel",
 }
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "TrainerLayout",
     "TrainerPackLoader",
     "clean_stale_shared_memory_once",
+    "parallelize",
     "read_pack_log",
 ]
 

@@ -6,8 +6,9 @@ read`` opens it), batches are made by ``bcl_stream.loading.collate.PackCollate``
 is kept by ``bcl_stream.loading.loader.PackLoader``, and Mosaic Streaming's process layout is
 exported by ``bcl_stream.io.streaming_compat.set_streaming_env``. What is left:
 
-- **The trainer decides the layout.** :meth:`setup` takes the world size, the ranks per node
-  and the gradient accumulation from the trainer, and the planner's layout from the collate
+- **The trainer decides the layout.** :meth:`setup` takes the data-parallel rank and size,
+  the data-parallel ranks per node (``lightning_module.trainer_layout``: a tensor-parallel
+  group yields identical packs) and the gradient accumulation from the trainer, and the planner's layout from the collate
   layout (a padded batch costs B x its costliest record, a packed one the sum: the plan must
   balance the cost the batch will have). A value given explicitly (``ranks_per_node``,
   ``plan={"grad_accum": ...}``, ``plan={"layout": ...}``) that contradicts them is refused
@@ -316,7 +317,7 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
     def setup_layout(self, layout: TrainerLayout) -> None:
         """Build the dataset under ``layout``, refusing explicit settings that contradict it."""
         config = self.reader_config(layout)
-        set_streaming_env(layout.ranks_per_node)
+        set_streaming_env(layout.local_processes)  # physical: see trainer_layout's docstring
         self.dataset = open_dataset(
             self.data,
             self.streams,
@@ -334,7 +335,8 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
         knobs, the trainer's world size, ranks per node and accumulation, and the collate's
         layout. An explicit value that contradicts the trainer is refused, saying which wins."""
         for name, given, wins, source in (
-            ("ranks_per_node", self.ranks_per_node, layout.ranks_per_node, "devices per node"),
+            ("ranks_per_node", self.ranks_per_node, layout.ranks_per_node,
+             "data-parallel ranks per node"),
             ("plan.grad_accum", self.plan.get("grad_accum"), layout.grad_accum,
              "accumulate_grad_batches"),
         ):  # fmt: skip

@@ -188,6 +188,15 @@ class TinyGPT(L.LightningModule):
         self.norm = nn.RMSNorm(c.d_model)
         self.head = nn.Linear(c.d_model, c.vocab_size, bias=False)
 
+    def configure_model(self) -> None:
+        """Under Lightning's ``ModelParallelStrategy`` (a device mesh is set): tensor
+        parallelism on the MLPs, FSDP2 across data-parallel ranks (``lightning_module.parallel``;
+        the fused ``qkv`` attention stays replicated). Any other strategy: nothing to do."""
+        if self.device_mesh is not None:
+            from lightning_module.parallel import parallelize
+
+            parallelize(self, self.device_mesh)
+
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
         """Logits over the hashed vocabulary, shaped like ``input_ids`` plus a vocab axis."""
         ids = batch["input_ids"].long() % self.config.vocab_size

@@ -97,8 +97,8 @@ def test_accumulation_and_layout_reach_the_plan_and_the_cursor(
         ),
         (
             {"ranks_per_node": 4},
-            r"ranks_per_node=4 contradicts the trainer's devices per node \(1\); the trainer's "
-            r"setting wins",
+            r"ranks_per_node=4 contradicts the trainer's data-parallel ranks per node \(1\); "
+            r"the trainer's setting wins",
         ),
     ],
 )
