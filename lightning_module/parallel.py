@@ -8,7 +8,8 @@ torchtitan and Lightning's examples use:
 1. **tensor parallelism** on the ``tensor_parallel`` dimension (``torch.distributed.tensor.
    parallel``): Megatron-style pairs inside one parent module, the ``nn.Linear`` children named
    in ``colwise`` split by output features and those named in ``rowwise`` by input features
-   (their output all-reduced). A pair needs both halves in the same parent, so a block is
+   (their output all-reduced); the weights left replicated take the values of the group's
+   first process, as the split ones do. A pair needs both halves in the same parent, so a block is
    split only where the split is exact: the gated MLP (``gate``/``up`` + ``down``: TinyGPT;
    ``gate_proj``/``up_proj`` + ``down_proj``: Llama, Qwen, Mistral in Hugging Face naming) and
    attention with separate projections (``q_proj``/``k_proj``/``v_proj`` + ``o_proj``: Hugging
@@ -29,6 +30,7 @@ a tensor-parallel group, the plan made for the data-parallel size) is
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,6 +79,23 @@ def _is_parallelized(module: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in module.parameters())
 
 
+def _same_in_group(module: nn.Module, tp_mesh: Any) -> None:
+    """Give every replicated (not split) parameter and buffer the values of the group's
+    first process, as ``distribute_tensor`` does for the split ones: processes initialised
+    with different seeds would otherwise run one model with several sets of replicated
+    weights, and each process's loss would differ although the packs are the same. Tensors
+    still on the meta device (materialised later from the processes' seeds) are left alone."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    group = tp_mesh.get_group()
+    with torch.no_grad():
+        for tensor in itertools.chain(module.parameters(), module.buffers()):
+            if not isinstance(tensor, DTensor) and not tensor.is_meta:
+                dist.broadcast(tensor.data, group=group, group_src=0)
+
+
 def parallelize(
     module: nn.Module,
     device_mesh: Any,
@@ -113,6 +132,7 @@ def parallelize(
             for name, kind in plan.items()
         }
         parallelize_module(module, tp_mesh, styles)
+        _same_in_group(module, tp_mesh)
     dp_mesh = device_mesh["data_parallel"]
     own = [name for name, _ in module.named_parameters(recurse=False)]
     if own:

@@ -29,9 +29,9 @@ lock, the locals registry) is per physical node and its local leader is the firs
 the node, so it is given the *processes* per node (``processes_per_node``), not the
 data-parallel ranks per node: the tensor-parallel peers of a node then share one cache and one
 download per shard, and read the same records because they follow the same plan. Given the
-data-parallel count instead (1 with TP=8), every process would see itself as a node's leader
-and register the same shared memory, which fails on a shared machine
-(``FileExistsError: '/000000_locals'``). Streaming's own ``replication`` (its iteration order
+data-parallel count instead (1 with TP=8), several processes of one machine would each see
+itself as a node's leader and register the same shared memory (tried: 2 x 2 told 2 processes
+per node, ``FileExistsError: '/0000NN_locals'`` on rank 0). Streaming's own ``replication`` (its iteration order
 repeated over consecutive ranks) does not apply: the readers follow the plan, not streaming's
 partition.
 """

@@ -59,6 +59,9 @@ class PlanDataset(IterableDataset[Pack]):
     Each record dict holds at least ``sample_id`` (global index in write order) and the
     record's columns (``input_ids`` as a numpy array for datasets bcl-stream writes).
     ``len()`` is the number of packs per rank in the current epoch, equal on every rank.
+    ``rank`` is a data-parallel rank: under tensor or context parallelism every process of a
+    group passes the group's rank and yields the same packs (``config.plan.world_size`` then
+    divides the process group); None detects it from the process group (one process a rank).
     """
 
     location: str = ""
@@ -72,11 +75,17 @@ class PlanDataset(IterableDataset[Pack]):
         if not 0 <= self.rank < config.plan.world_size:
             raise ValueError(f"rank must be in [0, {config.plan.world_size}), got {self.rank}")
         if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # The plan's ranks are data-parallel ranks. A rank detected from the process group
+            # is a process: one per plan rank. A rank given by the caller may be a data-parallel
+            # rank shared by a tensor/context-parallel group of world // world_size processes.
             world = torch.distributed.get_world_size()
-            if world != config.plan.world_size:
+            dp = config.plan.world_size
+            if world != dp and (rank is None or world % dp):
                 raise ValueError(
-                    f"ReaderConfig.world_size={config.plan.world_size} but the process group has "
-                    f"{world} ranks; ranks would disagree on the plan. Set world_size={world}."
+                    f"ReaderConfig.world_size={dp} but the process group has {world} ranks; "
+                    f"ranks would disagree on the plan. Set world_size={world}, or (tensor or "
+                    "context parallelism) pass the data-parallel rank explicitly with a "
+                    "world_size that divides the process group."
                 )
         self.fingerprint = index.fingerprint()
         # [epoch, first pack, n segments, (world_size, ranks_per_node, packs_consumed) * n]:

@@ -1,0 +1,135 @@
+"""One epoch of BCL packs on 4 CPU processes (gloo) as 2 data-parallel x 2 tensor-parallel
+under Lightning's ``ModelParallelStrategy``, with Fabric or with the Trainer; TinyGPT with real
+tensor parallelism on its MLPs and FSDP2 across data-parallel ranks
+(``lightning_module.parallel``).
+
+Usage: ``python mesh_fit.py fabric|trainer DATA OUT``. Lightning launches the other 3
+processes by re-running this script. Each process g writes ``OUT/logs/packs_rank{g}.jsonl``
+(the PackLogger format) and ``OUT/process{g}.json``: its TrainerLayout, the environment Mosaic
+Streaming read, the plan's world size and its loss per step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE.parents[2])]  # lightning_scripts, the checkout
+
+import lightning as L  # noqa: E402
+import lightning.pytorch as pl  # noqa: E402
+import torch  # noqa: E402
+
+from lightning_module.callbacks import PackLogWriter  # noqa: E402
+from lightning_module.datamodule import BCLDataModule  # noqa: E402
+from lightning_module.parallel import parallelize  # noqa: E402
+from lightning_module.tinygpt import TinyGPT  # noqa: E402
+from lightning_scripts.harness import make_trainer, tiny_config  # noqa: E402
+
+PACK, WINDOW, SEED, DP, TP = 8, 4, 5, 2, 2
+DATAMODULE: dict[str, Any] = {
+    "pack_size": PACK, "window": WINDOW, "seed": SEED, "layout": "packed", "max_seq_len": 128,
+    "num_workers": 1, "scope": "node",
+}  # fmt: skip
+
+
+def streaming_env() -> dict[str, str | None]:
+    """What Mosaic Streaming reads (Lightning removes WORLD_SIZE again at teardown)."""
+    return {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
+
+
+def write_process(
+    out: Path, rank: int, dm: BCLDataModule, env: dict[str, str | None], losses: list[float]
+) -> None:
+    layout = dm.layout_used
+    assert layout is not None and dm.dataset is not None
+    (out / f"process{rank}.json").write_text(
+        json.dumps(
+            {
+                "layout": {
+                    "rank": layout.rank,
+                    "world_size": layout.world_size,
+                    "ranks_per_node": layout.ranks_per_node,
+                    "group_size": layout.group_size,
+                    "local_processes": layout.local_processes,
+                },
+                "streaming_env": env,
+                "plan": {
+                    "world_size": dm.dataset.config.plan.world_size,
+                    "ranks_per_node": dm.dataset.config.plan.ranks_per_node,
+                },
+                "losses": losses,
+            }
+        )
+    )
+
+
+def run_fabric(data: str, out: Path) -> None:
+    from lightning.fabric.strategies import ModelParallelStrategy
+
+    strategy = ModelParallelStrategy(
+        parallelize_fn=parallelize, data_parallel_size=DP, tensor_parallel_size=TP
+    )
+    fabric = L.Fabric(accelerator="cpu", devices=DP * TP, strategy=strategy)
+    fabric.launch()
+    fabric.seed_everything(0)
+    dm = BCLDataModule(data, **DATAMODULE)
+    dm.setup_fabric(fabric)
+    env = streaming_env()
+    model = fabric.setup_module(TinyGPT(tiny_config()))
+    model.mark_forward_method("loss")
+    optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=1e-3))
+    log = PackLogWriter(out / "logs", fabric.global_rank, fresh=True)
+    losses = []
+    for i, batch in enumerate(dm.train_dataloader()):
+        loss = model.loss(batch)
+        fabric.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+        log.write(step=i, epoch=0, batch_idx=i, batch=batch, step_seconds=0.0, forward_seconds=0.0)
+    log.close()
+    write_process(out, fabric.global_rank, dm, env, losses)
+
+
+class Losses(pl.Callback):
+    """The loss of every training batch of this process, and the streaming environment."""
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+        self.env: dict[str, str | None] = {}
+
+    def on_train_start(self, trainer: Any, module: Any) -> None:
+        self.env = streaming_env()
+
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, *args: Any) -> None:
+        self.values.append(float(outputs["loss"].detach()))
+
+
+def run_trainer(data: str, out: Path) -> None:
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    losses = Losses()
+    # No seed: the processes initialise TinyGPT differently, and parallelize() must still
+    # give a tensor-parallel group one model (the losses of a group are compared).
+    trainer = make_trainer(
+        out,
+        max_epochs=1,
+        devices=DP * TP,
+        strategy=ModelParallelStrategy(data_parallel_size=DP, tensor_parallel_size=TP),
+        callbacks=[losses],
+    )
+    dm = BCLDataModule(data, **DATAMODULE)
+    trainer.fit(TinyGPT(tiny_config()), dm)
+    write_process(out, trainer.global_rank, dm, losses.env, losses.values)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    mode, data, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    out.mkdir(parents=True, exist_ok=True)
+    {"fabric": run_fabric, "trainer": run_trainer}[mode](data, out)

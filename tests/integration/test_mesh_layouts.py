@@ -1,0 +1,96 @@
+"""Tensor parallelism under Lightning's ``ModelParallelStrategy``: 4 CPU processes (gloo) as
+2 data-parallel x 2 tensor-parallel, with Fabric and with the Trainer, one epoch of TinyGPT
+with real tensor parallelism on its MLPs (``lightning_module.parallel``).
+
+Checks, per run: the two processes of a tensor-parallel group yield identical packs (and, one
+model split over them, identical losses); the two data-parallel ranks yield different records;
+the packs are exactly those of the plan made directly for 2 ranks (not the one for the 4
+processes); every record once across data-parallel ranks or in the plan's remainder; equal
+pack counts; Mosaic Streaming was given the physical layout (4 processes on this node).
+
+Each run is a subprocess script (``lightning_scripts/mesh_fit.py``): Lightning launches the
+other processes by re-running the script, which under pytest would re-run pytest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bcl_stream.epoch.plan import ReaderConfig, full_plan
+from bcl_stream.io.index import read_index
+from lightning_module.callbacks import read_pack_log
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+SCRIPT = HERE / "lightning_scripts" / "mesh_fit.py"
+PACK, WINDOW, SEED, DP, TP = 8, 4, 5, 2, 2
+pytestmark = [pytest.mark.slow, pytest.mark.shared_process]
+
+
+def run(
+    mode: str, data: Path, out: Path
+) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """Run the script; the 4 processes' pack logs and their process reports."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "BCL_STREAM_KEEP_SHM": "1"}
+    for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK"):
+        env.pop(key, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), mode, str(data), str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    logs = [read_pack_log(out / "logs" / f"packs_rank{g}.jsonl") for g in range(DP * TP)]
+    reports = [json.loads((out / f"process{g}.json").read_text()) for g in range(DP * TP)]
+    return logs, reports
+
+
+@pytest.mark.parametrize("mode", ["fabric", "trainer"])
+def test_tensor_parallel_groups_share_packs_and_the_plan_is_for_data_parallel_ranks(
+    mode: str, mds_dir: Path, tmp_path: Path
+) -> None:
+    logs, reports = run(mode, mds_dir, tmp_path / mode)
+    index = read_index(mds_dir)
+    config = {"pack_size": PACK, "window": WINDOW, "seed": SEED, "scope": "node"}
+    plan = full_plan(
+        index, ReaderConfig.build(world_size=DP, ranks_per_node=DP, layout="packed", **config), 0
+    )
+    per_process = full_plan(
+        index, ReaderConfig.build(world_size=DP * TP, ranks_per_node=DP * TP, **config), 0
+    )
+    packs = [[line["sample_ids"] for line in log] for log in logs]
+    for g, report in enumerate(reports):
+        dp_rank = g // TP
+        assert report["layout"] == {
+            "rank": dp_rank, "world_size": DP, "ranks_per_node": DP, "group_size": TP,
+            "local_processes": DP * TP,
+        }  # fmt: skip
+        assert report["plan"] == {"world_size": DP, "ranks_per_node": DP}
+        # streaming: every process of the node, so one shared cache and one leader per node
+        assert report["streaming_env"] == {
+            "RANK": str(g), "WORLD_SIZE": str(DP * TP), "LOCAL_WORLD_SIZE": str(DP * TP),
+        }  # fmt: skip
+        assert packs[g] == plan.rank_packs(dp_rank).tolist(), f"process {g}"
+        assert [line["rank"] for line in logs[g]] == [g] * plan.n_packs
+    # the discriminating control: a plan for the 4 processes would have given other packs
+    assert packs[0] != per_process.rank_packs(0).tolist()
+    for first in range(0, DP * TP, TP):  # a tensor-parallel group: one model, one stream
+        group = range(first, first + TP)
+        assert all(packs[g] == packs[first] for g in group)
+        losses = [reports[g]["losses"] for g in group]
+        assert len(losses[0]) == plan.n_packs
+        assert all(np.allclose(x, losses[0], rtol=0, atol=1e-6) for x in losses)
+    assert len({len(p) for p in packs}) == 1  # equal pack counts: collectives never hang
+    assert packs[0] != packs[TP]
+    ids = [i for dp_rank in range(DP) for pack in packs[dp_rank * TP] for i in pack]
+    assert all(len(pack) == PACK for p in packs for pack in p)
+    assert len(ids) == len(set(ids)), "a record reached two data-parallel ranks"
+    assert len(ids) + sum(plan.remainder_counts().values()) == len(index) == 300
