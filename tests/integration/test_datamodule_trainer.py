@@ -2,9 +2,11 @@
 trainer's world size, ranks per node and accumulation and the collate's layout; an explicit
 value that contradicts the trainer is refused naming which setting wins.
 
-The configs target GPUs (devices x nodes up to 4 x 8); here they are built on CPU with only the
+The configs target GPUs (devices x nodes up to 8 x 8); here they are built on CPU with only the
 accelerator changed, so the Trainer's layout is the config's, and the DataModule's ``setup()``
-runs for rank 0 of that layout on the test dataset (a mixture's streams on copies of it).
+runs for rank 0 of that layout on the test dataset (a mixture's streams on copies of it). A
+tensor-parallel config (``ModelParallelStrategy``, not launched here) plans for its
+data-parallel ranks, from the sizes its strategy was given.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import yaml
 from lightning.pytorch.cli import LightningCLI
 
 from lightning_module.datamodule import BCLDataModule
+from lightning_module.parallel import tensor_parallel_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -62,10 +65,18 @@ def test_every_shipped_config_plans_what_its_trainer_runs(
     nodes = shipped["trainer"].get("num_nodes", 1)
     devices = shipped["trainer"]["devices"]
     accumulate = shipped["trainer"].get("accumulate_grad_batches", 1)
-    assert (plan.world_size, plan.ranks_per_node) == (nodes * devices, devices)
-    assert (plan.world_size, plan.ranks_per_node) == (trainer.world_size, trainer.num_devices)
+    strategy = shipped["trainer"].get("strategy")
+    sizes = strategy.get("init_args", {}) if isinstance(strategy, dict) else {}
+    tp = sizes.get("tensor_parallel_size", 1)  # a tensor-parallel group: one data-parallel rank
+    assert sizes.get("data_parallel_size", nodes * devices) * tp == nodes * devices
+    assert (plan.world_size, plan.ranks_per_node) == (nodes * devices // tp, max(1, devices // tp))
+    assert trainer.world_size == nodes * devices and trainer.num_devices == devices
+    layout = module.layout_used
+    assert layout is not None and (layout.group_size, layout.local_processes) == (tp, devices)
     assert plan.grad_accum == accumulate == trainer.accumulate_grad_batches
     assert plan.layout == shipped["data"].get("layout", "padded") == module.layout
+    if tp > 1:  # the model's configure_model can split it at that size
+        assert tensor_parallel_plan(cli.model, tp)
 
 
 def test_accumulation_and_layout_reach_the_plan_and_the_cursor(
