@@ -8,6 +8,9 @@ the packs are exactly those of the plan made directly for 2 ranks (not the one f
 processes); every record once across data-parallel ranks or in the plan's remainder; equal
 pack counts; Mosaic Streaming was given the physical layout (4 processes on this node).
 
+And ``parallelize`` itself: split over 2 processes, TinyGPT and a tiny Hugging Face Llama
+compute what the unsplit model computes, before and after an optimizer step.
+
 Each run is a subprocess script (``lightning_scripts/mesh_fit.py``): Lightning launches the
 other processes by re-running the script, which under pytest would re-run pytest.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -94,3 +98,27 @@ def test_tensor_parallel_groups_share_packs_and_the_plan_is_for_data_parallel_ra
     assert all(len(pack) == PACK for p in packs for pack in p)
     assert len(ids) == len(set(ids)), "a record reached two data-parallel ranks"
     assert len(ids) + sum(plan.remainder_counts().values()) == len(index) == 300
+
+
+def test_parallelize_splits_tinygpt_and_llama_without_changing_what_they_compute(
+    tmp_path: Path,
+) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = tmp_path / "tp.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "lightning_scripts" / "tp_equivalence.py"), str(port), str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads(out.read_text())
+    # TinyGPT: gate/up/down of 2 blocks; Llama: q/k/v/o and gate/up/down of 2 layers
+    assert {k: v["split_layers"] for k, v in results.items()} == {"tinygpt": 6, "llama": 14}
+    for name, r in results.items():
+        assert r["max_logit_diff"] < 1e-5, name
+        assert abs(r["loss"] - r["loss_unsplit"]) < 1e-5, name
+        assert abs(r["step_loss"] - r["loss"]) > 1e-2, name  # the step changed the model
+        assert r["step_loss_diff"] < 1e-4, name  # and changed both copies alike
