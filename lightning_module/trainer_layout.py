@@ -158,9 +158,7 @@ class TrainerLayout:
                 "needs the data-parallel dimension outermost in the device mesh (as Lightning's "
                 "ModelParallelStrategy builds it)"
             )
-        per_node = max(1, processes_per_node // group) if processes_per_node % group == 0 else 1
-        if dp_size % per_node:
-            per_node = 1
+        per_node = processes_per_node // group if processes_per_node % group == 0 else 1
         return cls(
             rank=dp_rank,
             world_size=dp_size,

@@ -145,7 +145,10 @@ def set_streaming_env(local_world_size: int) -> None:
 
     Why: Lightning's ``ddp`` launcher sets ``LOCAL_RANK``, ``NODE_RANK`` and ``WORLD_SIZE`` but
     not ``RANK`` or ``LOCAL_WORLD_SIZE``; streaming names its shared memory from those three,
-    and without them two ranks collide (``FileExistsError: '/0000NN_locals'``). Only under an
+    and without them two ranks collide (``FileExistsError: '/0000NN_locals'``).
+    ``local_world_size`` is the processes on this node, not the data-parallel ranks: under
+    tensor or context parallelism the processes of a node share one streaming registration
+    (one local leader, one cache), whatever data-parallel rank each reads for. Only under an
     initialised process group, and from it: a single process that plans for a rank of a larger
     world (tests, inspection) keeps streaming's defaults (rank 0 of 1) and the environment.
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from lightning_module.parallel import tensor_parallel_plan
 from lightning_module.tinygpt import TinyGPT, TinyGPTConfig
-from lightning_module.trainer_layout import TrainerLayout, data_parallel_of
+from lightning_module.trainer_layout import TrainerLayout, data_parallel_of, mesh_data_parallel
 
 
 @pytest.mark.parametrize(
@@ -63,6 +63,10 @@ def test_a_mesh_with_data_parallel_inside_is_refused() -> None:
         TrainerLayout.of_processes(
             global_rank=1, processes=4, processes_per_node=4, data_parallel=(1, 2)
         )
+    with pytest.raises(ValueError, match=r"ranks_per_node=4 must divide world_size=6"):
+        TrainerLayout.of_processes(
+            global_rank=0, processes=6, processes_per_node=4, data_parallel=None
+        )  # LOCAL_WORLD_SIZE that does not divide the world: refused, not guessed
     with pytest.raises(ValueError, match=r"does not divide the 6 processes"):
         TrainerLayout.of_processes(
             global_rank=0, processes=6, processes_per_node=6, data_parallel=(0, 4)
@@ -118,3 +122,51 @@ def test_the_tensor_parallel_plan_splits_exact_pairs_only() -> None:
         tensor_parallel_plan(llama, 3)
     lone = nn.ModuleDict({"mlp": nn.ModuleDict({"down": nn.Linear(4, 4)})})
     assert tensor_parallel_plan(lone, 2) == {}  # a half pair is never split
+
+
+class FakeMesh:
+    """A ``DeviceMesh`` as ``mesh_data_parallel`` reads it: names, and a sub-mesh per name
+    with ``get_local_rank()`` and ``size()`` (a real one needs a process group)."""
+
+    def __init__(self, shape: dict[str, int], coords: dict[str, int]) -> None:
+        self.mesh_dim_names = tuple(shape)
+        self.shape, self.coords = shape, coords
+
+    def __getitem__(self, name: str) -> FakeMesh:
+        return FakeMesh({name: self.shape[name]}, {name: self.coords[name]})
+
+    def get_local_rank(self) -> int:
+        return next(iter(self.coords.values()))
+
+    def size(self) -> int:
+        return next(iter(self.shape.values()))
+
+
+def test_a_context_parallel_mesh_is_one_data_parallel_rank_per_group() -> None:
+    """DP 2 x CP 2 x TP 2 on 8 processes of one node: groups of 4 (CP x TP), 2 ranks."""
+    shape = {"data_parallel": 2, "context_parallel": 2, "tensor_parallel": 2}
+    for g in range(8):
+        coords = {"data_parallel": g // 4, "context_parallel": g // 2 % 2, "tensor_parallel": g % 2}
+        layout = TrainerLayout.of_processes(
+            global_rank=g,
+            processes=8,
+            processes_per_node=8,
+            data_parallel=mesh_data_parallel(FakeMesh(shape, coords)),
+        )
+        assert (layout.rank, layout.world_size, layout.ranks_per_node) == (g // 4, 2, 2)
+        assert (layout.group_size, layout.local_processes) == (4, 8)
+    assert mesh_data_parallel(FakeMesh({"tensor_parallel": 2}, {"tensor_parallel": 1})) is None
+
+
+def test_an_unlaunched_fabric_plans_for_its_data_parallel_size() -> None:
+    from lightning.fabric import Fabric
+    from lightning.fabric.strategies import ModelParallelStrategy as FabricModelParallel
+
+    strategy = FabricModelParallel(
+        parallelize_fn=lambda m, _: m, data_parallel_size=2, tensor_parallel_size=2
+    )
+    fabric = Fabric(accelerator="cpu", devices=4, strategy=strategy)
+    layout = TrainerLayout.of_fabric(fabric)
+    assert (layout.rank, layout.world_size, layout.group_size, layout.local_processes) == (
+        0, 2, 2, 4,
+    )  # fmt: skip
