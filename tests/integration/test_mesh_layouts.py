@@ -6,7 +6,8 @@ Checks, per run: the two processes of a tensor-parallel group yield identical pa
 model split over them, identical losses); the two data-parallel ranks yield different records;
 the packs are exactly those of the plan made directly for 2 ranks (not the one for the 4
 processes); every record once across data-parallel ranks or in the plan's remainder; equal
-pack counts; Mosaic Streaming was given the physical layout (4 processes on this node).
+pack counts; Mosaic Streaming was given the physical layout (4 processes on this node). The
+Trainer's distributed checkpoint resumes exactly in new processes.
 
 And ``parallelize`` itself: split over 2 processes, TinyGPT and a tiny Hugging Face Llama
 compute what the unsplit model computes, before and after an optimizer step.
@@ -39,16 +40,17 @@ PACK, WINDOW, SEED, DP, TP = 8, 4, 5, 2, 2
 pytestmark = [pytest.mark.slow, pytest.mark.shared_process]
 
 
-def run(
-    mode: str, data: Path, out: Path
-) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
+Run = tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]
+
+
+def run(mode: str, data: Path, out: Path, *resume: str) -> Run:
     """Run the script; the 4 processes' pack logs and their process reports."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "BCL_STREAM_KEEP_SHM": "1"}
     for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK"):
         env.pop(key, None)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), mode, str(data), str(out)],
+        [sys.executable, str(SCRIPT), mode, str(data), str(out), *resume],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -57,11 +59,21 @@ def run(
     return logs, reports
 
 
+@pytest.fixture(scope="module")
+def trainer_run(mds_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Run]:
+    """The Trainer's epoch (a checkpoint after step 7), shared by the layout and resume tests."""
+    out = tmp_path_factory.mktemp("mesh") / "trainer"
+    return out, run("trainer", mds_dir, out)
+
+
 @pytest.mark.parametrize("mode", ["fabric", "trainer"])
 def test_tensor_parallel_groups_share_packs_and_the_plan_is_for_data_parallel_ranks(
-    mode: str, mds_dir: Path, tmp_path: Path
+    mode: str, mds_dir: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    logs, reports = run(mode, mds_dir, tmp_path / mode)
+    if mode == "trainer":
+        logs, reports = request.getfixturevalue("trainer_run")[1]
+    else:
+        logs, reports = run(mode, mds_dir, tmp_path / mode)
     index = read_index(mds_dir)
     config = {"pack_size": PACK, "window": WINDOW, "seed": SEED, "scope": "node"}
     plan = full_plan(
@@ -98,6 +110,23 @@ def test_tensor_parallel_groups_share_packs_and_the_plan_is_for_data_parallel_ra
     assert all(len(pack) == PACK for p in packs for pack in p)
     assert len(ids) == len(set(ids)), "a record reached two data-parallel ranks"
     assert len(ids) + sum(plan.remainder_counts().values()) == len(index) == 300
+
+
+def test_a_tensor_parallel_trainer_resumes_exactly(
+    mds_dir: Path, tmp_path: Path, trainer_run: tuple[Path, Run]
+) -> None:
+    """The distributed checkpoint after step 7, resumed in new processes: every process yields
+    the uninterrupted run's packs from step 7 on, with the same losses (model, optimizer and
+    the data cursor restored)."""
+    out, (full_logs, full_reports) = trainer_run
+    ckpt = out / "ckpt" / "step=7.ckpt"
+    assert ckpt.is_dir()  # one file per process and the metadata
+    logs, reports = run("trainer", mds_dir, tmp_path / "resumed", str(ckpt))
+    for g in range(DP * TP):
+        want = [(x["step"], x["sample_ids"]) for x in full_logs[g] if x["step"] >= 7]
+        assert [(x["step"], x["sample_ids"]) for x in logs[g]] == want, f"process {g}"
+        assert len(want) == len(full_logs[g]) - 7 > 0
+        assert np.allclose(reports[g]["losses"], full_reports[g]["losses"][7:], atol=1e-5)
 
 
 def test_parallelize_splits_tinygpt_and_llama_without_changing_what_they_compute(

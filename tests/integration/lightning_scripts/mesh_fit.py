@@ -3,7 +3,8 @@ under Lightning's ``ModelParallelStrategy``, with Fabric or with the Trainer; Ti
 tensor parallelism on its MLPs and FSDP2 across data-parallel ranks
 (``lightning_module.parallel``).
 
-Usage: ``python mesh_fit.py fabric|trainer DATA OUT``. Lightning launches the other 3
+Usage: ``python mesh_fit.py fabric|trainer DATA OUT [CKPT]`` (the Trainer saves a
+checkpoint after step 7 in ``OUT/ckpt/step=7.ckpt``; CKPT: resume from one). Lightning launches the other 3
 processes by re-running this script. Each process g writes ``OUT/logs/packs_rank{g}.jsonl``
 (the PackLogger format) and ``OUT/process{g}.json``: its TrainerLayout, the environment Mosaic
 Streaming read, the plan's world size and its loss per step.
@@ -31,6 +32,7 @@ from lightning_module.tinygpt import TinyGPT  # noqa: E402
 from lightning_scripts.harness import make_trainer, tiny_config  # noqa: E402
 
 PACK, WINDOW, SEED, DP, TP = 8, 4, 5, 2, 2
+SAVE_AT = 7
 DATAMODULE: dict[str, Any] = {
     "pack_size": PACK, "window": WINDOW, "seed": SEED, "layout": "packed", "max_seq_len": 128,
     "num_workers": 1, "scope": "node",
@@ -110,7 +112,9 @@ class Losses(pl.Callback):
         self.values.append(float(outputs["loss"].detach()))
 
 
-def run_trainer(data: str, out: Path) -> None:
+def run_trainer(data: str, out: Path, resume: str | None = None) -> None:
+    """A distributed checkpoint after step ``SAVE_AT`` in ``out/ckpt``; ``resume``: a
+    checkpoint to resume from."""
     from lightning.pytorch.strategies import ModelParallelStrategy
 
     losses = Losses()
@@ -122,9 +126,10 @@ def run_trainer(data: str, out: Path) -> None:
         devices=DP * TP,
         strategy=ModelParallelStrategy(data_parallel_size=DP, tensor_parallel_size=TP),
         callbacks=[losses],
+        save_at=(SAVE_AT,),
     )
     dm = BCLDataModule(data, **DATAMODULE)
-    trainer.fit(TinyGPT(tiny_config()), dm)
+    trainer.fit(TinyGPT(tiny_config()), dm, ckpt_path=resume)
     write_process(out, trainer.global_rank, dm, losses.env, losses.values)
 
 
@@ -132,4 +137,7 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     mode, data, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     out.mkdir(parents=True, exist_ok=True)
-    {"fabric": run_fabric, "trainer": run_trainer}[mode](data, out)
+    if mode == "fabric":
+        run_fabric(data, out)
+    else:
+        run_trainer(data, out, sys.argv[4] if len(sys.argv) > 4 else None)

@@ -114,4 +114,10 @@ def worker(rank: int, port: int, out: str) -> None:
 
 
 if __name__ == "__main__":
-    mp.spawn(worker, args=(int(sys.argv[1]), sys.argv[2]), nprocs=TP, join=True)
+    import transformers.models.llama.modeling_llama  # noqa: F401  # once, before the fork
+
+    # fork, not spawn: the children inherit torch and transformers instead of importing them
+    # again (no process group exists before the fork)
+    mp.start_processes(
+        worker, args=(int(sys.argv[1]), sys.argv[2]), nprocs=TP, join=True, start_method="fork"
+    )
