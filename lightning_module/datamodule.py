@@ -8,11 +8,11 @@ exported by ``bcl_stream.io.streaming_compat.set_streaming_env``. What is left:
 
 - **The trainer decides the layout.** :meth:`setup` takes the data-parallel rank and size,
   the data-parallel ranks per node (``lightning_module.trainer_layout``: a tensor-parallel
-  group yields identical packs) and the gradient accumulation from the trainer, and the planner's layout from the collate
-  layout (a padded batch costs B x its costliest record, a packed one the sum: the plan must
-  balance the cost the batch will have). A value given explicitly (``ranks_per_node``,
-  ``plan={"grad_accum": ...}``, ``plan={"layout": ...}``) that contradicts them is refused
-  with one line saying which setting wins. Fabric scripts call :meth:`setup_fabric` or
+  group yields identical packs) and the gradient accumulation from the trainer, and the
+  planner's layout from the collate layout (a padded batch costs B x its costliest record, a
+  packed one the sum: the plan must balance the cost the batch will have). A value given
+  explicitly (``ranks_per_node``, ``plan={"grad_accum": ...}``, ``plan={"layout": ...}``)
+  that contradicts them is refused with one line saying which setting wins. Fabric scripts call :meth:`setup_fabric` or
   :meth:`setup_for` with the same values.
 - **One cursor, saved twice.** The loader owns the cursor. Lightning saves the loader's
   ``state_dict()`` and restores it before ``iter()``, except under bug #20550
@@ -154,8 +154,8 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
         seed: shuffle seed; the epoch order is a pure function of (seed, epoch).
         shuffle: False keeps write order.
         cache_dir: local cache for a remote dataset (required for ``s3://``).
-        ranks_per_node: None (default) takes the trainer's devices per node; a value that
-            differs from the trainer's is refused.
+        ranks_per_node: None (default) takes the trainer's data-parallel ranks per node (devices
+            per node without tensor parallelism); a value that differs is refused.
         allow_resize: resume a state saved under another world size (elastic) or refuse it.
         tokens_field, tokens_dtype: the column of token ids when it is not ``input_ids``
             (any name; raw integer bytes need their dtype: ``int64`` for llm-foundry's

@@ -33,9 +33,9 @@ in streaming 0.13's ``StreamingDataset.prepare_shard``, not measured here), and 
 records because they follow the same plan (measured: the mesh tests). Given the
 data-parallel count instead (1 with TP=8), several processes of one machine would each see
 itself as a node's leader and register the same shared memory (tried: 2 x 2 told 2 processes
-per node, ``FileExistsError: '/0000NN_locals'`` on rank 0). Streaming's own ``replication`` (its iteration order
-repeated over consecutive ranks) does not apply: the readers follow the plan, not streaming's
-partition.
+per node, ``FileExistsError: '/0000NN_locals'`` on rank 0). Streaming's own
+``replication`` (its iteration order repeated over consecutive ranks) does not apply: the
+readers follow the plan, not streaming's partition.
 """
 
 from __future__ import annotations

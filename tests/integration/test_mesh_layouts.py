@@ -138,8 +138,9 @@ def test_parallelize_splits_tinygpt_and_llama_without_changing_what_they_compute
     out = tmp_path / "tp.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    script = HERE / "lightning_scripts" / "tp_equivalence.py"
     proc = subprocess.run(
-        [sys.executable, str(HERE / "lightning_scripts" / "tp_equivalence.py"), str(port), str(out)],
+        [sys.executable, str(script), str(port), str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

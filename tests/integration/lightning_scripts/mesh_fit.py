@@ -3,9 +3,9 @@ under Lightning's ``ModelParallelStrategy``, with Fabric or with the Trainer; Ti
 tensor parallelism on its MLPs and FSDP2 across data-parallel ranks
 (``lightning_module.parallel``).
 
-Usage: ``python mesh_fit.py fabric|trainer DATA OUT [CKPT]`` (the Trainer saves a
-checkpoint after step 7 in ``OUT/ckpt/step=7.ckpt``; CKPT: resume from one). Lightning launches the other 3
-processes by re-running this script. Each process g writes ``OUT/logs/packs_rank{g}.jsonl``
+Usage: ``python mesh_fit.py fabric|trainer DATA OUT [CKPT]`` (the Trainer saves a checkpoint
+after step 7 in ``OUT/ckpt/step=7.ckpt``; CKPT: resume from one). Lightning launches the
+other 3 processes by re-running this script. Each process g writes ``OUT/logs/packs_rank{g}.jsonl``
 (the PackLogger format) and ``OUT/process{g}.json``: its TrainerLayout, the environment Mosaic
 Streaming read, the plan's world size and its loss per step.
 """
