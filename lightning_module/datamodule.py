@@ -403,10 +403,13 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
                 fix="Lower pack_size or the number of ranks, or use more data.",
             )
             counts = plan.remainder_counts()
+            group = 1 if self.layout_used is None else self.layout_used.group_size
+            groups = f" (data-parallel ranks of {group} processes each)" if group > 1 else ""
             rank_zero_info(
                 f"BCLDataModule: {self.packing} packing, {plan.n_packs} packs of "
                 f"{self.pack_size} records per rank in epoch {plan.epoch} on "
-                f"{layout_text(ds.config.plan.world_size, ds.config.plan.ranks_per_node)}; "
+                f"{layout_text(ds.config.plan.world_size, ds.config.plan.ranks_per_node)}"
+                f"{groups}; "
                 f"records of that epoch not yielded, by reason: {counts or 'none'}"
             )
         return loader

@@ -40,11 +40,11 @@ PACK, WINDOW, SEED, DP, TP = 8, 4, 5, 2, 2
 pytestmark = [pytest.mark.slow, pytest.mark.shared_process]
 
 
-Run = tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]
+Run = tuple[list[list[dict[str, Any]]], list[dict[str, Any]], str]
 
 
 def run(mode: str, data: Path, out: Path, *resume: str) -> Run:
-    """Run the script; the 4 processes' pack logs and their process reports."""
+    """Run the script; the 4 processes' pack logs, their process reports and the output."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "BCL_STREAM_KEEP_SHM": "1"}
     for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK"):
         env.pop(key, None)
@@ -56,7 +56,7 @@ def run(mode: str, data: Path, out: Path, *resume: str) -> Run:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     logs = [read_pack_log(out / "logs" / f"packs_rank{g}.jsonl") for g in range(DP * TP)]
     reports = [json.loads((out / f"process{g}.json").read_text()) for g in range(DP * TP)]
-    return logs, reports
+    return logs, reports, proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +71,9 @@ def test_tensor_parallel_groups_share_packs_and_the_plan_is_for_data_parallel_ra
     mode: str, mds_dir: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     if mode == "trainer":
-        logs, reports = request.getfixturevalue("trainer_run")[1]
+        logs, reports, output = request.getfixturevalue("trainer_run")[1]
     else:
-        logs, reports = run(mode, mds_dir, tmp_path / mode)
+        logs, reports, output = run(mode, mds_dir, tmp_path / mode)
     index = read_index(mds_dir)
     config = {"pack_size": PACK, "window": WINDOW, "seed": SEED, "scope": "node"}
     plan = full_plan(
@@ -83,6 +83,8 @@ def test_tensor_parallel_groups_share_packs_and_the_plan_is_for_data_parallel_ra
         index, ReaderConfig.build(world_size=DP * TP, ranks_per_node=DP * TP, **config), 0
     )
     packs = [[line["sample_ids"] for line in log] for log in logs]
+    said = "on 2 ranks = 1 node x 2 ranks per node (data-parallel ranks of 2 processes each)"
+    assert f"{plan.n_packs} packs of {PACK} records per rank in epoch 0 {said}" in output
     for g, report in enumerate(reports):
         dp_rank = g // TP
         assert report["layout"] == {
@@ -118,10 +120,10 @@ def test_a_tensor_parallel_trainer_resumes_exactly(
     """The distributed checkpoint after step 7, resumed in new processes: every process yields
     the uninterrupted run's packs from step 7 on, with the same losses (model, optimizer and
     the data cursor restored)."""
-    out, (full_logs, full_reports) = trainer_run
+    out, (full_logs, full_reports, _) = trainer_run
     ckpt = out / "ckpt" / "step=7.ckpt"
     assert ckpt.is_dir()  # one file per process and the metadata
-    logs, reports = run("trainer", mds_dir, tmp_path / "resumed", str(ckpt))
+    logs, reports, _ = run("trainer", mds_dir, tmp_path / "resumed", str(ckpt))
     for g in range(DP * TP):
         want = [(x["step"], x["sample_ids"]) for x in full_logs[g] if x["step"] >= 7]
         assert [(x["step"], x["sample_ids"]) for x in logs[g]] == want, f"process {g}"
