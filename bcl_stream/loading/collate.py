@@ -57,6 +57,7 @@ from bcl_stream.cost import resolve
 from bcl_stream.epoch.loss_tokens import STEP_LOSS_TOKENS
 from bcl_stream.epoch.mixture_index import MixtureIndex
 from bcl_stream.epoch.plan import PlanData
+from bcl_stream.epoch.truncation import fed_costs
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.reader_base import Pack
 from bcl_stream.loading.loss_mask import target_mask
@@ -241,16 +242,18 @@ class PackCollate:
         step_records: int | None = None,
     ) -> PackCollate:
         """The collate of a reader over ``index`` (a cost index or a mixture), costs under
-        ``cost_model`` (None: the stored ones; a mixture: each stream's own model)."""
+        ``cost_model`` (None: the stored ones; a mixture: each stream's own model), records
+        longer than ``max_seq_len`` at their truncated cost, as the planner costs them."""
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         _check_labels(labels)
         model = None if cost_model is None else resolve(cost_model)
         if isinstance(index, MixtureIndex):
             models = index.stream_models(model)
-            costs = tuple(ix.costs(m) for ix, m in zip(index.indexes, models, strict=True))
+            view = fed_costs(index, models, index.costs(model), max_seq_len)
+            costs = tuple(view.parts)
         else:
-            costs = (index.costs(model),)
+            costs = (fed_costs(index, [model], index.costs(model), max_seq_len),)
         return cls(layout, costs, max_seq_len, labels, step_records)
 
     def __call__(self, pack: Pack) -> dict[str, Any]:

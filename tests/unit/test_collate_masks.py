@@ -118,18 +118,18 @@ def test_truncation_cuts_the_mask_with_the_tokens() -> None:
 @pytest.mark.parametrize(
     ("spans", "problem"),
     [
-        ([1, 2, 3], "odd number"),
-        ([3, 3], "empty or reversed"),
-        ([4, 2], "empty or reversed"),
-        ([4, 6, 1, 3], "unsorted or overlap"),
-        ([1, 4, 3, 6], "unsorted or overlap"),
-        ([2, 12], "reach past"),
+        ([1, 2, 3], "odd length"),
+        ([3, 3], "is empty"),
+        ([4, 2], "is empty"),
+        ([4, 6, 1, 3], "overlap or are unsorted"),
+        ([1, 4, 3, 6], "overlap or are unsorted"),
+        ([2, 12], "outside the record"),
     ],
 )
 def test_malformed_mask_names_the_record(spans: list[int], problem: str) -> None:
     pack = make_pack([(5, None), (8, spans)])
     pack[1]["sample_id"] = 4242
-    with pytest.raises(DatasetError, match=f"sample 4242: loss_spans .*{problem}"):
+    with pytest.raises(DatasetError, match=f"sample 4242: loss_spans .*{problem}.*preprocessing"):
         collate_packed(pack)
 
 
