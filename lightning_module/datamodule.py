@@ -292,7 +292,8 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
         one (``HFCausalLM.max_seq_len``) and it is lower (set by ``setup``)."""
         self.normalization: str | None = None
         """Where each step's loss denominator comes from: ``plan`` (batches carry
-        ``step_loss_tokens``) or ``all_reduce`` (set by ``setup``; docs/sft.md)."""
+        ``step_loss_tokens``), ``all_reduce`` (``rank_step_loss_tokens``) or ``rescale`` (set by
+        ``setup``; ``bcl_stream/epoch/loss_tokens.py``, docs/sft.md)."""
         self._setup_notes: list[str] = []
 
     # -- building -------------------------------------------------------------------------
@@ -360,12 +361,12 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
         if ds.config.max_seq_len is not None and not cut.records:
             ds.config = replace(ds.config, max_seq_len=None)
         self.normalization, why = normalization(ds.index, ds.config)
-        ds.step_loss_tokens = self.normalization == "plan"
-        how = (
-            "step_loss_tokens from the plan, no communication"
-            if self.normalization == "plan"
-            else "one all-reduce per optimizer step in the model"
-        )
+        ds.step_loss_tokens = self.normalization != "rescale"
+        how = {
+            "plan": "step_loss_tokens from the plan, no communication",
+            "all_reduce": "each rank's planned count, one all-reduce per optimizer step",
+            "rescale": "the labels' count, one all-reduce per optimizer step, gradients rescaled",
+        }[self.normalization]
         self._setup_notes = [cut.describe(), f"loss normalization: {how} ({why})"]
 
     def reader_config(self, layout: TrainerLayout) -> ReaderConfig:

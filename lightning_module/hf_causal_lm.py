@@ -15,11 +15,13 @@ divides by the step's trained tokens:
   ``attention_mask``.
 - **Loss.** :meth:`loss` is the mean cross-entropy over the batch's trained tokens (labels
   other than -100), in float32. ``training_step`` divides the batch's summed loss by the
-  optimizer step's trained tokens over every rank and micro-batch: ``step_loss_tokens`` when
-  the batch carries it (the plan knew it, no communication), otherwise it backpropagates the
-  sum and, before the optimizer step (and before gradient clipping), all-reduces one scalar,
-  the rank's trained tokens of the step, and rescales the gradients. Either way DDP with
-  accumulation G gives the gradient of one process on the whole step (tests check both).
+  optimizer step's trained tokens over every rank and micro-batch, taken from where the plan
+  puts it (``bcl_stream/epoch/loss_tokens.py``): ``step_loss_tokens`` on the batch (no
+  communication); or ``rank_step_loss_tokens``, the rank's planned share, all-reduced once at
+  the step's first micro-batch; or, where the index cannot know the count, the summed losses
+  are backpropagated and, before the optimizer step (and before gradient clipping), one
+  all-reduce of the counts in the labels rescales the gradients. Each way DDP with
+  accumulation G gives the gradient of one process on the whole step (tests check all three).
 - **Labels.** Both collate conventions work; ``labels=None`` follows the DataModule's
   (``BCLDataModule.labels``) and an explicit value that contradicts it is refused.
 
@@ -40,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bcl_stream.epoch.loss_tokens import STEP_LOSS_TOKENS
+from bcl_stream.epoch.loss_tokens import RANK_STEP_LOSS_TOKENS, STEP_LOSS_TOKENS
 from bcl_stream.loading.collate import IGNORE_INDEX, LABELS
 
 ATTENTION = ("auto", "flash_attention_2", "sdpa", "eager")
@@ -160,10 +162,12 @@ class HFCausalLM(L.LightningModule):
         self.labels = labels
         self.lr, self.weight_decay = lr, weight_decay
         self.betas = (float(betas[0]), float(betas[1]))
+        self._path: str | None = None
+        """The current step's normalization (``plan``, ``all_reduce``, ``rescale``)."""
+        self._step_total = 0
+        """The current step's trained tokens over every rank (``plan`` and ``all_reduce``)."""
         self._step_tokens = 0
-        """Trained tokens of this rank's micro-batches since the last optimizer step, on the
-        all-reduce path (batches without ``step_loss_tokens``)."""
-        self._reduce = False
+        """Trained tokens of this rank's micro-batches of the current step (``rescale``)."""
 
     # -- set-up ---------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
@@ -231,22 +235,54 @@ class HFCausalLM(L.LightningModule):
         # over W ranks; times W*G over the step's trained tokens, the step's gradient is that of
         # the summed loss over all of them divided by their count.
         scale = self.trainer.world_size * self.trainer.accumulate_grad_batches
-        if STEP_LOSS_TOKENS in batch:
-            return total * (scale / max(int(batch[STEP_LOSS_TOKENS]), 1))
+        denominator = self._denominator(batch)
+        if denominator is not None:
+            return total * (scale / max(denominator, 1))
+        if self._path not in (None, "rescale"):
+            raise RuntimeError(
+                "a batch without step_loss_tokens or rank_step_loss_tokens inside a step whose "
+                "other micro-batches carried one; read the data with BCLDataModule"
+            )
+        self._path = "rescale"
         self._step_tokens += int(count)
-        self._reduce = True
         return total  # rescaled in on_before_optimizer_step, after one all-reduce
 
+    def _denominator(self, batch: dict[str, Any]) -> int | None:
+        """The step's trained tokens over every rank, from the batch (``plan``) or from one
+        all-reduce of the ranks' planned counts at the step's first micro-batch
+        (``all_reduce``); None: neither is known (``rescale``)."""
+        if STEP_LOSS_TOKENS in batch:
+            path, value = "plan", int(batch[STEP_LOSS_TOKENS])
+        elif RANK_STEP_LOSS_TOKENS in batch:
+            path = "all_reduce"
+            if self._path == path:
+                return self._step_total
+            own = torch.tensor(float(batch[RANK_STEP_LOSS_TOKENS]), device=self.device)
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                torch.distributed.all_reduce(own)
+            value = int(own.item())
+        else:
+            return None
+        if self._path not in (None, path):
+            raise RuntimeError(
+                f"micro-batches of one step disagree on the loss denominator ({self._path} then "
+                f"{path}); read the data with BCLDataModule"
+            )
+        self._path, self._step_total = path, value
+        return value
+
     def on_before_optimizer_step(self, optimizer: Any) -> None:
-        """The all-reduce path: the step's trained tokens over every rank, one scalar, then the
-        gradients times W*G / that count (before Lightning clips them). Whether a step takes
-        this path is decided by the plan alike on every rank, so every rank joins it."""
-        if not self._reduce:
+        """The end of a step. On the ``rescale`` path: the step's trained tokens over every
+        rank, one scalar, then the gradients times W*G / that count (before Lightning clips
+        them). Which path a step takes is decided by the plan alike on every rank, so every
+        rank joins the collective."""
+        path, self._path = self._path, None
+        if path != "rescale":
             return
         count = torch.tensor(float(self._step_tokens), device=self.device)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(count)
-        self._step_tokens, self._reduce = 0, False
+        self._step_tokens = 0
         scale = self.trainer.world_size * self.trainer.accumulate_grad_batches
         factor = scale / max(float(count), 1.0)
         for p in self.parameters():

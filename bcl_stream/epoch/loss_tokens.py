@@ -9,10 +9,14 @@ without a byte exchanged: readers put it on each record they yield under
 :data:`STEP_LOSS_TOKENS` and the collate makes it the batch key of that name.
 
 Elsewhere a reader plans its own row only; planning every row would cost each process the
-world's planning (``docs/balance.md``), so the trainer all-reduces one scalar per step instead
-(``lightning_module.hf_causal_lm``). The same applies when ``max_seq_len`` truncates a record
-whose mask trains only some of its tokens: the count after the cut is in its spans, which the
-index does not hold (``truncation.py``), and a guess would be a wrong denominator.
+world's planning (``docs/balance.md``). Its own packs of the step are known, though: readers put
+the rank's count under :data:`RANK_STEP_LOSS_TOKENS` and the trainer all-reduces that one
+scalar at the step's first micro-batch (``lightning_module.hf_causal_lm``). When ``max_seq_len``
+truncates a record whose mask trains only some of its tokens, the count after the cut is in its
+spans, which the index does not hold (``truncation.py``), and a guess would be a wrong
+denominator: then no count is attached, the trainer backpropagates summed losses and, before
+the optimizer step, all-reduces the step's count taken from the labels and rescales the
+gradients (``rescale``).
 
 Steps are the trainer's: G consecutive packs of an epoch from pack 0 (Lightning steps the
 optimizer after micro-batches G-1, 2G-1, ... and after the epoch's last); the last step of an
@@ -35,9 +39,12 @@ from bcl_stream.epoch.truncation import fed_trained, truncation
 STEP_LOSS_TOKENS = "step_loss_tokens"
 """Record and batch key: the step's trained-token count, identical on every rank."""
 
-NORMALIZATIONS = ("plan", "all_reduce")
-"""Where a step's loss denominator comes from: the plan (``step_loss_tokens``), or one
-all-reduce per optimizer step in the trainer."""
+RANK_STEP_LOSS_TOKENS = "rank_step_loss_tokens"
+"""Record and batch key: this rank's share of its step's trained tokens."""
+NORMALIZATIONS = ("plan", "all_reduce", "rescale")
+"""Where a step's loss denominator comes from: the plan (``step_loss_tokens``), one all-reduce
+of the ranks' planned counts (``rank_step_loss_tokens``) at the step's first micro-batch, or one
+all-reduce of the counts in the labels before the optimizer step, gradients rescaled."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +54,13 @@ class StepTokens:
     trained: Any
     """Trained tokens by record id (an array, or a mixture's view)."""
     grad_accum: int
+    world: bool = True
+    """Totals over every rank of the step (the row spans the world), else the rank's own."""
+
+    @property
+    def key(self) -> str:
+        """The record key the totals go under."""
+        return STEP_LOSS_TOKENS if self.world else RANK_STEP_LOSS_TOKENS
 
     def totals(self, group: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """``group`` (P, n, B): the packs of every rank of the world for n consecutive packs
@@ -62,18 +76,19 @@ class StepTokens:
 
 
 def normalization(index: PlanData, config: ReaderConfig) -> tuple[str, str]:
-    """(``plan`` or ``all_reduce``, why) for training under ``config``: the same on every rank."""
+    """(one of :data:`NORMALIZATIONS`, why) for training under ``config``: the same on every
+    rank."""
+    if isinstance(index, MixtureIndex):
+        return "rescale", "a mixture's trained counts are not planned per step"
+    cut = truncation(index, config.max_seq_len)
+    if cut.unknown_trained:
+        return "rescale", (
+            f"{cut.unknown_trained} records longer than max_seq_len={config.max_seq_len} train "
+            "part of their tokens: their count after the cut is in their spans, not the index"
+        )
     if config.plan.n_rows != 1:
         return "all_reduce", (
             f"{config.plan.n_rows} planning rows: each reader plans its own row only"
-        )
-    if isinstance(index, MixtureIndex):
-        return "all_reduce", "a mixture's trained counts are not planned per step"
-    cut = truncation(index, config.max_seq_len)
-    if cut.unknown_trained:
-        return "all_reduce", (
-            f"{cut.unknown_trained} records longer than max_seq_len={config.max_seq_len} train "
-            "part of their tokens: their count after the cut is in their spans, not the index"
         )
     return "plan", "one planning row spans the world"
 
@@ -81,13 +96,15 @@ def normalization(index: PlanData, config: ReaderConfig) -> tuple[str, str]:
 def step_tokens(
     index: PlanData, config: ReaderConfig, segments: tuple[Segment, ...] = ()
 ) -> StepTokens | None:
-    """The step counts a reader attaches, or None (the trainer all-reduces). After an elastic
+    """The step counts a reader attaches (the world's or the rank's), or None (the trainer
+    rescales its gradients). After an elastic
     resume in mid-step (a segment not ending on a step boundary) the steps of the new plan do
     not line up with the trainer's, so none are attached for that epoch."""
-    if normalization(index, config)[0] != "plan":
+    how = normalization(index, config)[0]
+    if how == "rescale":
         return None
     g = config.plan.grad_accum
     if any(s.packs_consumed % g for s in segments):
         return None
     trained = fed_trained(index, config.max_seq_len)
-    return None if trained is None else StepTokens(trained, g)
+    return None if trained is None else StepTokens(trained, g, world=how == "plan")

@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from bcl_stream.epoch.eval_plan import EvalPlan
-from bcl_stream.epoch.loss_tokens import STEP_LOSS_TOKENS, step_tokens
+from bcl_stream.epoch.loss_tokens import StepTokens, step_tokens
 from bcl_stream.epoch.plan import PlanData, ReaderConfig, ReaderPlan, Segment, reader_plan
 from bcl_stream.epoch.steps import step_cut, whole_steps
 from bcl_stream.epoch.token_source import TokenSource
@@ -212,12 +212,14 @@ class PlanDataset(IterableDataset[Pack]):
             if not mask.any():
                 continue
             local = self.rank % group.shape[0]  # its place among the ranks of its group
-            totals = None if steps is None else steps.totals(group)
+            totals = None
+            if steps is not None:
+                totals = steps.totals(group if steps.world else group[local : local + 1])
             if cut is None:
                 chosen = np.flatnonzero(mask)
                 read = self._read_packs(group[local][chosen])
                 for j, pack in zip(chosen.tolist(), read, strict=True):
-                    yield int(ids[j]), _tagged(pack, totals, j)
+                    yield int(ids[j]), _tagged(pack, steps, totals, j)
                 continue
             steps_here = np.unique(np.flatnonzero(mask) // g).tolist()
             cuts = [cut(group[:, k * g : k * g + g], local) for k in steps_here]
@@ -233,18 +235,20 @@ class PlanDataset(IterableDataset[Pack]):
                 for j in range(sizes.size):
                     if mask[k * g + j]:
                         pack = records[ends[j] - sizes[j] : ends[j]]
-                        yield int(ids[k * g + j]), _tagged(pack, totals, k * g + j)
+                        yield int(ids[k * g + j]), _tagged(pack, steps, totals, k * g + j)
 
     def _read_packs(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
         """Yield one list of record dicts per row of ``packs`` (global record ids), in order."""
         raise NotImplementedError
 
 
-def _tagged(pack: Pack, totals: npt.NDArray[np.int64] | None, j: int) -> Pack:
-    """``pack`` with its step's trained-token count on every record (``totals`` None: none)."""
-    if totals is not None:
+def _tagged(
+    pack: Pack, steps: StepTokens | None, totals: npt.NDArray[np.int64] | None, j: int
+) -> Pack:
+    """``pack`` with its step's trained-token count on every record (None: none)."""
+    if steps is not None and totals is not None:
         for record in pack:
-            record[STEP_LOSS_TOKENS] = int(totals[j])
+            record[steps.key] = int(totals[j])
     return pack
 
 

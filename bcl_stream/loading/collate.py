@@ -54,7 +54,7 @@ import torch
 from torch import Tensor
 
 from bcl_stream.cost import resolve
-from bcl_stream.epoch.loss_tokens import STEP_LOSS_TOKENS
+from bcl_stream.epoch.loss_tokens import RANK_STEP_LOSS_TOKENS, STEP_LOSS_TOKENS
 from bcl_stream.epoch.mixture_index import MixtureIndex
 from bcl_stream.epoch.plan import PlanData
 from bcl_stream.epoch.truncation import fed_costs
@@ -196,15 +196,15 @@ def collate_packed(
     }
 
 
-def _step_loss_tokens(pack: Pack) -> int | None:
-    """The step's trained-token count the reader put on every record of the pack (None when
-    the plan does not know it: ``epoch/loss_tokens.py``)."""
-    values = {record.get(STEP_LOSS_TOKENS) for record in pack}
+def _step_loss_tokens(pack: Pack, key: str) -> int | None:
+    """The step's trained-token count the reader put on every record of the pack under ``key``
+    (None when the plan does not know it: ``epoch/loss_tokens.py``)."""
+    values = {record.get(key) for record in pack}
     if values == {None}:
         return None
     if len(values) != 1 or None in values:
         raise DatasetError(
-            f"the records of one pack carry different {STEP_LOSS_TOKENS} ({sorted(map(str, values))}); "
+            f"the records of one pack carry different {key} ({sorted(map(str, values))}); "
             "a pack belongs to one step: read the dataset with the bcl-stream readers"
         )
     return int(values.pop())  # type: ignore[arg-type]
@@ -261,9 +261,10 @@ class PackCollate:
         batch = fn(pack, self.max_seq_len, self.labels)
         if self.step_records is not None:
             batch["loss_scale"] = torch.tensor(len(pack) / self.step_records)
-        step = _step_loss_tokens(pack)
-        if step is not None:
-            batch[STEP_LOSS_TOKENS] = torch.tensor(step, dtype=torch.long)
+        for key in (STEP_LOSS_TOKENS, RANK_STEP_LOSS_TOKENS):
+            step = _step_loss_tokens(pack, key)
+            if step is not None:
+                batch[key] = torch.tensor(step, dtype=torch.long)
         ids = batch["sample_ids"].numpy()
         streams = batch["streams"].numpy() if "streams" in batch else np.zeros_like(ids)
         cost = sum(float(self.costs[s][i]) for s, i in zip(streams, ids, strict=True))

@@ -1,7 +1,7 @@
 """The DataModule on SFT data: each batch's ``step_loss_tokens`` is the trained-token count of
 its optimizer step (whatever the DataLoader workers), records longer than the model's limit are
 truncated, planned as truncated and reported at set-up, and a partial mask past the cut makes
-the model all-reduce instead (no batch carries a count the plan cannot know)."""
+the model count the labels instead (no batch carries a count the plan cannot know)."""
 
 from __future__ import annotations
 
@@ -62,9 +62,9 @@ def test_the_models_limit_truncates_plans_and_is_reported(
         got = batches(dm)
     line = " ".join(r.getMessage() for r in caplog.records if "BCLDataModule" in r.getMessage())
     assert f"max_seq_len=20: {len(long)} records longer are truncated ({cut} tokens cut)" in line
-    # partial masks past the cut: the index cannot give their count, so the model all-reduces
-    assert dm.normalization == "all_reduce" and "one all-reduce per optimizer step" in line
-    assert all("step_loss_tokens" not in b for b in got)
+    # partial masks past the cut: the index cannot give their count, the model rescales
+    assert dm.normalization == "rescale" and "gradients rescaled" in line
+    assert all("step_loss_tokens" not in b and "rank_step_loss_tokens" not in b for b in got)
     for b in got:
         assert int(b["tokens"].max()) <= 20
         want = sum(trained_positions(RECS[i], 20).size for i in b["sample_ids"].tolist())

@@ -86,11 +86,20 @@ def test_normalization_follows_the_planning_rows(
     assert why
 
 
-def test_a_partial_mask_past_the_cut_falls_back_to_the_all_reduce() -> None:
+def test_a_partial_mask_past_the_cut_falls_back_to_rescaling() -> None:
     config = ReaderConfig.build(world_size=1, pack_size=2, window=2, max_seq_len=50)
     got, why = normalization(make_index(), config)
-    assert got == "all_reduce" and "1 records longer than max_seq_len=50" in why
+    assert got == "rescale" and "1 records longer than max_seq_len=50" in why
     assert step_tokens(make_index(), config) is None
+
+
+def test_own_rows_attach_the_ranks_own_step_counts() -> None:
+    index = make_index(n_copies=8)
+    config = ReaderConfig.build(
+        world_size=2, ranks_per_node=2, pack_size=2, window=2, scope="rank", grad_accum=2
+    )
+    steps = step_tokens(index, config)
+    assert steps is not None and not steps.world and steps.key == "rank_step_loss_tokens"
 
 
 def test_step_totals_sum_every_rank_and_micro_batch_of_each_step() -> None:

@@ -1,7 +1,7 @@
 """One optimizer step of HFCausalLM on 2 real DDP ranks (gloo, ``ddp_fork``) with gradient
 accumulation 2, SGD with lr 1: the parameter change is minus the step's gradient.
 
-Usage: python step_gradients.py DATA MODEL OUT SCOPE. Writes OUT/init.pt (parameters before),
+Usage: python step_gradients.py DATA MODEL OUT SCOPE MAX_SEQ_LEN (0: none). Writes OUT/init.pt (parameters before),
 OUT/final.pt (after the step, rank 0), OUT/batches_rank{r}.json (each micro-batch's record ids,
 trained tokens and ``step_loss_tokens`` if any) and OUT/normalization.txt (the DataModule's).
 """
@@ -37,14 +37,10 @@ class Record(pl.Callback):
         self.batches: list[dict[str, Any]] = []
 
     def on_train_batch_start(self, trainer: pl.Trainer, module: Any, batch: Any, i: int) -> None:
-        step = batch.get("step_loss_tokens")
-        self.batches.append(
-            {
-                "sample_ids": batch["sample_ids"].tolist(),
-                "loss_tokens": int(batch["loss_tokens"]),
-                "step_loss_tokens": None if step is None else int(step),
-            }
-        )
+        entry = {"sample_ids": batch["sample_ids"].tolist()}
+        for key in ("loss_tokens", "step_loss_tokens", "rank_step_loss_tokens"):
+            entry[key] = int(batch[key]) if key in batch else None
+        self.batches.append(entry)
 
     def on_train_end(self, trainer: pl.Trainer, module: Any) -> None:
         rank = trainer.global_rank
@@ -54,13 +50,20 @@ class Record(pl.Callback):
             (self.out / "normalization.txt").write_text(str(trainer.datamodule.normalization))
 
 
-def main(data: str, model: str, out: str, scope: str) -> None:
+def main(data: str, model: str, out: str, scope: str, max_seq_len: str) -> None:
     out_dir = Path(out)
     torch.manual_seed(0)
     module = SGDCausalLM(model, attention="sdpa")
     torch.save(module.model.state_dict(), out_dir / "init.pt")
     dm = BCLDataModule(
-        data, pack_size=2, window=2, scope=scope, layout="packed", labels="unshifted", seed=3
+        data,
+        pack_size=2,
+        window=2,
+        scope=scope,
+        layout="packed",
+        labels="unshifted",
+        seed=3,
+        max_seq_len=int(max_seq_len) or None,
     )
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -79,4 +82,4 @@ def main(data: str, model: str, out: str, scope: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])
