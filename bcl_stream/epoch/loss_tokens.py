@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bcl_stream.epoch.mixture_index import MixtureIndex
 from bcl_stream.epoch.plan import PlanData, ReaderConfig, Segment
 from bcl_stream.epoch.truncation import fed_trained, truncation
 
@@ -52,7 +51,7 @@ class StepTokens:
     """Per-record trained counts (as fed) and the trainer's accumulation."""
 
     trained: Any
-    """Trained tokens by record id (an array, or a mixture's view)."""
+    """Trained tokens by record id (an array, or a mixture's view over its streams')."""
     grad_accum: int
     world: bool = True
     """Totals over every rank of the step (the row spans the world), else the rank's own."""
@@ -78,8 +77,6 @@ class StepTokens:
 def normalization(index: PlanData, config: ReaderConfig) -> tuple[str, str]:
     """(one of :data:`NORMALIZATIONS`, why) for training under ``config``: the same on every
     rank."""
-    if isinstance(index, MixtureIndex):
-        return "rescale", "a mixture's trained counts are not planned per step"
     cut = truncation(index, config.max_seq_len)
     if cut.unknown_trained:
         return "rescale", (

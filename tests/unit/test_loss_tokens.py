@@ -136,3 +136,23 @@ def test_reader_config_records_max_seq_len_only_when_set() -> None:
     assert ReaderConfig.from_dict(plain.to_dict()).max_seq_len is None
     with pytest.raises(ValueError, match="max_seq_len must be an integer >= 1"):
         ReaderConfig.build(world_size=1, pack_size=2, window=2, max_seq_len=0)
+
+
+def test_a_mixtures_step_totals_come_from_each_streams_counts() -> None:
+    from bcl_stream.epoch.mixture_index import MixtureIndex, StreamSpec
+
+    first, second = make_index(n_copies=4), make_index(TRAINED // 2, n_copies=2)
+    mixture = MixtureIndex(
+        [StreamSpec("a", proportion=0.6), StreamSpec("b", proportion=0.4)], [first, second]
+    )
+    config = ReaderConfig.build(world_size=1, pack_size=2, window=2, grad_accum=2)
+    assert normalization(mixture, config)[0] == "plan"
+    steps = step_tokens(mixture, config)
+    assert steps is not None
+    packs = full_plan(mixture, config, 0).plan.packs
+    stream, local = mixture.locate(packs)
+    by_stream = [first.trained, second.trained]
+    counts = np.vectorize(lambda s, i: int(by_stream[s][i]))(stream, local)
+    totals = steps.totals(packs)
+    for k in range(0, packs.shape[1], 2):
+        assert totals[k] == int(counts[:, k : k + 2].sum())
