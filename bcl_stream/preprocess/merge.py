@@ -186,9 +186,14 @@ def _sum_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
     for report in reports[1:]:
         for key, value in report.items():
             if key in ("records_read", "records_written", "tokens_written", "bytes_read") or (
-                key in ("blank_lines", "shards") or key.startswith("seconds")
+                key in ("blank_lines", "shards", "trained_tokens_written", "masked_records")
+                or key.startswith("seconds")
             ):
                 total[key] += value
+            elif key == "skipped_first":
+                total[key] = (total[key] + value)[:5]
+            elif key == "skipped_file" and value:
+                total[key] = total[key] or value  # each part lists its own
             elif key == "skipped_bad":
                 total[key] = dict(Counter(total[key]) + Counter(value))
             elif key == "empty_inputs":
