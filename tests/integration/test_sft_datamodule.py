@@ -78,3 +78,34 @@ def test_max_seq_len_that_cuts_nothing_leaves_the_plan_and_cursor_as_they_were(
     dm.setup_for(rank=0, world_size=1, ranks_per_node=1)
     assert dm.dataset is not None and dm.dataset.config.max_seq_len is None
     assert "max_seq_len" not in dm.train_dataloader().state_dict()["config"]
+
+
+def test_a_trainer_fit_feeds_hf_causal_lm_at_most_its_stated_limit(
+    sft_dir: Path, tmp_path: Path
+) -> None:
+    import lightning.pytorch as pl
+    from transformers import LlamaConfig
+
+    from lightning_module.hf_causal_lm import HFCausalLM
+
+    LlamaConfig(
+        vocab_size=96, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=24,
+    ).save_pretrained(tmp_path / "model")  # fmt: skip
+    model = HFCausalLM(str(tmp_path / "model"), attention="sdpa")
+    dm = BCLDataModule(str(sft_dir), pack_size=2, window=2, layout="packed", labels="unshifted")
+    seen: list[int] = []
+
+    class Longest(pl.Callback):
+        def on_train_batch_start(self, trainer, module, batch, i) -> None:  # type: ignore[no-untyped-def]
+            seen.append(int(batch["tokens"].max()))
+
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_steps=6, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[Longest()],
+        default_root_dir=str(tmp_path),
+    )  # fmt: skip
+    trainer.fit(model, dm)
+    assert dm.fed_max_seq_len == 24
+    assert dm.dataset is not None and dm.dataset.config.max_seq_len == 24
+    assert len(seen) == 6 and max(seen) <= 24
