@@ -44,6 +44,7 @@ from torch import Tensor
 
 from bcl_stream.epoch.loss_tokens import RANK_STEP_LOSS_TOKENS, STEP_LOSS_TOKENS
 from bcl_stream.loading.collate import IGNORE_INDEX, LABELS
+from lightning_module.tinygpt import block_causal_mask
 
 ATTENTION = ("auto", "flash_attention_2", "sdpa", "eager")
 WEIGHT_FILES = (
@@ -71,20 +72,15 @@ def resolve_attention(requested: str) -> str:
     return "sdpa"
 
 
-def block_causal_mask(cu_seqlens: Tensor, *, additive: bool, dtype: torch.dtype) -> Tensor:
-    """(1, 1, N, N) mask: query i sees key j iff both lie in the same record and j <= i.
-
-    ``additive``: 0 where seen and the dtype's minimum elsewhere (eager attention adds it to
-    the scores); otherwise boolean, True where seen (sdpa)."""
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    segment = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
-    total = segment.numel()
-    causal = torch.ones(total, total, dtype=torch.bool, device=segment.device).tril()
-    seen = (segment[:, None] == segment[None, :]) & causal
+def packed_mask(cu_seqlens: Tensor, *, additive: bool, dtype: torch.dtype) -> Tensor:
+    """(1, 1, N, N) block-diagonal causal mask of a packed row (TinyGPT's): query i sees key j
+    iff both lie in the same record and j <= i. ``additive``: 0 where seen and the dtype's
+    minimum elsewhere (eager attention adds it to the scores); otherwise boolean (sdpa)."""
+    seen = block_causal_mask(cu_seqlens)[None, None]
     if not additive:
-        return seen[None, None]
-    mask = torch.zeros(total, total, dtype=dtype, device=segment.device)
-    return mask.masked_fill(~seen, torch.finfo(dtype).min)[None, None]
+        return seen
+    mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device)
+    return mask.masked_fill(~seen, torch.finfo(dtype).min)
 
 
 class HFCausalLM(L.LightningModule):
@@ -201,7 +197,7 @@ class HFCausalLM(L.LightningModule):
             device = ids.device.type
             autocast = torch.is_autocast_enabled(device)
             dtype = torch.get_autocast_dtype(device) if autocast else self.model.dtype
-            kwargs["attention_mask"] = block_causal_mask(
+            kwargs["attention_mask"] = packed_mask(
                 batch["cu_seqlens"].to(ids.device), additive=self.attention == "eager", dtype=dtype
             )
         return self.model(**kwargs).logits.float()
