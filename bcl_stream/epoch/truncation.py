@@ -26,6 +26,8 @@ from bcl_stream.epoch.mixture_index import MixtureIndex, SegmentArray
 from bcl_stream.io.index import CostIndex
 
 Data = CostIndex | MixtureIndex
+CHUNK = 1 << 20
+"""Records scanned at a time for the truncation report (a few MB of scratch)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +77,16 @@ def truncation(index: Data, max_seq_len: int | None) -> Truncation:
     def make() -> Truncation:
         records = cut = unknown = 0
         for ix in _parts(index):
-            tokens = np.asarray(ix.tokens, dtype=np.int64)
-            long = np.flatnonzero(tokens > max_seq_len)
-            records += int(long.size)
-            cut += int((tokens[long] - max_seq_len).sum())
-            trained = np.asarray(stored_trained(ix)[long], dtype=np.int64)
-            unknown += int(np.count_nonzero((trained > 0) & (trained < tokens[long] - 1)))
+            for start in range(0, len(ix), CHUNK):  # bounded scratch, whatever the dataset
+                tokens = np.asarray(ix.tokens[start : start + CHUNK])
+                long = np.flatnonzero(tokens > max_seq_len)
+                if not long.size:
+                    continue
+                length = tokens[long].astype(np.int64)
+                trained = np.asarray(stored_trained(ix)[start + long], dtype=np.int64)
+                records += int(long.size)
+                cut += int((length - max_seq_len).sum())
+                unknown += int(np.count_nonzero((trained > 0) & (trained < length - 1)))
         return Truncation(max_seq_len, records, cut, unknown)
 
     return cached(("truncation", index.fingerprint(), max_seq_len), make)
