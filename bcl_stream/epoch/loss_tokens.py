@@ -61,6 +61,10 @@ class StepTokens:
         """The record key the totals go under."""
         return STEP_LOSS_TOKENS if self.world else RANK_STEP_LOSS_TOKENS
 
+    def count(self, ids: npt.NDArray[np.int64]) -> int:
+        """Trained tokens of the records ``ids``."""
+        return int(np.asarray(self.trained[ids.reshape(-1)], dtype=np.int64).sum())
+
     def totals(self, group: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """``group`` (P, n, B): the packs of every rank of the world for n consecutive packs
         starting at a step boundary -> (n,) each pack's step total."""

@@ -228,6 +228,10 @@ class PlanDataset(IterableDataset[Pack]):
             )
             read = self._read_packs(rows)
             for k, (mine, sizes) in zip(steps_here, cuts, strict=True):
+                if steps is not None and totals is not None and not steps.world:
+                    # the re-cut deals a step's records among the group's ranks: the rank's
+                    # share is what it received, not its planned packs
+                    totals[k * g : k * g + g] = steps.count(mine)
                 records = [
                     r for _ in range(mine.size // self.config.plan.pack_size) for r in next(read)
                 ]

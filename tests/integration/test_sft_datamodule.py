@@ -109,3 +109,26 @@ def test_a_trainer_fit_feeds_hf_causal_lm_at_most_its_stated_limit(
     assert dm.fed_max_seq_len == 24
     assert dm.dataset is not None and dm.dataset.config.max_seq_len == 24
     assert len(seen) == 6 and max(seen) <= 24
+
+
+def test_under_the_step_contract_each_rank_counts_the_records_it_was_dealt(
+    tmp_path: Path,
+) -> None:
+    """2 nodes x 2 ranks, padded, contract step: the re-cut deals each step's records among a
+    node's ranks, so a rank's share (``rank_step_loss_tokens``) is what it received."""
+    recs = records(120, seed=5)
+    root = write_sft_mds(tmp_path / "mds", recs)
+    for rank in range(4):
+        dm = BCLDataModule(
+            str(root), pack_size=2, window=2, layout="padded", scope="node",
+            plan={"contract": "step"},
+        )  # fmt: skip
+        dm.setup_for(rank=rank, world_size=4, ranks_per_node=2, grad_accum=2)
+        assert dm.normalization == "all_reduce"
+        got = batches(dm)
+        assert got
+        for k in range(0, len(got), 2):
+            step = got[k : k + 2]
+            own = sum(trained_positions(recs[i]).size for b in step for i in b["sample_ids"])
+            assert sum(int(b["loss_tokens"]) for b in step) == own
+            assert {int(b["rank_step_loss_tokens"]) for b in step} == {own}
