@@ -286,9 +286,17 @@ class HFCausalLM(L.LightningModule):
                 p.grad.mul_(factor)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        return self._evaluate("val_loss", batch)
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        return self._evaluate("test_loss", batch)
+
+    def _evaluate(self, name: str, batch: dict[str, Any]) -> Tensor:
+        """The mean CE of an evaluation pack, logged weighted by its trained tokens on each
+        rank, then averaged over ranks (``sync_dist``: every rank runs the same pack count)."""
         loss = self.loss(batch)
-        self.log("val_loss", loss, prog_bar=True, batch_size=int(batch["loss_tokens"]),
-                 sync_dist=True)  # fmt: skip
+        tokens = max(int(batch["loss_tokens"]), 1) if "loss_tokens" in batch else 1
+        self.log(name, loss, prog_bar=True, batch_size=tokens, sync_dist=True)
         return loss
 
     def configure_optimizers(self) -> Any:

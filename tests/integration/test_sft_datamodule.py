@@ -84,6 +84,7 @@ def test_a_trainer_fit_feeds_hf_causal_lm_at_most_its_stated_limit(
     sft_dir: Path, tmp_path: Path
 ) -> None:
     import lightning.pytorch as pl
+    import torch
     from transformers import LlamaConfig
 
     from lightning_module.hf_causal_lm import HFCausalLM
@@ -93,7 +94,10 @@ def test_a_trainer_fit_feeds_hf_causal_lm_at_most_its_stated_limit(
         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=24,
     ).save_pretrained(tmp_path / "model")  # fmt: skip
     model = HFCausalLM(str(tmp_path / "model"), attention="sdpa")
-    dm = BCLDataModule(str(sft_dir), pack_size=2, window=2, layout="packed", labels="unshifted")
+    dm = BCLDataModule(
+        str(sft_dir), pack_size=2, window=2, layout="packed", labels="unshifted",
+        val_data=str(sft_dir),
+    )  # fmt: skip
     seen: list[int] = []
 
     class Longest(pl.Callback):
@@ -103,9 +107,11 @@ def test_a_trainer_fit_feeds_hf_causal_lm_at_most_its_stated_limit(
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, max_steps=6, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, callbacks=[Longest()],
-        default_root_dir=str(tmp_path),
+        default_root_dir=str(tmp_path), limit_val_batches=3, val_check_interval=6,
+        num_sanity_val_steps=0,
     )  # fmt: skip
     trainer.fit(model, dm)
+    assert torch.isfinite(trainer.callback_metrics["val_loss"])
     assert dm.fed_max_seq_len == 24
     assert dm.dataset is not None and dm.dataset.config.max_seq_len == 24
     assert len(seen) == 6 and max(seen) <= 24
