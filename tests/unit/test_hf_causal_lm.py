@@ -83,7 +83,9 @@ def test_loss_of_a_pack_equals_its_records_run_alone(
 
 
 def test_without_the_block_mask_records_would_see_each_other(tmp_path: Path) -> None:
-    """The check above can fail: the same packed row without the mask gives another loss."""
+    """The check above can fail: the same packed row without the mask gives a loss more than
+    ten times its tolerance (1e-5 relative) away (a random tiny model predicts nearly uniformly,
+    so the gap is small in absolute terms: 0.001-0.02 over 20 packs measured)."""
     torch.manual_seed(0)
     module = HFCausalLM(str(tiny_model_dir(tmp_path)), attention="sdpa", labels="unshifted")
     module.eval()
@@ -94,7 +96,7 @@ def test_without_the_block_mask_records_would_see_each_other(tmp_path: Path) -> 
         logits = out.logits.float()[:, :-1]
         labels = batch["labels"][:, 1:]
         crossing = float(F.cross_entropy(logits.reshape(-1, 96), labels.reshape(-1)))
-    assert abs(masked - crossing) > 1e-3
+    assert abs(masked - crossing) / masked > 1e-4
 
 
 def test_weights_load_when_present_and_the_config_alone_inits_at_random(tmp_path: Path) -> None:
