@@ -127,7 +127,14 @@ class CostedMDSWriter(FinishOnExit, MDSWriter):
                 "create it with loss_spans=True"
             )
         if self.loss_spans:
-            sample = {**sample, LOSS_SPANS: full_spans(tokens) if spans is None else spans}
+            stored = full_spans(tokens) if spans is None else spans
+            if not stored.size:  # streaming's ndarray encoding refuses empty arrays
+                raise ValueError(
+                    f"record {len(self._tokens)} trains no token (empty loss_spans) and MDS "
+                    "cannot store an empty array: leave the record out (it adds nothing to the "
+                    "loss), or write it to WebDataset"
+                )
+            sample = {**sample, LOSS_SPANS: stored}
         super().write(sample)
         self._tokens.append(tokens)
         self._trained.append(count)

@@ -127,7 +127,7 @@ class Encoder:
         if isinstance(layout, Text):
             return Encoded(self.tokenizer.ids(layout.text))
         if isinstance(layout, PromptResponse):
-            return self._prompt_response(layout)
+            return self.prompt_response(layout)
         if self.template is None:
             return self._chatml(layout)
         return self._hf(layout)
@@ -138,7 +138,7 @@ class Encoder:
         return turns[-1:] if self.loss_on == "last" else turns
 
     # -- prompt/response -------------------------------------------------------------------
-    def _prompt_response(self, layout: PromptResponse) -> Encoded:
+    def prompt_response(self, layout: PromptResponse) -> Encoded:
         """Prompt ids, response ids, then EOS (when the tokenizer has one and the response
         does not already end with it); the response and its EOS are trained."""
         if isinstance(layout.prompt, str):

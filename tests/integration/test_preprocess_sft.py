@@ -323,3 +323,25 @@ def test_cli_preprocess_with_a_tokenizer_directory(
     )
     assert code != 0
     assert f"{src}:1: no 'messages' field (--messages-field" in capsys.readouterr().err
+
+
+def test_worker_processes_write_the_same_sft_dataset_as_one(
+    tmp_path: Path, tok_dirs: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bcl_stream.preprocess import pipeline
+
+    monkeypatch.setattr(pipeline, "SMALL_INPUT_BYTES", 0)  # really start the spawned pool
+    rows = [{"messages": m} for m in conversations(300, seed=7)]  # two chunks of 256
+    src = write_jsonl(tmp_path / "chat.jsonl", rows)
+    for workers in (1, 2):
+        preprocess(
+            [str(src)],
+            str(tmp_path / f"w{workers}"),
+            format="wds",
+            tokenizer=tok_dirs["plain"],
+            workers=workers,
+            progress=False,
+        )
+    one, two = read_index(tmp_path / "w1"), read_index(tmp_path / "w2")
+    assert one.content_hash() == two.content_hash()  # tokens, costs and trained counts
+    assert np.array_equal(one.record_hashes, two.record_hashes)  # ids and masks, byte for byte
