@@ -1,4 +1,5 @@
-"""Lightning integration for bcl-stream: DataModule, collate, TinyGPT, CLI entry, callbacks.
+"""Lightning integration for bcl-stream: DataModule, collate, TinyGPT, HFCausalLM, CLI entry,
+callbacks.
 
 ``BCLDataModule`` and ``PackLogger`` are the public pieces; ``python -m lightning_module fit
 --config configs/cpu_demo.yaml`` is the command line. The names below load on first use
@@ -17,11 +18,13 @@ if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ loads them
     from bcl_stream.loading.collate import PackCollate
     from lightning_module.callbacks import PackLogger, PackLogWriter, read_pack_log
     from lightning_module.datamodule import BCLDataModule, TrainerPackLoader
+    from lightning_module.hf_causal_lm import HFCausalLM
     from lightning_module.parallel import parallelize
     from lightning_module.trainer_layout import TrainerLayout
 
 _EXPORTS = {
     "BCLDataModule": "lightning_module.datamodule",
+    "HFCausalLM": "lightning_module.hf_causal_lm",
     "PackCollate": "bcl_stream.loading.collate",
     "TrainerLayout": "lightning_module.trainer_layout",
     "TrainerPackLoader": "lightning_module.datamodule",
@@ -34,6 +37,7 @@ _EXPORTS = {
 
 __all__ = [
     "BCLDataModule",
+    "HFCausalLM",
     "PackCollate",
     "PackLogWriter",
     "PackLogger",

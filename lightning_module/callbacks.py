@@ -15,6 +15,8 @@ Line fields:
   list (``sample_ids`` are then ids inside each record's stream);
 - ``tokens``: real (unpadded) tokens in the pack; ``est_cost``: the pack's estimated cost
   under the DataModule's cost model;
+- ``loss_tokens``, ``step_loss_tokens``, ``rank_step_loss_tokens`` where the batch has them:
+  the trained tokens of the pack, of its optimizer step (docs/sft.md);
 - ``step_seconds``: wall time from batch start to batch end on this rank. Under DDP it
   includes waiting for the slowest rank in the gradient all-reduce, so it is about the same
   on every rank: it measures the step, not the rank;
@@ -87,6 +89,11 @@ class PackLogWriter:
             **({"streams": _as_list(batch["streams"])} if "streams" in batch else {}),
             "tokens": int(_as_float(batch["tokens"])) if "tokens" in batch else None,
             "est_cost": _as_float(batch["est_cost"]) if "est_cost" in batch else None,
+            **{  # SFT: what the loss divides by (docs/sft.md)
+                key: int(_as_float(batch[key]))
+                for key in ("loss_tokens", "step_loss_tokens", "rank_step_loss_tokens")
+                if key in batch
+            },
             "step_seconds": step_seconds,
             "forward_seconds": forward_seconds,
         }

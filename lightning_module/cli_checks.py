@@ -3,7 +3,7 @@
 Why: importing Lightning and torch takes seconds (5-14 s measured on the 2-core development
 machine), and LightningCLI only builds the DataModule after that; under ``strategy: ddp`` a
 wrong path used to surface after the ranks were launched, ~16 s in. The paths a user types most
-often (the datasets, the checkpoint to resume) are read here from the ``--config`` files and
+often (the datasets, the checkpoint to resume, an ``HFCausalLM``'s model directory) are read here from the ``--config`` files and
 the command line with the YAML parser alone, and one that does not exist locally is refused in
 one line at once. Anything this cannot read (a remote path, a value LightningCLI would compute)
 is left to the DataModule, which checks the same again when it is built.
@@ -21,6 +21,8 @@ DATA_KEYS = ("data", "val_data", "test_data")
 """DataModule arguments that name one dataset (a directory, or a URL)."""
 STREAM_KEYS = ("streams", "val_streams", "test_streams")
 """DataModule arguments that name a mixture's streams (``PATH[:options]`` or dicts)."""
+HF_MODEL = "HFCausalLM"
+"""The model class whose ``model`` argument is a local directory checked here."""
 
 
 def _options(argv: Sequence[str]) -> Iterator[tuple[str, str]]:
@@ -44,9 +46,19 @@ def _data_section(config: Any) -> dict[str, Any]:
     return {**data, **init} if isinstance(init, dict) else data
 
 
+def _model_dir(config: Any) -> Any:
+    """``model.init_args.model`` of an ``HFCausalLM`` model section (None otherwise)."""
+    model = config.get("model") if isinstance(config, dict) else None
+    if not isinstance(model, dict) or not str(model.get("class_path", "")).endswith(HF_MODEL):
+        return None
+    init = model.get("init_args")
+    return init.get("model") if isinstance(init, dict) else None
+
+
 def given_paths(argv: Sequence[str]) -> dict[str, Any]:
-    """The dataset arguments and ``ckpt_path`` as the command line sets them, configs first
-    (in order) and ``--data.X`` / ``--ckpt_path`` options over them, as LightningCLI does."""
+    """The dataset arguments, ``ckpt_path`` and an ``HFCausalLM``'s model directory as the
+    command line sets them, configs first (in order) and ``--data.X`` / ``--ckpt_path`` /
+    ``--model.model`` options over them, as LightningCLI does."""
     import yaml
 
     found: dict[str, Any] = {}
@@ -58,8 +70,12 @@ def given_paths(argv: Sequence[str]) -> dict[str, Any]:
             found.update({k: section[k] for k in (*DATA_KEYS, *STREAM_KEYS) if k in section})
             if isinstance(config, dict) and config.get("ckpt_path") is not None:
                 found["ckpt_path"] = config["ckpt_path"]
+            if _model_dir(config) is not None:
+                found["model"] = _model_dir(config)
         elif name == "--ckpt_path":
             found["ckpt_path"] = value
+        elif name in ("--model.model", "--model.init_args.model"):
+            found["model"] = value
         else:
             key = name.removeprefix("--data.").removeprefix("init_args.")
             if name.startswith("--data.") and key in DATA_KEYS:
@@ -99,6 +115,12 @@ def check_paths(argv: Sequence[str]) -> None:
                 f"--data.{key.split('[')[0]}); give the directory `bcl-stream preprocess` wrote, "
                 "or an s3:// URL"
             )
+    model = _local(found.get("model"))
+    if model is not None and not os.path.isfile(os.path.join(model, "config.json")):
+        raise DatasetError(
+            f"model.model: {model}: no config.json; HFCausalLM needs a local Hugging Face model "
+            "directory (save_pretrained's output, or a config.json alone for a random init)"
+        )
     ckpt = _local(found.get("ckpt_path"))
     if ckpt is not None and ckpt not in ("last", "best", "hpc") and not os.path.exists(ckpt):
         raise DatasetError(f"--ckpt_path {ckpt}: no such checkpoint file")

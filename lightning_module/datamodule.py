@@ -30,6 +30,7 @@ exported by ``bcl_stream.io.streaming_compat.set_streaming_env``. What is left:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -40,8 +41,10 @@ from bcl_stream.cost import resolve
 from bcl_stream.epoch.checks import layout_text, require_packs
 from bcl_stream.epoch.cursor import MIXTURE_CHANGES
 from bcl_stream.epoch.eval_plan import EVAL_PACKINGS
+from bcl_stream.epoch.loss_tokens import normalization
 from bcl_stream.epoch.plan import PACKINGS, PLAN_FIELDS, ReaderConfig
 from bcl_stream.epoch.token_source import TokenSource
+from bcl_stream.epoch.truncation import truncation
 from bcl_stream.errors import StateError
 from bcl_stream.formats.open_reader import open_dataset
 from bcl_stream.formats.read_options import DEFAULT_DOWNLOAD_TIMEOUT, DEFAULT_PREFETCH, ReadOptions
@@ -147,7 +150,9 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
         max_tokens: memory cap M per pack (records longer than M are reported, not yielded).
         layout: ``padded`` or ``packed`` (varlen with ``cu_seqlens``): the batch layout, and so
             the cost the planner balances (``PlanConfig.layout`` follows it).
-        max_seq_len: truncate records to this many tokens in collate (reported per batch).
+        max_seq_len: truncate records to this many tokens in collate (reported per batch, and
+            at set-up); the plan costs them as truncated. A model that states a lower limit
+            (``HFCausalLM.max_seq_len``) lowers it.
         labels: ``shifted`` (targets already shifted; a loss must not shift again) or
             ``unshifted`` (Hugging Face convention: the model shifts). See docs/lightning.md.
         num_workers, persistent_workers: DataLoader workers (any count gives the same packs).
@@ -283,6 +288,14 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
         """The trainer's layout the plan follows (set by ``setup``)."""
         self._loader: TrainerPackLoader | None = None
         self._announced = False
+        self.fed_max_seq_len: int | None = max_seq_len
+        """Tokens a record is fed at most: ``max_seq_len``, or the model's limit where it states
+        one (``HFCausalLM.max_seq_len``) and it is lower (set by ``setup``)."""
+        self.normalization: str | None = None
+        """Where each step's loss denominator comes from: ``plan`` (batches carry
+        ``step_loss_tokens``), ``all_reduce`` (``rank_step_loss_tokens``) or ``rescale`` (set by
+        ``setup``; ``bcl_stream/epoch/loss_tokens.py``, docs/sft.md)."""
+        self._setup_notes: list[str] = []
 
     # -- building -------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
@@ -290,6 +303,7 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
         every rank; without a trainer: the process group's, or a single process)."""
         if self.dataset is None:
             trainer = getattr(self, "trainer", None)
+            self.model_max_seq_len(getattr(trainer, "lightning_module", None))
             self.setup_layout(
                 TrainerLayout.of_process_group()
                 if trainer is None
@@ -314,6 +328,14 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
             )
         )
 
+    def model_max_seq_len(self, model: Any) -> None:
+        """Feed records at most the model's ``max_seq_len`` (``HFCausalLM`` states its limit),
+        or this DataModule's ``max_seq_len`` where that is lower. Call before setting up."""
+        limit = getattr(model, "max_seq_len", None)
+        if isinstance(limit, int) and limit >= 1:
+            own = self.max_seq_len
+            self.fed_max_seq_len = limit if own is None else min(own, limit)
+
     def setup_layout(self, layout: TrainerLayout) -> None:
         """Build the dataset under ``layout``, refusing explicit settings that contradict it."""
         config = self.reader_config(layout)
@@ -329,6 +351,24 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
             options=self.options,
         )
         self.layout_used = layout
+        self._plan_what_is_trained()
+
+    def _plan_what_is_trained(self) -> None:
+        """Truncation and the loss denominator, decided once from the cost index (the same on
+        every rank). Where ``max_seq_len`` cuts no record the reader config drops it, so the
+        plan and the cursor are those of untruncated data (older checkpoints resume)."""
+        ds = self._require_dataset()
+        cut = truncation(ds.index, ds.config.max_seq_len)
+        if ds.config.max_seq_len is not None and not cut.records:
+            ds.config = replace(ds.config, max_seq_len=None)
+        self.normalization, why = normalization(ds.index, ds.config)
+        ds.step_loss_tokens = self.normalization != "rescale"
+        how = {
+            "plan": "step_loss_tokens from the plan, no communication",
+            "all_reduce": "each rank's planned count, one all-reduce per optimizer step",
+            "rescale": "the labels' count, one all-reduce per optimizer step, gradients rescaled",
+        }[self.normalization]
+        self._setup_notes = [cut.describe(), f"loss normalization: {how} ({why})"]
 
     def reader_config(self, layout: TrainerLayout) -> ReaderConfig:
         """The readers' configuration under the trainer's ``layout``: the arguments, ``plan``'s
@@ -358,6 +398,7 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
             shuffle=self.shuffle,
             max_tokens=self.max_tokens,
             cost_model=self.cost_model,
+            max_seq_len=self.fed_max_seq_len,
             packing=self.packing,
             tokens=self.tokens,  # None: the cost index's own source (the readers resolve it)
             **knobs,
@@ -378,7 +419,7 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
             dataset.index,
             self.cost_model,
             self.layout,
-            self.max_seq_len,
+            self.fed_max_seq_len,
             self.labels,
             step_records=self.pack_size if self.plan.get("contract") == "step" else None,
         )
@@ -410,7 +451,8 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
                 f"{self.pack_size} records per rank in epoch {plan.epoch} on "
                 f"{layout_text(ds.config.plan.world_size, ds.config.plan.ranks_per_node)}"
                 f"{groups}; "
-                f"records of that epoch not yielded, by reason: {counts or 'none'}"
+                f"records of that epoch not yielded, by reason: {counts or 'none'}; "
+                + "; ".join(self._setup_notes)
             )
         return loader
 

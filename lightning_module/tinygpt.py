@@ -121,12 +121,14 @@ class Attention(nn.Module):
 
 
 def block_causal_mask(cu_seqlens: Tensor) -> Tensor:
-    """(T, T) boolean mask, True where query i may attend key j: same record and j <= i."""
+    """(T, T) boolean mask, True where query i may attend key j: same record and j <= i (on
+    ``cu_seqlens``' device)."""
+    device = cu_seqlens.device
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
     total = int(cu_seqlens[-1])
-    segment = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+    segment = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lengths)
     same = segment[:, None] == segment[None, :]
-    return same & torch.ones(total, total, dtype=torch.bool).tril()
+    return same & torch.ones(total, total, dtype=torch.bool, device=device).tril()
 
 
 def padded_causal_mask(attention_mask: Tensor) -> Tensor:

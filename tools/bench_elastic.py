@@ -63,6 +63,7 @@ def write_index(n: int, root: Path) -> None:
         tok = np.minimum(rng.lognormal(6.1, 1.0, size).astype(np.int64) + 1, 8192)
         out["tokens"][lo : lo + size] = tok
         out["cost"][lo : lo + size] = model.cost(tok)
+        out["trained"][lo : lo + size] = tok - 1  # no masks: every target trained
     out.flush()
     records = np.load(path, mmap_mode="r")
     shards = [

@@ -25,7 +25,18 @@ def add_parser(sub: Any) -> None:
         help="a text column/member to tokenize instead (with --tokenizer)",
     )
     p.add_argument(
-        "--tokenizer", default=None, help="with --text-field: cl100k or a local tokenizer.json"
+        "--tokenizer",
+        default=None,
+        help="with --text-field: cl100k, a local tokenizer.json or Hugging Face tokenizer dir",
+    )
+    p.add_argument(
+        "--response-field",
+        default=None,
+        metavar="NAME",
+        help="prompt/response records: the response column (the prompt is --tokens-field or "
+        "--text-field); readers yield prompt + response ids with the response trained "
+        "(llm-foundry: --text-field prompt --response-field response --tokenizer DIR, or "
+        "--tokens-field input_ids --response-field labels)",
     )
     p.add_argument(
         "--length-field",
@@ -60,18 +71,20 @@ def run(args: argparse.Namespace) -> int:
         text_field=args.text_field,
         tokenizer=args.tokenizer,
         length_field=args.length_field,
+        response_field=args.response_field,
         cost_model=args.cost_model,
         overwrite=args.overwrite,
         progress=not args.no_progress,
         workers=args.workers,
         part=args.part,
     )
-    tokens = index.summary()["tokens"]
+    summary = index.summary()
+    tokens = summary["tokens"]
     where = args.directory if args.part is None else f"{args.directory} part {args.part}"
     print(
         f"annotated {where}: {len(index)} records in {len(index.shards)} {index.format} "
         f"shards, {tokens['total']:.0f} tokens (mean {tokens['mean']:.1f}, max {tokens['max']:.0f}), "
-        f"cost model {index.cost_model.name}"
+        f"cost model {index.cost_model.name}, {summary['trained']['total']:.0f} trained tokens"
     )
     counted = index.extra.get("annotate", {})
     if "length_field" in counted:

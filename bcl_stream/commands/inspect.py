@@ -47,6 +47,8 @@ def _text(report: dict[str, Any]) -> list[str]:
         f"p99 {t['p99']:.0f}  max {t['max']:.0f}",
         f"cost:   total {c['total']:.4g}  mean {c['mean']:.4g}  p99 {c['p99']:.4g}  "
         f"max {c['max']:.4g}",
+        f"trained tokens (loss targets): total {report['trained']['total']:.0f} "
+        f"({report['trained']['total'] / max(t['total'], 1):.1%} of the tokens)",
         f"cost model: {json.dumps(report['cost_model'])}",
     ]
     out = report["outliers"]

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from bcl_stream.preprocess.outliers import POLICIES
+from bcl_stream.preprocess.templates import LOSS_ON
 
 
 def add_parser(sub: Any) -> None:
@@ -16,8 +17,31 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--format", choices=["mds", "wds"], default="mds", help="MDS (all scopes) or WebDataset"
     )
-    p.add_argument("--text-field", default="text", help="text field (else chat 'messages')")
-    p.add_argument("--tokenizer", default="cl100k", help="cl100k or a local tokenizer.json")
+    p.add_argument(
+        "--text-field",
+        default="text",
+        help="text field (else a conversation, else prompt + response/completion)",
+    )
+    p.add_argument(
+        "--messages-field",
+        default=None,
+        metavar="NAME",
+        help="the conversation field (default: 'messages' or 'conversations'; ShareGPT "
+        "from/value messages are read too)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default="cl100k",
+        help="cl100k, a local tokenizer.json, or a local Hugging Face tokenizer directory "
+        "(its chat template renders conversations)",
+    )
+    p.add_argument(
+        "--loss-on",
+        choices=LOSS_ON,
+        default="assistant",
+        help="trained tokens of a conversation, stored as its loss mask: every assistant "
+        "turn, the last one, or all tokens (prompt/response: the response unless all)",
+    )
     p.add_argument("--cost-model", default="llama3-8b", help="preset name or cost-model JSON")
     p.add_argument(
         "--max-record-tokens",
@@ -32,7 +56,10 @@ def add_parser(sub: Any) -> None:
         help="what to do with a record above --max-record-tokens",
     )
     p.add_argument(
-        "--skip-bad", action="store_true", help="skip and count bad records and empty input files"
+        "--skip-bad",
+        action="store_true",
+        help="skip bad records (counted; the first few named, all listed in bcl_skipped.txt) "
+        "and empty input files",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     p.add_argument("--workers", type=int, default=2, help="tokenizer processes")
@@ -67,7 +94,9 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "format": args.format,
         "text_field": args.text_field,
+        "messages_field": args.messages_field,
         "tokenizer": args.tokenizer,
+        "loss_on": args.loss_on,
         "cost_model": args.cost_model,
         "max_record_tokens": args.max_record_tokens,
         "outliers": args.outliers,

@@ -28,7 +28,8 @@ STATE_VERSION = 4
 """4: planner v3 (the heavy lane, shards cut by the read budget, scope ``world`` planned per
 node), which changes every epoch's packs: the config gains ``lane`` and ``max_amplification``;
 and the config may hold ``tokens`` (where token ids come from: a token column of another name,
-raw integer bytes, or a text column and its tokenizer). 3 added ``mixture`` (the streams a
+raw integer bytes, or a text column and its tokenizer) and ``max_seq_len`` (where it cuts a
+record, which the plan then costs as truncated; a state without it means none). 3 added ``mixture`` (the streams a
 mixture plan reads; absent for one dataset). Versions 1-3 are refused with what to do: their
 position cannot be replayed exactly."""
 READABLE = (STATE_VERSION,)

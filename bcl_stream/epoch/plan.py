@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -26,6 +26,7 @@ from bcl_stream.cost import resolve
 from bcl_stream.epoch.cache import cached
 from bcl_stream.epoch.mixture_index import MixtureIndex
 from bcl_stream.epoch.token_source import TokenSource
+from bcl_stream.epoch.truncation import fed_costs, fed_tokens
 from bcl_stream.errors import StateError
 from bcl_stream.io.index import CostIndex
 from bcl_stream.planner import (
@@ -53,12 +54,6 @@ def epoch_draw(index: PlanData, config: ReaderConfig, epoch: int) -> EpochDraw |
     return None
 
 
-def tokens_of(index: PlanData) -> npt.NDArray[np.integer[Any]]:
-    """Token counts by id: the mapped column, or a mixture's view over its streams' (which
-    indexes like an array: all the planner does with it)."""
-    return cast("npt.NDArray[np.integer[Any]]", index.tokens)
-
-
 def epoch_records(index: PlanData, draw: EpochDraw | None) -> int:
     """Records the epoch holds before any filter (a mixture: its draw)."""
     return len(index) if draw is None else int(draw.usable.sum())
@@ -83,8 +78,20 @@ class ReaderConfig:
     tokens: TokenSource | None = None
     """Where records' token ids come from (``epoch/token_source.py``); None: the ``input_ids``
     column bcl-stream writes. Recorded in the cursor: a resume reads the same ids."""
+    max_seq_len: int | None = None
+    """Tokens a record is fed at most (the collate truncates to it): longer records are
+    planned at their truncated cost (``epoch/truncation.py``). None: records are fed whole.
+    Recorded in the cursor when set (the plan depends on it)."""
 
     def __post_init__(self) -> None:
+        if self.max_seq_len is not None and (
+            isinstance(self.max_seq_len, bool)
+            or not isinstance(self.max_seq_len, int)
+            or self.max_seq_len < 1
+        ):
+            raise ValueError(
+                f"max_seq_len must be an integer >= 1 or None, got {self.max_seq_len!r}"
+            )
         if self.tokens is not None and not isinstance(self.tokens, TokenSource):
             raise ValueError(f"tokens must be a TokenSource or None, got {self.tokens!r}")
         if self.packing not in PACKINGS:
@@ -104,6 +111,7 @@ class ReaderConfig:
         cost_model: str | None = None,
         packing: str = "bcl",
         tokens: TokenSource | None = None,
+        max_seq_len: int | None = None,
         **plan_fields: Any,
     ) -> ReaderConfig:
         """A config from flat keyword arguments: ``plan_fields`` are :class:`PlanConfig`'s."""
@@ -119,6 +127,7 @@ class ReaderConfig:
             cost_model=cost_model,
             packing=packing,
             tokens=TokenSource.of(tokens),
+            max_seq_len=max_seq_len,
         )
 
     def flat(self) -> dict[str, Any]:
@@ -129,11 +138,13 @@ class ReaderConfig:
             "cost_model": self.cost_model,
             "packing": self.packing,
             "tokens": None if self.tokens is None else self.tokens.to_dict(),
+            "max_seq_len": self.max_seq_len,
         }
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly nested form (stored in reader states): ``{plan: {...}, seed,
-        cost_model, packing}``, plus ``tokens`` when they are not the stored ``input_ids``."""
+        cost_model, packing}``, plus ``tokens`` when they are not the stored ``input_ids`` and
+        ``max_seq_len`` when records are truncated."""
         out: dict[str, Any] = {
             "plan": asdict(self.plan),
             "seed": self.seed,
@@ -142,6 +153,8 @@ class ReaderConfig:
         }
         if self.tokens is not None:
             out["tokens"] = self.tokens.to_dict()
+        if self.max_seq_len is not None:
+            out["max_seq_len"] = self.max_seq_len
         return out
 
     @classmethod
@@ -154,7 +167,7 @@ class ReaderConfig:
                 "them under 'plan'. Resume with the bcl-stream release that wrote it, or drop "
                 "the data loader's state from the checkpoint to start the epoch over"
             )
-        unknown = set(data) - {"plan", "seed", "cost_model", "packing", "tokens"}
+        unknown = set(data) - {"plan", "seed", "cost_model", "packing", "tokens", "max_seq_len"}
         if unknown:
             raise ValueError(f"reader config has unknown keys {sorted(unknown)}")
         plan = data.get("plan")
@@ -250,7 +263,9 @@ class ReaderPlan:
         self.consumed = _consumed(index, config, epoch, segments)
         costs, table = _costs_and_table(index, config)
         self._costs = costs
-        self._tokens = None if config.plan.max_tokens is None else tokens_of(index)
+        self._tokens = (
+            None if config.plan.max_tokens is None else fed_tokens(index, config.max_seq_len)
+        )
         draw = epoch_draw(index, config, epoch)
         self._streams = build_node_streams(
             costs,
@@ -367,20 +382,23 @@ def reader_plan(
 
 
 def _costs_and_table(index: PlanData, config: ReaderConfig) -> tuple[Any, ShardTable]:
-    """Per-record costs and the shard table (mean cost per shard), once per data and model
-    (in the plan cache). For a mixture the costs are a view over its streams' indexes (each its
-    own cost model)."""
+    """Per-record costs and the shard table (mean cost per shard), once per data, model and
+    ``max_seq_len`` (in the plan cache): records longer than ``max_seq_len`` at their truncated
+    cost. For a mixture the costs are a view over its streams' indexes (each its own cost
+    model)."""
 
     def make() -> tuple[Any, ShardTable]:
         model = None if config.cost_model is None else resolve(config.cost_model)
         if isinstance(index, MixtureIndex):
-            view = index.costs(model)
+            models = index.stream_models(model)
+            view = fed_costs(index, models, index.costs(model), config.max_seq_len)
             return view, index.shard_table(view)
-        costs = index.costs(model)
+        costs = fed_costs(index, [model], index.costs(model), config.max_seq_len)
         counts = index.shard_counts
         return costs, ShardTable.build(counts, weight=shard_weights(counts, costs))
 
-    return cached(("table", index.fingerprint(), config.cost_model), make)
+    key = ("table", index.fingerprint(), config.cost_model, config.max_seq_len)
+    return cached(key, make)
 
 
 def full_plan(

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bcl_stream.epoch.plan import PlanData, ReaderConfig, _costs_and_table, tokens_of
+from bcl_stream.epoch.plan import PlanData, ReaderConfig, _costs_and_table
+from bcl_stream.epoch.truncation import fed_tokens
 from bcl_stream.planner.step_contract import deal_step, recut_step
 
 
@@ -54,7 +55,7 @@ def step_cut(index: PlanData, config: ReaderConfig) -> StepCut | None:
     if plan.contract != "step" or plan.layout == "packed":
         return None
     costs, _ = _costs_and_table(index, config)
-    tokens = None if plan.max_tokens is None else tokens_of(index)
+    tokens = None if plan.max_tokens is None else fed_tokens(index, config.max_seq_len)
     deal = config.packing == "bcl" and plan.scope != "rank"
     return StepCut(costs, plan.layout, deal, tokens, plan.max_tokens)
 

@@ -8,6 +8,12 @@ text. ``annotate`` counts tokens from the same source the readers then read, and
 which (the cost index in ``extra.annotate``, the reader cursor in its config), so a count from
 one tokenizer is never read with another.
 
+Prompt/response datasets (llm-foundry's finetuning layout: ``prompt`` + ``response`` text
+columns, or its pre-tokenized ``input_ids`` (the prompt) + ``labels`` (the response)) are read
+with ``response_field``: a record's ``input_ids`` are the prompt's ids then the response's
+(for text, exactly as ``preprocess`` encodes a prompt/response record: the response followed by
+the tokenizer's EOS), and its ``loss_spans`` train the response: ``[len(prompt), len(ids)]``.
+
 This module is the configuration only (pure, no I/O): :mod:`bcl_stream.formats.token_ids`
 turns a column's value into ids and counts.
 """
@@ -20,7 +26,7 @@ from typing import Any
 import numpy as np
 
 DEFAULT_FIELD = "input_ids"
-KEYS = ("tokens_field", "tokens_dtype", "text_field", "tokenizer")
+KEYS = ("tokens_field", "tokens_dtype", "text_field", "tokenizer", "response_field")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,8 +43,12 @@ class TokenSource:
     """A text column (or WebDataset member, or key of its ``json`` member) to tokenize instead
     of reading ids; needs ``tokenizer``."""
     tokenizer: str | None = None
-    """``cl100k`` (offline tiktoken) or a local ``tokenizer.json``: what ``annotate
-    --text-field`` counted with."""
+    """``cl100k`` (offline tiktoken), a local ``tokenizer.json`` or Hugging Face tokenizer
+    directory: what ``annotate --text-field`` counted with."""
+    response_field: str | None = None
+    """The response column of a prompt/response record (the prompt is ``tokens_field`` or
+    ``text_field``, the response the same kind): ids = prompt + response, the response
+    trained (see the module docstring). None: one column holds the whole record."""
 
     def __post_init__(self) -> None:
         for name in KEYS:
@@ -56,6 +66,11 @@ class TokenSource:
             raise ValueError(
                 "give either a token column (tokens_field, tokens_dtype) or a text column "
                 "(text_field, tokenizer), not both"
+            )
+        if self.response_field is not None and self.response_field == self.field:
+            raise ValueError(
+                f"response_field {self.response_field!r} is the prompt column too; name the "
+                "prompt with tokens_field or text_field and the response apart"
             )
         if self.tokens_dtype is not None:
             try:
@@ -77,12 +92,22 @@ class TokenSource:
         """The column read."""
         return self.text_field if self.text_field is not None else self.tokens_field
 
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """Every column read: the prompt (or only) column, then the response column."""
+        return (self.field,) if self.response_field is None else (self.field, self.response_field)
+
     def describe(self) -> str:
         """How messages name it: ``column 'tokens' (raw int64 bytes)``."""
         if self.text_field is not None:
-            return f"text column {self.text_field!r} tokenized with {self.tokenizer}"
-        raw = f" (raw {self.tokens_dtype} bytes)" if self.tokens_dtype else ""
-        return f"token column {self.tokens_field!r}{raw}"
+            what = f"text column {self.text_field!r}"
+            tail = f" tokenized with {self.tokenizer}"
+        else:
+            raw = f" (raw {self.tokens_dtype} bytes)" if self.tokens_dtype else ""
+            what, tail = f"token column {self.tokens_field!r}", raw
+        if self.response_field is not None:
+            return f"prompt {what} + response column {self.response_field!r}{tail}"
+        return what + tail
 
     def to_dict(self) -> dict[str, str]:
         """The fields that differ from the default (what indexes and cursors record)."""

@@ -34,7 +34,8 @@ from bcl_stream.formats.dataset_files import (
     shard_entries,
     write_mds_index,
 )
-from bcl_stream.formats.writer_base import FinishOnExit, seal_cost_index
+from bcl_stream.formats.loss_spans import LOSS_SPANS, LOSS_SPANS_COLUMN, full_spans
+from bcl_stream.formats.writer_base import FinishOnExit, record_trained, seal_cost_index
 from bcl_stream.io import streaming_compat
 from bcl_stream.io.index import CostIndex
 from bcl_stream.io.remote import upload
@@ -49,6 +50,12 @@ class CostedMDSWriter(FinishOnExit, MDSWriter):
     ``out`` is a local directory, a remote URL (``s3://...``) or a ``(local, remote)`` pair as
     for ``MDSWriter``. ``columns`` defaults to ``{"input_ids": "ndarray:uint32"}``; the token
     count of a record is ``len(sample[tokens_field])`` unless ``write(sample, tokens=n)`` says.
+
+    Loss masks: with ``loss_spans=True`` (or a ``loss_spans`` column in ``columns``) every
+    record stores ``loss_spans`` (``ndarray:uint32``, :mod:`bcl_stream.formats.loss_spans`); a
+    record written without spans stores ``[0, L]`` (every token trained, the same count as no
+    mask). The trained-token count goes into the cost index: from the spans, or
+    ``write(sample, trained=k)``, or ``max(L - 1, 0)``.
     """
 
     def __init__(
@@ -62,14 +69,24 @@ class CostedMDSWriter(FinishOnExit, MDSWriter):
         compression: str | None = None,
         size_limit: int | str | None = 1 << 26,
         keep_local: bool = False,
+        loss_spans: bool = False,
         **kwargs: Any,
     ) -> None:
         self.cost_model = resolve(cost_model)
         self.tokens_field = tokens_field
         self.extra: dict[str, Any] = dict(extra or {})
         self._tokens = array("I")
+        self._trained = array("I")
         self._index: CostIndex | None = None
         cols = dict(columns or DEFAULT_COLUMNS)
+        if loss_spans:
+            cols.update(LOSS_SPANS_COLUMN)
+        if cols.get(LOSS_SPANS, LOSS_SPANS_COLUMN[LOSS_SPANS]) != LOSS_SPANS_COLUMN[LOSS_SPANS]:
+            raise ValueError(
+                f"column {LOSS_SPANS!r} must be {LOSS_SPANS_COLUMN[LOSS_SPANS]!r}, got "
+                f"{cols[LOSS_SPANS]!r}"
+            )
+        self.loss_spans = LOSS_SPANS in cols
         if tokens_field is not None and tokens_field not in cols:
             raise ValueError(
                 f"tokens_field {tokens_field!r} is not a column ({sorted(cols)}); "
@@ -87,8 +104,12 @@ class CostedMDSWriter(FinishOnExit, MDSWriter):
             **kwargs,
         )
 
-    def write(self, sample: dict[str, Any], tokens: int | None = None) -> None:
-        """Write one record; ``tokens`` overrides the count taken from ``tokens_field``."""
+    def write(
+        self, sample: dict[str, Any], tokens: int | None = None, trained: int | None = None
+    ) -> None:
+        """Write one record; ``tokens`` overrides the count taken from ``tokens_field``,
+        ``trained`` the trained-token count (else from ``sample["loss_spans"]``, else
+        ``max(tokens - 1, 0)``)."""
         if tokens is None:
             if self.tokens_field is None:
                 raise ValueError("write() needs tokens=n when the writer has no tokens_field")
@@ -99,8 +120,24 @@ class CostedMDSWriter(FinishOnExit, MDSWriter):
             tokens = ids.size
         if tokens < 0:
             raise ValueError(f"record {len(self._tokens)}: token count {tokens} < 0")
+        spans, count = record_trained(sample, tokens, trained, len(self._tokens))
+        if spans is not None and not self.loss_spans:
+            raise ValueError(
+                f"record {len(self._tokens)} has loss_spans but the writer has no such column; "
+                "create it with loss_spans=True"
+            )
+        if self.loss_spans:
+            stored = full_spans(tokens) if spans is None else spans
+            if not stored.size:  # streaming's ndarray encoding refuses empty arrays
+                raise ValueError(
+                    f"record {len(self._tokens)} trains no token (empty loss_spans) and MDS "
+                    "cannot store an empty array: leave the record out (it adds nothing to the "
+                    "loss), or write it to WebDataset"
+                )
+            sample = {**sample, LOSS_SPANS: stored}
         super().write(sample)
         self._tokens.append(tokens)
+        self._trained.append(count)
 
     def write_dataset_index(self) -> None:
         """The end of ``finish()``: every shard uploaded, then the cost index, then
@@ -118,6 +155,7 @@ class CostedMDSWriter(FinishOnExit, MDSWriter):
             self.extra,
             self.local,
             self.remote,
+            trained=self._trained,
         )
         path = write_mds_index(self.local, {"version": MDS_INDEX_VERSION, "shards": self.shards})
         if self.remote:

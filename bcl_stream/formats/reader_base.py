@@ -32,6 +32,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from bcl_stream.epoch.eval_plan import EvalPlan
+from bcl_stream.epoch.loss_tokens import StepTokens, step_tokens
 from bcl_stream.epoch.plan import PlanData, ReaderConfig, ReaderPlan, Segment, reader_plan
 from bcl_stream.epoch.steps import step_cut, whole_steps
 from bcl_stream.epoch.token_source import TokenSource
@@ -93,6 +94,9 @@ class PlanDataset(IterableDataset[Pack]):
         self._cursor = torch.zeros(3 + 3 * MAX_SEGMENTS, dtype=torch.int64).share_memory_()
         self.packs_per_item = 1
         """Packs per DataLoader item (PackLoader sets it for worker processes)."""
+        self.step_loss_tokens = False
+        """Put each step's trained-token count on the records where the plan knows it
+        (``epoch/loss_tokens.py``; the DataModule turns it on before any worker starts)."""
         self._evaluation: EvalPlan | None = None
 
     def for_evaluation(self, packing: str = "sequential") -> PlanDataset:
@@ -190,12 +194,16 @@ class PlanDataset(IterableDataset[Pack]):
         """(item id, pack) of the packs this worker yields, from the cursor on: item c holds
         packs start + c*packs_per_item ...; worker w takes items w, w+workers, ... Under the ``step``
         contract a pack is a micro-batch of its step's re-cut (``epoch/steps.py``): a worker
-        reads the whole step of every micro-batch it yields."""
+        reads the whole step of every micro-batch it yields. Where the plan knows each step's
+        trained tokens (``epoch/loss_tokens.py``), every record carries its step's count."""
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         start, per_item = self.start, self.packs_per_item
         cut = step_cut(self.index, self.config)
-        if self._evaluation is not None or cut is None:
+        steps = None
+        if self._evaluation is None and self.step_loss_tokens:
+            steps = step_tokens(self.index, self.config, self.segments)
+        if self._evaluation is not None or (cut is None and steps is None):
             plan: ReaderPlan | EvalPlan = self._evaluation or self.epoch_plan()
             for first, packs in plan.iter_rank_packs(self.rank, start):
                 position = first - start + np.arange(packs.shape[0])
@@ -213,24 +221,48 @@ class PlanDataset(IterableDataset[Pack]):
             if not mask.any():
                 continue
             local = self.rank % group.shape[0]  # its place among the ranks of its group
-            steps = np.unique(np.flatnonzero(mask) // g).tolist()
-            cuts = [cut(group[:, k * g : k * g + g], local) for k in steps]
+            totals = None
+            if steps is not None:
+                totals = steps.totals(group if steps.world else group[local : local + 1])
+            if cut is None:
+                chosen = np.flatnonzero(mask)
+                read = self._read_packs(group[local][chosen])
+                for j, pack in zip(chosen.tolist(), read, strict=True):
+                    yield int(ids[j]), _tagged(pack, steps, totals, j)
+                continue
+            steps_here = np.unique(np.flatnonzero(mask) // g).tolist()
+            cuts = [cut(group[:, k * g : k * g + g], local) for k in steps_here]
             rows = np.concatenate(
                 [mine.reshape(-1, self.config.plan.pack_size) for mine, _ in cuts]
             )
             read = self._read_packs(rows)
-            for k, (mine, sizes) in zip(steps, cuts, strict=True):
+            for k, (mine, sizes) in zip(steps_here, cuts, strict=True):
+                if steps is not None and totals is not None and not steps.world:
+                    # the re-cut deals a step's records among the group's ranks: the rank's
+                    # share is what it received, not its planned packs
+                    totals[k * g : k * g + g] = steps.count(mine)
                 records = [
                     r for _ in range(mine.size // self.config.plan.pack_size) for r in next(read)
                 ]
                 ends = np.cumsum(sizes)
                 for j in range(sizes.size):
                     if mask[k * g + j]:
-                        yield int(ids[k * g + j]), records[ends[j] - sizes[j] : ends[j]]
+                        pack = records[ends[j] - sizes[j] : ends[j]]
+                        yield int(ids[k * g + j]), _tagged(pack, steps, totals, k * g + j)
 
     def _read_packs(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
         """Yield one list of record dicts per row of ``packs`` (global record ids), in order."""
         raise NotImplementedError
+
+
+def _tagged(
+    pack: Pack, steps: StepTokens | None, totals: npt.NDArray[np.int64] | None, j: int
+) -> Pack:
+    """``pack`` with its step's trained-token count on every record (None: none)."""
+    if steps is not None and totals is not None:
+        for record in pack:
+            record[steps.key] = int(totals[j])
+    return pack
 
 
 class DatasetReader(PlanDataset):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,15 @@ def _tokenizer(spec: str) -> Any:
     from bcl_stream.preprocess.tokenizers import load_tokenizer
 
     return load_tokenizer(spec)
+
+
+@functools.cache
+def _encoder(spec: str) -> Any:
+    """The encoder ``preprocess`` uses (``preprocess/templates.py``): a text prompt/response
+    read here is encoded exactly as ``preprocess`` writes one."""
+    from bcl_stream.preprocess.templates import Encoder
+
+    return Encoder(spec)
 
 
 def _kind(value: Any) -> str:
@@ -209,8 +219,6 @@ def resolve_source(
 def _same(configured: TokenSource, recorded: TokenSource, index: CostIndex) -> bool:
     if configured.tokenizer is None or recorded.tokenizer is None:
         return configured == recorded
-    from dataclasses import replace
-
     from bcl_stream.preprocess.tokenizers import tokenizer_identity
 
     stored = index.extra.get("annotate", {}).get("tokenizer_id")
@@ -224,8 +232,55 @@ def _settings(source: TokenSource) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in given.items())
 
 
+def prompt_response_ids(
+    prompt: Any, response: Any, source: TokenSource, where: str
+) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32]]:
+    """(ids, loss spans) of a prompt/response record read with ``source.response_field``:
+    text encoded as ``preprocess`` encodes a prompt/response record (the response then the
+    tokenizer's EOS), ids concatenated as stored; the response is trained."""
+    if source.is_text:
+        from bcl_stream.preprocess.layouts import PromptResponse
+
+        texts = [
+            _as_text(v, f, source, where)
+            for v, f in ((prompt, source.field), (response, source.response_field))
+        ]
+        encoded = _encoder(str(source.tokenizer)).prompt_response(
+            PromptResponse(texts[0], texts[1])
+        )
+        assert encoded.spans is not None
+        return encoded.ids, encoded.spans
+    first = token_ids(prompt, source, where)
+    alone = replace(source, tokens_field=str(source.response_field), response_field=None)
+    second = token_ids(response, alone, where)
+    ids = np.concatenate([first, second]).astype(np.uint32)
+    return ids, np.asarray([first.size, ids.size] if second.size else [], dtype=np.uint32)
+
+
+def _as_text(value: Any, field: str | None, source: TokenSource, where: str) -> str:
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DatasetError(f"{where}: column {field!r} is not valid UTF-8 ({exc})") from exc
+    if not isinstance(value, str):
+        raise DatasetError(
+            f"{where}: {source.describe()}: column {field!r} holds {_kind(value)}, not text"
+        )
+    return value
+
+
 def with_ids(record: dict[str, Any], source: TokenSource | None, where: str) -> dict[str, Any]:
-    """``record`` with ``input_ids`` read from ``source`` (None: the stored ``input_ids``)."""
-    if source is not None:
-        record["input_ids"] = token_ids(record_column(record, source.field, where), source, where)
+    """``record`` with ``input_ids`` read from ``source`` (None: the stored ``input_ids``);
+    a prompt/response source also sets ``loss_spans`` (the response)."""
+    if source is None:
+        return record
+    if source.response_field is not None:
+        prompt = record_column(record, source.field, where)
+        response = record_column(record, source.response_field, where)
+        record["input_ids"], record["loss_spans"] = prompt_response_ids(
+            prompt, response, source, where
+        )
+        return record
+    record["input_ids"] = token_ids(record_column(record, source.field, where), source, where)
     return record

@@ -5,7 +5,8 @@ Stages (typed, ``def stage(src, ...)`` style, usable inside a stock ``wds.DataPi
 - :func:`tar_samples`: shards -> (record id, raw members) read sequentially. A record the plan
   does not need is skipped from its tar header alone: the payload is neither decoded nor read
   (``tar_scan`` seeks over it), which is what makes resume and other ranks' records cheap.
-- :func:`decode_sample`: raw members -> a record dict (``input_ids`` as numpy, ``json`` parsed).
+- :func:`decode_sample`: raw members -> a record dict (``input_ids`` as numpy, ``loss_spans``
+  as numpy uint32 where stored, ``json`` parsed).
 - :func:`follow_plan` / :func:`bcl_packs`: samples -> packs of exactly B records, in plan order,
   held in a bounded buffer. ``bcl_packs`` computes the rank-local BCL plan itself from the cost
   index, so every rank yields the same number of packs without talking to the others. Samples
@@ -38,6 +39,7 @@ import numpy.typing as npt
 
 from bcl_stream.epoch.plan import ReaderConfig, Segment, reader_plan
 from bcl_stream.errors import DatasetError
+from bcl_stream.formats.loss_spans import LOSS_SPANS, check_record_spans
 from bcl_stream.formats.npy import load_npy
 from bcl_stream.formats.read_options import DEFAULT_PREFETCH, ReadOptions
 from bcl_stream.formats.reader_base import DatasetReader, Pack, Record
@@ -357,9 +359,14 @@ class WDSPackDataset(DatasetReader):
         hashes = self.index.record_hashes
         shards = self._local_shards(self.shard_order(packs))
         raw = tar_samples(shards, wanted, hashes, part_firsts(self.index))
-        where = f"{self.location}: record"
-        decoded = (
-            with_ids(decode_sample(sid, key, members), self.tokens, f"{where} {sid}")
-            for sid, key, members in raw
-        )
-        yield from follow_plan(decoded, packs)
+        yield from follow_plan(self._decoded(raw), packs)
+
+    def _decoded(self, raw: Iterable[tuple[int, str, Raw]]) -> Iterator[Record]:
+        """Decoded records with their ``input_ids`` (from the token source) and, where stored,
+        ``loss_spans`` checked against the cost index's trained count."""
+        for sid, key, members in raw:
+            where = f"{self.location}: record {sid}"
+            record = with_ids(decode_sample(sid, key, members), self.tokens, where)
+            if LOSS_SPANS in record:
+                check_record_spans(record, self.index.trained_of(sid), where)
+            yield record

@@ -1,7 +1,9 @@
 """A costed WebDataset writer: ``webdataset.ShardWriter`` plus the cost index.
 
 Each record becomes one tar sample: ``<key>.input_ids.npy`` (the token ids, ``np.save``
-bytes, decoded by stock ``.decode()``) and ``<key>.json`` with ``{"source", "tokens", ...}``.
+bytes, decoded by stock ``.decode()``), ``<key>.loss_spans.npy`` when the record has a loss
+mask (uint32 spans, :mod:`bcl_stream.formats.loss_spans`; a record without one trains every
+token) and ``<key>.json`` with ``{"source", "tokens", ...}``.
 Members are encoded here (webdataset's own encoder, from ``streaming_compat``), so the bytes hashed into the record's
 xxh64 (``bcl_hashes.npy``, checked by the reader) are exactly the bytes in the tar.
 Keys are the global record id, zero-padded (no dots: WebDataset groups members by the prefix
@@ -29,8 +31,9 @@ import webdataset as wds
 
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.formats.dataset_files import as_token_array
+from bcl_stream.formats.loss_spans import LOSS_SPANS
 from bcl_stream.formats.npy import npy_bytes
-from bcl_stream.formats.writer_base import FinishOnExit, seal_cost_index
+from bcl_stream.formats.writer_base import FinishOnExit, record_trained, seal_cost_index
 from bcl_stream.io import streaming_compat
 from bcl_stream.io.hashing import record_digest
 from bcl_stream.io.index import CostIndex, ShardEntry
@@ -72,6 +75,7 @@ class CostedWDSWriter(FinishOnExit):
         self.shards: list[ShardEntry] = []
         self._tokens = array("I")  # 4 bytes per record, not a Python int each
         self._hashes = array("Q")
+        self._trained = array("I")
         self._encode = streaming_compat.wds_member_encoder()
         self._in_shard = 0
         self._key_prefix = key_prefix
@@ -94,11 +98,15 @@ class CostedWDSWriter(FinishOnExit):
             upload(fname, self.remote, name)
             os.remove(fname)
 
-    def write(self, sample: dict[str, Any], tokens: int | None = None) -> None:
+    def write(
+        self, sample: dict[str, Any], tokens: int | None = None, trained: int | None = None
+    ) -> None:
         """Write one record: ``sample[tokens_field]`` (ids) plus JSON-able extras.
 
-        Keys holding a dot (``"txt"`` style members such as ``"meta.txt"``) pass through as
-        members; every other key goes into the ``json`` member.
+        ``sample["loss_spans"]`` (if any) becomes the ``loss_spans.npy`` member and gives the
+        trained-token count (else ``trained``, else ``max(tokens - 1, 0)``). Keys holding a
+        dot (``"txt"`` style members such as ``"meta.txt"``) pass through as members; every
+        other key goes into the ``json`` member.
         """
         n = len(self._tokens)
         member: dict[str, Any] = {"__key__": f"{self._key_prefix}{n:010d}"}
@@ -108,6 +116,8 @@ class CostedWDSWriter(FinishOnExit):
                 ids = as_token_array(value, n)
                 member[f"{key}.npy"] = npy_bytes(ids)
                 tokens = int(ids.size) if tokens is None else tokens
+            elif key == LOSS_SPANS:
+                continue  # checked against the token count below
             elif key == "__key__":
                 raise ValueError("record keys are assigned by the writer (global record id)")
             elif "." in key:
@@ -116,12 +126,16 @@ class CostedWDSWriter(FinishOnExit):
                 meta[key] = value
         if tokens is None:
             raise ValueError(f"record {n}: no {self.tokens_field!r} and no tokens=n given")
+        spans, count = record_trained(sample, int(tokens), trained, n)
+        if spans is not None:
+            member[f"{LOSS_SPANS}.npy"] = npy_bytes(spans)
         meta["tokens"] = int(tokens)
         member["json"] = json.dumps(meta).encode()
         member = self._encode(member)
         self._writer.write(member)
         self._in_shard += 1
         self._tokens.append(int(tokens))
+        self._trained.append(count)
         self._hashes.append(record_digest((k, v) for k, v in member.items() if k != "__key__"))
 
     def finish(self) -> CostIndex:
@@ -138,6 +152,7 @@ class CostedWDSWriter(FinishOnExit):
             self.local,
             self.remote,
             self._hashes,
+            self._trained,
         )
         if self.remote:
             shutil.rmtree(self.local, ignore_errors=True)

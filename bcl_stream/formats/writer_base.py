@@ -1,7 +1,7 @@
 """What the costed MDS and WebDataset writers share: the ending and the context manager.
 
-Both writers collect one token count per record (an ``array('I')``: 4 bytes per record, not
-a Python int each) and end the same way: build the cost index, write it beside the shards,
+Both writers collect one token count and one trained-token count per record (``array('I')``:
+4 bytes per record each, not a Python int) and end the same way: build the cost index, write it beside the shards,
 and upload ``bcl_costs.npy`` then ``bcl_index.json`` before the format's own completion
 marker, because readers take the marker as "dataset complete".
 """
@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from bcl_stream.cost import CostModel
+from bcl_stream.formats.loss_spans import LOSS_SPANS, LossSpansError, check_spans, trained_count
 from bcl_stream.io.index import CostIndex, ShardEntry, write_index
 from bcl_stream.io.remote import upload_index
 
@@ -30,9 +31,11 @@ def seal_cost_index(
     local: str | os.PathLike[str],
     remote: str | None,
     hashes: array[int] | None = None,
+    trained: array[int] | None = None,
 ) -> CostIndex:
-    """Build the index from the collected counts (and per-record hashes, an ``array('Q')``),
-    write it locally, upload it if remote (the JSON last).
+    """Build the index from the collected counts (per-record hashes, an ``array('Q')``, and
+    trained-token counts, an ``array('I')``), write it locally, upload it if remote (the JSON
+    last).
 
     A preprocessing report in ``extra`` gets its ``shards`` count here: the pipeline stores the
     report before the last shard closes, so only the sealed shard list knows the number.
@@ -47,6 +50,7 @@ def seal_cost_index(
         format,
         extra,
         None if hashes is None else np.frombuffer(hashes, dtype=np.uint64).copy(),
+        None if trained is None else np.frombuffer(trained, dtype=np.uint32).copy(),
     )
     write_index(local, index)
     if remote:
@@ -73,3 +77,32 @@ class FinishOnExit:
             writer.finish()
         else:
             writer.abort()
+
+
+def record_trained(
+    sample: dict[str, Any], tokens: int, trained: int | None, record: int
+) -> tuple[Any, int]:
+    """(the record's checked ``loss_spans`` or None, its trained-token count): ``trained`` as
+    given, else counted from ``sample["loss_spans"]``, else ``max(tokens - 1, 0)``. A count
+    given beside spans must agree with them; spans that break the stored form are refused
+    naming the record (:mod:`bcl_stream.formats.loss_spans`)."""
+    spans = sample.get(LOSS_SPANS)
+    if spans is not None:
+        try:
+            spans = check_spans(spans, tokens)
+        except LossSpansError as exc:
+            raise ValueError(f"record {record}: {exc}") from exc
+        counted = trained_count(spans, tokens)
+        if trained is not None and trained != counted:
+            raise ValueError(
+                f"record {record}: trained={trained} given, but its loss_spans train {counted}"
+            )
+        return spans, counted
+    if trained is None:
+        return None, trained_count(None, tokens)
+    if not 0 <= trained <= max(tokens - 1, 0):
+        raise ValueError(
+            f"record {record}: trained={trained} outside [0, {max(tokens - 1, 0)}] for "
+            f"{tokens} tokens (position 0 is never a target)"
+        )
+    return None, trained

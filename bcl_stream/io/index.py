@@ -4,7 +4,9 @@ Two files per dataset, written before the format's own index (``index.json`` for
 shard list for WebDataset), because readers take that one as "dataset complete":
 
 - ``bcl_costs.npy``: a structured array ordered by global record id, fields ``tokens``
-  (uint32) and ``cost`` (float32), 8 bytes per record.
+  (uint32), ``cost`` (float32) and (format 4) ``trained`` (uint32: the record's trained
+  tokens, the loss mask's positions t >= 1, :mod:`bcl_stream.formats.loss_spans`), 12 bytes
+  per record. Costs count every token: a loss mask does not change compute.
 - ``bcl_index.json``: format version, dataset format, cost model, per-shard sample counts,
   the SHA-256 of the array's bytes, summary statistics, and (format 3) the seal
   ``fields_sha256`` over every field a plan depends on (:mod:`bcl_stream.io.index_meta`).
@@ -13,14 +15,16 @@ shard list for WebDataset), because readers take that one as "dataset complete":
   decodes, so a flipped byte inside a record is refused with the shard and record named.
   MDS shards carry their own hashes in ``index.json``.
 
-Formats 1 and 2 are still read: an unsealed index (1, 2) warns once that an edit to its
+Formats 1 to 3 are still read (their 8-byte records have no ``trained`` field:
+:attr:`CostIndex.trained` is then ``max(tokens - 1, 0)``, what is trained without a mask,
+computed on use, 4 B/record of private memory); an unsealed index (1, 2) warns once that an edit to its
 metadata goes undetected, and a WebDataset reader of format 1 warns once that its records go
 unchecked; ``bcl-stream annotate --overwrite`` adds both without rewriting the shards. On open,
 a sample of stored costs is compared with the cost model applied to the stored tokens.
 
 Memory: :func:`read_index` maps ``bcl_costs.npy`` read-only (``np.memmap``) instead of loading
 it. Every process of a node (ranks and their DataLoader workers) then shares one copy through
-the page cache; a private copy would cost 8 B/record per process (100M records: 800 MB, times
+the page cache; a private copy would cost 12 B/record per process (100M records: 1.2 GB, times
 8 ranks x 4 workers). The hash check reads the file in ``HASH_CHUNK`` pieces with plain reads
 on the same open file, so it neither copies the array nor maps its pages into the process.
 ``tools/bench_index.py`` measures open time and RSS up to 100M records.
@@ -37,11 +41,10 @@ file and what to do.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +54,14 @@ import numpy.typing as npt
 from bcl_stream.cost import CostModel
 from bcl_stream.errors import CostIndexError
 from bcl_stream.io.hashing import RECORD_HASH
+from bcl_stream.io.index_file import (
+    COST_DTYPE,
+    COST_DTYPE_V3,
+    HASH_CHUNK,
+    RECORD_DTYPES,
+    FileIdentity,
+    map_npy,
+)
 from bcl_stream.io.index_meta import (
     COSTS_NPY,
     FORMAT_VERSION,
@@ -58,6 +69,7 @@ from bcl_stream.io.index_meta import (
     INDEX_FILES,
     INDEX_JSON,
     READABLE_VERSIONS,
+    TRAINED_VERSION,
     check_costs_follow_model,
     read_index_json,
     seal,
@@ -66,6 +78,8 @@ from bcl_stream.io.index_meta import fail as _fail
 
 __all__ = [
     "COSTS_NPY",
+    "COST_DTYPE",
+    "COST_DTYPE_V3",
     "FORMAT_VERSION",
     "HASHES_NPY",
     "INDEX_FILES",
@@ -73,16 +87,13 @@ __all__ = [
     "READABLE_VERSIONS",
     "CostIndex",
     "ShardEntry",
+    "current_records",
     "read_index",
     "read_index_json",
     "write_index",
 ]
 
 FORMATS = ("mds", "wds")
-COST_DTYPE = np.dtype([("tokens", "<u4"), ("cost", "<f4")])
-HASH_CHUNK = 16 << 20
-"""Bytes hashed per read: large enough that SHA-256 runs at full speed, small enough that the
-check adds no visible memory."""
 COST_CHUNK = 1 << 20
 """Records per chunk when costs are recomputed under another model (8 MB of float64 scratch)."""
 
@@ -100,7 +111,8 @@ class CostIndex:
     """A dataset's cost index, in memory."""
 
     records: npt.NDArray[np.void]
-    """Structured array (``COST_DTYPE``) in global sample order."""
+    """Structured array (``COST_DTYPE``, or ``COST_DTYPE_V3`` read from an older index) in
+    global sample order."""
     cost_model: CostModel
     """The model that produced ``records['cost']``."""
     shards: tuple[ShardEntry, ...]
@@ -125,7 +137,7 @@ class CostIndex:
                 f"record hashes have dtype {hashes.dtype} shape {hashes.shape}, expected "
                 f"uint64 ({len(self.records)},)"
             )
-        if self.records.dtype != COST_DTYPE:
+        if self.records.dtype not in RECORD_DTYPES:
             raise CostIndexError(
                 f"cost records have dtype {self.records.dtype}, expected {COST_DTYPE}"
             )
@@ -148,17 +160,31 @@ class CostIndex:
         format: str,
         extra: dict[str, Any] | None = None,
         record_hashes: npt.ArrayLike | None = None,
+        trained: npt.ArrayLike | None = None,
     ) -> CostIndex:
         """An index from token counts, computing costs with ``cost_model``; ``record_hashes``:
-        one :func:`~bcl_stream.io.hashing.record_digest` per record (WebDataset), or None."""
+        one :func:`~bcl_stream.io.hashing.record_digest` per record (WebDataset), or None;
+        ``trained``: each record's trained-token count (None: ``max(tokens - 1, 0)``, no masks),
+        at most ``max(tokens - 1, 0)`` each."""
         tok = np.asarray(tokens)
         if tok.ndim != 1:
             raise ValueError(f"tokens must be 1-D, got shape {tok.shape}")
         if tok.size and (tok.min() < 0 or tok.max() > np.iinfo(np.uint32).max):
             raise ValueError(f"token counts must fit uint32, got range [{tok.min()}, {tok.max()}]")
+        most = np.maximum(tok.astype(np.int64), 1) - 1
+        got = most if trained is None else np.asarray(trained)
+        if got.shape != tok.shape:
+            raise ValueError(f"trained has shape {got.shape}, tokens {tok.shape}")
+        if got.size and (got.min() < 0 or (got > most).any()):
+            i = int(np.flatnonzero((got < 0) | (got > most))[0])
+            raise ValueError(
+                f"record {i}: {int(got[i])} trained tokens of {int(tok[i])}; a record trains at "
+                "most max(tokens - 1, 0) (position 0 is never a target)"
+            )
         records = np.empty(tok.size, dtype=COST_DTYPE)
         records["tokens"] = tok
         records["cost"] = cost_model.cost(tok)
+        records["trained"] = got
         records.flags.writeable = False  # an index is immutable (its hash is cached)
         hashes = None if record_hashes is None else np.asarray(record_hashes, dtype="<u8")
         return cls(records, cost_model, tuple(shards), format, dict(extra or {}), hashes)
@@ -178,6 +204,28 @@ class CostIndex:
     def tokens(self) -> npt.NDArray[np.uint32]:
         """Token counts by global record id: a view (of the mapped file when read from disk)."""
         return self.records["tokens"]
+
+    @property
+    def trained(self) -> npt.NDArray[np.uint32]:
+        """Trained tokens by global record id (mask positions t >= 1, what a per-token mean
+        divides by): a view of the stored field; for an index of format 1-3 (no field)
+        ``max(tokens - 1, 0)``, computed on each call (4 B/record)."""
+        if "trained" in (self.records.dtype.names or ()):
+            return self.records["trained"]
+        out = (np.maximum(self.records["tokens"], 1) - 1).astype(np.uint32)
+        out.flags.writeable = False
+        return out
+
+    def trained_of(self, sample_id: int) -> int:
+        """One record's trained-token count (no array built for an older index)."""
+        if self.has_trained:
+            return int(self.records["trained"][sample_id])
+        return max(int(self.records["tokens"][sample_id]) - 1, 0)
+
+    @property
+    def has_trained(self) -> bool:
+        """Whether the trained counts are stored (format 4) rather than derived."""
+        return "trained" in (self.records.dtype.names or ())
 
     @property
     def shard_counts(self) -> list[int]:
@@ -254,7 +302,13 @@ class CostIndex:
                 "max": float(values.max()),
             }
 
-        return {"records": len(self.records), "tokens": stats(tok), "cost": stats(cost)}
+        trained = self.trained.astype(np.float64)
+        return {
+            "records": len(self.records),
+            "tokens": stats(tok),
+            "cost": stats(cost),
+            "trained": stats(trained),
+        }
 
     def to_json(self) -> dict[str, Any]:
         """The ``bcl_index.json`` document, sealed (see :mod:`bcl_stream.io.index_meta`)."""
@@ -278,11 +332,29 @@ class CostIndex:
         return seal(doc)
 
 
+def current_records(index: CostIndex) -> npt.NDArray[np.void]:
+    """``index.records`` in the current ``COST_DTYPE`` (an older index's records gain their
+    derived ``trained``): a copy for an old index, the records themselves otherwise."""
+    if index.records.dtype == COST_DTYPE:
+        return index.records
+    out = np.empty(len(index.records), dtype=COST_DTYPE)
+    out["tokens"] = index.records["tokens"]
+    out["cost"] = index.records["cost"]
+    out["trained"] = index.trained
+    return out
+
+
 def write_index(directory: str | os.PathLike[str], index: CostIndex) -> tuple[Path, Path]:
     """Write ``bcl_costs.npy`` then ``bcl_index.json`` into a local directory, atomically each.
 
-    Output: (json path, npy path). Upload both before the format's own index.
+    Output: (json path, npy path). Upload both before the format's own index. An index read
+    from an older format is written in the current one (:func:`current_records`: its trained
+    counts are derived), so the JSON never names a format its array does not have.
     """
+    if index.records.dtype != COST_DTYPE:
+        upgraded = current_records(index)
+        upgraded.flags.writeable = False
+        index = replace(index, records=upgraded, source=None)
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     npy, meta = root / COSTS_NPY, root / INDEX_JSON
@@ -312,7 +384,14 @@ def read_index(directory: str | os.PathLike[str], *, verify: bool = True) -> Cos
     meta, npy = root / INDEX_JSON, root / COSTS_NPY
     if not npy.is_file():
         raise _fail(npy, "the cost array is missing although bcl_index.json names it")
-    records, source, digest = _map_npy(npy, verify=verify)
+    records, source, digest = map_npy(npy, verify=verify)
+    want = COST_DTYPE if data["format_version"] >= TRAINED_VERSION else COST_DTYPE_V3
+    if records.dtype != want:
+        raise _fail(
+            npy,
+            f"cost array has dtype {records.dtype}, but bcl_index.json format "
+            f"{data['format_version']} stores {want}",
+        )
     if len(records) != data["records"]:
         raise _fail(npy, f"holds {len(records)} records but bcl_index.json says {data['records']}")
     try:
@@ -348,78 +427,6 @@ def read_index(directory: str | os.PathLike[str], *, verify: bool = True) -> Cos
     return index
 
 
-@dataclass(frozen=True, slots=True)
-class FileIdentity:
-    """Which file a mapped index came from, to re-map exactly that file in another process."""
-
-    path: str
-    device: int
-    inode: int
-    size: int
-    mtime_ns: int
-
-    @classmethod
-    def of(cls, path: Path, fh: io.BufferedReader) -> FileIdentity:
-        st = os.fstat(fh.fileno())
-        return cls(str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _read_header(npy: Path, fh: io.BufferedReader) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
-    try:
-        version = np.lib.format.read_magic(fh)
-        if version == (1, 0):
-            return np.lib.format.read_array_header_1_0(fh)
-        if version == (2, 0):
-            return np.lib.format.read_array_header_2_0(fh)
-        raise ValueError(f".npy format version {version} is not supported")
-    except Exception as exc:  # numpy parses the header with ast/tokenize: many error types
-        raise _fail(npy, f"unreadable cost array ({exc})") from exc
-
-
-def _hash_file(fh: io.BufferedReader, offset: int, nbytes: int) -> str:
-    """SHA-256 of ``nbytes`` bytes from ``offset``, read in ``HASH_CHUNK`` pieces into one
-    reused buffer (plain reads: the pages go to the page cache, not into this process)."""
-    digest = hashlib.sha256()
-    buffer = memoryview(bytearray(min(HASH_CHUNK, max(nbytes, 1))))
-    fh.seek(offset)
-    remaining = nbytes
-    while remaining:
-        got = fh.readinto(buffer[: min(len(buffer), remaining)])
-        if not got:
-            break
-        digest.update(buffer[:got])
-        remaining -= got
-    return digest.hexdigest()
-
-
-def _map_npy(npy: Path, *, verify: bool) -> tuple[npt.NDArray[np.void], FileIdentity, str | None]:
-    """(read-only mapped records, the file's identity, SHA-256 of the records if ``verify``)."""
-    with open(npy, "rb") as fh:
-        shape, fortran, dtype = _read_header(npy, fh)
-        if dtype != COST_DTYPE or len(shape) != 1 or fortran:
-            raise _fail(
-                npy, f"cost array has dtype {dtype} shape {shape}, expected 1-D {COST_DTYPE}"
-            )
-        offset, source = fh.tell(), FileIdentity.of(npy, fh)
-        nbytes = shape[0] * COST_DTYPE.itemsize
-        if source.size < offset + nbytes:
-            raise _fail(
-                npy,
-                f"truncated: {source.size} bytes on disk, the header needs {offset + nbytes}",
-            )
-        records: npt.NDArray[np.void]
-        if shape[0]:
-            mapped = np.memmap(fh, dtype=COST_DTYPE, mode="r", offset=offset, shape=shape)
-            # A plain ndarray view of the mapping (it keeps the map alive): np.memmap indexes
-            # through a Python-level __getitem__, ~2 us per scalar lookup on the read path.
-            records = mapped.view(np.ndarray)
-        else:  # mmap cannot map zero bytes
-            records = np.empty(0, dtype=COST_DTYPE)
-            records.flags.writeable = False
-        digest = _hash_file(fh, offset, nbytes) if verify else None
-    return records, source, digest
-
-
 def _unpickle(
     stored: FileIdentity | npt.NDArray[np.void],
     n_records: int,
@@ -434,7 +441,7 @@ def _unpickle(
     meanwhile); an in-memory one keeps its records (and its hash cached: they stay read-only)."""
     if isinstance(stored, FileIdentity):
         path = Path(stored.path)
-        records, now, _ = _map_npy(path, verify=False)
+        records, now, _ = map_npy(path, verify=False)
         if now != stored or len(records) != n_records:
             raise _fail(
                 path,

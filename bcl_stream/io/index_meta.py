@@ -37,10 +37,14 @@ HASHES_NPY = "bcl_hashes.npy"
 INDEX_FILES = (COSTS_NPY, HASHES_NPY, INDEX_JSON)
 """Every file of a cost index, in the order it is written and uploaded: the arrays, then the
 JSON that seals them, so a reader that finds the JSON finds its arrays. MDS has no hashes file."""
-FORMAT_VERSION = 3
-"""3: adds ``fields_sha256`` (every field that decides a plan is sealed); 2: per-record content
-hashes (``record_hashes``); 1: neither. 1 and 2 are still read, with a warning."""
-READABLE_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 4
+"""4: each record's trained-token count (field ``trained`` of ``bcl_costs.npy``, 12 bytes per
+record; summarized under ``summary.trained``); 3: adds ``fields_sha256`` (every field that
+decides a plan is sealed); 2: per-record content hashes (``record_hashes``); 1: none of these.
+1 to 3 are still read (trained = max(tokens - 1, 0)), 1 and 2 with a warning."""
+READABLE_VERSIONS = (1, 2, 3, 4)
+TRAINED_VERSION = 4
+"""The first format whose records store ``trained``."""
 SEALED_FIELDS = ("format", "records", "cost_model", "shards", "sha256", "record_hashes", "extra")
 """Every field of ``bcl_index.json`` a reader uses: the plan's inputs (cost model, shard table,
 record count, format, the arrays' hashes) and the provenance ``extra``. Only ``summary`` (derived
@@ -113,7 +117,8 @@ def _warn_unsealed(meta: Path, version: int) -> None:
 
 
 def check_costs_follow_model(path: Path, records: npt.NDArray[np.void], model: CostModel) -> None:
-    """Refuse an index whose stored costs are not ``model`` applied to its stored tokens, on
+    """Refuse an index whose stored costs are not ``model`` applied to its stored tokens (or
+    that stores more trained tokens than a record can train), on
     ``COST_BLOCKS`` runs of ``COST_BLOCK`` records (both sides rounded to float32, as the writer
     stores them). A changed model changes every record's cost, so any run shows it."""
     n = len(records)
@@ -130,6 +135,17 @@ def check_costs_follow_model(path: Path, records: npt.NDArray[np.void], model: C
                 f"({int(run['tokens'][i])} tokens) stores {float(run['cost'][i])!r}, the model "
                 f"gives {float(want[i])!r}",
             )
+        if "trained" in (run.dtype.names or ()):
+            over = np.flatnonzero(
+                run["trained"].astype(np.int64) > np.maximum(run["tokens"], 1) - 1
+            )
+            if over.size:
+                i = int(over[0])
+                raise fail(
+                    path,
+                    f"record {lo + i} stores {int(run['trained'][i])} trained tokens of "
+                    f"{int(run['tokens'][i])} (at most tokens - 1 can be trained)",
+                )
 
 
 def read_index_json(directory: str | Path) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from tqdm import tqdm
 
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.dataset_files import read_mds_index
+from bcl_stream.formats.loss_spans import LOSS_SPANS, check_record_spans
 from bcl_stream.io.hashing import digest
 from bcl_stream.io.index import CostIndex
 
@@ -148,7 +149,8 @@ class ShardVerifier:
     def check_record(
         self, sample_id: int, record: Mapping[str, Any], field: str = "input_ids"
     ) -> None:
-        """Raise if the decoded record's token count differs from the cost index's."""
+        """Raise if the decoded record's token count (or its loss mask's trained count)
+        differs from the cost index's."""
         if field not in record:
             return
         got = len(record[field])
@@ -160,6 +162,9 @@ class ShardVerifier:
                 "damaged). Rebuild the cost index with `bcl-stream annotate`, or re-copy the "
                 "dataset."
             )
+        where = f"{self.location}: record {sample_id}"
+        if LOSS_SPANS in record:
+            check_record_spans(record, self.index.trained_of(sample_id), where)
 
 
 def verify_mds(

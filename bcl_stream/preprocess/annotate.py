@@ -15,6 +15,10 @@ The cost index records what was counted (``extra.annotate``: the token source, t
 identity for text, the length column) and, apart, how many records checked a length column
 (``extra.length_check``).
 
+Trained-token counts (``preprocess/trained_counts.py``) come from a stored ``loss_spans``
+column or member, or from prompt/response columns (``response_field``: llm-foundry's
+finetuning layout as its converter writes it with stock ``MDSWriter``).
+
 Only ``bcl_costs.npy`` (+ ``bcl_hashes.npy``), ``bcl_index.json`` and (MDS) the pointer key in
 ``index.json`` are written, in that order.
 
@@ -83,14 +87,19 @@ class ShardJob:
     """Check a length column against the token column in this shard (a sample of shards)."""
 
 
-def count_shard(job: ShardJob) -> tuple[list[int], array[int] | None, int]:
-    """The work of one shard: its counts, record hashes (WebDataset) and the records on which
-    a length column was checked."""
+def count_shard(
+    job: ShardJob,
+) -> tuple[list[int], list[int] | None, array[int] | None, int]:
+    """The work of one shard: its counts, trained counts (None: no masks), record hashes
+    (WebDataset) and the records on which a length column was checked."""
     root = Path(job.root)
     if job.mds is not None:
-        counts, checked = mds_shard_counts(root, job.mds, job.counting, check=job.check)
-        return counts, None, checked
-    return wds_shard_counts(root, job.name, job.counting, check=job.check)
+        counts, trained, checked = mds_shard_counts(root, job.mds, job.counting, check=job.check)
+        return counts, trained, None, checked
+    counts, trained_wds, hashes, checked = wds_shard_counts(
+        root, job.name, job.counting, check=job.check
+    )
+    return counts, trained_wds, hashes, checked
 
 
 def _fetcher(location: str, tmp: Path) -> tuple[Any, Any]:
@@ -114,6 +123,7 @@ def annotate(
     text_field: str | None = None,
     tokenizer: str | None = None,
     length_field: str | None = None,
+    response_field: str | None = None,
     cost_model: str | CostModel = "llama3-8b",
     overwrite: bool = False,
     progress: bool = True,
@@ -127,6 +137,11 @@ def annotate(
     checked against the token column on a sample of shards). The index records which
     (``extra.annotate``), and the readers read the same column by default.
 
+    Trained tokens (``CostIndex.trained``): from a stored ``loss_spans`` column or member, or,
+    with ``response_field``, from prompt/response columns (``tokens_field``/``text_field`` is
+    the prompt): the readers then yield ``input_ids`` = prompt + response and ``loss_spans`` =
+    the response (``preprocess/trained_counts.py``). Else every token is trained.
+
     ``workers`` processes decode shards (``shard_pool``); a remote dataset's shards are
     downloaded by threads a few at a time and deleted once counted, and only the cost index and
     the MDS ``index.json`` pointer are uploaded back. The index is byte-identical for any
@@ -139,11 +154,17 @@ def annotate(
     if isinstance(part, str):
         part = Part.parse(part)
     target = location if part is None else part.location(location)
+    if response_field is not None and length_field is not None:
+        raise ValueError(
+            "--response-field and --length-field do not go together: a prompt/response "
+            "record's length is counted from its two columns"
+        )
     source = TokenSource(
         tokens_field=tokens_field,
         tokens_dtype=tokens_dtype,
         text_field=text_field,
         tokenizer=tokenizer,
+        response_field=response_field,
     )
     counting = Counting(source, length_field)
     with (
@@ -181,6 +202,8 @@ def annotate(
         ]
         fetch, done = _fetcher(location, Path(tmp) / "shards") if remote else (None, None)
         counts: list[int] = []
+        trained = array("I")
+        masked = False
         hashes = array("Q")
         shards: list[ShardEntry] = []
         checked = 0
@@ -195,8 +218,16 @@ def annotate(
             mininterval=0.5,
         ) as bar:
             results = map_shards(count_shard, jobs, workers=workers, fetch=fetch, done=done)
-            for i, (shard_counts_, shard_hashes, shard_checked) in zip(span, results, strict=True):
+            for i, (shard_counts_, shard_trained, shard_hashes, shard_checked) in zip(
+                span, results, strict=True
+            ):
                 counts += shard_counts_
+                masked |= shard_trained is not None
+                trained.extend(
+                    [max(n - 1, 0) for n in shard_counts_]
+                    if shard_trained is None
+                    else shard_trained
+                )
                 checked += shard_checked
                 if shard_hashes is not None:
                     hashes += shard_hashes
@@ -221,6 +252,7 @@ def annotate(
             fmt,
             extra,
             None if fmt == "mds" else np.frombuffer(hashes, dtype=np.uint64),
+            np.frombuffer(trained, dtype=np.uint32) if masked else None,
         )
         _write(index, root, location, target, part, Path(tmp) / "out")
         return index

@@ -1,9 +1,17 @@
-"""The chat template: how a ``messages`` record becomes the text we tokenize.
+"""The built-in chat template: how a conversation becomes the text we tokenize when the
+tokenizer brings no chat template of its own (cl100k, a bare ``tokenizer.json``). A tokenizer
+directory with a ``chat_template`` is rendered by that template instead
+(``preprocess/templates.py``).
 
 ChatML-style, one block per message, rendered as plain text and tokenized with no special
 tokens (so the same string gives the same count under any tokenizer)::
 
     <|im_start|>{role}\n{content}<|im_end|>\n
+
+``content`` given as a list of text parts is their concatenation; each of a message's
+``tool_calls`` follows its content as ``\n<tool_call>\n{JSON}\n</tool_call>`` (the form
+Qwen2.5's template uses). The trained part of an assistant turn (:func:`render_turns`) is its
+content, its tool calls and the ``<|im_end|>`` marker text, not the ``\n`` after it.
 
 Why plain text: cl100k has no ``<|im_start|>`` special token, and the cost index needs a
 count that is reproducible from the stored ids alone. A trainer that wants real special
@@ -13,10 +21,13 @@ well inside what a cost model can tell apart.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 TEMPLATE = "<|im_start|>{role}\n{content}<|im_end|>\n"
 """The per-message template (documented in docs/preprocessing.md)."""
+END = "<|im_end|>"
+TOOL_CALL = "\n<tool_call>\n{call}\n</tool_call>"
 
 
 class ChatFormatError(ValueError):
@@ -44,3 +55,27 @@ def render_messages(messages: Any) -> str:
             )
         parts.append(TEMPLATE.format(role=role, content=content))
     return "".join(parts)
+
+
+def render_turns(messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
+    """The text of normalized messages (``preprocess/layouts.py``) under :data:`TEMPLATE`,
+    and for each message the character range ``[start, end)`` of its content, tool calls and
+    ``<|im_end|>`` (what an assistant turn trains). Equal to :func:`render_messages` for
+    string contents without tool calls."""
+    from bcl_stream.preprocess.layouts import message_text
+
+    pieces: list[str] = []
+    ranges: list[tuple[int, int]] = []
+    position = 0
+    for message in messages:
+        head = f"<|im_start|>{message['role']}\n"
+        calls = message.get("tool_calls") or []
+        body = message_text(message) + "".join(
+            TOOL_CALL.format(call=json.dumps(call, ensure_ascii=False)) for call in calls
+        )
+        start = position + len(head)
+        ranges.append((start, start + len(body) + len(END)))
+        piece = head + body + END + "\n"
+        pieces.append(piece)
+        position += len(piece)
+    return "".join(pieces), ranges

@@ -29,7 +29,9 @@ import numpy as np
 from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.dataset_files import MDS_INDEX
+from bcl_stream.formats.loss_spans import LOSS_SPANS
 from bcl_stream.formats.mds_lengths import column_bytes, shard_counts
+from bcl_stream.formats.npy import load_npy
 from bcl_stream.formats.tar_scan import TAR_ERRORS, tar_records
 from bcl_stream.formats.token_ids import (
     INTEGER_SCALARS,
@@ -38,6 +40,7 @@ from bcl_stream.formats.token_ids import (
     wds_column,
 )
 from bcl_stream.io.hashing import record_digest
+from bcl_stream.preprocess import trained_counts as tc
 
 LENGTH_CHECK_SHARDS = 4
 """Shards (evenly spread, first and last included) whose records check a length column."""
@@ -188,31 +191,66 @@ def _mds_counts(
 
 def mds_shard_counts(
     root: Path, shard: dict[str, Any], counting: Counting, *, check: bool = False
-) -> tuple[list[int], int]:
-    """(counts of one MDS shard's records, records on which a length column was checked
+) -> tuple[list[int], list[int] | None, int]:
+    """(counts of one MDS shard's records, their trained counts (None: no mask, every token
+    trained; ``preprocess/trained_counts.py``), records on which a length column was checked
     against the token column: with ``check``, when the shard has that column)."""
-    counts = _mds_counts(root, shard, counting)
     source = counting.source
+    if source.response_field is not None:
+        pr_counts, pr_trained = _mds_prompt_response(root, shard, source)
+        return pr_counts, pr_trained, 0
+    counts = _mds_counts(root, shard, counting)
+    trained: list[int] | None = None
+    if tc.mds_has_spans(shard):
+        raw = shard["raw_data"]["basename"]
+        spans = _decoded(root, shard, LOSS_SPANS, None)
+        trained = [tc.spans_trained(v, counts[i], f"{raw} sample {i}") for i, v in enumerate(spans)]
     if not check or counting.length_field is None:
-        return counts, 0
+        return counts, trained, 0
     if source.field not in list(shard.get("column_names") or []):
-        return counts, 0  # no token column to compare with
+        return counts, trained, 0  # no token column to compare with
     limit = LENGTH_CHECK_RECORDS if source.is_text else None  # text: each one is tokenized
     tokens = _mds_counts(root, shard, Counting(source), limit)
     raw = shard["raw_data"]["basename"]
     for i, n in enumerate(tokens):
         if counts[i] != n:
             raise _mismatch(f"{raw} sample {i}", counting, counts[i], n)
-    return counts, len(tokens)
+    return counts, trained, len(tokens)
+
+
+def _mds_prompt_response(
+    root: Path, shard: dict[str, Any], source: TokenSource
+) -> tuple[list[int], list[int]]:
+    """(tokens, trained) of a prompt/response shard, as the readers will build its records."""
+    tc.check_response_column(root, shard, source)
+    if not source.is_text:
+        prompt = _mds_counts(root, shard, Counting(tc.prompt_source(source)))
+        response = _mds_counts(root, shard, Counting(tc.response_source(source)))
+        return (
+            [p + r for p, r in zip(prompt, response, strict=True)],
+            [tc.ids_trained(p, r) for p, r in zip(prompt, response, strict=True)],
+        )
+    raw = shard["raw_data"]["basename"]
+    columns = []
+    for name in source.fields:
+        values = column_bytes(root / raw, shard, name)
+        columns.append(values if values is not None else _decoded(root, shard, name, None))
+    pairs = [
+        tc.text_record(p, r, source, f"{raw} sample {i}")
+        for i, (p, r) in enumerate(zip(*columns, strict=True))
+    ]
+    return [n for n, _ in pairs], [t for _, t in pairs]
 
 
 def wds_shard_counts(
     root: Path, name: str, counting: Counting, *, check: bool = False
-) -> tuple[list[int], array[int], int]:
-    """(counts, one record hash each, records on which a length column was checked: the
-    first :data:`LENGTH_CHECK_RECORDS` with ``check``, when they have the token column) of one
-    WebDataset tar, in file order."""
+) -> tuple[list[int], list[int], array[int], int]:
+    """(counts, trained counts, one record hash each, records on which a length column was
+    checked: the first :data:`LENGTH_CHECK_RECORDS` with ``check``, when they have the token
+    column) of one WebDataset tar, in file order. A record's trained count comes from its
+    ``loss_spans.npy`` member or its prompt/response columns, else ``max(L - 1, 0)``."""
     counts: list[int] = []
+    trained: list[int] = []
     hashes = array("Q")
     checked = 0
     as_length = counting.length_field is not None
@@ -220,6 +258,14 @@ def wds_shard_counts(
         for i, (key, member_list) in enumerate(tar_records(root / name)):
             members = dict(member_list)
             where = f"{name} sample {key}"
+            hashes.append(record_digest(members.items()))
+            source = counting.source
+            if source.response_field is not None:
+                prompt, response = (wds_column(members, f, where) for f in source.fields)
+                n, t = _wds_prompt_response(prompt, response, source, where)
+                counts.append(n)
+                trained.append(t)
+                continue
             value = wds_column(members, counting.field, where)
             if as_length:
                 counts.append(length_value(value, counting.field, where))
@@ -231,12 +277,27 @@ def wds_shard_counts(
                     checked += 1
             else:
                 counts.append(token_count(value, counting.source, where))
-            hashes.append(record_digest(members.items()))
+            spans = members.get(f"{LOSS_SPANS}.npy")
+            trained.append(
+                max(counts[-1] - 1, 0)
+                if spans is None
+                else tc.spans_trained(load_npy(spans), counts[-1], where)
+            )
     except TAR_ERRORS as exc:
         raise DatasetError(
             f"{root / name}: unreadable tar shard ({exc}); re-download or rewrite the shard"
         ) from exc
-    return counts, hashes, checked
+    return counts, trained, hashes, checked
+
+
+def _wds_prompt_response(
+    prompt: Any, response: Any, source: TokenSource, where: str
+) -> tuple[int, int]:
+    if source.is_text:
+        return tc.text_record(prompt, response, source, where)
+    p = token_count(prompt, tc.prompt_source(source), where)
+    r = token_count(response, tc.response_source(source), where)
+    return p + r, tc.ids_trained(p, r)
 
 
 def _has(members: dict[str, bytes], field: str) -> bool:

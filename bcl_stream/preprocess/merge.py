@@ -12,7 +12,7 @@ writes, at ``OUTPUT``:
   then part 1's, ... For WebDataset ``bcl_index.json`` is the shard list.
 
 No shard is copied or rewritten: merging reads only the parts' index files (kilobytes, plus
-8 B/record of costs), so it takes seconds for any corpus and is safe to re-run. The old
+12 B/record of costs), so it takes seconds for any corpus and is safe to re-run. The old
 completion marker is removed first and written last, so a reader never sees a merged index
 over a different cost index. Refused, naming the part and what to do: a part missing, one
 incomplete (killed mid-write), one whose recorded identity differs from its directory name (a
@@ -48,6 +48,7 @@ from bcl_stream.io.index import (
     INDEX_JSON,
     CostIndex,
     ShardEntry,
+    current_records,
     read_index,
     write_index,
 )
@@ -185,9 +186,14 @@ def _sum_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
     for report in reports[1:]:
         for key, value in report.items():
             if key in ("records_read", "records_written", "tokens_written", "bytes_read") or (
-                key in ("blank_lines", "shards") or key.startswith("seconds")
+                key in ("blank_lines", "shards", "trained_tokens_written", "masked_records")
+                or key.startswith("seconds")
             ):
                 total[key] += value
+            elif key == "skipped_first":
+                total[key] = (total[key] + value)[:5]
+            elif key == "skipped_file" and value:
+                total[key] = total[key] or value  # each part lists its own
             elif key == "skipped_bad":
                 total[key] = dict(Counter(total[key]) + Counter(value))
             elif key == "empty_inputs":
@@ -240,7 +246,7 @@ def merge_indexes(parts: list[_Part], top_names: set[str], output: str) -> tuple
                     item.location, f"shard {shard.name} is missing; re-run `--part {item.part}`"
                 )
             shards.append(ShardEntry(name, shard.samples))
-    records = np.concatenate([ix.records for ix in indexes])
+    records = np.concatenate([current_records(ix) for ix in indexes])
     records.flags.writeable = False
     hashes = (
         None

@@ -25,7 +25,7 @@ from bcl_stream.io.index import INDEX_JSON
 from bcl_stream.io.remote import is_remote, list_remote
 
 DATASET_FILE = re.compile(
-    r"^(index\.json|bcl_index\.json|bcl_costs\.npy|bcl_hashes\.npy|shard\.\d+\.mds(\.\w+)?|shard-\d+\.tar(\.gz)?"
+    r"^(index\.json|bcl_index\.json|bcl_costs\.npy|bcl_hashes\.npy|bcl_skipped\.txt|shard\.\d+\.mds(\.\w+)?|shard-\d+\.tar(\.gz)?"
     r"|part-\d+-of-\d+|.*\.tmp)$"
 )
 

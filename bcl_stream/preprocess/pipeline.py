@@ -3,7 +3,15 @@
 One pass, in input order: read raw records (main process), parse + tokenize (a pool of
 ``workers`` processes, order kept), apply the bad-record and outlier policies (main), write
 (main). Every record read is either written or counted under a reason in the report, and the
-report is printed and stored in the cost index (``extra.preprocess``).
+report is printed and stored in the cost index (``extra.preprocess``). Records skipped as bad
+(``--skip-bad``) are also named: the first few in the report, all of them in
+``bcl_skipped.txt`` beside the shards (``file:line<TAB>reason<TAB>message``, one a line).
+
+Records with a loss mask (conversations, prompt/response) are written with ``loss_spans``
+(``formats/loss_spans.py``). MDS columns are fixed per dataset, so an MDS dataset has the
+column on every record unless ``--loss-on all`` (a text record then stores ``[0, L]``, which
+trains what no mask trains); WebDataset stores the member only on masked records. A record
+truncated by ``--outliers truncate`` keeps the part of its mask that survives the cut.
 """
 
 from __future__ import annotations
@@ -13,25 +21,32 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 from tqdm import tqdm
 
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.errors import DatasetError
-from bcl_stream.preprocess.chat import TEMPLATE
+from bcl_stream.formats.loss_spans import trained_count
+from bcl_stream.preprocess.layouts import LayoutOptions
 from bcl_stream.preprocess.lock import output_lock
 from bcl_stream.preprocess.outliers import OutlierPolicy
 from bcl_stream.preprocess.output import check_output, prepare_output, remove_if_empty
 from bcl_stream.preprocess.parts import Part, input_identity, input_slices, part_record
 from bcl_stream.preprocess.sources import Bad, InputSlice, check_inputs, read_records
-from bcl_stream.preprocess.tokenizers import load_tokenizer
-from bcl_stream.preprocess.work import tokenize_stream
+from bcl_stream.preprocess.templates import LOSS_ON, Encoded, Encoder
+from bcl_stream.preprocess.work import EncodeOptions, tokenize_stream
 
 T = TypeVar("T")
 FORMATS = ("mds", "wds")
 SMALL_INPUT_BYTES = 4 << 20
 """Below this much input, one process: spawning a tokenizer worker takes ~1-2 s here."""
+SKIPPED_FILE = "bcl_skipped.txt"
+"""Every record skipped as bad, one a line: ``file:line<TAB>reason<TAB>message``."""
+SKIPPED_SHOWN = 5
+"""Skipped records named in the report itself (the file lists all)."""
 
 
 @dataclass(slots=True)
@@ -46,10 +61,19 @@ class PreprocessReport:
     records_read: int = 0
     records_written: int = 0
     tokens_written: int = 0
+    trained_tokens_written: int = 0
+    """Trained tokens of the records written (mask positions t >= 1; ``cost index.trained``)."""
+    masked_records: int = 0
+    """Records written with a loss mask (the rest train every token)."""
+    loss_on: str = "assistant"
     bytes_read: int = 0
     blank_lines: int = 0
     skipped_bad: dict[str, int] = field(default_factory=dict)
     """Bad records skipped under ``skip_bad``, by reason (malformed_json, missing_field, ...)."""
+    skipped_first: list[str] = field(default_factory=list)
+    """The first skipped bad records, as ``file:line (reason)``."""
+    skipped_file: str | None = None
+    """Where every skipped record is listed (``bcl_skipped.txt`` in the output)."""
     empty_inputs: list[str] = field(default_factory=list)
     """Input files without a single record, skipped under ``skip_bad``."""
     outliers: dict[str, Any] = field(default_factory=dict)
@@ -75,6 +99,8 @@ class PreprocessReport:
         out = [
             f"wrote {self.records_written} records ({self.tokens_written} tokens) in "
             f"{self.shards} {self.format} shards to {self.output}",
+            f"trained tokens: {self.trained_tokens_written} ({self.masked_records} records "
+            f"with a loss mask, --loss-on {self.loss_on})",
             f"read {self.records_read} records, {self.bytes_read / 1e6:.1f} MB in "
             f"{self.seconds:.1f} s ({rate:.0f} records/s)",
         ]
@@ -87,6 +113,14 @@ class PreprocessReport:
             out.append(f"empty inputs skipped: {len(self.empty_inputs)} ({shown})")
         for reason, n in sorted(self.skipped_bad.items()):
             out.append(f"skipped bad records ({reason}): {n}")
+        if self.skipped_first:
+            more = sum(self.skipped_bad.values()) - len(self.skipped_first)
+            out.append(
+                "skipped: "
+                + ", ".join(self.skipped_first)
+                + (f" and {more} more" if more > 0 else "")
+                + (f"; all listed in {self.skipped_file}" if self.skipped_file else "")
+            )
         o = self.outliers
         if o.get("max_record_tokens") is not None:
             out.append(
@@ -132,8 +166,8 @@ def _bytes(piece: str | InputSlice) -> int:
 
 def _bad_error(bad: Bad) -> DatasetError:
     return DatasetError(
-        f"{bad.source}: {bad.message}. Fix the record, or pass --skip-bad to skip and count "
-        "such records."
+        f"{bad.source}: {bad.message}. Fix the record, or pass --skip-bad to skip such records "
+        "(they are counted and listed)."
     )
 
 
@@ -145,6 +179,7 @@ def _open_writer(
     compression: str | None,
     maxcount: int,
     key_prefix: str = "",
+    loss_spans: bool = False,
 ) -> Any:
     if fmt == "mds":
         from bcl_stream.formats.mds_writer import CostedMDSWriter
@@ -155,6 +190,7 @@ def _open_writer(
             columns={"input_ids": "ndarray:uint32", "source": "str"},
             compression=compression,
             size_limit=shard_size_limit,
+            loss_spans=loss_spans,
         )
     from bcl_stream.formats.wds_writer import CostedWDSWriter
 
@@ -179,7 +215,9 @@ def preprocess(
     *,
     format: str = "mds",
     text_field: str = "text",
+    messages_field: str | None = None,
     tokenizer: str = "cl100k",
+    loss_on: str = "assistant",
     cost_model: str | CostModel = "llama3-8b",
     max_record_tokens: int | None = None,
     outliers: str = "error",
@@ -194,6 +232,13 @@ def preprocess(
 ) -> PreprocessReport:
     """Tokenize ``inputs`` (JSONL/Parquet) into a costed dataset at ``output`` (dir or s3://).
 
+    Records are read in any layout of ``preprocess/layouts.py`` (``messages_field`` names a
+    conversation field other than ``messages``/``conversations``). ``tokenizer``: ``cl100k``,
+    a ``tokenizer.json``, or a Hugging Face tokenizer directory, whose chat template then
+    renders conversations (``preprocess/templates.py``). ``loss_on`` (``assistant``, ``last``,
+    ``all``) decides each conversation's stored loss mask; prompt/response records train the
+    response unless ``all``.
+
     ``part`` (``Part`` or ``"I/N"``): write only the I-th of N shares of the inputs, as a
     complete dataset under ``output/part-I-of-N`` (``preprocess/parts.py``); join the parts
     with :func:`bcl_stream.preprocess.merge.merge`. A part left incomplete by a killed run is
@@ -205,6 +250,8 @@ def preprocess(
     """
     if format not in FORMATS:
         raise ValueError(f"--format must be one of {FORMATS}, got {format!r}")
+    if loss_on not in LOSS_ON:
+        raise ValueError(f"--loss-on must be one of {LOSS_ON}, got {loss_on!r}")
     check_inputs(inputs)
     if isinstance(part, str):
         part = Part.parse(part)
@@ -215,8 +262,7 @@ def preprocess(
             target,
             part,
             format=format,
-            text_field=text_field,
-            tokenizer=tokenizer,
+            options=EncodeOptions(tokenizer, LayoutOptions(text_field, messages_field), loss_on),
             cost_model=cost_model,
             max_record_tokens=max_record_tokens,
             outliers=outliers,
@@ -236,8 +282,7 @@ def _preprocess(
     part: Part | None,
     *,
     format: str,
-    text_field: str,
-    tokenizer: str,
+    options: EncodeOptions,
     cost_model: str | CostModel,
     max_record_tokens: int | None,
     outliers: str,
@@ -257,15 +302,24 @@ def _preprocess(
     pieces: list[str | InputSlice] = list(inputs if part is None else input_slices(inputs, part))
     if sum(_bytes(p) for p in pieces) < SMALL_INPUT_BYTES:
         workers = 1  # starting a worker (spawn, imports, tokenizer) costs more than it saves
-    tok_name = load_tokenizer(tokenizer).name  # fail fast, before any output exists
+    encoder = Encoder(options.tokenizer, options.loss_on)  # fail fast, before any output exists
+    tok_name = encoder.tokenizer.name
     created = not os.path.exists(output.removeprefix("file://"))
     prepare_output(output, overwrite=overwrite, replace_incomplete=replace)
     report = PreprocessReport(output, format, list(inputs), tok_name, model.name)
+    report.loss_on = options.loss_on
     counts: Counter[str] = Counter()
     skipped: Counter[str] = Counter()
+    skipped_lines: list[str] = []
     prefix = "" if part is None else f"{part.name}-"
-    writer = _open_writer(format, output, model, shard_size_limit, compression, maxcount, prefix)
-    start = time.perf_counter()  # after the writer's import of streaming (seconds, one-off)
+
+    # MDS columns are fixed per dataset: every record gets loss_spans unless nothing is masked
+    # (a text record stores [0, L]: every token trained, the count of no mask).
+    masks = options.loss_on != "all"  # under "all" no record is masked
+    writer = _open_writer(
+        format, output, model, shard_size_limit, compression, maxcount, prefix, masks
+    )
+    start = time.perf_counter()
     timing: dict[str, float] = {"read": 0.0, "write": 0.0}
     raws = _timed(read_records(pieces, counts, report.empty_inputs if skip_bad else None), timing)
     # The total is known in bytes (records are not counted before they are read): the bar
@@ -281,40 +335,55 @@ def _preprocess(
     )
     stream = None
     try:
-        stream = tokenize_stream(raws, tokenizer, text_field, workers=workers, seconds=timing)
+        stream = tokenize_stream(raws, options, workers=workers, seconds=timing)
         for source, result in stream:
             bar.update(min(counts["bytes_read"], total) - bar.n)
-            if isinstance(result, Bad):
+            sample = None if isinstance(result, Bad) else _cut(source, result, policy)
+            if isinstance(sample, Bad) or isinstance(result, Bad):
+                bad = sample if isinstance(sample, Bad) else result
+                assert isinstance(bad, Bad)
                 if not skip_bad:
-                    raise _bad_error(result)
-                skipped[result.reason] += 1
+                    raise _bad_error(bad)
+                skipped[bad.reason] += 1
+                skipped_lines.append(f"{bad.source}\t{bad.reason}\t{bad.message}")
                 continue
-            ids = policy.apply(source, result)
-            if ids is None:
+            if sample is None:
                 continue
             t0 = time.perf_counter()
-            writer.write({"input_ids": ids, "source": source})
+            record: dict[str, Any] = {"input_ids": sample.ids, "source": source}
+            if sample.spans is not None:
+                record["loss_spans"] = sample.spans
+            writer.write(record)
             timing["write"] += time.perf_counter() - t0
             report.records_written += 1
-            report.tokens_written += int(ids.size)
+            report.tokens_written += int(sample.ids.size)
+            report.trained_tokens_written += sample.trained
+            report.masked_records += sample.spans is not None
         if report.records_written == 0 and part is None:  # an empty part is a valid part
             raise DatasetError(
                 f"no records to write: {counts['records_read']} read, "
                 f"{sum(skipped.values())} skipped as bad ({dict(skipped)}), {policy.dropped} "
                 f"dropped as outliers, {len(report.empty_inputs)} empty inputs skipped. Check "
-                "the inputs and --text-field."
+                "the inputs, --text-field and --messages-field."
             )
         report.records_read = counts["records_read"]
         report.bytes_read = counts["bytes_read"]
         report.blank_lines = counts["blank_lines"]
         report.skipped_bad = dict(skipped)
+        report.skipped_first = [
+            "{} ({})".format(*line.split("\t")[:2]) for line in skipped_lines[:SKIPPED_SHOWN]
+        ]
+        if skipped_lines:
+            report.skipped_file = _write_skipped(writer, output, skipped_lines)
         report.outliers = policy.to_dict()
         report.seconds = time.perf_counter() - start
         report.seconds_parse = timing["parse"]
         report.seconds_tokenize = timing["tokenize"]
         report.seconds_read = timing["read"]
         report.seconds_write = timing["write"]
-        writer.extra.update(preprocess=report.to_dict(), tokenizer=tok_name, chat_template=TEMPLATE)
+        writer.extra.update(
+            preprocess=report.to_dict(), tokenizer=tok_name, chat_template=encoder.describe()
+        )
         if part is not None:
             writer.extra["part"] = part_record(part, "preprocess", input_identity(inputs))
         t0 = time.perf_counter()
@@ -332,3 +401,40 @@ def _preprocess(
         if stream is not None:
             stream.close()  # stops the worker pool now, not when the generator is collected
     return report
+
+
+def _cut(source: str, encoded: Encoded, policy: OutlierPolicy) -> Encoded | Bad | None:
+    """``encoded`` under the outlier policy: as it is, truncated (its mask cut alike), or None
+    (dropped); a Bad when truncation leaves a masked record nothing to train."""
+    ids = policy.apply(source, encoded.ids)
+    if ids is None:
+        return None
+    if ids.size == encoded.ids.size or encoded.spans is None:
+        return Encoded(ids, encoded.spans)
+    pairs = np.minimum(encoded.spans.astype(np.int64).reshape(-1, 2), ids.size)
+    pairs = pairs[pairs[:, 1] > pairs[:, 0]]
+    spans = pairs.ravel().astype(np.uint32)
+    if trained_count(spans, int(ids.size)) == 0:
+        return Bad(
+            source,
+            "no_trained_tokens",
+            f"truncated to --max-record-tokens {ids.size}, the record keeps no trained token "
+            "(its response starts after the cut)",
+        )
+    return Encoded(ids, spans)
+
+
+def _write_skipped(writer: Any, output: str, lines: list[str]) -> str:
+    """``bcl_skipped.txt`` in the dataset (uploaded beside the shards for a remote output);
+    output: where it is."""
+    from bcl_stream.io.remote import join, upload
+
+    local = Path(str(writer.local))
+    local.mkdir(parents=True, exist_ok=True)
+    path = local / SKIPPED_FILE
+    path.write_text("".join(line.replace("\n", " ") + "\n" for line in lines), encoding="utf-8")
+    remote = getattr(writer, "remote", None)
+    if remote:
+        upload(path, remote, SKIPPED_FILE)
+        return join(remote, SKIPPED_FILE)
+    return str(path)

@@ -3,7 +3,8 @@
 The reader in the main process does as little as possible (split lines, slice Parquet batches)
 and hands chunks of raw records to the tokenizing workers: JSON parsing and UTF-8 decoding run
 there, in parallel, and every failure comes back as a :class:`Bad` that names ``file:line``.
-A record is a JSON object with a text field (``--text-field``) or a chat ``messages`` list.
+A record is a JSON object in one of the layouts ``preprocess/layouts.py`` reads (a text field,
+a conversation, a prompt and its response).
 """
 
 from __future__ import annotations
@@ -179,8 +180,8 @@ def read_records(
             empty.append(piece.path)
 
 
-def record_text(source: str, payload: bytes | dict[str, Any], text_field: str) -> str | Bad:
-    """The text to tokenize for one raw record (worker side), or why there is none."""
+def parse_payload(source: str, payload: bytes | dict[str, Any]) -> dict[str, Any] | Bad:
+    """A raw record (a JSONL line's bytes, or a Parquet row) as a JSON object, or why not."""
     if isinstance(payload, bytes):
         try:
             line = payload.decode("utf-8")
@@ -197,6 +198,27 @@ def record_text(source: str, payload: bytes | dict[str, Any], text_field: str) -
         record = payload
     if not isinstance(record, dict):
         return Bad(source, "malformed_json", f"expected a JSON object, got {type(record).__name__}")
+    return record
+
+
+def check_text(source: str, text: str) -> str | Bad:
+    """``text`` if it can be tokenized (valid UTF-8, not empty), else why not."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return Bad(source, "undecodable", f"text holds an unpaired surrogate at {exc.start}")
+    if not text:
+        return Bad(source, "empty_text", "the text is empty (0 tokens)")
+    return text
+
+
+def record_text(source: str, payload: bytes | dict[str, Any], text_field: str) -> str | Bad:
+    """The text of one raw record under the built-in ChatML (a text field, or ``messages``
+    with string contents), or why there is none. ``preprocess`` itself reads every layout
+    (``preprocess/layouts.py``); this is the plain-text view of the two original ones."""
+    record = parse_payload(source, payload)
+    if isinstance(record, Bad):
+        return record
     if text_field in record:
         text = record[text_field]
         if isinstance(text, bytes):
@@ -224,10 +246,4 @@ def record_text(source: str, payload: bytes | dict[str, Any], text_field: str) -
             f"no {text_field!r} field and no 'messages' (fields: {sorted(record)[:8]}); "
             "pass --text-field NAME",
         )
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return Bad(source, "undecodable", f"text holds an unpaired surrogate at {exc.start}")
-    if not text:
-        return Bad(source, "empty_text", "the text is empty (0 tokens)")
-    return text
+    return check_text(source, text)

@@ -1,4 +1,6 @@
-"""Worker side of preprocessing: raw record chunks -> token ids, in a process pool.
+"""Worker side of preprocessing: raw record chunks -> token ids and loss masks, in a
+process pool (``preprocess/layouts.py`` reads each record's layout, ``preprocess/templates.py``
+renders and tokenizes it).
 
 Tokenization is the expensive step (about 90 % of preprocessing time with cl100k), so it runs
 in ``workers`` processes; ``Pool.imap`` returns chunks in submission order, which keeps the
@@ -10,40 +12,70 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Generator, Iterable, Iterator
+from dataclasses import dataclass, field
 from multiprocessing import get_context
 from multiprocessing.pool import AsyncResult
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
+from bcl_stream.preprocess.layouts import Layout, LayoutOptions, Text, read_layout
+from bcl_stream.preprocess.sources import Bad, Raw, check_text, parse_payload
+from bcl_stream.preprocess.templates import Encoded, Encoder, encode_layout
 
-from bcl_stream.preprocess.sources import Bad, Raw, record_text
-from bcl_stream.preprocess.tokenizers import Tokenizer, load_tokenizer
+Result = tuple[str, "Encoded | Bad"]
 
-Result = tuple[str, "npt.NDArray[np.uint32] | Bad"]
+
+@dataclass(frozen=True, slots=True)
+class EncodeOptions:
+    """How every worker reads and encodes records (picklable)."""
+
+    tokenizer: str = "cl100k"
+    layout: LayoutOptions = field(default_factory=LayoutOptions)
+    loss_on: str = "assistant"
+
 
 _STATE: dict[str, Any] = {}
 
 
-def _init(tokenizer: str, text_field: str) -> None:
-    _STATE["tokenizer"] = load_tokenizer(tokenizer)
-    _STATE["text_field"] = text_field
+def _init(options: EncodeOptions) -> None:
+    _STATE["encoder"] = Encoder(options.tokenizer, options.loss_on)
+    _STATE["layout"] = options.layout
+
+
+def read_shape(source: str, payload: Any, layout: LayoutOptions) -> Layout | Bad:
+    """A raw record's layout (its JSON parsed, a text checked), or why it has none."""
+    record = parse_payload(source, payload)
+    if isinstance(record, Bad):
+        return record
+    shape = read_layout(source, record, layout)
+    if isinstance(shape, Text):
+        checked = check_text(source, shape.text)
+        if isinstance(checked, Bad):
+            return checked
+    return shape
+
+
+def encode_raw(source: str, payload: Any, encoder: Encoder, layout: LayoutOptions) -> Result:
+    """One raw record -> (source, its ids and mask, or why it has none)."""
+    shape = read_shape(source, payload, layout)
+    return source, shape if isinstance(shape, Bad) else encode_layout(source, shape, encoder)
 
 
 def _chunk(raws: list[Raw]) -> tuple[list[Result], float, float]:
-    """Results of one chunk, plus seconds spent parsing and tokenizing (for the report)."""
-    tok: Tokenizer = _STATE["tokenizer"]
+    """Results of one chunk, plus seconds spent parsing and tokenizing (for the report:
+    parsing is the JSON and the layout, tokenizing the template and the tokenizer)."""
+    encoder: Encoder = _STATE["encoder"]
+    layout: LayoutOptions = _STATE["layout"]
     out: list[Result] = []
     parse = encode = 0.0
     for source, payload in raws:
         t0 = time.perf_counter()
-        text = record_text(source, payload, _STATE["text_field"])
+        shape = read_shape(source, payload, layout)
         t1 = time.perf_counter()
         parse += t1 - t0
-        if isinstance(text, Bad):
-            out.append((source, text))
+        if isinstance(shape, Bad):
+            out.append((source, shape))
             continue
-        out.append((source, tok.ids(text)))
+        out.append((source, encode_layout(source, shape, encoder)))
         encode += time.perf_counter() - t1
     return out, parse, encode
 
@@ -61,14 +93,13 @@ def _chunks(raws: Iterable[Raw], size: int) -> Iterator[list[Raw]]:
 
 def tokenize_stream(
     raws: Iterable[Raw],
-    tokenizer: str,
-    text_field: str,
+    options: EncodeOptions,
     *,
     workers: int,
     chunk_size: int = 256,
     seconds: dict[str, float] | None = None,
 ) -> Generator[Result, None, None]:
-    """(source, ids or Bad) for every raw record, in input order.
+    """(source, :class:`Encoded` or :class:`Bad`) for every raw record, in input order.
 
     ``seconds`` (if given) accumulates ``parse`` and ``tokenize`` time summed over workers.
     """
@@ -84,7 +115,7 @@ def tokenize_stream(
         return done[0]
 
     if workers == 1:
-        _init(tokenizer, text_field)
+        _init(options)
         for chunk in _chunks(raws, chunk_size):
             yield from unpack(_chunk(chunk))
         return
@@ -92,7 +123,7 @@ def tokenize_stream(
     # bounded (2 chunks per worker in flight) so a large input is never read ahead into memory,
     # which ``Pool.imap`` would do.
     ctx = get_context("spawn")
-    with ctx.Pool(workers, initializer=_init, initargs=(tokenizer, text_field)) as pool:
+    with ctx.Pool(workers, initializer=_init, initargs=(options,)) as pool:
         pending: deque[AsyncResult[tuple[list[Result], float, float]]] = deque()
         for chunk in _chunks(raws, chunk_size):
             pending.append(pool.apply_async(_chunk, (chunk,)))

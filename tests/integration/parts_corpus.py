@@ -27,7 +27,7 @@ def write_corpus(root: Path) -> list[str]:
             else:
                 msgs = [
                     {"role": "user", "content": f"q{i}"},
-                    {"role": "assistant", "content": "a " * (i % 29)},
+                    {"role": "assistant", "content": "a " * (i % 29 + 1)},
                 ]
                 fh.write(json.dumps({"messages": msgs}) + "\n")
             if i % 50 == 0:

@@ -27,11 +27,43 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
 
+HF_MODEL = "lightning_module.hf_causal_lm.HFCausalLM"
+
+
+def tiny_llama(directory: Path) -> Path:
+    """A tiny random Llama (config.json only): what the SFT configs' model directory holds."""
+    from transformers import LlamaConfig
+
+    LlamaConfig(
+        vocab_size=128, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+    ).save_pretrained(directory)  # fmt: skip
+    return directory
+
+
+def shipped_strategy(cfg: dict[str, Any]) -> Any:
+    """The config's strategy, built alone: FSDP needs GPUs to build a Trainer, not to parse."""
+    from jsonargparse import ArgumentParser
+    from lightning.pytorch.strategies import Strategy
+
+    parser = ArgumentParser()
+    parser.add_argument("--strategy", type=Strategy | str)
+    return parser.instantiate(
+        parser.parse_object({"strategy": cfg["trainer"]["strategy"]})
+    ).strategy
+
+
 def cli_from(path: Path, tmp: Path, data_dir: Path) -> LightningCLI:
-    """LightningCLI on ``path`` as shipped, built (not run) on CPU over ``data_dir``."""
+    """LightningCLI on ``path`` as shipped, built (not run) on CPU over ``data_dir`` (an SFT
+    config's model directory: a tiny random Llama; FSDP built apart, DDP for the Trainer)."""
     cfg: dict[str, Any] = yaml.safe_load(path.read_text())
     cfg["trainer"].update(accelerator="cpu", default_root_dir=str(tmp), logger=False)
     cfg["trainer"]["callbacks"] = []
+    if isinstance(cfg["trainer"].get("strategy"), dict):
+        shipped_strategy(cfg)
+        cfg["trainer"]["strategy"] = "ddp"
+    if cfg["model"]["class_path"] == HF_MODEL:
+        cfg["model"]["init_args"]["model"] = str(tiny_llama(tmp / "model"))
     data = cfg["data"]
     data.pop("cache_dir", None)
     if "streams" in data:  # one copy of the test dataset per stream (a path is named once)
@@ -59,6 +91,7 @@ def test_every_shipped_config_plans_what_its_trainer_runs(
     trainer, module = cli.trainer, cli.datamodule
     assert isinstance(module, BCLDataModule)
     module.trainer = trainer  # what trainer.fit(model, datamodule) does before setup()
+    module.model_max_seq_len(cli.model)  # setup() reads it from trainer.lightning_module
     module.setup("fit")
     assert module.dataset is not None
     plan = module.dataset.config.plan
@@ -77,6 +110,27 @@ def test_every_shipped_config_plans_what_its_trainer_runs(
     assert plan.layout == shipped["data"].get("layout", "padded") == module.layout
     if tp > 1:  # the model's configure_model can split it at that size
         assert tensor_parallel_plan(cli.model, tp)
+
+
+SFT_CONFIGS = [p for p in CONFIGS if HF_MODEL in p.read_text()]
+
+
+def test_the_gpu_configs_train_a_hugging_face_model_with_fsdp_in_bf16() -> None:
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    assert {p.stem for p in SFT_CONFIGS} == {"h200_node", "multinode"}
+    for path in SFT_CONFIGS:
+        cfg = yaml.safe_load(path.read_text())
+        strategy = shipped_strategy(cfg)
+        assert type(strategy).__name__ == "FSDPStrategy", path.name
+        policy = strategy.kwargs["auto_wrap_policy"]
+        assert isinstance(policy, ModuleWrapPolicy)
+        assert LlamaDecoderLayer in policy._module_classes
+        assert cfg["trainer"]["precision"] == "bf16-mixed"
+        data = cfg["data"]
+        assert (data["layout"], data["labels"]) == ("packed", "unshifted"), path.name
+        assert "--loss-on assistant" in path.read_text(), path.name
 
 
 def test_accumulation_and_layout_reach_the_plan_and_the_cursor(

@@ -181,6 +181,7 @@ def test_index_from_a_dataset_with_the_same_layout(mds_dir: Path, tmp_path: Path
     meta = json.loads((root / INDEX_JSON).read_text())
     arr = np.load(root / COSTS_NPY)
     arr["tokens"] = arr["tokens"][::-1]  # another dataset's lengths, same layout
+    arr["trained"] = arr["trained"][::-1]  # (and its trained counts: a consistent index)
     arr["cost"] = arr["tokens"].astype(np.float32)
     np.save(root / COSTS_NPY, arr)
     from bcl_stream.io.index import read_index

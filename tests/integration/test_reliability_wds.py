@@ -22,6 +22,7 @@ from bcl_stream.errors import CostIndexError, DatasetError
 from bcl_stream.formats.wds_reader import WDSPackDataset
 from bcl_stream.io.index import HASHES_NPY, INDEX_JSON, read_index
 from bcl_stream.loading.loader import PackLoader
+from tests.old_formats import write_format_3_arrays
 
 pytestmark = pytest.mark.slow
 
@@ -134,7 +135,7 @@ def test_annotate_writes_the_same_hashes_as_the_writer(wds_dir: Path, tmp_path: 
 
 
 def downgrade_to_format_1(root: Path) -> None:
-    meta = json.loads((root / INDEX_JSON).read_text())
+    meta = write_format_3_arrays(root)
     meta["format_version"] = 1
     del meta["record_hashes"]
     (root / INDEX_JSON).write_text(json.dumps(meta))
@@ -176,7 +177,7 @@ def test_damaged_hash_file_is_refused(wds_dir: Path, tmp_path: Path) -> None:
 def test_unknown_index_version_says_what_to_do(wds_dir: Path, tmp_path: Path) -> None:
     root = copy_of(wds_dir, tmp_path)
     meta = json.loads((root / INDEX_JSON).read_text())
-    meta["format_version"] = 4
+    meta["format_version"] = 5
     (root / INDEX_JSON).write_text(json.dumps(meta))
-    with pytest.raises(CostIndexError, match=r"format_version 4 is not supported.*annotate"):
+    with pytest.raises(CostIndexError, match=r"format_version 5 is not supported.*annotate"):
         WDSPackDataset(root, CONFIG, 0)

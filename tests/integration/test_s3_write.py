@@ -154,3 +154,24 @@ def test_annotate_and_inspect_remote(
     assert main(["inspect", remote, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] and report["location"] == remote and report["records"] == 60
+
+
+@pytest.mark.parametrize("fmt", ["mds", "wds"])
+def test_skipped_records_are_listed_beside_remote_shards(
+    moto_s3: Callable[[str], str], tmp_path: Path, fmt: str
+) -> None:
+    src = tmp_path / "chat.jsonl"
+    _corpus(src, 20)
+    with open(src, "a") as fh:  # two conversations with nothing to train, lines 21 and 22
+        for _ in range(2):
+            fh.write(json.dumps({"messages": [{"role": "user", "content": "q"}]}) + "\n")
+    remote = moto_s3(f"skip-{fmt}") + "/sft"
+    report = preprocess([str(src)], remote, format=fmt, skip_bad=True, progress=False)
+    assert report.skipped_file == f"{remote}/bcl_skipped.txt"
+    assert "bcl_skipped.txt" in _keys(remote)
+    download(f"{remote}/bcl_skipped.txt", tmp_path / "skipped.txt")
+    lines = (tmp_path / "skipped.txt").read_text().splitlines()
+    assert [line.split("\t")[:2] for line in lines] == [
+        [f"{src}:21", "no_trained_tokens"],
+        [f"{src}:22", "no_trained_tokens"],
+    ]

@@ -102,6 +102,19 @@ def cases(data: Path, tmp: Path) -> dict[str, tuple[str, str, list[str], str]]:
             ],
             "no such checkpoint",
         ),
+        "fit_missing_model": (
+            *fit,
+            [
+                "fit",
+                "--config",
+                str(ROOT / "configs" / "h200_node.yaml"),
+                "--data.data",
+                str(data),
+                "--model.model",
+                str(tmp / "no-model"),
+            ],
+            "no config.json",
+        ),
     }
 
 
@@ -117,6 +130,7 @@ def cases(data: Path, tmp: Path) -> dict[str, tuple[str, str, list[str], str]]:
         "annotate_missing",
         "fit_missing_data",
         "fit_missing_ckpt",
+        "fit_missing_model",
     ],
 )
 def test_8_usage_error_before_heavy_imports(name: str, mds_dir: Path, tmp_path: Path) -> None:

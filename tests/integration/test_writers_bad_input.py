@@ -50,7 +50,7 @@ def test_skip_bad_skips_counts_and_stores_the_count(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("line", "match"),
     [
-        (b'{"body": "x"}', r":3: no 'text' field and no 'messages'.*--text-field"),
+        (b'{"body": "x"}', r":3: no 'text' field, no messages .*--text-field"),
         (b'{"text": "caf\xe9"}', r":3: not valid UTF-8 at byte 13"),
         (b'{"text": ["a"]}', r":3: field 'text' is a list"),
     ],

@@ -20,6 +20,7 @@ from bcl_stream.io.index import (
     write_index,
 )
 from bcl_stream.io.index_meta import seal
+from tests.old_formats import write_format_3_arrays
 
 
 def make_index(n: int = 100) -> CostIndex:
@@ -217,16 +218,18 @@ def test_costs_that_disagree_with_the_model_are_refused(tmp_path) -> None:
 
 def test_unsealed_format_2_index_reads_with_one_warning(tmp_path) -> None:
     write_index(tmp_path, make_index())
-    meta = json.loads((tmp_path / INDEX_JSON).read_text())
+    meta = write_format_3_arrays(tmp_path)
     del meta["fields_sha256"]
     meta["format_version"] = 2
     meta["cost_model"]["k"] = 0.0  # unverifiable in format 2, still equal to the stored costs
     (tmp_path / INDEX_JSON).write_text(json.dumps(meta))
     with pytest.warns(UserWarning, match=r"format 2 does not seal.*annotate --overwrite"):
         back = read_index(tmp_path)
-    assert np.array_equal(back.records, make_index().records)
+    assert np.array_equal(back.tokens, make_index().tokens)
+    assert np.array_equal(back.trained, np.maximum(make_index().tokens, 1) - 1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         read_index(tmp_path)  # once per file and process
     write_index(tmp_path, back)  # what annotate --overwrite writes: sealed again
     assert json.loads((tmp_path / INDEX_JSON).read_text())["format_version"] == FORMAT_VERSION
+    assert np.array_equal(read_index(tmp_path).records, make_index().records)

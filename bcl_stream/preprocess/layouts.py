@@ -1,0 +1,221 @@
+"""The layouts SFT records come in, read into one of three shapes (worker side).
+
+- :class:`Text`: a text field (``--text-field``, default ``text``): pretraining-style, every
+  token trained.
+- :class:`Conversation`: a list of messages under ``messages`` or ``conversations`` (or the
+  field ``--messages-field`` names). Messages are ``{"role", "content", ...}`` (OpenAI / Hugging
+  Face) or ShareGPT's ``{"from", "value"}`` with roles ``human``/``gpt``/``system`` (also
+  ``tool``, ``function``, ``observation``) mapped to ``user``/``assistant``/``system``/``tool``.
+  ``content`` may be a string, a list of parts (``{"type": "text", "text": ...}``), or null
+  beside ``tool_calls``. Every other key of a message (``tool_calls``, ``name``, ...) and a
+  record's top-level ``tools`` are kept and handed to the chat template, never dropped.
+- :class:`PromptResponse`: llm-foundry's finetuning layout (``prompt`` + ``response``) or TRL's
+  prompt-completion (``prompt`` + ``completion``), each text or token ids; a TRL
+  *conversational* prompt-completion (both lists of messages) is a :class:`Conversation` whose
+  completion is what is trained.
+
+Which one a record is: its text field if present (as before), else its messages field, else
+prompt/response, else it is refused naming the fields it has. Malformed values are a
+:class:`~bcl_stream.preprocess.sources.Bad` that names the message and what is wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bcl_stream.preprocess.sources import Bad
+
+MESSAGES_FIELDS = ("messages", "conversations")
+"""Where a conversation is looked for when ``--messages-field`` is not given."""
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+    "tool": "tool",
+    "function": "tool",
+    "observation": "tool",
+}
+"""ShareGPT ``from`` values -> chat-template roles."""
+RESPONSE_FIELDS = ("response", "completion")
+"""llm-foundry's and TRL's names for what follows the prompt."""
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutOptions:
+    """Where a record's content is (picklable: sent to each worker)."""
+
+    text_field: str = "text"
+    messages_field: str | None = None
+    """None: ``messages`` or ``conversations``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Text:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    messages: list[dict[str, Any]]
+    """Normalized: every message has a string ``role`` and its other keys as given."""
+    tools: list[Any] | None = None
+    completion_from: int | None = None
+    """TRL conversational prompt-completion: messages from this index on are the completion
+    (what is trained); None: a conversation whose assistant turns are trained."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromptResponse:
+    prompt: str | list[int]
+    response: str | list[int]
+    fields: tuple[str, str] = field(default=("prompt", "response"))
+
+
+Layout = Text | Conversation | PromptResponse
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """The text of a message's ``content`` (parts joined; null: empty)."""
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part if isinstance(part, str) else str(part.get("text", "")) for part in content)
+
+
+def trains_something(message: dict[str, Any]) -> bool:
+    """Whether an assistant message has something to train: text content or tool calls."""
+    return bool(message_text(message)) or bool(message.get("tool_calls"))
+
+
+def _message(i: int, message: Any, where: str) -> dict[str, Any] | str:
+    """A normalized message, or what is wrong with it."""
+    if not isinstance(message, dict):
+        return f"{where}[{i}] is a {type(message).__name__}, expected an object"
+    if "role" not in message and "from" in message:  # ShareGPT
+        spoken = message.get("from")
+        role = SHAREGPT_ROLES.get(spoken.lower()) if isinstance(spoken, str) else None
+        if role is None:
+            return (
+                f"{where}[{i}] has ShareGPT role {spoken!r}; known roles: {sorted(SHAREGPT_ROLES)}"
+            )
+        rest = {k: v for k, v in message.items() if k not in ("from", "value")}
+        message = {"role": role, "content": message.get("value"), **rest}
+    role, content = message.get("role"), message.get("content")
+    if not isinstance(role, str) or not role:
+        return f"{where}[{i}] needs a string 'role' (or ShareGPT 'from'), got {type(role).__name__}"
+    if content is None and not message.get("tool_calls"):
+        return f"{where}[{i}] ({role}) has no 'content' (null is allowed only beside tool_calls)"
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            if isinstance(part, str):
+                continue
+            if not isinstance(part, dict) or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                return (
+                    f"{where}[{i}].content[{j}] is not a text part ({kind!r}); only "
+                    "{'type': 'text', 'text': ...} parts are supported"
+                )
+    elif content is not None and not isinstance(content, str):
+        return (
+            f"{where}[{i}] ({role}) 'content' is a {type(content).__name__}, expected a "
+            "string or a list of text parts"
+        )
+    return message
+
+
+def _messages(value: Any, where: str) -> list[dict[str, Any]] | str:
+    if not isinstance(value, list) or not value:
+        got = "an empty list" if isinstance(value, list) else f"a {type(value).__name__}"
+        return f"{where!r} must be a non-empty list of messages, got {got}"
+    out = []
+    for i, raw in enumerate(value):
+        message = _message(i, raw, where)
+        if isinstance(message, str):
+            return message
+        out.append(message)
+    return out
+
+
+def _text_or_ids(value: Any, name: str) -> str | list[int] | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, int) and v >= 0 for v in value):
+        return list(value)
+    return None
+
+
+def read_layout(source: str, record: dict[str, Any], options: LayoutOptions) -> Layout | Bad:
+    """The layout of one parsed record (see the module docstring), or why it has none."""
+    if options.text_field in record and options.messages_field is None:
+        text = record[options.text_field]
+        if isinstance(text, bytes):
+            try:
+                text = text.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return Bad(
+                    source,
+                    "undecodable",
+                    f"field {options.text_field!r} is not valid UTF-8 ({exc})",
+                )
+        if not isinstance(text, str):
+            return Bad(
+                source,
+                "bad_field",
+                f"field {options.text_field!r} is a {type(text).__name__}, expected a string",
+            )
+        return Text(text)
+    names = (options.messages_field,) if options.messages_field else MESSAGES_FIELDS
+    for name in names:
+        if name in record:
+            messages = _messages(record[name], name)
+            if isinstance(messages, str):
+                return Bad(source, "bad_messages", messages)
+            return Conversation(messages, _tools(record))
+    if options.messages_field is not None:
+        return Bad(
+            source,
+            "missing_field",
+            f"no {options.messages_field!r} field (--messages-field; fields: {sorted(record)[:8]})",
+        )
+    if "prompt" in record and any(r in record for r in RESPONSE_FIELDS):
+        return _prompt_response(source, record)
+    return Bad(
+        source,
+        "missing_field",
+        f"no {options.text_field!r} field, no messages ({' or '.join(MESSAGES_FIELDS)}) and no "
+        f"prompt/response (fields: {sorted(record)[:8]}); pass --text-field NAME or "
+        "--messages-field NAME",
+    )
+
+
+def _tools(record: dict[str, Any]) -> list[Any] | None:
+    tools = record.get("tools")
+    return tools if isinstance(tools, list) and tools else None
+
+
+def _prompt_response(source: str, record: dict[str, Any]) -> Layout | Bad:
+    second = next(r for r in RESPONSE_FIELDS if r in record)
+    prompt, response = record["prompt"], record[second]
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+        first = _messages(prompt, "prompt")
+        rest = _messages(response, second)
+        if isinstance(first, str) or isinstance(rest, str):
+            return Bad(source, "bad_messages", first if isinstance(first, str) else str(rest))
+        return Conversation(first + rest, _tools(record), completion_from=len(first))
+    p, r = _text_or_ids(prompt, "prompt"), _text_or_ids(response, second)
+    for name, value, got in (("prompt", prompt, p), (second, response, r)):
+        if got is None:
+            return Bad(
+                source,
+                "bad_field",
+                f"field {name!r} is a {type(value).__name__}, expected text or a list of token ids",
+            )
+    assert p is not None and r is not None
+    if type(p) is not type(r):
+        return Bad(source, "bad_field", f"'prompt' and {second!r} must both be text or both ids")
+    return PromptResponse(p, r, ("prompt", second))

@@ -1,0 +1,315 @@
+"""Records -> token ids and loss masks: the model's chat template, or the built-in ChatML.
+
+Which template renders a conversation:
+
+- a Hugging Face tokenizer directory with a ``chat_template``: that template, through
+  ``transformers`` (``tokenizer.apply_chat_template``; no Jinja of ours). The stored ids are
+  exactly ``apply_chat_template(messages, tools=tools, tokenize=True)``: special tokens as their
+  ids, BOS where the template puts it. Message keys besides role/content (``tool_calls``,
+  ``name``) and the record's ``tools`` reach the template as given;
+- otherwise (cl100k, a bare ``tokenizer.json``, a directory without a template): the built-in
+  plain-text ChatML of ``preprocess/chat.py``, tokenized with no special tokens.
+
+Which tokens are trained (``loss_on``, stored as ``loss_spans``):
+
+- ``assistant`` (default): every assistant turn. A template that marks them with
+  ``{% generation %}`` gives them itself (``return_assistant_tokens_mask=True``). Otherwise each
+  turn is found by rendering: the turn's text is what ``messages[:i+1]`` adds to
+  ``messages[:i]`` rendered with the generation prompt (its content and end-of-turn tokens),
+  located on the *full* rendering and tokenized there (a prefix tokenized on its own can split
+  ``"\\n\\n"`` differently at the cut). An assistant turn that opens the conversation starts
+  where the template puts the first message's content. A token is trained from the one holding
+  the turn's first character to the one holding its last, the rule ``transformers`` applies to
+  ``{% generation %}`` blocks (so a token that also holds the next character, cl100k's ``">\\n"``,
+  is trained). A template that does not render conversations prefix by prefix is refused for
+  that record, naming the turn: use one with ``{% generation %}``.
+- ``last``: the final assistant turn only; ``all``: every token (no mask stored).
+- prompt/response records train the response and the EOS appended after it; a TRL
+  conversational prompt-completion trains its completion (all that the full rendering adds
+  to the prompt rendered with the generation prompt).
+
+A conversation left with no trained token (no assistant turn, or only empty ones) is a bad
+record (``no_trained_tokens``): an error naming ``file:line`` unless ``--skip-bad``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from bcl_stream.formats.loss_spans import mask_from_spans, spans_from_mask, trained_count
+from bcl_stream.preprocess.chat import render_turns
+from bcl_stream.preprocess.layouts import (
+    Conversation,
+    Layout,
+    PromptResponse,
+    Text,
+    trains_something,
+)
+from bcl_stream.preprocess.sources import Bad
+from bcl_stream.preprocess.tokenizers import (
+    Tokenizer,
+    chat_template_of,
+    load_hf_tokenizer,
+    load_tokenizer,
+)
+
+LOSS_ON = ("assistant", "last", "all")
+GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """One record's token ids and its stored mask (None: every token trained)."""
+
+    ids: npt.NDArray[np.uint32]
+    spans: npt.NDArray[np.uint32] | None = None
+
+    @property
+    def trained(self) -> int:
+        return trained_count(self.spans, int(self.ids.size))
+
+
+def _token_spans(
+    starts: npt.NDArray[np.int64], ranges: list[tuple[int, int]]
+) -> npt.NDArray[np.uint32]:
+    """Canonical spans of the tokens covering character ranges: from the token holding a
+    range's first character to the one holding its last (tokens that start at the same
+    character, the pieces of one character, all count)."""
+    mask = np.zeros(starts.size, dtype=bool)
+    for a, b in ranges:
+        if b <= a or not starts.size:
+            continue
+        first = int(np.searchsorted(starts, a, side="right")) - 1
+        first = int(np.searchsorted(starts, starts[max(first, 0)], side="left"))
+        last = int(np.searchsorted(starts, b - 1, side="right"))
+        mask[first:last] = True
+    return spans_from_mask(mask)
+
+
+class TemplateError(ValueError):
+    """A record the template cannot render, or cannot locate turns in (the record is named by
+    the caller)."""
+
+
+class Encoder:
+    """Turns a record's layout into :class:`Encoded` under one tokenizer and ``loss_on``.
+
+    Built once per worker process (the tokenizer loads then; a Hugging Face directory through
+    ``transformers``, a few seconds); :meth:`describe` says which template renders
+    conversations (stored in the cost index as ``chat_template``).
+    """
+
+    def __init__(self, tokenizer: str, loss_on: str = "assistant") -> None:
+        if loss_on not in LOSS_ON:
+            raise ValueError(f"--loss-on must be one of {LOSS_ON}, got {loss_on!r}")
+        self.loss_on = loss_on
+        self.tokenizer: Tokenizer = load_tokenizer(tokenizer)
+        self.hf: Any = None
+        self.template: str | None = None
+        if self.tokenizer.hf_dir is not None:
+            self.hf = load_hf_tokenizer(self.tokenizer.hf_dir)
+            self.template = chat_template_of(self.tokenizer.hf_dir)
+        self.generation = self.template is not None and bool(GENERATION_TAG.search(self.template))
+
+    def describe(self) -> str:
+        """The template conversations are rendered with: the tokenizer's own, or ChatML."""
+        from bcl_stream.preprocess.chat import TEMPLATE
+
+        return self.template if self.template is not None else TEMPLATE
+
+    def encode(self, layout: Layout) -> Encoded:
+        """Ids and mask of one record (:class:`TemplateError` if its template fails)."""
+        if isinstance(layout, Text):
+            return Encoded(self.tokenizer.ids(layout.text))
+        if isinstance(layout, PromptResponse):
+            return self.prompt_response(layout)
+        if self.template is None:
+            return self._chatml(layout)
+        return self._hf(layout)
+
+    def turns(self, conv: Conversation) -> list[int]:
+        """The assistant turns ``loss_on`` trains (all of them, or the last)."""
+        turns = [i for i, m in enumerate(conv.messages) if m["role"] == "assistant"]
+        return turns[-1:] if self.loss_on == "last" else turns
+
+    # -- prompt/response -------------------------------------------------------------------
+    def prompt_response(self, layout: PromptResponse) -> Encoded:
+        """Prompt ids, response ids, then EOS (when the tokenizer has one and the response
+        does not already end with it); the response and its EOS are trained."""
+        if isinstance(layout.prompt, str):
+            assert isinstance(layout.response, str)
+            prompt = self._prompt_ids(layout.prompt)
+            response = self.tokenizer.ids(layout.response)
+        else:
+            prompt = np.asarray(layout.prompt, dtype=np.uint32)
+            response = np.asarray(layout.response, dtype=np.uint32)
+        eos = self.tokenizer.eos_id
+        if eos is not None and (not response.size or int(response[-1]) != eos):
+            response = np.append(response, np.uint32(eos))
+        ids = np.concatenate([prompt, response]).astype(np.uint32)
+        if self.loss_on == "all":
+            return Encoded(ids)
+        return Encoded(ids, np.asarray([prompt.size, ids.size], dtype=np.uint32))
+
+    def _prompt_ids(self, text: str) -> npt.NDArray[np.uint32]:
+        """A prompt as the model's tokenizer encodes a text (with the BOS or other tokens a
+        Hugging Face directory's tokenizer adds); elsewhere with no special tokens."""
+        if self.hf is not None:
+            return np.asarray(self.hf(text)["input_ids"], dtype=np.uint32)
+        return self.tokenizer.ids(text)
+
+    # -- built-in ChatML ------------------------------------------------------------------
+    def _chatml(self, conv: Conversation) -> Encoded:
+        text, ranges = render_turns(conv.messages)
+        ids, starts = self.tokenizer.starts(text)
+        if self.loss_on == "all":
+            return Encoded(ids)
+        if conv.completion_from is not None:  # what follows the prompt's last block
+            trained = [(ranges[conv.completion_from][0], len(text))]
+        else:
+            trained = [ranges[i] for i in self.turns(conv)]
+        return Encoded(ids, _token_spans(starts, trained))
+
+    # -- the model's chat template --------------------------------------------------------
+    def _hf(self, conv: Conversation) -> Encoded:
+        full = self._render(conv, conv.messages, False)
+        if self.loss_on == "all":
+            return Encoded(self._ids(full)[0])
+        if not self.generation or conv.completion_from is not None:
+            ids, starts = self._ids(full)
+            return Encoded(ids, _token_spans(starts, self._ranges(conv, full)))
+        ids, spans = self._generation_mask(conv)
+        if self.loss_on == "assistant":
+            return Encoded(ids, spans)
+        # last: the {% generation %} tokens inside the last assistant turn's rendering
+        inside = mask_from_spans(
+            _token_spans(self._ids(full)[1], self._ranges(conv, full)), ids.size
+        )
+        return Encoded(ids, spans_from_mask(mask_from_spans(spans, ids.size) & inside))
+
+    def _render(self, conv: Conversation, messages: list[dict[str, Any]], prompt: bool) -> str:
+        try:
+            text = self.hf.apply_chat_template(
+                messages, tools=conv.tools, tokenize=False, add_generation_prompt=prompt
+            )
+        except Exception as exc:  # jinja2 errors, and whatever a template raises
+            raise TemplateError(
+                f"the chat template failed to render it ({type(exc).__name__}: {exc})"
+            ) from exc
+        return str(text)
+
+    def _generation_mask(
+        self, conv: Conversation
+    ) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32]]:
+        try:
+            out = self.hf.apply_chat_template(
+                conv.messages,
+                tools=conv.tools,
+                tokenize=True,
+                return_dict=True,
+                return_assistant_tokens_mask=True,
+            )
+        except Exception as exc:
+            raise TemplateError(
+                f"the chat template failed to render it ({type(exc).__name__}: {exc})"
+            ) from exc
+        ids = np.asarray(out["input_ids"], dtype=np.uint32)
+        return ids, spans_from_mask(np.asarray(out["assistant_masks"], dtype=bool))
+
+    def _ids(self, text: str) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.int64]]:
+        """Ids of a rendering as ``apply_chat_template(tokenize=True)`` makes them (the text
+        tokenized with no special tokens added), and each token's first character."""
+        enc = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
+        starts = np.asarray([a for a, _ in enc["offset_mapping"]], dtype=np.int64)
+        return np.asarray(enc["input_ids"], dtype=np.uint32), starts
+
+    def _ranges(self, conv: Conversation, full: str) -> list[tuple[int, int]]:
+        """Character ranges, in the full rendering, of what is trained (see the module
+        docstring), each checked to be where the prefix renderings put it."""
+        if conv.completion_from is not None:
+            prompt = self._render(conv, conv.messages[: conv.completion_from], True)
+            _check_prefix(prompt, full, conv.completion_from)
+            return [(len(prompt), len(full))]
+        ranges = []
+        for i in self.turns(conv):
+            before = self._render(conv, conv.messages[:i], True) if i else self._opening(conv)
+            through = self._render(conv, conv.messages[: i + 1], False)
+            _check_prefix(before, through, i)
+            _check_prefix(through, full, i)
+            ranges.append((len(before), len(through)))
+        return ranges
+
+    def _opening(self, conv: Conversation) -> str:
+        """What precedes the content of a conversation's first message, when that message is
+        an assistant turn (no conversation before it to render: ``transformers`` refuses an
+        empty one): the first message rendered alone with its content replaced by a marker,
+        cut at the marker."""
+        marker = "\x00bcl-content\x00"
+        first = {**conv.messages[0], "content": marker}
+        text = self._render(conv, [first], False)
+        if marker not in text:
+            raise TemplateError(
+                "the chat template does not render the first message's content as given, so "
+                "the assistant turn it opens cannot be located; use a template that marks "
+                "assistant turns with {% generation %} (or --loss-on all)"
+            )
+        return text[: text.index(marker)]
+
+
+def _check_prefix(prefix: str, text: str, turn: int) -> None:
+    if not text.startswith(prefix):
+        raise TemplateError(
+            f"the chat template does not render the conversation prefix by prefix at message "
+            f"{turn}, so its assistant turns cannot be located; use a template that marks them "
+            "with {% generation %} (or --loss-on all)"
+        )
+
+
+def encode_layout(source: str, layout: Layout, encoder: Encoder) -> Encoded | Bad:
+    """``layout`` encoded, or a :class:`Bad` (template failure, nothing trained) naming it."""
+    if isinstance(layout, Conversation) and encoder.loss_on != "all":
+        bad = _nothing_trained(source, layout, encoder)
+        if bad is not None:
+            return bad
+    try:
+        encoded = encoder.encode(layout)
+    except TemplateError as exc:
+        return Bad(source, "template_error", str(exc))
+    if encoded.spans is not None and encoded.trained == 0:
+        return Bad(
+            source, "no_trained_tokens", "the record has no token to train (its mask is empty)"
+        )
+    if not encoded.ids.size:
+        return Bad(source, "empty_text", "the text is empty (0 tokens)")
+    return encoded
+
+
+def _nothing_trained(source: str, conv: Conversation, encoder: Encoder) -> Bad | None:
+    """A conversation whose trained turns are absent or empty (point of the outlier policy:
+    an error naming the record, or skipped under --skip-bad); None: it trains something."""
+    if conv.completion_from is not None:
+        turns = list(range(conv.completion_from, len(conv.messages)))
+    else:
+        turns = encoder.turns(conv)
+    if any(trains_something(conv.messages[i]) for i in turns):
+        return None
+    roles = ", ".join(m["role"] for m in conv.messages)
+    if conv.completion_from is not None:
+        what = "an empty completion"
+    elif not turns:
+        what = "no assistant turn"
+    elif encoder.loss_on == "last":
+        what = "an empty last assistant turn"
+    else:
+        what = "only empty assistant turns"
+    return Bad(
+        source,
+        "no_trained_tokens",
+        f"the conversation has {what} (roles: {roles}): no token to train under --loss-on "
+        f"{encoder.loss_on}",
+    )

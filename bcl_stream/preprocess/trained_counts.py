@@ -1,0 +1,74 @@
+"""Trained-token counts of an existing dataset's records, one shard at a time (``annotate``).
+
+Two layouts carry what is trained without a rewrite:
+
+- a stored ``loss_spans`` column (MDS ``ndarray:uint32``) or member (WebDataset
+  ``<key>.loss_spans.npy``), as ``preprocess`` writes it: each record's trained count is its
+  spans' (:mod:`bcl_stream.formats.loss_spans`), checked against the record's token count;
+- prompt/response columns (``TokenSource.response_field``, llm-foundry's finetuning layout as
+  its converter writes it with stock ``MDSWriter``): the readers build ``input_ids`` = prompt
+  ids + response ids and ``loss_spans`` = the response (``formats/token_ids.py``), so the
+  count is the response's (and, for text, its EOS). The token count is computed here too.
+
+Anything else trains every token: no counts (the index then stores ``max(L - 1, 0)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from bcl_stream.epoch.token_source import TokenSource
+from bcl_stream.errors import DatasetError
+from bcl_stream.formats.loss_spans import LOSS_SPANS, LossSpansError, check_spans, trained_count
+from bcl_stream.formats.token_ids import prompt_response_ids
+
+
+def response_source(source: TokenSource) -> TokenSource:
+    """The response column read as the only column, like the prompt (ids or text)."""
+    assert source.response_field is not None
+    if source.is_text:
+        return replace(source, text_field=source.response_field, response_field=None)
+    return replace(source, tokens_field=source.response_field, response_field=None)
+
+
+def prompt_source(source: TokenSource) -> TokenSource:
+    return replace(source, response_field=None)
+
+
+def ids_trained(prompt: int, response: int) -> int:
+    """Trained tokens of a prompt/response record of stored ids (spans ``[p, p + r]``)."""
+    if not response:
+        return 0
+    return trained_count([prompt, prompt + response], prompt + response)
+
+
+def spans_trained(spans: Any, tokens: int, where: str) -> int:
+    """A stored mask's trained count, refusing one that breaks the stored form."""
+    try:
+        return trained_count(check_spans(spans, tokens), tokens)
+    except LossSpansError as exc:
+        raise DatasetError(
+            f"{where}: {exc}; fix the dataset's {LOSS_SPANS} (or drop the column)"
+        ) from exc
+
+
+def text_record(prompt: Any, response: Any, source: TokenSource, where: str) -> tuple[int, int]:
+    """(tokens, trained) of a text prompt/response record, as the readers will build it."""
+    ids, spans = prompt_response_ids(prompt, response, source, where)
+    return int(ids.size), trained_count(spans, int(ids.size))
+
+
+def mds_has_spans(shard: dict[str, Any]) -> bool:
+    return LOSS_SPANS in list(shard.get("column_names") or [])
+
+
+def check_response_column(root: Path, shard: dict[str, Any], source: TokenSource) -> None:
+    names = list(shard.get("column_names") or [])
+    for name in source.fields:
+        if name not in names:
+            raise DatasetError(
+                f"{root / 'index.json'}: no column {name!r} for the {source.describe()} "
+                f"(columns: {names})"
+            )

@@ -1,0 +1,85 @@
+"""One optimizer step of HFCausalLM on 2 real DDP ranks (gloo, ``ddp_fork``) with gradient
+accumulation 2, SGD with lr 1: the parameter change is minus the step's gradient.
+
+Usage: python step_gradients.py DATA MODEL OUT SCOPE MAX_SEQ_LEN (0: none). Writes OUT/init.pt (parameters before),
+OUT/final.pt (after the step, rank 0), OUT/batches_rank{r}.json (each micro-batch's record ids,
+trained tokens and ``step_loss_tokens`` if any) and OUT/normalization.txt (the DataModule's).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from lightning_module.datamodule import BCLDataModule
+from lightning_module.hf_causal_lm import HFCausalLM
+
+torch.set_num_threads(1)
+
+
+class SGDCausalLM(HFCausalLM):
+    """HFCausalLM with plain SGD (lr 1, no momentum): the update is the gradient itself."""
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=1.0)
+
+
+class Record(pl.Callback):
+    """Each rank's micro-batches, and rank 0's parameters after the step."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.batches: list[dict[str, Any]] = []
+
+    def on_train_batch_start(self, trainer: pl.Trainer, module: Any, batch: Any, i: int) -> None:
+        entry = {"sample_ids": batch["sample_ids"].tolist()}
+        for key in ("loss_tokens", "step_loss_tokens", "rank_step_loss_tokens"):
+            entry[key] = int(batch[key]) if key in batch else None
+        self.batches.append(entry)
+
+    def on_train_end(self, trainer: pl.Trainer, module: Any) -> None:
+        rank = trainer.global_rank
+        (self.out / f"batches_rank{rank}.json").write_text(json.dumps(self.batches))
+        if rank == 0:
+            torch.save(module.model.state_dict(), self.out / "final.pt")
+            (self.out / "normalization.txt").write_text(str(trainer.datamodule.normalization))
+
+
+def main(data: str, model: str, out: str, scope: str, max_seq_len: str) -> None:
+    out_dir = Path(out)
+    torch.manual_seed(0)
+    module = SGDCausalLM(model, attention="sdpa")
+    torch.save(module.model.state_dict(), out_dir / "init.pt")
+    dm = BCLDataModule(
+        data,
+        pack_size=2,
+        window=2,
+        scope=scope,
+        layout="packed",
+        labels="unshifted",
+        seed=3,
+        max_seq_len=int(max_seq_len) or None,
+    )
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_fork",
+        accumulate_grad_batches=2,
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[Record(out_dir)],
+    )
+    trainer.fit(module, dm)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:6])

@@ -1,0 +1,206 @@
+"""``annotate`` of SFT datasets other tools wrote: llm-foundry's prompt/response MDS (stock
+``MDSWriter``, text or pre-tokenized), prompt/response WebDataset, and stored ``loss_spans``.
+The readers then yield prompt + response ids with the response as the loss mask, and the cost
+index's trained counts are exactly the masks' counts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bcl_stream.cli import main
+from bcl_stream.epoch.plan import ReaderConfig
+from bcl_stream.errors import DatasetError
+from bcl_stream.formats.loss_spans import trained_count
+from bcl_stream.formats.mds_reader import MDSPackDataset
+from bcl_stream.formats.wds_reader import WDSPackDataset
+from bcl_stream.io.index import read_index
+from bcl_stream.loading.loader import PackLoader
+from bcl_stream.preprocess.annotate import annotate
+from bcl_stream.preprocess.layouts import PromptResponse
+from bcl_stream.preprocess.templates import Encoder
+from tests.hf_tokenizers import LLAMA3, build_tokenizer_dir
+
+PAIRS = [
+    (f"Question {i}: what is {i} + {i}?" + " why" * (i % 5), f"It is {2 * i}." + " yes" * (i % 7))
+    for i in range(30)
+]
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(build_tokenizer_dir(tmp_path_factory.mktemp("tok") / "llama", LLAMA3))
+
+
+def read_all(root: Path, fmt: str = "mds") -> dict[int, dict]:
+    reader = MDSPackDataset if fmt == "mds" else WDSPackDataset
+    config = ReaderConfig.build(world_size=1, pack_size=1, window=3)
+    out = {s["sample_id"]: s for pack in PackLoader(reader(root, config, 0)) for s in pack}
+    assert sorted(out) == list(range(len(read_index(root))))  # every record, once
+    return out
+
+
+def test_llm_foundry_text_prompt_response_mds(tmp_path: Path, tok_dir: str) -> None:
+    from streaming import MDSWriter
+
+    with MDSWriter(
+        out=str(tmp_path), columns={"prompt": "str", "response": "str"}, size_limit=2048
+    ) as w:
+        for prompt, response in PAIRS:
+            w.write({"prompt": prompt, "response": response})
+    code = main(
+        [
+            "annotate",
+            str(tmp_path),
+            "--text-field",
+            "prompt",
+            "--response-field",
+            "response",
+            "--tokenizer",
+            tok_dir,
+            "--cost-model",
+            "tokens",
+            "--no-progress",
+        ]
+    )
+    assert code == 0
+    index = read_index(tmp_path)
+    encoder = Encoder(tok_dir)
+    want = [encoder.prompt_response(PromptResponse(p, r)) for p, r in PAIRS]
+    assert index.tokens.tolist() == [e.ids.size for e in want]
+    assert index.trained.tolist() == [e.trained for e in want]
+    got = read_all(tmp_path)
+    for sid, sample in got.items():
+        assert sample["input_ids"].tolist() == want[sid].ids.tolist()
+        assert sample["loss_spans"].tolist() == want[sid].spans.tolist()
+        start, end = sample["loss_spans"].tolist()
+        tail = [*encoder.tokenizer.ids(PAIRS[sid][1]).tolist(), encoder.tokenizer.eos_id]
+        assert sample["input_ids"][start:end].tolist() == tail  # the response and its EOS only
+
+
+def test_llm_foundry_pretokenized_prompt_response_mds(tmp_path: Path) -> None:
+    from streaming import MDSWriter
+
+    rng = np.random.default_rng(0)
+    rows = [
+        (
+            rng.integers(0, 500, rng.integers(1, 40)).astype(np.uint32),
+            rng.integers(0, 500, rng.integers(1, 30)).astype(
+                np.uint32
+            ),  # MDS stores no empty array
+        )
+        for _ in range(40)
+    ]
+    columns = {"input_ids": "ndarray:uint32", "labels": "ndarray:uint32"}
+    with MDSWriter(out=str(tmp_path), columns=columns, size_limit=1024) as w:
+        for prompt, response in rows:
+            w.write({"input_ids": prompt, "labels": response})
+    index = annotate(tmp_path, response_field="labels", cost_model="tokens", progress=False)
+    assert index.tokens.tolist() == [p.size + r.size for p, r in rows]
+    assert index.trained.tolist() == [
+        trained_count([p.size, p.size + r.size], p.size + r.size) if r.size else 0 for p, r in rows
+    ]
+    assert index.extra["annotate"]["response_field"] == "labels"
+    for sid, sample in read_all(tmp_path).items():
+        prompt, response = rows[sid]
+        assert sample["input_ids"].tolist() == [*prompt.tolist(), *response.tolist()]
+        spans = [prompt.size, prompt.size + response.size] if response.size else []
+        assert sample["loss_spans"].tolist() == spans
+
+
+def test_prompt_response_webdataset(tmp_path: Path, tok_dir: str) -> None:
+    import webdataset as wds
+
+    with wds.ShardWriter(str(tmp_path / "shard-%06d.tar"), maxcount=8, verbose=0) as sink:
+        for i, (prompt, response) in enumerate(PAIRS):
+            sink.write({"__key__": f"{i:06d}", "json": {"prompt": prompt, "completion": response}})
+    index = annotate(
+        tmp_path,
+        text_field="prompt",
+        response_field="completion",
+        tokenizer=tok_dir,
+        cost_model="tokens",
+        progress=False,
+    )
+    encoder = Encoder(tok_dir)
+    want = [encoder.prompt_response(PromptResponse(p, r)) for p, r in PAIRS]
+    assert index.trained.tolist() == [e.trained for e in want]
+    for sid, sample in read_all(tmp_path, "wds").items():
+        assert sample["input_ids"].tolist() == want[sid].ids.tolist()
+        assert sample["loss_spans"].tolist() == want[sid].spans.tolist()
+
+
+@pytest.mark.parametrize("fmt", ["mds", "wds"])
+def test_stored_masks_are_counted(tmp_path: Path, fmt: str) -> None:
+    rng = np.random.default_rng(1)
+    rows = []
+    for _ in range(25):
+        n = int(rng.integers(2, 30))
+        a = int(rng.integers(0, n - 1))
+        rows.append((np.arange(n, dtype=np.uint32), np.asarray([a, n], dtype=np.uint32)))
+    if fmt == "mds":
+        from streaming import MDSWriter
+
+        with MDSWriter(
+            out=str(tmp_path),
+            columns={"input_ids": "ndarray:uint32", "loss_spans": "ndarray:uint32"},
+            size_limit=1024,
+        ) as w:
+            for ids, spans in rows:
+                w.write({"input_ids": ids, "loss_spans": spans})
+    else:
+        import webdataset as wds
+
+        with wds.ShardWriter(str(tmp_path / "shard-%06d.tar"), maxcount=10, verbose=0) as sink:
+            for i, (ids, spans) in enumerate(rows):
+                sink.write({"__key__": f"{i:06d}", "input_ids.npy": ids, "loss_spans.npy": spans})
+    index = annotate(tmp_path, cost_model="tokens", progress=False)
+    assert index.trained.tolist() == [trained_count(s, ids.size) for ids, s in rows]
+    for sid, sample in read_all(tmp_path, fmt).items():
+        assert sample["loss_spans"].tolist() == rows[sid][1].tolist()
+
+
+def test_a_stored_mask_that_breaks_the_form_is_named(tmp_path: Path) -> None:
+    from streaming import MDSWriter
+
+    with MDSWriter(
+        out=str(tmp_path), columns={"input_ids": "ndarray:uint32", "loss_spans": "ndarray:uint32"}
+    ) as w:
+        w.write(
+            {
+                "input_ids": np.arange(5, dtype=np.uint32),
+                "loss_spans": np.asarray([1, 3], np.uint32),
+            }
+        )
+        w.write(
+            {
+                "input_ids": np.arange(5, dtype=np.uint32),
+                "loss_spans": np.asarray([4, 2], np.uint32),
+            }
+        )
+    with pytest.raises(
+        DatasetError, match=r"shard\.00000\.mds sample 1: loss_spans interval 0 \[4, 2\) is empty"
+    ):
+        annotate(tmp_path, cost_model="tokens", progress=False)
+
+
+def test_a_missing_response_column_is_named(tmp_path: Path) -> None:
+    from streaming import MDSWriter
+
+    with MDSWriter(out=str(tmp_path), columns={"prompt": "str", "answer": "str"}) as w:
+        w.write({"prompt": "a", "answer": "b"})
+    with pytest.raises(
+        DatasetError,
+        match=r"no column 'response' for the prompt text column 'prompt' \+ response column 'response'",
+    ):
+        annotate(
+            tmp_path,
+            text_field="prompt",
+            response_field="response",
+            tokenizer="cl100k",
+            progress=False,
+        )
+    assert json.loads((tmp_path / "index.json").read_text()).get("bcl_index") is None

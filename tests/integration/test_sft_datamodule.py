@@ -1,0 +1,140 @@
+"""The DataModule on SFT data: each batch's ``step_loss_tokens`` is the trained-token count of
+its optimizer step (whatever the DataLoader workers), records longer than the model's limit are
+truncated, planned as truncated and reported at set-up, and a partial mask past the cut makes
+the model count the labels instead (no batch carries a count the plan cannot know)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from sft_records import records, trained_positions, write_sft_mds
+
+from bcl_stream.epoch.plan import _costs_and_table
+from lightning_module.datamodule import BCLDataModule
+
+RECS = records(60, seed=11)
+
+
+@pytest.fixture(scope="module")
+def sft_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_sft_mds(tmp_path_factory.mktemp("sft") / "mds", RECS)
+
+
+def batches(dm: BCLDataModule) -> list[dict]:  # type: ignore[type-arg]
+    return list(dm.train_dataloader())
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_batch_carries_its_steps_trained_tokens(sft_dir: Path, workers: int) -> None:
+    dm = BCLDataModule(
+        str(sft_dir), pack_size=2, window=2, layout="packed", labels="unshifted",
+        num_workers=workers,
+    )  # fmt: skip
+    dm.setup_for(rank=0, world_size=1, ranks_per_node=1, grad_accum=3)
+    assert dm.normalization == "plan"
+    got = batches(dm)
+    assert len(got) == 30
+    for k in range(0, len(got), 3):
+        step = got[k : k + 3]
+        want = sum(trained_positions(RECS[i]).size for b in step for i in b["sample_ids"].tolist())
+        assert sum(int(b["loss_tokens"]) for b in step) == want
+        assert {int(b["step_loss_tokens"]) for b in step} == {want}
+
+
+def test_the_models_limit_truncates_plans_and_is_reported(
+    sft_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    dm = BCLDataModule(
+        str(sft_dir), pack_size=2, window=2, layout="packed", labels="unshifted", max_seq_len=30
+    )
+    dm.model_max_seq_len(SimpleNamespace(max_seq_len=20))  # what HFCausalLM states
+    dm.setup_for(rank=0, world_size=1, ranks_per_node=1, grad_accum=2)
+    long = [i for i, r in enumerate(RECS) if r["input_ids"].size > 20]
+    cut = sum(RECS[i]["input_ids"].size - 20 for i in long)
+    assert dm.dataset is not None and dm.dataset.config.max_seq_len == 20
+    costs, _ = _costs_and_table(dm.dataset.index, dm.dataset.config)
+    assert np.asarray(costs).tolist() == [min(r["input_ids"].size, 20) for r in RECS]
+    with caplog.at_level(logging.INFO):
+        got = batches(dm)
+    line = " ".join(r.getMessage() for r in caplog.records if "BCLDataModule" in r.getMessage())
+    assert f"max_seq_len=20: {len(long)} records longer are truncated ({cut} tokens cut)" in line
+    # partial masks past the cut: the index cannot give their count, the model rescales
+    assert dm.normalization == "rescale" and "gradients rescaled" in line
+    assert all("step_loss_tokens" not in b and "rank_step_loss_tokens" not in b for b in got)
+    for b in got:
+        assert int(b["tokens"].max()) <= 20
+        want = sum(trained_positions(RECS[i], 20).size for i in b["sample_ids"].tolist())
+        assert int(b["loss_tokens"]) == want
+
+
+def test_max_seq_len_that_cuts_nothing_leaves_the_plan_and_cursor_as_they_were(
+    sft_dir: Path,
+) -> None:
+    dm = BCLDataModule(str(sft_dir), pack_size=2, window=2, layout="packed", max_seq_len=4096)
+    dm.setup_for(rank=0, world_size=1, ranks_per_node=1)
+    assert dm.dataset is not None and dm.dataset.config.max_seq_len is None
+    assert "max_seq_len" not in dm.train_dataloader().state_dict()["config"]
+
+
+def test_a_trainer_fit_feeds_hf_causal_lm_at_most_its_stated_limit(
+    sft_dir: Path, tmp_path: Path
+) -> None:
+    import lightning.pytorch as pl
+    import torch
+    from transformers import LlamaConfig
+
+    from lightning_module.hf_causal_lm import HFCausalLM
+
+    LlamaConfig(
+        vocab_size=96, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=24,
+    ).save_pretrained(tmp_path / "model")  # fmt: skip
+    model = HFCausalLM(str(tmp_path / "model"), attention="sdpa")
+    dm = BCLDataModule(
+        str(sft_dir), pack_size=2, window=2, layout="packed", labels="unshifted",
+        val_data=str(sft_dir),
+    )  # fmt: skip
+    seen: list[int] = []
+
+    class Longest(pl.Callback):
+        def on_train_batch_start(self, trainer, module, batch, i) -> None:  # type: ignore[no-untyped-def]
+            seen.append(int(batch["tokens"].max()))
+
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_steps=6, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[Longest()],
+        default_root_dir=str(tmp_path), limit_val_batches=3, val_check_interval=6,
+        num_sanity_val_steps=0,
+    )  # fmt: skip
+    trainer.fit(model, dm)
+    assert torch.isfinite(trainer.callback_metrics["val_loss"])
+    assert dm.fed_max_seq_len == 24
+    assert dm.dataset is not None and dm.dataset.config.max_seq_len == 24
+    assert len(seen) == 6 and max(seen) <= 24
+
+
+def test_under_the_step_contract_each_rank_counts_the_records_it_was_dealt(
+    tmp_path: Path,
+) -> None:
+    """2 nodes x 2 ranks, padded, contract step: the re-cut deals each step's records among a
+    node's ranks, so a rank's share (``rank_step_loss_tokens``) is what it received."""
+    recs = records(120, seed=5)
+    root = write_sft_mds(tmp_path / "mds", recs)
+    for rank in range(4):
+        dm = BCLDataModule(
+            str(root), pack_size=2, window=2, layout="padded", scope="node",
+            plan={"contract": "step"},
+        )  # fmt: skip
+        dm.setup_for(rank=rank, world_size=4, ranks_per_node=2, grad_accum=2)
+        assert dm.normalization == "all_reduce"
+        got = batches(dm)
+        assert got
+        for k in range(0, len(got), 2):
+            step = got[k : k + 2]
+            own = sum(trained_positions(recs[i]).size for b in step for i in b["sample_ids"])
+            assert sum(int(b["loss_tokens"]) for b in step) == own
+            assert {int(b["rank_step_loss_tokens"]) for b in step} == {own}

@@ -1,0 +1,55 @@
+"""Small SFT datasets for tests: records with ``loss_spans`` written by the costed MDS writer,
+and the trained positions written from the data contract (not from the code under test).
+
+Kept free of pytest so subprocess scripts can import it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+VOCAB = 96
+
+
+def records(n: int, *, seed: int = 7, longest: int = 40) -> list[dict[str, np.ndarray]]:
+    """Records of 4..longest tokens; most train one or two spans, every fifth all its tokens,
+    record 3 only its last token."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        length = int(rng.integers(4, longest + 1))
+        ids = rng.integers(0, VOCAB, size=length).astype(np.uint32)
+        if i % 5 == 0:
+            spans = [0, length]
+        elif i == 3:
+            spans = [length - 1, length]
+        else:
+            cut = sorted(rng.choice(np.arange(1, length), size=2, replace=False).tolist())
+            spans = [cut[0], cut[1]] if i % 2 else [0, cut[0], cut[1], length]
+        out.append({"input_ids": ids, "loss_spans": np.asarray(spans, dtype=np.uint32)})
+    return out
+
+
+def write_sft_mds(root: Path, recs: list[dict[str, np.ndarray]]) -> Path:
+    """``recs`` as a costed MDS dataset with the ``loss_spans`` column."""
+    from bcl_stream.formats.mds_writer import CostedMDSWriter
+
+    columns = {"input_ids": "ndarray:uint32", "loss_spans": "ndarray:uint32"}
+    with CostedMDSWriter(str(root), cost_model="tokens", columns=columns, size_limit=2048) as w:
+        for record in recs:
+            w.write(record)
+    return root
+
+
+def trained_positions(record: dict[str, np.ndarray], max_seq_len: int | None = None) -> np.ndarray:
+    """Positions t >= 1 inside a span (and below ``max_seq_len``)."""
+    n = record["input_ids"].size
+    mask = np.zeros(n, dtype=bool)
+    spans = record["loss_spans"].tolist()
+    for s, e in zip(spans[::2], spans[1::2], strict=True):
+        mask[s:e] = True
+    mask[:1] = False
+    if max_seq_len is not None:
+        mask[max_seq_len:] = False
+    return np.flatnonzero(mask)
