@@ -45,6 +45,7 @@ from torch import Tensor
 from bcl_stream.epoch.loss_tokens import RANK_STEP_LOSS_TOKENS, STEP_LOSS_TOKENS
 from bcl_stream.loading.collate import IGNORE_INDEX, LABELS
 from lightning_module.tinygpt import block_causal_mask
+from lightning_module.trainer_layout import DATA_PARALLEL_DIM
 
 ATTENTION = ("auto", "flash_attention_2", "sdpa", "eager")
 WEIGHT_FILES = (
@@ -230,7 +231,7 @@ class HFCausalLM(L.LightningModule):
         # Lightning divides what this returns by G (accumulation) and DDP averages gradients
         # over W ranks; times W*G over the step's trained tokens, the step's gradient is that of
         # the summed loss over all of them divided by their count.
-        scale = self.trainer.world_size * self.trainer.accumulate_grad_batches
+        scale = self._data_parallel()[0] * self.trainer.accumulate_grad_batches
         denominator = self._denominator(batch)
         if denominator is not None:
             return total * (scale / max(denominator, 1))
@@ -254,8 +255,7 @@ class HFCausalLM(L.LightningModule):
             if self._path == path:
                 return self._step_total
             own = torch.tensor(float(batch[RANK_STEP_LOSS_TOKENS]), device=self.device)
-            if torch.distributed.is_available() and torch.distributed.is_initialized():
-                torch.distributed.all_reduce(own)
+            self._sum_over_data_parallel(own)
             value = int(own.item())
         else:
             return None
@@ -276,14 +276,34 @@ class HFCausalLM(L.LightningModule):
         if path != "rescale":
             return
         count = torch.tensor(float(self._step_tokens), device=self.device)
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(count)
+        self._sum_over_data_parallel(count)
         self._step_tokens = 0
-        scale = self.trainer.world_size * self.trainer.accumulate_grad_batches
+        scale = self._data_parallel()[0] * self.trainer.accumulate_grad_batches
         factor = scale / max(float(count), 1.0)
         for p in self.parameters():
             if p.grad is not None:
                 p.grad.mul_(factor)
+
+    def _data_parallel(self) -> tuple[int, Any]:
+        """(size, process group) of the data-parallel ranks the gradients are averaged over.
+
+        Under a device mesh with a ``data_parallel`` dimension (``ModelParallelStrategy``) the
+        processes of one tensor-parallel group hold the same records: counting them once per
+        process would multiply the step's denominator by the group size, so the scale and the
+        sums run over the mesh's data-parallel dimension only. Elsewhere: every process."""
+        try:
+            mesh = getattr(self.trainer.strategy, "device_mesh", None)
+        except RuntimeError:  # a strategy whose mesh is not set up (no launch)
+            mesh = None
+        if mesh is not None and DATA_PARALLEL_DIM in (getattr(mesh, "mesh_dim_names", None) or ()):
+            dp = mesh[DATA_PARALLEL_DIM]
+            return int(dp.size()), dp.get_group()
+        return int(self.trainer.world_size), None
+
+    def _sum_over_data_parallel(self, value: Tensor) -> None:
+        """``value`` summed in place over the data-parallel ranks (one scalar collective)."""
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(value, group=self._data_parallel()[1])
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         return self._evaluate("val_loss", batch)
