@@ -116,3 +116,47 @@ def test_weights_load_when_present_and_the_config_alone_inits_at_random(tmp_path
 def test_a_directory_without_config_is_refused(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"no config\.json"):
         HFCausalLM(str(tmp_path))
+
+
+class _Dim:
+    def __init__(self, size: int) -> None:
+        self._size = size
+
+    def size(self) -> int:
+        return self._size
+
+    def get_group(self) -> str:
+        return f"group-of-{self._size}"
+
+
+class _Mesh:
+    """A stand-in 2 DP x 4 TP device mesh (only what HFCausalLM reads of it)."""
+
+    mesh_dim_names = ("data_parallel", "tensor_parallel")
+
+    def __getitem__(self, name: str) -> _Dim:
+        return _Dim({"data_parallel": 2, "tensor_parallel": 4}[name])
+
+
+class _Strategy:
+    def __init__(self, mesh: _Mesh | None) -> None:
+        self.device_mesh = mesh
+
+
+class _Trainer:
+    world_size = 8
+    accumulate_grad_batches = 1
+
+    def __init__(self, mesh: _Mesh | None) -> None:
+        self.strategy = _Strategy(mesh)
+
+
+@pytest.mark.parametrize(("mesh", "expected"), [(_Mesh(), (2, "group-of-2")), (None, (8, None))])
+def test_the_loss_scale_counts_data_parallel_ranks_not_processes(
+    tmp_path: Path, mesh: _Mesh | None, expected: tuple[int, str | None]
+) -> None:
+    # 8 processes as 2 data-parallel ranks x 4 tensor-parallel peers: the peers hold the same
+    # records, so gradients average over 2 ranks and the step's tokens are summed over 2.
+    module = HFCausalLM(str(tiny_model_dir(tmp_path)))
+    module._trainer = _Trainer(mesh)  # type: ignore[assignment]
+    assert module._data_parallel() == expected
