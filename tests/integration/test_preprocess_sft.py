@@ -345,3 +345,22 @@ def test_worker_processes_write_the_same_sft_dataset_as_one(
     one, two = read_index(tmp_path / "w1"), read_index(tmp_path / "w2")
     assert one.content_hash() == two.content_hash()  # tokens, costs and trained counts
     assert np.array_equal(one.record_hashes, two.record_hashes)  # ids and masks, byte for byte
+
+
+def test_parts_with_other_masks_are_not_merged(tmp_path: Path) -> None:
+    from bcl_stream.preprocess.merge import merge
+
+    src = write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in conversations(30)])
+    out = tmp_path / "out"
+    preprocess([str(src)], str(out), format="wds", part="0/2", progress=False)
+    preprocess([str(src)], str(out), format="wds", part="1/2", loss_on="all", progress=False)
+    with pytest.raises(
+        DatasetError, match=r"part-1-of-2: its loss_on is 'all', part 0's is 'assistant'"
+    ):
+        merge(out)
+    preprocess([str(src)], str(out), format="wds", part="1/2", overwrite=True, progress=False)
+    merged = merge(out)
+    whole = preprocess([str(src)], str(tmp_path / "whole"), format="wds", progress=False)
+    assert merged.trained.tolist() == read_index(tmp_path / "whole").trained.tolist()
+    assert int(merged.trained.sum()) == whole.trained_tokens_written
+    assert merged.extra["preprocess"]["trained_tokens_written"] == whole.trained_tokens_written
