@@ -201,8 +201,8 @@ def _sum_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
             elif key == "empty_inputs":
                 total[key] = total[key] + value
             elif key == "outliers" and value:
-                for k in ("truncated", "dropped", "tokens_removed"):
-                    total[key][k] += value[k]
+                for k in ("truncated", "dropped", "tokens_removed", "dropped_untrained"):
+                    total[key][k] = total[key].get(k, 0) + value.get(k, 0)
                 total[key]["longest_seen"] = max(total[key]["longest_seen"], value["longest_seen"])
     if isinstance(total.get("output"), str):  # a part's directory -> the merged root (or URL)
         total["output"] = total["output"].rstrip("/").rsplit("/", 1)[0]

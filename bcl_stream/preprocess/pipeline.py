@@ -11,7 +11,8 @@ Records with a loss mask (conversations, prompt/response) are written with ``los
 (``formats/loss_spans.py``). MDS columns are fixed per dataset, so an MDS dataset has the
 column on every record unless ``--loss-on all`` (a text record then stores ``[0, L]``, which
 trains what no mask trains); WebDataset stores the member only on masked records. A record
-truncated by ``--outliers truncate`` keeps the part of its mask that survives the cut.
+truncated by ``--outliers truncate`` keeps the part of its mask that survives the cut (one left
+with nothing to train is left out and counted, ``outliers.dropped_untrained``).
 """
 
 from __future__ import annotations
@@ -127,6 +128,11 @@ class PreprocessReport:
                 f"outliers above {o['max_record_tokens']} tokens ({o['policy']}): "
                 f"truncated {o['truncated']}, dropped {o['dropped']}, "
                 f"tokens removed {o['tokens_removed']}"
+                + (
+                    f", left out with nothing left to train after the cut {o['dropped_untrained']}"
+                    if o.get("dropped_untrained")
+                    else ""
+                )
             )
         return out
 
@@ -338,15 +344,13 @@ def _preprocess(
         stream = tokenize_stream(raws, options, workers=workers, seconds=timing)
         for source, result in stream:
             bar.update(min(counts["bytes_read"], total) - bar.n)
-            sample = None if isinstance(result, Bad) else _cut(source, result, policy)
-            if isinstance(sample, Bad) or isinstance(result, Bad):
-                bad = sample if isinstance(sample, Bad) else result
-                assert isinstance(bad, Bad)
+            if isinstance(result, Bad):
                 if not skip_bad:
-                    raise _bad_error(bad)
-                skipped[bad.reason] += 1
-                skipped_lines.append(f"{bad.source}\t{bad.reason}\t{bad.message}")
+                    raise _bad_error(result)
+                skipped[result.reason] += 1
+                skipped_lines.append(f"{result.source}\t{result.reason}\t{result.message}")
                 continue
+            sample = _cut(source, result, policy)
             if sample is None:
                 continue
             t0 = time.perf_counter()
@@ -362,8 +366,8 @@ def _preprocess(
         if report.records_written == 0 and part is None:  # an empty part is a valid part
             raise DatasetError(
                 f"no records to write: {counts['records_read']} read, "
-                f"{sum(skipped.values())} skipped as bad ({dict(skipped)}), {policy.dropped} "
-                f"dropped as outliers, {len(report.empty_inputs)} empty inputs skipped. Check "
+                f"{sum(skipped.values())} skipped as bad ({dict(skipped)}), "
+                f"{policy.dropped + policy.dropped_untrained} dropped as outliers, {len(report.empty_inputs)} empty inputs skipped. Check "
                 "the inputs, --text-field and --messages-field."
             )
         report.records_read = counts["records_read"]
@@ -403,9 +407,9 @@ def _preprocess(
     return report
 
 
-def _cut(source: str, encoded: Encoded, policy: OutlierPolicy) -> Encoded | Bad | None:
+def _cut(source: str, encoded: Encoded, policy: OutlierPolicy) -> Encoded | None:
     """``encoded`` under the outlier policy: as it is, truncated (its mask cut alike), or None
-    (dropped); a Bad when truncation leaves a masked record nothing to train."""
+    (dropped; also a masked record that truncation leaves with nothing to train)."""
     ids = policy.apply(source, encoded.ids)
     if ids is None:
         return None
@@ -415,12 +419,8 @@ def _cut(source: str, encoded: Encoded, policy: OutlierPolicy) -> Encoded | Bad 
     pairs = pairs[pairs[:, 1] > pairs[:, 0]]
     spans = pairs.ravel().astype(np.uint32)
     if trained_count(spans, int(ids.size)) == 0:
-        return Bad(
-            source,
-            "no_trained_tokens",
-            f"truncated to --max-record-tokens {ids.size}, the record keeps no trained token "
-            "(its response starts after the cut)",
-        )
+        policy.drop_untrained(int(ids.size))
+        return None
     return Encoded(ids, spans)
 
 
