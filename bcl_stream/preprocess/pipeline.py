@@ -316,7 +316,7 @@ def _preprocess(
     report.loss_on = options.loss_on
     counts: Counter[str] = Counter()
     skipped: Counter[str] = Counter()
-    skipped_lines: list[str] = []
+    skip_list = _SkipList()
     prefix = "" if part is None else f"{part.name}-"
 
     # MDS columns are fixed per dataset: every record gets loss_spans unless nothing is masked
@@ -325,7 +325,7 @@ def _preprocess(
     writer = _open_writer(
         format, output, model, shard_size_limit, compression, maxcount, prefix, masks
     )
-    start = time.perf_counter()
+    start = time.perf_counter()  # after the writer's import of streaming (seconds, one-off)
     timing: dict[str, float] = {"read": 0.0, "write": 0.0}
     raws = _timed(read_records(pieces, counts, report.empty_inputs if skip_bad else None), timing)
     # The total is known in bytes (records are not counted before they are read): the bar
@@ -348,7 +348,7 @@ def _preprocess(
                 if not skip_bad:
                     raise _bad_error(result)
                 skipped[result.reason] += 1
-                skipped_lines.append(f"{result.source}\t{result.reason}\t{result.message}")
+                skip_list.add(writer, result)
                 continue
             sample = _cut(source, result, policy)
             if sample is None:
@@ -374,11 +374,8 @@ def _preprocess(
         report.bytes_read = counts["bytes_read"]
         report.blank_lines = counts["blank_lines"]
         report.skipped_bad = dict(skipped)
-        report.skipped_first = [
-            "{} ({})".format(*line.split("\t")[:2]) for line in skipped_lines[:SKIPPED_SHOWN]
-        ]
-        if skipped_lines:
-            report.skipped_file = _write_skipped(writer, output, skipped_lines)
+        report.skipped_first = skip_list.first
+        report.skipped_file = skip_list.publish(writer)
         report.outliers = policy.to_dict()
         report.seconds = time.perf_counter() - start
         report.seconds_parse = timing["parse"]
@@ -401,6 +398,7 @@ def _preprocess(
             remove_if_empty(output)  # a failed run leaves no empty "dataset" behind
         raise
     finally:
+        skip_list.close()
         bar.close()
         if stream is not None:
             stream.close()  # stops the worker pool now, not when the generator is collected
@@ -424,17 +422,40 @@ def _cut(source: str, encoded: Encoded, policy: OutlierPolicy) -> Encoded | None
     return Encoded(ids, spans)
 
 
-def _write_skipped(writer: Any, output: str, lines: list[str]) -> str:
-    """``bcl_skipped.txt`` in the dataset (uploaded beside the shards for a remote output);
-    output: where it is."""
-    from bcl_stream.io.remote import join, upload
+class _SkipList:
+    """Records skipped as bad: the first :data:`SKIPPED_SHOWN` kept for the report, every one
+    written to ``bcl_skipped.txt`` in the writer's local directory as it comes (memory stays
+    flat however many there are), uploaded beside the shards for a remote output."""
 
-    local = Path(str(writer.local))
-    local.mkdir(parents=True, exist_ok=True)
-    path = local / SKIPPED_FILE
-    path.write_text("".join(line.replace("\n", " ") + "\n" for line in lines), encoding="utf-8")
-    remote = getattr(writer, "remote", None)
-    if remote:
-        upload(path, remote, SKIPPED_FILE)
-        return join(remote, SKIPPED_FILE)
-    return str(path)
+    def __init__(self) -> None:
+        self.first: list[str] = []
+        self._fh: Any = None
+        self._path: Path | None = None
+
+    def add(self, writer: Any, bad: Bad) -> None:
+        if len(self.first) < SKIPPED_SHOWN:
+            self.first.append(f"{bad.source} ({bad.reason})")
+        if self._fh is None:
+            local = Path(str(writer.local))
+            local.mkdir(parents=True, exist_ok=True)
+            self._path = local / SKIPPED_FILE
+            self._fh = open(self._path, "w", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        message = bad.message.replace("\n", " ")
+        self._fh.write(f"{bad.source}\t{bad.reason}\t{message}\n")
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+
+    def publish(self, writer: Any) -> str | None:
+        """Where the list is (None: nothing was skipped)."""
+        if self._path is None:
+            return None
+        self.close()
+        from bcl_stream.io.remote import join, upload
+
+        remote = getattr(writer, "remote", None)
+        if remote:
+            upload(self._path, remote, SKIPPED_FILE)
+            return join(remote, SKIPPED_FILE)
+        return str(self._path)
