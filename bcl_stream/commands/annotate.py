@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from bcl_stream.preprocess.templates import LOSS_ON
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("annotate", help="add a cost index to an existing dataset (no rewrite)")
@@ -43,6 +45,19 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="integer length column instead (checked against the token column on a sample)",
     )
+    p.add_argument(
+        "--messages-field",
+        default=None,
+        metavar="NAME",
+        help="a conversation column/json key, rendered with --tokenizer's chat template (or "
+        "the built-in ChatML) on every read, as preprocess renders it",
+    )
+    p.add_argument(
+        "--loss-on",
+        choices=LOSS_ON,
+        default=None,
+        help="with --messages-field: the trained tokens (default assistant)",
+    )
     p.add_argument("--cost-model", default="llama3-8b", help="preset name or cost-model JSON")
     p.add_argument("--overwrite", action="store_true", help="replace an existing cost index")
     p.add_argument(
@@ -62,8 +77,11 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from bcl_stream.preprocess.annotate import annotate
 
-    if (args.text_field is None) != (args.tokenizer is None):
-        raise ValueError("--text-field and --tokenizer go together (a text column is tokenized)")
+    if (args.text_field is None and args.messages_field is None) != (args.tokenizer is None):
+        raise ValueError(
+            "--text-field and --tokenizer go together (a text column is tokenized); so do "
+            "--messages-field and --tokenizer (a conversation is rendered)"
+        )
     index = annotate(
         args.directory,
         tokens_field=args.tokens_field,
@@ -72,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer,
         length_field=args.length_field,
         response_field=args.response_field,
+        messages_field=args.messages_field,
+        loss_on=args.loss_on,
         cost_model=args.cost_model,
         overwrite=args.overwrite,
         progress=not args.no_progress,

@@ -14,6 +14,11 @@ with ``response_field``: a record's ``input_ids`` are the prompt's ids then the 
 (for text, exactly as ``preprocess`` encodes a prompt/response record: the response followed by
 the tokenizer's EOS), and its ``loss_spans`` train the response: ``[len(prompt), len(ids)]``.
 
+Conversations stored in an existing dataset (a ``messages`` column or json key) are read with
+``messages_field`` + ``tokenizer``: rendered on every read exactly as ``preprocess`` renders
+them (the tokenizer directory's chat template, or the built-in ChatML), their mask by
+``loss_on``; like a text column tokenized on the fly, it costs the readers that work each epoch.
+
 This module is the configuration only (pure, no I/O): :mod:`bcl_stream.formats.token_ids`
 turns a column's value into ids and counts.
 """
@@ -26,7 +31,15 @@ from typing import Any
 import numpy as np
 
 DEFAULT_FIELD = "input_ids"
-KEYS = ("tokens_field", "tokens_dtype", "text_field", "tokenizer", "response_field")
+KEYS = (
+    "tokens_field",
+    "tokens_dtype",
+    "text_field",
+    "tokenizer",
+    "response_field",
+    "messages_field",
+    "loss_on",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,12 +62,36 @@ class TokenSource:
     """The response column of a prompt/response record (the prompt is ``tokens_field`` or
     ``text_field``, the response the same kind): ids = prompt + response, the response
     trained (see the module docstring). None: one column holds the whole record."""
+    messages_field: str | None = None
+    """A conversation column (a list of messages, or its JSON text) rendered with
+    ``tokenizer``'s chat template (or the built-in ChatML) as ``preprocess`` renders it; its
+    mask follows ``loss_on``. Needs ``tokenizer``; excludes the other columns."""
+    loss_on: str | None = None
+    """With ``messages_field``: ``assistant`` (None means it), ``last`` or ``all``."""
 
     def __post_init__(self) -> None:
         for name in KEYS:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"{name} must be a non-empty string or None, got {value!r}")
+        if self.messages_field is not None:
+            if (
+                self.tokenizer is None
+                or any(
+                    getattr(self, k) is not None
+                    for k in ("text_field", "tokens_dtype", "response_field")
+                )
+                or self.tokens_field != DEFAULT_FIELD
+            ):
+                raise ValueError(
+                    "messages_field takes a tokenizer (whose chat template renders it) and no "
+                    "other column (tokens_field, tokens_dtype, text_field, response_field)"
+                )
+            if self.loss_on not in (None, "assistant", "last", "all"):
+                raise ValueError(f"loss_on must be assistant, last or all, got {self.loss_on!r}")
+            return
+        if self.loss_on is not None:
+            raise ValueError("loss_on goes with messages_field (a conversation column)")
         if (self.text_field is None) != (self.tokenizer is None):
             raise ValueError(
                 "text_field and tokenizer go together: a text column is tokenized with a "
@@ -88,8 +125,14 @@ class TokenSource:
         return self.text_field is not None
 
     @property
+    def is_conversation(self) -> bool:
+        return self.messages_field is not None
+
+    @property
     def field(self) -> str:
         """The column read."""
+        if self.messages_field is not None:
+            return self.messages_field
         return self.text_field if self.text_field is not None else self.tokens_field
 
     @property
@@ -99,6 +142,11 @@ class TokenSource:
 
     def describe(self) -> str:
         """How messages name it: ``column 'tokens' (raw int64 bytes)``."""
+        if self.messages_field is not None:
+            return (
+                f"conversation column {self.messages_field!r} rendered with {self.tokenizer} "
+                f"(loss on {self.loss_on or 'assistant'})"
+            )
         if self.text_field is not None:
             what = f"text column {self.text_field!r}"
             tail = f" tokenized with {self.tokenizer}"

@@ -270,10 +270,53 @@ def _as_text(value: Any, field: str | None, source: TokenSource, where: str) -> 
     return value
 
 
+@functools.cache
+def _chat_encoder(spec: str, loss_on: str) -> Any:
+    from bcl_stream.preprocess.templates import Encoder
+
+    return Encoder(spec, loss_on)
+
+
+def conversation_ids(
+    value: Any, source: TokenSource, where: str
+) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32] | None]:
+    """(ids, loss spans or None) of a stored conversation (a list of messages, or its JSON
+    text), rendered and masked exactly as ``preprocess`` does (``preprocess/templates.py``)."""
+    from bcl_stream.preprocess.layouts import LayoutOptions, read_layout
+    from bcl_stream.preprocess.sources import Bad
+    from bcl_stream.preprocess.templates import encode_layout
+
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise DatasetError(
+                f"{where}: {source.describe()}: the column holds text that is not a JSON list of "
+                f"messages ({exc})"
+            ) from exc
+    layout = read_layout(where, {source.field: value}, LayoutOptions(messages_field=source.field))
+    encoder = _chat_encoder(str(source.tokenizer), source.loss_on or "assistant")
+    encoded = layout if isinstance(layout, Bad) else encode_layout(where, layout, encoder)
+    if isinstance(encoded, Bad):
+        raise DatasetError(
+            f"{where}: {encoded.message}. A record cannot be left out of a dataset in place: "
+            "preprocess its source (with --skip-bad), or read it with loss_on all"
+        )
+    return encoded.ids, encoded.spans
+
+
 def with_ids(record: dict[str, Any], source: TokenSource | None, where: str) -> dict[str, Any]:
     """``record`` with ``input_ids`` read from ``source`` (None: the stored ``input_ids``);
-    a prompt/response source also sets ``loss_spans`` (the response)."""
+    a prompt/response or conversation source also sets ``loss_spans``."""
     if source is None:
+        return record
+    if source.messages_field is not None:
+        ids, spans = conversation_ids(record_column(record, source.field, where), source, where)
+        record["input_ids"] = ids
+        if spans is not None:
+            record["loss_spans"] = spans
         return record
     if source.response_field is not None:
         prompt = record_column(record, source.field, where)

@@ -1,7 +1,9 @@
 """Preprocessing: JSONL/Parquet records -> tokenized, costed MDS or WebDataset shards.
 
-Modules: ``sources`` (reading and parsing records), ``chat`` (the chat template),
-``tokenizers`` (cl100k offline or a local ``tokenizer.json``), ``outliers`` (the
+Modules: ``sources`` (reading and parsing records), ``layouts`` (the layouts SFT records
+come in), ``templates`` (the model's chat template through ``transformers``, or the built-in
+ChatML of ``chat``, and the loss masks), ``tokenizers`` (cl100k offline, a local
+``tokenizer.json`` or Hugging Face tokenizer directory), ``outliers`` (the
 ``--max-record-tokens`` policy), ``work`` (the tokenizing process pool), ``output`` (existing
 outputs and ``--overwrite``), ``pipeline`` (:func:`preprocess`). Worker processes import
 ``work`` only, so this package's import stays light: the writers (and streaming) load inside

@@ -124,6 +124,8 @@ def annotate(
     tokenizer: str | None = None,
     length_field: str | None = None,
     response_field: str | None = None,
+    messages_field: str | None = None,
+    loss_on: str | None = None,
     cost_model: str | CostModel = "llama3-8b",
     overwrite: bool = False,
     progress: bool = True,
@@ -140,7 +142,9 @@ def annotate(
     Trained tokens (``CostIndex.trained``): from a stored ``loss_spans`` column or member, or,
     with ``response_field``, from prompt/response columns (``tokens_field``/``text_field`` is
     the prompt): the readers then yield ``input_ids`` = prompt + response and ``loss_spans`` =
-    the response (``preprocess/trained_counts.py``). Else every token is trained.
+    the response (``preprocess/trained_counts.py``); or, with ``messages_field`` and a
+    ``tokenizer``, from a conversation column rendered with its chat template and masked by
+    ``loss_on`` (the readers render it alike). Else every token is trained.
 
     ``workers`` processes decode shards (``shard_pool``); a remote dataset's shards are
     downloaded by threads a few at a time and deleted once counted, and only the cost index and
@@ -165,6 +169,8 @@ def annotate(
         text_field=text_field,
         tokenizer=tokenizer,
         response_field=response_field,
+        messages_field=messages_field,
+        loss_on=loss_on,
     )
     counting = Counting(source, length_field)
     with (

@@ -64,7 +64,7 @@ class Counting:
         """What the cost index records (``extra.annotate``): the reader's token source, and
         the length column when one was counted."""
         out: dict[str, Any] = {"tokens_field": self.source.tokens_field, **self.source.to_dict()}
-        if self.source.is_text:
+        if self.source.is_text or self.source.is_conversation:
             out.pop("tokens_field")
         if self.length_field is not None:
             out["length_field"] = self.length_field
@@ -199,6 +199,16 @@ def mds_shard_counts(
     if source.response_field is not None:
         pr_counts, pr_trained = _mds_prompt_response(root, shard, source)
         return pr_counts, pr_trained, 0
+    if source.is_conversation:
+        raw = shard["raw_data"]["basename"]
+        tc.check_response_column(root, shard, source)
+        values = column_bytes(root / raw, shard, source.field)
+        if values is None:
+            values = _decoded(root, shard, source.field, None)
+        pairs = [
+            tc.conversation_record(v, source, f"{raw} sample {i}") for i, v in enumerate(values)
+        ]
+        return [n for n, _ in pairs], [t for _, t in pairs], 0
     counts = _mds_counts(root, shard, counting)
     trained: list[int] | None = None
     if tc.mds_has_spans(shard):
@@ -260,9 +270,13 @@ def wds_shard_counts(
             where = f"{name} sample {key}"
             hashes.append(record_digest(members.items()))
             source = counting.source
-            if source.response_field is not None:
-                prompt, response = (wds_column(members, f, where) for f in source.fields)
-                n, t = _wds_prompt_response(prompt, response, source, where)
+            if source.response_field is not None or source.is_conversation:
+                if source.is_conversation:
+                    value = wds_column(members, source.field, where)
+                    n, t = tc.conversation_record(value, source, where)
+                else:
+                    prompt, response = (wds_column(members, f, where) for f in source.fields)
+                    n, t = _wds_prompt_response(prompt, response, source, where)
                 counts.append(n)
                 trained.append(t)
                 continue

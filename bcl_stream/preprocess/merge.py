@@ -17,7 +17,8 @@ completion marker is removed first and written last, so a reader never sees a me
 over a different cost index. Refused, naming the part and what to do: a part missing, one
 incomplete (killed mid-write), one whose recorded identity differs from its directory name (a
 copy of another part), parts of two different splits (``of-3`` beside ``of-4``), and parts
-that differ in format, tokenizer, chat template, cost model, inputs or token source.
+that differ in format, tokenizer, chat template, loss mask (``--loss-on``), cost model, inputs
+or token source.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from bcl_stream.preprocess.lock import output_lock
 from bcl_stream.preprocess.output import is_complete
 from bcl_stream.preprocess.parts import Part
 
-SAME = ("format", "tokenizer", "chat_template", "kind", "inputs", "annotate")
+SAME = ("format", "tokenizer", "chat_template", "loss_on", "kind", "inputs", "annotate")
 """What every part must share with part 0 (besides the cost model and record hashes)."""
 
 
@@ -131,6 +132,7 @@ def _identity(index: CostIndex, record: dict[str, Any]) -> dict[str, Any]:
         "format": index.format,
         "tokenizer": index.extra.get("tokenizer"),
         "chat_template": index.extra.get("chat_template"),
+        "loss_on": (index.extra.get("preprocess") or {}).get("loss_on"),
         "kind": record.get("kind"),
         "inputs": record.get("inputs"),
         "annotate": index.extra.get("annotate"),
@@ -199,8 +201,8 @@ def _sum_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
             elif key == "empty_inputs":
                 total[key] = total[key] + value
             elif key == "outliers" and value:
-                for k in ("truncated", "dropped", "tokens_removed"):
-                    total[key][k] += value[k]
+                for k in ("truncated", "dropped", "tokens_removed", "dropped_untrained"):
+                    total[key][k] = total[key].get(k, 0) + value.get(k, 0)
                 total[key]["longest_seen"] = max(total[key]["longest_seen"], value["longest_seen"])
     if isinstance(total.get("output"), str):  # a part's directory -> the merged root (or URL)
         total["output"] = total["output"].rstrip("/").rsplit("/", 1)[0]

@@ -1,8 +1,11 @@
 """The outlier policy: what to do with a record longer than ``--max-record-tokens``.
 
 ``error`` (default) stops at the first one and names it; ``truncate`` keeps the first
-``max_record_tokens`` ids; ``drop`` leaves the record out. Whatever happens is counted and
-stored in the cost index (``extra.preprocess.outliers``): a record is never lost silently.
+``max_record_tokens`` ids; ``drop`` leaves the record out. A record with a loss mask that
+truncation leaves with nothing to train (its response lies past the cut) is left out too, and
+counted apart (``dropped_untrained``): it would cost compute and train nothing. Whatever
+happens is counted and stored in the cost index (``extra.preprocess.outliers``): a record is
+never lost silently.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ class OutlierPolicy:
     truncated: int = 0
     dropped: int = 0
     tokens_removed: int = 0
+    dropped_untrained: int = 0
+    """Masked records truncation left with no trained token (left out, not truncated)."""
     longest_seen: int = 0
 
     def __post_init__(self) -> None:
@@ -53,6 +58,12 @@ class OutlierPolicy:
             return ids[:cap]
         self.dropped += 1
         return None
+
+    def drop_untrained(self, kept: int) -> None:
+        """A record :meth:`apply` truncated to ``kept`` ids trains nothing: leave it out."""
+        self.truncated -= 1
+        self.dropped_untrained += 1
+        self.tokens_removed += kept
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

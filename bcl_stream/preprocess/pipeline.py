@@ -11,7 +11,8 @@ Records with a loss mask (conversations, prompt/response) are written with ``los
 (``formats/loss_spans.py``). MDS columns are fixed per dataset, so an MDS dataset has the
 column on every record unless ``--loss-on all`` (a text record then stores ``[0, L]``, which
 trains what no mask trains); WebDataset stores the member only on masked records. A record
-truncated by ``--outliers truncate`` keeps the part of its mask that survives the cut.
+truncated by ``--outliers truncate`` keeps the part of its mask that survives the cut (one left
+with nothing to train is left out and counted, ``outliers.dropped_untrained``).
 """
 
 from __future__ import annotations
@@ -127,6 +128,11 @@ class PreprocessReport:
                 f"outliers above {o['max_record_tokens']} tokens ({o['policy']}): "
                 f"truncated {o['truncated']}, dropped {o['dropped']}, "
                 f"tokens removed {o['tokens_removed']}"
+                + (
+                    f", left out with nothing left to train after the cut {o['dropped_untrained']}"
+                    if o.get("dropped_untrained")
+                    else ""
+                )
             )
         return out
 
@@ -310,7 +316,7 @@ def _preprocess(
     report.loss_on = options.loss_on
     counts: Counter[str] = Counter()
     skipped: Counter[str] = Counter()
-    skipped_lines: list[str] = []
+    skip_list = _SkipList()
     prefix = "" if part is None else f"{part.name}-"
 
     # MDS columns are fixed per dataset: every record gets loss_spans unless nothing is masked
@@ -319,7 +325,7 @@ def _preprocess(
     writer = _open_writer(
         format, output, model, shard_size_limit, compression, maxcount, prefix, masks
     )
-    start = time.perf_counter()
+    start = time.perf_counter()  # after the writer's import of streaming (seconds, one-off)
     timing: dict[str, float] = {"read": 0.0, "write": 0.0}
     raws = _timed(read_records(pieces, counts, report.empty_inputs if skip_bad else None), timing)
     # The total is known in bytes (records are not counted before they are read): the bar
@@ -338,15 +344,13 @@ def _preprocess(
         stream = tokenize_stream(raws, options, workers=workers, seconds=timing)
         for source, result in stream:
             bar.update(min(counts["bytes_read"], total) - bar.n)
-            sample = None if isinstance(result, Bad) else _cut(source, result, policy)
-            if isinstance(sample, Bad) or isinstance(result, Bad):
-                bad = sample if isinstance(sample, Bad) else result
-                assert isinstance(bad, Bad)
+            if isinstance(result, Bad):
                 if not skip_bad:
-                    raise _bad_error(bad)
-                skipped[bad.reason] += 1
-                skipped_lines.append(f"{bad.source}\t{bad.reason}\t{bad.message}")
+                    raise _bad_error(result)
+                skipped[result.reason] += 1
+                skip_list.add(writer, result)
                 continue
+            sample = _cut(source, result, policy)
             if sample is None:
                 continue
             t0 = time.perf_counter()
@@ -362,19 +366,16 @@ def _preprocess(
         if report.records_written == 0 and part is None:  # an empty part is a valid part
             raise DatasetError(
                 f"no records to write: {counts['records_read']} read, "
-                f"{sum(skipped.values())} skipped as bad ({dict(skipped)}), {policy.dropped} "
-                f"dropped as outliers, {len(report.empty_inputs)} empty inputs skipped. Check "
+                f"{sum(skipped.values())} skipped as bad ({dict(skipped)}), "
+                f"{policy.dropped + policy.dropped_untrained} dropped as outliers, {len(report.empty_inputs)} empty inputs skipped. Check "
                 "the inputs, --text-field and --messages-field."
             )
         report.records_read = counts["records_read"]
         report.bytes_read = counts["bytes_read"]
         report.blank_lines = counts["blank_lines"]
         report.skipped_bad = dict(skipped)
-        report.skipped_first = [
-            "{} ({})".format(*line.split("\t")[:2]) for line in skipped_lines[:SKIPPED_SHOWN]
-        ]
-        if skipped_lines:
-            report.skipped_file = _write_skipped(writer, output, skipped_lines)
+        report.skipped_first = skip_list.first
+        report.skipped_file = skip_list.publish(writer)
         report.outliers = policy.to_dict()
         report.seconds = time.perf_counter() - start
         report.seconds_parse = timing["parse"]
@@ -397,15 +398,16 @@ def _preprocess(
             remove_if_empty(output)  # a failed run leaves no empty "dataset" behind
         raise
     finally:
+        skip_list.close()
         bar.close()
         if stream is not None:
             stream.close()  # stops the worker pool now, not when the generator is collected
     return report
 
 
-def _cut(source: str, encoded: Encoded, policy: OutlierPolicy) -> Encoded | Bad | None:
+def _cut(source: str, encoded: Encoded, policy: OutlierPolicy) -> Encoded | None:
     """``encoded`` under the outlier policy: as it is, truncated (its mask cut alike), or None
-    (dropped); a Bad when truncation leaves a masked record nothing to train."""
+    (dropped; also a masked record that truncation leaves with nothing to train)."""
     ids = policy.apply(source, encoded.ids)
     if ids is None:
         return None
@@ -415,26 +417,45 @@ def _cut(source: str, encoded: Encoded, policy: OutlierPolicy) -> Encoded | Bad 
     pairs = pairs[pairs[:, 1] > pairs[:, 0]]
     spans = pairs.ravel().astype(np.uint32)
     if trained_count(spans, int(ids.size)) == 0:
-        return Bad(
-            source,
-            "no_trained_tokens",
-            f"truncated to --max-record-tokens {ids.size}, the record keeps no trained token "
-            "(its response starts after the cut)",
-        )
+        policy.drop_untrained(int(ids.size))
+        return None
     return Encoded(ids, spans)
 
 
-def _write_skipped(writer: Any, output: str, lines: list[str]) -> str:
-    """``bcl_skipped.txt`` in the dataset (uploaded beside the shards for a remote output);
-    output: where it is."""
-    from bcl_stream.io.remote import join, upload
+class _SkipList:
+    """Records skipped as bad: the first :data:`SKIPPED_SHOWN` kept for the report, every one
+    written to ``bcl_skipped.txt`` in the writer's local directory as it comes (memory stays
+    flat however many there are), uploaded beside the shards for a remote output."""
 
-    local = Path(str(writer.local))
-    local.mkdir(parents=True, exist_ok=True)
-    path = local / SKIPPED_FILE
-    path.write_text("".join(line.replace("\n", " ") + "\n" for line in lines), encoding="utf-8")
-    remote = getattr(writer, "remote", None)
-    if remote:
-        upload(path, remote, SKIPPED_FILE)
-        return join(remote, SKIPPED_FILE)
-    return str(path)
+    def __init__(self) -> None:
+        self.first: list[str] = []
+        self._fh: Any = None
+        self._path: Path | None = None
+
+    def add(self, writer: Any, bad: Bad) -> None:
+        if len(self.first) < SKIPPED_SHOWN:
+            self.first.append(f"{bad.source} ({bad.reason})")
+        if self._fh is None:
+            local = Path(str(writer.local))
+            local.mkdir(parents=True, exist_ok=True)
+            self._path = local / SKIPPED_FILE
+            self._fh = open(self._path, "w", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        message = bad.message.replace("\n", " ")
+        self._fh.write(f"{bad.source}\t{bad.reason}\t{message}\n")
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+
+    def publish(self, writer: Any) -> str | None:
+        """Where the list is (None: nothing was skipped)."""
+        if self._path is None:
+            return None
+        self.close()
+        from bcl_stream.io.remote import join, upload
+
+        remote = getattr(writer, "remote", None)
+        if remote:
+            upload(self._path, remote, SKIPPED_FILE)
+            return join(remote, SKIPPED_FILE)
+        return str(self._path)

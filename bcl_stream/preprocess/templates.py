@@ -116,6 +116,14 @@ class Encoder:
             self.template = chat_template_of(self.tokenizer.hf_dir)
         self.generation = self.template is not None and bool(GENERATION_TAG.search(self.template))
 
+    @property
+    def eos_id(self) -> int | None:
+        """The end-of-sequence id appended to a response: a Hugging Face directory's as
+        ``transformers`` resolves it (its config or special-tokens map), else the tokenizer's."""
+        if self.hf is not None and self.hf.eos_token_id is not None:
+            return int(self.hf.eos_token_id)
+        return self.tokenizer.eos_id
+
     def describe(self) -> str:
         """The template conversations are rendered with: the tokenizer's own, or ChatML."""
         from bcl_stream.preprocess.chat import TEMPLATE
@@ -148,7 +156,7 @@ class Encoder:
         else:
             prompt = np.asarray(layout.prompt, dtype=np.uint32)
             response = np.asarray(layout.response, dtype=np.uint32)
-        eos = self.tokenizer.eos_id
+        eos = self.eos_id
         if eos is not None and (not response.size or int(response[-1]) != eos):
             response = np.append(response, np.uint32(eos))
         ids = np.concatenate([prompt, response]).astype(np.uint32)

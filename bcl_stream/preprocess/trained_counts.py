@@ -8,7 +8,10 @@ Two layouts carry what is trained without a rewrite:
 - prompt/response columns (``TokenSource.response_field``, llm-foundry's finetuning layout as
   its converter writes it with stock ``MDSWriter``): the readers build ``input_ids`` = prompt
   ids + response ids and ``loss_spans`` = the response (``formats/token_ids.py``), so the
-  count is the response's (and, for text, its EOS). The token count is computed here too.
+  count is the response's (and, for text, its EOS). The token count is computed here too;
+- a conversation column (``TokenSource.messages_field``): rendered with the tokenizer's chat
+  template as ``preprocess`` renders it, its mask by ``loss_on``; the readers render it the
+  same way on every read.
 
 Anything else trains every token: no counts (the index then stores ``max(L - 1, 0)``).
 """
@@ -22,7 +25,7 @@ from typing import Any
 from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.loss_spans import LOSS_SPANS, LossSpansError, check_spans, trained_count
-from bcl_stream.formats.token_ids import prompt_response_ids
+from bcl_stream.formats.token_ids import conversation_ids, prompt_response_ids
 
 
 def response_source(source: TokenSource) -> TokenSource:
@@ -60,11 +63,18 @@ def text_record(prompt: Any, response: Any, source: TokenSource, where: str) -> 
     return int(ids.size), trained_count(spans, int(ids.size))
 
 
+def conversation_record(value: Any, source: TokenSource, where: str) -> tuple[int, int]:
+    """(tokens, trained) of a stored conversation, as the readers will render it."""
+    ids, spans = conversation_ids(value, source, where)
+    return int(ids.size), trained_count(spans, int(ids.size))
+
+
 def mds_has_spans(shard: dict[str, Any]) -> bool:
     return LOSS_SPANS in list(shard.get("column_names") or [])
 
 
 def check_response_column(root: Path, shard: dict[str, Any], source: TokenSource) -> None:
+    """Refuse a shard that lacks a column the source reads (naming the columns it has)."""
     names = list(shard.get("column_names") or [])
     for name in source.fields:
         if name not in names:

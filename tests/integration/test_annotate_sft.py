@@ -22,6 +22,7 @@ from bcl_stream.loading.loader import PackLoader
 from bcl_stream.preprocess.annotate import annotate
 from bcl_stream.preprocess.layouts import PromptResponse
 from bcl_stream.preprocess.templates import Encoder
+from bcl_stream.preprocess.tokenizers import load_hf_tokenizer
 from tests.hf_tokenizers import LLAMA3, build_tokenizer_dir
 
 PAIRS = [
@@ -204,3 +205,75 @@ def test_a_missing_response_column_is_named(tmp_path: Path) -> None:
             progress=False,
         )
     assert json.loads((tmp_path / "index.json").read_text()).get("bcl_index") is None
+
+
+CONVERSATIONS = [
+    [
+        {"role": "user", "content": f"question {i} " + "why " * (i % 6)},
+        {"role": "assistant", "content": "because\n\n" * (i % 4 + 1)},
+        {"role": "user", "content": "and?"},
+        {"role": "assistant", "content": f"{i}"},
+    ]
+    for i in range(20)
+]
+
+
+@pytest.mark.parametrize("fmt", ["mds", "wds"])
+@pytest.mark.parametrize("loss_on", ["assistant", "last"])
+def test_stored_conversations_are_rendered_as_preprocess_renders_them(
+    tmp_path: Path, fmt: str, loss_on: str
+) -> None:
+    from tests.hf_tokenizers import LLAMA3_GENERATION
+
+    tok = str(build_tokenizer_dir(tmp_path / "tok", LLAMA3_GENERATION))
+    data = tmp_path / "data"
+    if fmt == "mds":
+        from streaming import MDSWriter
+
+        with MDSWriter(out=str(data), columns={"messages": "json"}, size_limit=2048) as w:
+            for messages in CONVERSATIONS:
+                w.write({"messages": messages})
+    else:
+        import webdataset as wds
+
+        data.mkdir()
+        with wds.ShardWriter(str(data / "shard-%06d.tar"), maxcount=7, verbose=0) as sink:
+            for i, messages in enumerate(CONVERSATIONS):
+                sink.write({"__key__": f"{i:06d}", "json": {"messages": messages}})
+    index = annotate(
+        data,
+        messages_field="messages",
+        tokenizer=tok,
+        loss_on=loss_on,
+        cost_model="tokens",
+        progress=False,
+    )
+    encoder = Encoder(tok, loss_on)
+    from bcl_stream.preprocess.layouts import Conversation
+
+    want = [encoder.encode(Conversation(m)) for m in CONVERSATIONS]
+    assert index.tokens.tolist() == [e.ids.size for e in want]
+    assert index.trained.tolist() == [e.trained for e in want]
+    oracle = load_hf_tokenizer(tok)
+    for sid, sample in read_all(data, fmt).items():
+        assert sample["input_ids"].tolist() == list(
+            oracle.apply_chat_template(CONVERSATIONS[sid], tokenize=True)
+        )
+        assert sample["loss_spans"].tolist() == want[sid].spans.tolist()
+
+
+def test_a_stored_conversation_with_nothing_to_train_is_named(tmp_path: Path) -> None:
+    from streaming import MDSWriter
+
+    with MDSWriter(out=str(tmp_path), columns={"messages": "json"}) as w:
+        w.write({"messages": CONVERSATIONS[0]})
+        w.write({"messages": [{"role": "user", "content": "no answer"}]})
+    with pytest.raises(
+        DatasetError,
+        match=r"shard\.00000\.mds sample 1: the conversation has no assistant turn.*cannot be left out",
+    ):
+        annotate(tmp_path, messages_field="messages", tokenizer="cl100k", progress=False)
+    index = annotate(
+        tmp_path, messages_field="messages", tokenizer="cl100k", loss_on="all", progress=False
+    )
+    assert index.trained.tolist() == (index.tokens - 1).tolist()

@@ -228,26 +228,15 @@ def test_bad_conversations_are_errors_naming_the_line_or_skipped_and_listed(
     assert read_index(tmp_path / "b").extra["preprocess"]["skipped_file"] == report.skipped_file
 
 
-def test_truncation_cuts_the_mask_and_a_response_cut_away_is_bad(
+def test_truncation_cuts_the_mask_and_a_response_cut_away_leaves_the_record_out(
     tmp_path: Path, tok_dirs: dict[str, str]
 ) -> None:
     rows = [
-        {"prompt": "word " * 30, "response": "answer " * 10},
         {"prompt": "short", "response": "answer " * 20},
+        {"prompt": "word " * 30, "response": "answer " * 10},  # the response lies past the cut
+        {"prompt": "short", "response": "yes"},
     ]
     src = write_jsonl(tmp_path / "pr.jsonl", rows)
-    with pytest.raises(
-        DatasetError,
-        match=rf"{src}:1: truncated to --max-record-tokens 20, the record keeps no trained token",
-    ):
-        preprocess(
-            [str(src)],
-            str(tmp_path / "a"),
-            tokenizer=tok_dirs["plain"],
-            max_record_tokens=20,
-            outliers="truncate",
-            progress=False,
-        )
     report = preprocess(
         [str(src)],
         str(tmp_path / "b"),
@@ -255,14 +244,24 @@ def test_truncation_cuts_the_mask_and_a_response_cut_away_is_bad(
         tokenizer=tok_dirs["plain"],
         max_record_tokens=20,
         outliers="truncate",
-        skip_bad=True,
         progress=False,
     )
-    assert report.records_written == 1 and report.outliers["truncated"] == 2
-    (record,) = read_back("wds", tmp_path / "b").values()
-    assert record["input_ids"].size == 20
-    assert record["loss_spans"][-1] == 20
-    assert read_index(tmp_path / "b").trained.tolist() == [trained_count(record["loss_spans"], 20)]
+    assert report.records_written == 2
+    o = report.outliers
+    assert (o["truncated"], o["dropped_untrained"]) == (1, 1)
+    assert "left out with nothing left to train after the cut 1" in "\n".join(report.lines())
+    records = read_back("wds", tmp_path / "b")
+    assert [r["source"] if "source" in r else r["json"]["source"] for r in records.values()] == [
+        f"{src}:1",
+        f"{src}:3",
+    ]
+    first = records[0]
+    assert first["input_ids"].size == 20 and first["loss_spans"][-1] == 20
+    assert read_index(tmp_path / "b").trained.tolist()[0] == trained_count(first["loss_spans"], 20)
+    full = preprocess(
+        [str(src)], str(tmp_path / "c"), format="wds", tokenizer=tok_dirs["plain"], progress=False
+    )
+    assert o["tokens_removed"] == full.tokens_written - report.tokens_written
 
 
 def test_text_and_conversations_in_one_dataset(tmp_path: Path) -> None:
@@ -345,3 +344,22 @@ def test_worker_processes_write_the_same_sft_dataset_as_one(
     one, two = read_index(tmp_path / "w1"), read_index(tmp_path / "w2")
     assert one.content_hash() == two.content_hash()  # tokens, costs and trained counts
     assert np.array_equal(one.record_hashes, two.record_hashes)  # ids and masks, byte for byte
+
+
+def test_parts_with_other_masks_are_not_merged(tmp_path: Path) -> None:
+    from bcl_stream.preprocess.merge import merge
+
+    src = write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in conversations(30)])
+    out = tmp_path / "out"
+    preprocess([str(src)], str(out), format="wds", part="0/2", progress=False)
+    preprocess([str(src)], str(out), format="wds", part="1/2", loss_on="all", progress=False)
+    with pytest.raises(
+        DatasetError, match=r"part-1-of-2: its loss_on is 'all', part 0's is 'assistant'"
+    ):
+        merge(out)
+    preprocess([str(src)], str(out), format="wds", part="1/2", overwrite=True, progress=False)
+    merged = merge(out)
+    whole = preprocess([str(src)], str(tmp_path / "whole"), format="wds", progress=False)
+    assert merged.trained.tolist() == read_index(tmp_path / "whole").trained.tolist()
+    assert int(merged.trained.sum()) == whole.trained_tokens_written
+    assert merged.extra["preprocess"]["trained_tokens_written"] == whole.trained_tokens_written

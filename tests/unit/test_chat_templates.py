@@ -260,3 +260,19 @@ def test_masks_are_compact_and_every_token_position_is_in_range(dirs: dict[str, 
     assert encoded.spans is not None and encoded.spans.dtype == np.uint32
     assert encoded.spans.size == 4  # two assistant turns, one interval each
     assert int(encoded.spans.max()) <= encoded.ids.size
+
+
+def test_a_records_tools_reach_the_template(tmp_path: Path) -> None:
+    with_tools = (
+        "{% if tools %}TOOLS {% for t in tools %}{{ t['function']['name'] }} {% endfor %}|{% endif %}"
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    )
+    spec = str(build_tokenizer_dir(tmp_path / "tools", with_tools))
+    tools = [{"type": "function", "function": {"name": "lookup"}}]
+    record = {"messages": CONVERSATIONS[0], "tools": tools}
+    shape = read_layout("t:1", record, LayoutOptions())
+    encoded = Encoder(spec, "all").encode(shape)
+    tok = load_hf_tokenizer(spec)
+    want = tok.apply_chat_template(CONVERSATIONS[0], tools=tools, tokenize=True)
+    assert encoded.ids.tolist() == list(want)
+    assert tok.decode(encoded.ids.tolist()).startswith("TOOLS lookup |")

@@ -25,6 +25,14 @@ TEXT = TokenSource(text_field="text", tokenizer="cl100k")
         ({"tokens_dtype": "float32"}, "integer dtype"),
         ({"tokens_dtype": "nonsense"}, "not a dtype"),
         ({"tokens_field": ""}, "non-empty"),
+        ({"response_field": "input_ids"}, "is the prompt column too"),
+        ({"messages_field": "messages"}, "messages_field takes a tokenizer"),
+        (
+            {"messages_field": "m", "tokenizer": "cl100k", "response_field": "r"},
+            "and no other column",
+        ),
+        ({"messages_field": "m", "tokenizer": "cl100k", "loss_on": "some"}, "loss_on must be"),
+        ({"loss_on": "last"}, "loss_on goes with messages_field"),
     ],
 )
 def test_a_source_refuses_what_cannot_be_read(kwargs: dict, says: str) -> None:  # type: ignore[type-arg]
@@ -80,3 +88,16 @@ def test_a_resume_with_another_source_is_refused() -> None:
     assert resolve_state(state, fingerprint="f" * 16, config=raw).packs_consumed == 3
     with pytest.raises(StateError, match="saved with tokens="):
         resolve_state(state, fingerprint="f" * 16, config=text)
+
+
+def test_sft_sources_describe_what_they_read_and_round_trip() -> None:
+    pr = TokenSource(text_field="prompt", tokenizer="cl100k", response_field="response")
+    assert pr.fields == ("prompt", "response")
+    assert pr.describe() == (
+        "prompt text column 'prompt' + response column 'response' tokenized with cl100k"
+    )
+    chat = TokenSource(messages_field="conversations", tokenizer="cl100k", loss_on="last")
+    assert chat.field == "conversations" and chat.is_conversation and not chat.is_text
+    assert "rendered with cl100k (loss on last)" in chat.describe()
+    for source in (pr, chat):
+        assert TokenSource.from_dict(source.to_dict()) == source
