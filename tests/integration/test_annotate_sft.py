@@ -18,6 +18,7 @@ from bcl_stream.formats.loss_spans import trained_count
 from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.formats.wds_reader import WDSPackDataset
 from bcl_stream.io.index import read_index
+from bcl_stream.loading.collate import collate_packed
 from bcl_stream.loading.loader import PackLoader
 from bcl_stream.preprocess.annotate import annotate
 from bcl_stream.preprocess.layouts import PromptResponse
@@ -80,6 +81,17 @@ def test_llm_foundry_text_prompt_response_mds(tmp_path: Path, tok_dir: str) -> N
         start, end = sample["loss_spans"].tolist()
         tail = [*encoder.tokenizer.ids(PAIRS[sid][1]).tolist(), encoder.tokenizer.eos_id]
         assert sample["input_ids"][start:end].tolist() == tail  # the response and its EOS only
+    # what the trainer gets: Hugging Face labels hold the response and its EOS, -100 elsewhere
+    pack = [got[sid] for sid in sorted(got)[:4]]
+    labels = collate_packed(pack, labels="unshifted")["labels"][0].tolist()
+    offset = 0
+    for sample in pack:
+        start, end = sample["loss_spans"].tolist()
+        n = sample["input_ids"].size
+        own = labels[offset : offset + n]
+        assert own[start:end] == sample["input_ids"][start:end].tolist()
+        assert set(own[:start]) == {-100} and set(own[end:]) <= {-100}
+        offset += n
 
 
 def test_llm_foundry_pretokenized_prompt_response_mds(tmp_path: Path) -> None:
