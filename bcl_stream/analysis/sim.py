@@ -90,6 +90,7 @@ class SimConfig:
     max_amplification: float = _PLAN_DEFAULTS["max_amplification"]
     lane: int = _PLAN_DEFAULTS["lane"]
     lane_threshold: float = _PLAN_DEFAULTS["lane_threshold"]
+    world_row: int = _PLAN_DEFAULTS["world_row"]
     stratify: bool = _PLAN_DEFAULTS["stratify"]
     layout: str = "packed"
     """``packed`` (pack cost = sum of record costs) or ``padded`` (B x the costliest record)."""
@@ -255,7 +256,7 @@ def plan_schedules(
             plan = plan_streams(streams, costs, tok)
             packs: Packs = plan.packs
             if config.contract == "step":
-                group = 1 if name == "bcl-rank" else config.ranks_per_node
+                group = streams.config.row_ranks
                 packs = node_micro_batches(
                     plan.packs, costs, config.grad_accum, layout, group, tok, config.max_tokens
                 )

@@ -24,12 +24,15 @@ from bcl_stream.planner import PlanConfig
 from bcl_stream.planner.checks import MAX_COUNT
 from bcl_stream.planner.config import MAX_RANKS
 
-STATE_VERSION = 4
-"""4: planner v3 (the heavy lane, shards cut by the read budget, scope ``world`` planned per
-node), which changes every epoch's packs: the config gains ``lane`` and ``max_amplification``;
+STATE_VERSION = 5
+"""5: planner v4 (scope ``world`` plans rows of several nodes where nodes hold few
+data-parallel ranks), which changes the packs of those configs; the config gains
+``world_row``. 4: planner v3 (the heavy lane, shards cut by the read budget, scope ``world``
+planned per node), which changes every epoch's packs: the config gains ``lane`` and
+``max_amplification``;
 and the config may hold ``tokens`` (where token ids come from: a token column of another name,
 raw integer bytes, or a text column and its tokenizer). 3 added ``mixture`` (the streams a
-mixture plan reads; absent for one dataset). Versions 1-3 are refused with what to do: their
+mixture plan reads; absent for one dataset). Versions 1-4 are refused with what to do: their
 position cannot be replayed exactly."""
 READABLE = (STATE_VERSION,)
 KEY_MIXTURE = "mixture"
@@ -136,6 +139,14 @@ def parse_state(state: Any) -> Cursor:
             "replayed exactly. Resume it with the bcl-stream release that wrote it, or drop the "
             "data loader's state from the checkpoint (model and optimizer states stay valid) "
             "to start the epoch over"
+        )
+    if version == 4:
+        raise StateError(
+            "reader state version 4 was written by planner v3; planner v4 plans scope world in "
+            "rows of several nodes where nodes hold few data-parallel ranks, so its position "
+            "cannot be replayed exactly. Resume it with the bcl-stream release that wrote it, "
+            "or drop the data loader's state from the checkpoint (model and optimizer states "
+            "stay valid) to start the epoch over"
         )
     if version not in READABLE:
         raise StateError(
