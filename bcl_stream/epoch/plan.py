@@ -37,7 +37,7 @@ from bcl_stream.planner import (
     plan_streams,
     shard_weights,
 )
-from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG
+from bcl_stream.planner.config import MAX_RANKS, REASON_TAIL, REASON_TOO_LONG
 from bcl_stream.planner.mixture import EpochDraw
 
 REASON_CONSUMED = "consumed_before_resize"
@@ -83,8 +83,20 @@ class ReaderConfig:
     tokens: TokenSource | None = None
     """Where records' token ids come from (``epoch/token_source.py``); None: the ``input_ids``
     column bcl-stream writes. Recorded in the cursor: a resume reads the same ids."""
+    canonical_ranks: int | None = None
+    """V canonical data-parallel ranks (``epoch/canonical.py``): the epoch is planned for V
+    ranks, whatever the physical size R (``plan.world_size``, which must divide V); each
+    physical rank runs the packs of V/R canonical ranks as accumulation micro-batches, so the
+    optimizer steps are the same at every R. ``plan.grad_accum`` is then a canonical rank's
+    accumulation G_c (the trainer's is G_c*V/R). None: the plan is made for the R ranks."""
+    canonical_ranks_per_node: int | None = None
+    """Canonical ranks per canonical node (a canonical node's shards are read together; a
+    physical node reads those of the canonical nodes it hosts). None: the physical
+    ``plan.ranks_per_node`` (resolved when the config is built, so the cursor records it);
+    give it explicitly when the ranks per node change between runs."""
 
     def __post_init__(self) -> None:
+        _check_canonical(self)
         if self.tokens is not None and not isinstance(self.tokens, TokenSource):
             raise ValueError(f"tokens must be a TokenSource or None, got {self.tokens!r}")
         if self.packing not in PACKINGS:
@@ -104,6 +116,8 @@ class ReaderConfig:
         cost_model: str | None = None,
         packing: str = "bcl",
         tokens: TokenSource | None = None,
+        canonical_ranks: int | None = None,
+        canonical_ranks_per_node: int | None = None,
         **plan_fields: Any,
     ) -> ReaderConfig:
         """A config from flat keyword arguments: ``plan_fields`` are :class:`PlanConfig`'s."""
@@ -119,6 +133,8 @@ class ReaderConfig:
             cost_model=cost_model,
             packing=packing,
             tokens=TokenSource.of(tokens),
+            canonical_ranks=canonical_ranks,
+            canonical_ranks_per_node=canonical_ranks_per_node,
         )
 
     def flat(self) -> dict[str, Any]:
@@ -129,6 +145,8 @@ class ReaderConfig:
             "cost_model": self.cost_model,
             "packing": self.packing,
             "tokens": None if self.tokens is None else self.tokens.to_dict(),
+            "canonical_ranks": self.canonical_ranks,
+            "canonical_ranks_per_node": self.canonical_ranks_per_node,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -142,6 +160,9 @@ class ReaderConfig:
         }
         if self.tokens is not None:
             out["tokens"] = self.tokens.to_dict()
+        if self.canonical_ranks is not None:
+            out["canonical_ranks"] = self.canonical_ranks
+            out["canonical_ranks_per_node"] = self.canonical_ranks_per_node
         return out
 
     @classmethod
@@ -154,7 +175,7 @@ class ReaderConfig:
                 "them under 'plan'. Resume with the bcl-stream release that wrote it, or drop "
                 "the data loader's state from the checkpoint to start the epoch over"
             )
-        unknown = set(data) - {"plan", "seed", "cost_model", "packing", "tokens"}
+        unknown = set(data) - {"plan", *CONFIG_KEYS}
         if unknown:
             raise ValueError(f"reader config has unknown keys {sorted(unknown)}")
         plan = data.get("plan")
@@ -171,9 +192,75 @@ class ReaderConfig:
         plan = replace(self.plan, world_size=world_size, ranks_per_node=ranks_per_node)
         return replace(self, plan=plan)
 
+    @property
+    def hosted(self) -> int:
+        """Canonical ranks one physical rank runs, V/R (1 without ``canonical_ranks``)."""
+        if self.canonical_ranks is None:
+            return 1
+        return self.canonical_ranks // self.plan.world_size
+
+    @property
+    def micro_batches_per_step(self) -> int:
+        """Micro-batches of one optimizer step on a physical rank: G, or G_c*V/R."""
+        return self.plan.grad_accum * self.hosted
+
+    def canonical(self) -> ReaderConfig:
+        """The config the canonical plan is made under: V ranks, ``canonical_ranks_per_node``
+        per node, no physical layout left in it (so its plan, and its cache key, is the same at
+        every physical size). Without ``canonical_ranks``: this config."""
+        if self.canonical_ranks is None:
+            return self
+        plan = replace(
+            self.plan,
+            world_size=self.canonical_ranks,
+            ranks_per_node=self.canonical_ranks_per_node or self.plan.ranks_per_node,
+        )
+        return replace(self, plan=plan, canonical_ranks=None, canonical_ranks_per_node=None)
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending (the physical sizes a canonical plan runs on)."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _check_canonical(config: ReaderConfig) -> None:
+    """``canonical_ranks`` checks: R divides V, the canonical node size divides V, and the
+    settings a canonical plan cannot keep are refused, each naming what works."""
+    v, per_node = config.canonical_ranks, config.canonical_ranks_per_node
+    if v is None:
+        if per_node is not None:
+            raise ValueError("canonical_ranks_per_node needs canonical_ranks")
+        return
+    for name, value in (("canonical_ranks", v), ("canonical_ranks_per_node", per_node)):
+        if value is not None and (type(value) is not int or not 1 <= value <= MAX_RANKS):
+            raise ValueError(f"{name} must be an integer in [1, {MAX_RANKS}], got {value!r}")
+    r = config.plan.world_size
+    if v % r:
+        raise ValueError(
+            f"canonical_ranks={v} cannot run on {r} data-parallel ranks: the physical size must "
+            f"divide it, one of {divisors(v)}"
+        )
+    if per_node is None:
+        per_node = config.plan.ranks_per_node
+        object.__setattr__(config, "canonical_ranks_per_node", per_node)  # frozen: resolve once
+    if v % per_node:
+        raise ValueError(
+            f"canonical_ranks_per_node={per_node} does not divide canonical_ranks={v}; give "
+            f"canonical_ranks_per_node as one of {divisors(v)}"
+        )
+    if config.plan.contract == "step":
+        raise ValueError(
+            "canonical_ranks needs contract='pack': the step contract re-cuts each step among "
+            "the ranks of a node, which depends on the physical layout"
+        )
+
 
 PACKINGS = ("bcl", "sequential")
 """Planning strategies a reader follows, by name (``ReaderConfig.packing``)."""
+CONFIG_KEYS = (
+    "seed", "cost_model", "packing", "tokens", "canonical_ranks", "canonical_ranks_per_node"
+)  # fmt: skip
+"""A nested reader config's keys besides ``plan``."""
 PLAN_FIELDS = frozenset(f.name for f in fields(PlanConfig))
 """The planner's field names (``ReaderConfig.build`` keywords, ``to_dict()["plan"]`` keys)."""
 
@@ -316,6 +403,21 @@ class ReaderPlan:
             out[:, batch.first_pack : batch.first_pack + taken.shape[1]] = taken
         return out
 
+    def iter_ranks_packs(
+        self, ranks: list[int], start: int = 0
+    ) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
+        """(index of the first pack, packs (len(ranks), n, B)) of several ranks from pack
+        ``start`` on, planning only their rows (canonical ranks hosted by one physical rank:
+        ``epoch/canonical.py``)."""
+        config = self._streams.config
+        places = [config.row_of(r) for r in ranks]
+        rows = sorted({row for row, _ in places})
+        take = [rows.index(row) * config.row_ranks + place for row, place in places]
+        first = start // self.config.plan.window
+        for batch in iter_windows(self._streams, self._costs, self._tokens, rows, first):
+            skip = max(start - batch.first_pack, 0)
+            yield batch.first_pack + skip, batch.packs[take, skip:]
+
     def rank_packs(self, rank: int) -> npt.NDArray[np.int64]:
         """(n_packs, pack_size) record ids of one rank (materialized: tools and tests)."""
         parts = [packs for _, packs in self.iter_rank_packs(rank)]
@@ -362,6 +464,11 @@ def reader_plan(
 ) -> ReaderPlan:
     """The plan readers follow, lazy (in the per-process plan cache,
     :mod:`bcl_stream.epoch.cache`)."""
+    if config.canonical_ranks is not None:
+        raise ValueError(
+            "a config with canonical_ranks is planned by bcl_stream.epoch.canonical."
+            "canonical_plan (reader_plan plans config.canonical())"
+        )
     key = ("reader", index.fingerprint(), config, epoch, segments)
     return cached(key, lambda: ReaderPlan(index, config, epoch, segments))
 
@@ -394,4 +501,10 @@ def full_plan(
     sizes of this epoch, oldest first, each with the packs per rank consumed under it.
     """
     key = ("full", index.fingerprint(), config, epoch, segments)
+    if config.canonical_ranks is not None:
+        from bcl_stream.epoch.canonical import canonical_plan  # it builds on this module
+
+        if segments:
+            raise ValueError("a canonical plan has no elastic segments (its cursor counts steps)")
+        return cached(key, lambda: canonical_plan(index, config, epoch).whole())
     return cached(key, lambda: reader_plan(index, config, epoch, segments).whole())
