@@ -28,7 +28,6 @@ resumes on the same R only (the step's first micro-batches were grouped for R).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -43,6 +42,7 @@ from bcl_stream.epoch.plan import (
 )
 from bcl_stream.epoch.steps import whole_steps
 from bcl_stream.planner import Plan
+from bcl_stream.planner.canonical import step_order
 
 
 def hosted_ranks(config: ReaderConfig, rank: int) -> list[int]:
@@ -51,18 +51,6 @@ def hosted_ranks(config: ReaderConfig, rank: int) -> list[int]:
     if not 0 <= rank < config.plan.world_size:
         raise ValueError(f"rank must be in [0, {config.plan.world_size}), got {rank}")
     return list(range(rank * k, rank * k + k))
-
-
-def step_order(step: npt.NDArray[np.int64], costs: Any, balanced: bool) -> npt.NDArray[np.int64]:
-    """One physical rank's micro-batches of one step: ``step`` (k, g, B) canonical packs ->
-    (k*g, B), heaviest first (ties: canonical micro-batch, then hosted rank); ``balanced``
-    False (the ``sequential`` baseline) keeps canonical order: micro-batch t of every hosted
-    rank, then t+1."""
-    packs = step.transpose(1, 0, 2).reshape(-1, step.shape[2])
-    if not balanced or packs.shape[0] < 2:
-        return packs
-    cost = np.asarray(costs[packs.ravel()], dtype=np.float64).reshape(packs.shape).sum(axis=1)
-    return packs[np.argsort(-cost, kind="stable")]
 
 
 class CanonicalPlan:
@@ -144,3 +132,10 @@ def canonical_plan(index: PlanData, config: ReaderConfig, epoch: int) -> Canonic
     """The plan a reader of a canonical config follows (its canonical plan is in the plan
     cache under an R-free key: every physical size shares it)."""
     return CanonicalPlan(index, config, epoch)
+
+
+def plan_for(index: PlanData, config: ReaderConfig, epoch: int) -> ReaderPlan | CanonicalPlan:
+    """The lazy plan a reader of ``config`` follows: canonical or not."""
+    if config.canonical_ranks is None:
+        return reader_plan(index, config, epoch)
+    return canonical_plan(index, config, epoch)

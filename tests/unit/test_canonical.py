@@ -160,3 +160,34 @@ def test_canonical_settings_must_match_to_resume() -> None:
     plain["config"] = ReaderConfig.build(world_size=2, pack_size=4, window=4).to_dict()
     with pytest.raises(StateError, match="no canonical_ranks"):
         parse_state(plain)
+
+
+def test_a_mixture_keeps_its_steps_and_so_its_shares_at_every_size() -> None:
+    from bcl_stream.epoch.mixture_index import MixtureIndex, StreamSpec
+
+    rng = np.random.default_rng(1)
+    sources = [np.sort(rng.lognormal(4, 0.6, 1500).astype(np.int64) + 1),
+               rng.lognormal(5, 0.4, 1000).astype(np.int64) + 1]  # fmt: skip
+    parts = []
+    for lengths in sources:
+        shards = [
+            ShardEntry(f"s{i}", min(100, lengths.size - i)) for i in range(0, lengths.size, 100)
+        ]
+        parts.append(CostIndex.build(lengths, get_preset("tokens"), shards, "mds"))
+    mix = MixtureIndex([StreamSpec("a", proportion=0.6), StreamSpec("b", proportion=0.4)], parts)
+    plain = ReaderConfig.build(
+        world_size=V, ranks_per_node=4, pack_size=4, window=4, scope="world", grad_accum=2, seed=3
+    )
+    want = steps_of(full_plan(mix, plain, 0).plan.packs, 2)
+    for r in (V, V // 2, V // 4):
+        got = full_plan(mix, config(r), 0).plan.packs
+        assert steps_of(got, 2 * V // r) == want, f"R={r}"
+
+
+def test_simulated_canonical_layout_needs_whole_canonical_accumulation() -> None:
+    from bcl_stream.analysis.sim import SimConfig
+
+    with pytest.raises(ValueError, match="canonical_ranks=8 needs ranks dividing it"):
+        SimConfig(ranks=4, ranks_per_node=4, grad_accum=1, canonical_ranks=8)
+    with pytest.raises(ValueError, match="canonical_ranks=8 needs ranks dividing it"):
+        SimConfig(ranks=3, ranks_per_node=3, grad_accum=8, canonical_ranks=8)
