@@ -8,9 +8,11 @@ same V*G_c packs at every R), llama3-8b costs, shards of 4096 records:
 
 - ``direct``: the planner run for R ranks (``ranks_per_node`` of the physical layout), G_c*V/R;
 - ``canonical``: the plan for V ranks, mapped onto R ranks (``planner/canonical.py``: each
-  physical rank runs its V/R canonical ranks' packs of a step heaviest first);
-- ``canonical_tmajor``: the same packs in canonical order (micro-batch t of every hosted rank,
-  then t+1), the order heaviest-first is measured against.
+  physical node hosts whole canonical nodes, strided over the world, and deals each step's
+  packs to its ranks heaviest first);
+- ``canonical_undealt``: the same hosting, each rank running its own k hosted canonical ranks'
+  packs in canonical order (no deal within the node, no heaviest-first order);
+- ``canonical_consecutive``: physical nodes hosting consecutive canonical nodes (dealt).
 
 Each is scored with docs/metrics.md's efficiency, synchronizing every micro-batch (FSDP) and
 once per optimizer step (DDP ``no_sync``). At R = V canonical and direct are the same plan.
@@ -47,7 +49,9 @@ def efficiencies(packs: np.ndarray, costs: np.ndarray, per_step: int) -> dict[st
     return {"microbatch": round(float(micro), 5), "step": round(float(step), 5)}
 
 
-def run_corpus(name: str, n: int) -> list[dict[str, Any]]:
+def run_corpus(
+    name: str, n: int, layouts: tuple[tuple[int, int], ...] = LAYOUTS
+) -> list[dict[str, Any]]:
     """One row per (canonical layout, physical size) of corpus ``name`` at ``n`` records."""
     import text_corpora
 
@@ -61,7 +65,7 @@ def run_corpus(name: str, n: int) -> list[dict[str, Any]]:
     costs = get_preset("llama3-8b").cost(tokens).astype(np.float64)
     table = shard_table(tokens, costs, SHARD)
     rows = []
-    for nodes, per_node in LAYOUTS:
+    for nodes, per_node in layouts:
         v = nodes * per_node
 
         def plan(ranks: int, accum: int, per_node: int = per_node) -> np.ndarray:
@@ -76,8 +80,11 @@ def run_corpus(name: str, n: int) -> list[dict[str, Any]]:
         for ranks in (v, v // 2, v // 4):
             per_step = G_C * v // ranks
             direct = plan(ranks, per_step)
-            mapped = physical_packs(canonical, costs, ranks, G_C, True)
-            tmajor = physical_packs(canonical, costs, ranks, G_C, False)
+            mapped = physical_packs(canonical, costs, ranks, per_node, per_node, G_C, True)
+            undealt = physical_packs(canonical, costs, ranks, per_node, per_node, G_C, False)
+            consecutive = physical_packs(
+                canonical, costs, ranks, per_node, per_node, G_C, hosting="consecutive"
+            )
             rows.append(
                 {
                     "corpus": name,
@@ -89,7 +96,8 @@ def run_corpus(name: str, n: int) -> list[dict[str, Any]]:
                     "micro_batches_per_step": per_step,
                     "direct": efficiencies(direct, costs, per_step),
                     "canonical": efficiencies(mapped, costs, per_step),
-                    "canonical_tmajor": efficiencies(tmajor, costs, per_step),
+                    "canonical_undealt": efficiencies(undealt, costs, per_step),
+                    "canonical_consecutive": efficiencies(consecutive, costs, per_step),
                 }
             )
         print(f"{name:<30} {nodes}x{per_node} planned in {time.perf_counter() - t:5.1f}s: "
@@ -110,7 +118,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             sel = [r for r in rows if r["canonical_layout"] == lay and r["ranks"] == ranks]
             entry: dict[str, Any] = {"canonical_layout": lay, "ranks": ranks, "corpora": len(sel)}
             for sync in ("microbatch", "step"):
-                for variant in ("canonical", "canonical_tmajor"):
+                for variant in ("canonical", "canonical_undealt", "canonical_consecutive"):
                     loss = [100 * (r["direct"][sync] - r[variant][sync]) for r in sel]
                     entry[f"{variant}_{sync}_loss_points"] = {
                         "median": round(float(np.median(loss)), 2),
@@ -154,7 +162,12 @@ def plot(result: dict[str, Any], out: Path) -> None:
     fig.savefig(out, dpi=110)
 
 
-def main(records: int, corpora: list[str] | None, out: Path) -> int:
+def main(
+    records: int,
+    corpora: list[str] | None,
+    out: Path,
+    layouts: tuple[tuple[int, int], ...] = LAYOUTS,
+) -> int:
     import platform
 
     import text_corpora
@@ -162,7 +175,7 @@ def main(records: int, corpora: list[str] | None, out: Path) -> int:
 
     rows: list[dict[str, Any]] = []
     for name in corpora or list(text_corpora.NAMES):
-        rows.extend(run_corpus(name, records))
+        rows.extend(run_corpus(name, records, layouts))
     result = {
         "setting": {
             "pack_size": PACK,
@@ -172,7 +185,7 @@ def main(records: int, corpora: list[str] | None, out: Path) -> int:
             "cost_model": "llama3-8b",
             "shard_records": SHARD,
             "record_cap": CAP,
-            "layouts": [f"{a}x{b}" for a, b in LAYOUTS],
+            "layouts": [f"{a}x{b}" for a, b in layouts],
             "machine": platform.processor() or platform.machine(),
         },
         "target": "canonical within 1 point of direct at R = V, V/2, V/4",

@@ -127,12 +127,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--canonical", action="store_true", help="canonical ranks' balance cost")
     parser.add_argument("--records", type=int, default=200_000, help="--canonical: per corpus")
     parser.add_argument("--corpora", nargs="+", default=None, help="--canonical: corpus names")
+    parser.add_argument(
+        "--layouts", nargs="+", default=None, help="--canonical: canonical layouts NODESxRANKS"
+    )
+    parser.add_argument("--suffix", default="", help="--canonical: result file name suffix")
     args = parser.parse_args(argv)
     if args.canonical:
+        from bench_canonical import LAYOUTS
         from bench_canonical import main as canonical_main
 
-        out = ROOT / "results" / "bench_elastic_canonical.json"
-        return canonical_main(args.records, args.corpora, out)
+        layouts = LAYOUTS
+        if args.layouts:
+            layouts = tuple(tuple(int(x) for x in s.split("x")) for s in args.layouts)  # type: ignore[misc]
+        out = ROOT / "results" / f"bench_elastic_canonical{args.suffix}.json"
+        return canonical_main(args.records, args.corpora, out, layouts)
     if args.child:
         print(json.dumps(measure(Path(args.child[0]), args.child[1], args.consumed)))
         return 0

@@ -270,7 +270,14 @@ def plan_schedules(
             plan = plan_streams(streams, costs, tok)
             packs: Packs = plan.packs
             if config.canonical_ranks is not None:
-                packs = physical_packs(plan.packs, costs, config.ranks, planner.grad_accum)
+                packs = physical_packs(
+                    plan.packs,
+                    costs,
+                    config.ranks,
+                    config.ranks_per_node,
+                    planner.ranks_per_node,
+                    planner.grad_accum,
+                )
             if config.contract == "step":
                 group = streams.config.row_ranks
                 packs = node_micro_batches(

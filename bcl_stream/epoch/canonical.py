@@ -2,19 +2,13 @@
 
 With ``ReaderConfig.canonical_ranks=V`` the epoch is planned for V *canonical* ranks
 (``ReaderConfig.canonical()``: V ranks, ``canonical_ranks_per_node`` per node), never for the
-R physical ranks that run it. Physical rank r hosts the canonical ranks r*k .. r*k+k-1
-(k = V/R): at each optimizer step it runs their packs of that step, G_c per canonical rank,
-as its k*G_c accumulation micro-batches. So an optimizer step holds the same V*G_c packs,
-each with the same records, at every R that divides V; only how they are grouped into
-micro-batches changes. A physical node hosts whole canonical nodes (or, below their size, a
-part of one) and reads their shards: locality follows canonical nodes.
-
-Order inside a step: a physical rank runs its k*G_c packs of the step heaviest first (by
-estimated cost, ties in canonical order). The planner balanced every canonical micro-batch
-across the V canonical ranks (and with G_c > 1 the per-step sums), so the m-th heaviest pack
-of one physical rank runs beside the m-th heaviest of every other: per-micro-batch balance
-holds for FSDP, which synchronizes every micro-batch. The order depends on the costs only,
-so it is the same in every process and for any number of DataLoader workers.
+R physical ranks that run it. A physical node hosts P*k of them (k = V/R; whole
+canonical nodes where they fit, ``planner/canonical.py``) and reads their shards only:
+locality follows canonical nodes. At each optimizer step the node's packs of that step, G_c
+per hosted canonical rank, are dealt to its P ranks as their k*G_c accumulation
+micro-batches, heaviest first. So an optimizer step holds the same V*G_c packs, each with the
+same records, at every R that divides V; only how they are grouped into micro-batches
+changes. A reader plans the canonical rows its node hosts, a step at a time.
 
 Cost: none for the plan (it is a plan for V ranks); the physical micro-batches are groups of
 canonical packs, measured against planning for R directly in ``tools/bench_elastic.py``
@@ -42,15 +36,21 @@ from bcl_stream.epoch.plan import (
 )
 from bcl_stream.epoch.steps import whole_steps
 from bcl_stream.planner import Plan
-from bcl_stream.planner.canonical import step_order
+from bcl_stream.planner.canonical import deal_step, node_hosts
 
 
 def hosted_ranks(config: ReaderConfig, rank: int) -> list[int]:
-    """The canonical ranks physical ``rank`` runs: r*k .. r*k+k-1, k = V/R."""
-    k = config.hosted
-    if not 0 <= rank < config.plan.world_size:
-        raise ValueError(f"rank must be in [0, {config.plan.world_size}), got {rank}")
-    return list(range(rank * k, rank * k + k))
+    """The canonical ranks the node of physical ``rank`` hosts (``planner/canonical.py``)."""
+    plan = config.plan
+    if not 0 <= rank < plan.world_size:
+        raise ValueError(f"rank must be in [0, {plan.world_size}), got {rank}")
+    return node_hosts(
+        config.canonical_ranks or plan.world_size,
+        config.canonical_ranks_per_node or plan.ranks_per_node,
+        plan.world_size,
+        plan.ranks_per_node,
+        rank // plan.ranks_per_node,
+    )
 
 
 class CanonicalPlan:
@@ -89,12 +89,14 @@ class CanonicalPlan:
         if group:
             raise ValueError("canonical plans keep the pack contract (no step re-cut)")
         g, k = self.config.plan.grad_accum, self.config.hosted
+        per_node = self.config.plan.ranks_per_node
         step0 = start // (g * k)
         balanced = self.config.packing == "bcl"
         batches = self.canonical.iter_ranks_packs(hosted_ranks(self.config, rank), step0 * g)
+        place = rank % per_node
         for first, packs in whole_steps(batches, g):
             steps = [
-                step_order(packs[:, s : s + g], self._costs, balanced)
+                deal_step(packs[:, s : s + g], self._costs, per_node, balanced)[place]
                 for s in range(0, packs.shape[1], g)
             ]
             out = np.concatenate(steps)

@@ -60,8 +60,10 @@ def test_steps_are_the_plan_for_v_ranks_at_every_size(
     )  # fmt: skip
     want = steps_of(full_plan(INDEX, plain, 0).plan.packs, grad_accum)
     used = full_plan(INDEX, plain, 0).plan.packs
-    for r in (V, V // 2, V // 4, 1):
-        cfg = config(r, scope=scope, grad_accum=grad_accum, packing=packing)
+    for r, per_node in ((V, 4), (V // 2, 4), (V // 2, 2), (V // 4, 1), (1, 1)):
+        cfg = config(
+            r, scope=scope, grad_accum=grad_accum, packing=packing, ranks_per_node=per_node
+        )
         got = full_plan(INDEX, cfg, 0).plan.packs
         assert got.shape == (r, used.shape[1] * V // r, 4)
         assert steps_of(got, grad_accum * V // r) == want, f"R={r}"
@@ -72,11 +74,53 @@ def test_steps_are_the_plan_for_v_ranks_at_every_size(
             assert sorted(map(tuple, plan.step_packs(s).tolist())) == want[s]
 
 
+@pytest.mark.parametrize(
+    ("v", "per_c", "r", "per_node"),
+    [(8, 4, 4, 2), (8, 2, 4, 2), (8, 2, 2, 1), (16, 8, 4, 1), (16, 4, 8, 4), (12, 3, 6, 3)],
+)
+def test_nodes_host_whole_canonical_nodes_each_once(
+    v: int, per_c: int, r: int, per_node: int
+) -> None:
+    from bcl_stream.planner.canonical import node_hosts
+
+    hosts = [node_hosts(v, per_c, r, per_node, n) for n in range(r // per_node)]
+    assert sorted(c for h in hosts for c in h) == list(range(v))
+    share = v * per_node // r
+    for h in hosts:
+        assert len(h) == share
+        if share % per_c == 0:  # whole canonical nodes: each one read by one physical node
+            assert sorted({c // per_c for c in h}) == sorted(c // per_c for c in h[::per_c])
+            assert all(
+                h[i : i + per_c] == list(range(h[i], h[i] + per_c)) for i in range(0, share, per_c)
+            )
+
+
+def test_a_physical_node_runs_only_the_packs_of_the_canonical_ranks_it_hosts() -> None:
+    from bcl_stream.planner.canonical import node_hosts, physical_packs
+
+    plain = ReaderConfig.build(
+        world_size=V, ranks_per_node=2, pack_size=4, window=4, scope="node", grad_accum=2, seed=3
+    )
+    canonical = full_plan(INDEX, plain, 0).plan.packs
+    cfg = config(4, ranks_per_node=2, canonical_ranks_per_node=2, scope="node")
+    got = full_plan(INDEX, cfg, 0).plan.packs  # (4, n*2, B)
+    per = cfg.micro_batches_per_step
+    # the simulator's whole-plan mapping and the readers' lazy walk agree
+    assert np.array_equal(got, physical_packs(canonical, np.asarray(INDEX.costs()), 4, 2, 2, 2))
+    for node in range(2):
+        hosted = node_hosts(V, 2, 4, 2, node)
+        assert hosted == ([0, 1, 4, 5] if node == 0 else [2, 3, 6, 7])  # strided nodes
+        for s in range(canonical.shape[1] // 2):
+            mine = got[2 * node : 2 * node + 2, s * per : (s + 1) * per].reshape(-1, 4)
+            theirs = canonical[hosted, 2 * s : 2 * s + 2].reshape(-1, 4)
+            assert sorted(map(tuple, mine.tolist())) == sorted(map(tuple, theirs.tolist()))
+
+
 def test_reader_walk_equals_whole_plan_from_any_start() -> None:
-    cfg = config(2)
+    cfg = config(4, ranks_per_node=2)
     plan = canonical_plan(INDEX, cfg, 0)
     whole = full_plan(INDEX, cfg, 0).plan.packs
-    for rank in range(2):
+    for rank in range(4):
         for start in (0, 1, 7, 8, plan.n_packs - 1):
             parts = [p for _, p in plan.iter_rank_packs(rank, start)]
             assert np.array_equal(np.concatenate(parts), whole[rank, start:])
