@@ -12,7 +12,10 @@ same V*G_c packs at every R), llama3-8b costs, shards of 4096 records:
   packs to its ranks heaviest first);
 - ``canonical_undealt``: the same hosting, each rank running its own k hosted canonical ranks'
   packs in canonical order (no deal within the node, no heaviest-first order);
-- ``canonical_consecutive``: physical nodes hosting consecutive canonical nodes (dealt).
+- ``canonical_consecutive``: physical nodes hosting consecutive canonical nodes (dealt);
+- ``bound_no_locality``: every step's V*G_c packs dealt over all R ranks heaviest first in
+  snake order, as if any rank could read any shard (amplification = physical nodes): what the
+  canonical steps allow without locality.
 
 Each is scored with docs/metrics.md's efficiency, synchronizing every micro-batch (FSDP) and
 once per optimizer step (DDP ``no_sync``). At R = V canonical and direct are the same plan.
@@ -47,6 +50,18 @@ def efficiencies(packs: np.ndarray, costs: np.ndarray, per_step: int) -> dict[st
     micro = metrics_from_costs(c, used, 0).efficiency
     step = metrics_from_costs(c, used, 0, microbatches_per_step=per_step, sync="step").efficiency
     return {"microbatch": round(float(micro), 5), "step": round(float(step), 5)}
+
+
+def global_deal(packs: np.ndarray, costs: np.ndarray, ranks: int, accum: int) -> np.ndarray:
+    """``bound_no_locality``: (V, n, B) -> (R, n*V/R, B), each step's packs over all ranks."""
+    from bcl_stream.planner.canonical import deal_step
+
+    v, n, size = packs.shape
+    out = np.empty((ranks, n * (v // ranks), size), dtype=np.int64)
+    for s in range(0, n, accum):
+        g = min(accum, n - s)
+        out[:, s * v // ranks : (s + g) * v // ranks] = deal_step(packs[:, s : s + g], costs, ranks)
+    return out
 
 
 def run_corpus(
@@ -98,6 +113,9 @@ def run_corpus(
                     "canonical": efficiencies(mapped, costs, per_step),
                     "canonical_undealt": efficiencies(undealt, costs, per_step),
                     "canonical_consecutive": efficiencies(consecutive, costs, per_step),
+                    "bound_no_locality": efficiencies(
+                        global_deal(canonical, costs, ranks, G_C), costs, per_step
+                    ),
                 }
             )
         print(f"{name:<30} {nodes}x{per_node} planned in {time.perf_counter() - t:5.1f}s: "
@@ -118,7 +136,9 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             sel = [r for r in rows if r["canonical_layout"] == lay and r["ranks"] == ranks]
             entry: dict[str, Any] = {"canonical_layout": lay, "ranks": ranks, "corpora": len(sel)}
             for sync in ("microbatch", "step"):
-                for variant in ("canonical", "canonical_undealt", "canonical_consecutive"):
+                for variant in (
+                    "canonical", "canonical_undealt", "canonical_consecutive", "bound_no_locality"
+                ):  # fmt: skip
                     loss = [100 * (r["direct"][sync] - r[variant][sync]) for r in sel]
                     entry[f"{variant}_{sync}_loss_points"] = {
                         "median": round(float(np.median(loss)), 2),
