@@ -104,9 +104,10 @@ class PlanConfig:
     common class in one window would unbalance it."""
     world_row: int = DEFAULT_WORLD_ROW
     """Scope ``world``: a planning row spans the fewest whole nodes holding at least this many
-    ranks (``row_nodes``), so nodes of few data-parallel ranks (tensor parallelism) are
-    balanced jointly; the row's nodes read each other's shards, paid from
-    ``max_amplification`` (a row of d nodes reads its shards d times). 1: a row is one node."""
+    ranks, and a stream of two shard groups (``rows_for``), so nodes of few data-parallel
+    ranks (tensor parallelism) or little data are balanced jointly; the row's nodes read each
+    other's shards, paid from ``max_amplification`` (a row of d nodes reads its shards d
+    times; 1 keeps every row on one node)."""
     shard_group: int = DEFAULT_SHARD_GROUP
     """Shards whose records a node shuffles together (``planner/groups.py``): shuffle quality
     against the shard cache (a node holds at most 2 groups)."""
