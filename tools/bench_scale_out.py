@@ -48,6 +48,7 @@ import text_corpora
 
 from bcl_stream.analysis.sim import Schedule, SimConfig, schedules, score, shard_table
 from bcl_stream.cost import get_preset
+from bcl_stream.planner import PlanConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "results" / "bench_scale_out.json"
@@ -62,8 +63,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "world_row=16": {"world_row": 16},
     "world_row=32": {"world_row": 32},
-    "max_amplification=4": {"max_amplification": 4.0},
-    "max_amplification=64": {"max_amplification": 64.0},
+    "max_amplification=16": {"max_amplification": 16.0},
+    "max_amplification=256": {"max_amplification": 256.0},
     "lane=0": {"lane": 0},
     "lane_threshold=0.25": {"lane_threshold": 0.25},
     "lane_threshold=1": {"lane_threshold": 1.0},
@@ -267,6 +268,88 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
     fig.savefig(out, dpi=110)
 
 
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The tables docs/balance.md and the README carry, rendered from the rows."""
+    summary = summarize(rows)
+    lines = [
+        "| records | layout | held out: bcl-world median / worst | tuned on: median / worst "
+        "| bcl-node (held out, median) | verl_kk | nemo_mffd | amplification (max) "
+        "| displacement max (steps) | target (median / worst) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, cell in summary["cells"].items():
+        n, lay = key.split("@")
+        held, tune = cell.get("held_out", {}), cell.get("tune", {})
+        med, worst = TARGETS.get(lay, (None, None)) if n == "1000000" else (None, None)
+        both = [c for c in (held, tune) if c]
+        lines.append(
+            f"| {int(n) / 1e6:g}M | {lay} | {_f(held.get('median'))} / {_f(held.get('worst'))} "
+            f"| {_f(tune.get('median'))} / {_f(tune.get('worst'))} "
+            f"| {_f(held.get('bcl_node_median'))} | {_f(held.get('verl_kk_median'))} "
+            f"| {_f(held.get('nemo_mffd_median'))} "
+            f"| {max(c['amplification_max'] for c in both):.1f} "
+            f"| {max(c['displacement_max'] for c in both):.0f} "
+            f"| {_f(med) if med else '-'} / {_f(worst) if worst else '-'} |"
+        )
+    below = summary["below_peers"]
+    lines += [
+        "",
+        "Cells where bcl-world is below the best peer: "
+        + ("none" if not below else "; ".join(
+            f"{c} {n / 1e6:g}M {lay}: {w:.3f} < {p:.3f}" for c, n, lay, w, p in below)),
+        "",
+        "Cells where the default loses more than 1 point to a variant: "
+        + ("none" if not summary["default_loss"] else "; ".join(
+            f"{c} {n / 1e6:g}M {lay}: {v} +{d:.3f}" for c, n, lay, v, d in summary["default_loss"])),
+    ]  # fmt: skip
+    lines += [
+        "",
+        "| corpus | set | records | layout | sequential | nemo_mffd | verl_kk | hf_rebalance "
+        "| bcl-node | bcl-world | amplification | displacement mean / max |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    order = {layout_name(*x): i for i, x in enumerate(LAYOUTS)}
+    for r in sorted(rows, key=lambda r: (r["records"], r["held_out"], r["corpus"],
+                                         order[r["layout"]])):  # fmt: skip
+        w = r["bcl-world"]["default"]
+        cols = [_f(r[s]["efficiency"]) if s in r else "-" for s in
+                ("sequential", "nemo_mffd", "verl_kk", "hf_rebalance", "bcl-node")]  # fmt: skip
+        lines.append(
+            f"| {r['corpus']} | {'held out' if r['held_out'] else 'tune'} | "
+            f"{r['records'] / 1e6:g}M | {r['layout']} | {' | '.join(cols)} | "
+            f"**{w['efficiency']:.3f}** | {w['download_amplification']:.1f} | "
+            f"{w['displacement_steps_mean']:.2f} / {int(w['displacement_steps_max'])} |"
+        )
+    variants = [v for v in rows[0]["bcl-world"] if v != "default"] if rows else []
+    lines += [
+        "",
+        "| layout (1M) | " + " | ".join(variants) + " | default's largest loss to the best |",
+        "|---|" + "---|" * (len(variants) + 1),
+    ]
+    for lay in [layout_name(*x) for x in LAYOUTS]:
+        sel = [r for r in rows if r["records"] == 1_000_000 and r["layout"] == lay]
+        sel = [r for r in sel if all(v in r["bcl-world"] for v in variants)]
+        if not sel:
+            continue
+        cells = []
+        for v in variants:
+            d = [r["bcl-world"][v]["efficiency"] - r["bcl-world"]["default"]["efficiency"]
+                 for r in sel]  # fmt: skip
+            cells.append(f"{np.median(d):+.3f} ({min(d):+.3f} .. {max(d):+.3f})")
+        loss = [
+            (max(x["efficiency"] for x in r["bcl-world"].values())
+             - r["bcl-world"]["default"]["efficiency"], r["corpus"])
+            for r in sel
+        ]  # fmt: skip
+        worst = max(loss)
+        lines.append(f"| {lay} | " + " | ".join(cells) + f" | {worst[0]:.3f} ({worst[1]}) |")
+    return "\n".join(lines) + "\n"
+
+
 def write(path: Path, rows: list[dict[str, Any]], process: list[dict[str, Any]] | None) -> None:
     old = json.loads(path.read_text()) if path.exists() else {}
     payload = {
@@ -280,6 +363,9 @@ def write(path: Path, rows: list[dict[str, Any]], process: list[dict[str, Any]] 
             "tune_corpora": list(text_corpora.TUNE),
             "held_out_corpora": list(text_corpora.HELD_OUT),
             "variants": VARIANTS,
+            "default_max_amplification": PlanConfig.__dataclass_fields__[
+                "max_amplification"
+            ].default,
             "hf_rebalance_up_to_ranks": HF_RANKS,
         },
         "targets": {k: {"median": m, "worst": w} for k, (m, w) in TARGETS.items()},
@@ -301,7 +387,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--process-records", type=float, default=1e8)
     parser.add_argument("--process-only", action="store_true")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--report", action="store_true", help="redraw .png and .md from --out")
     args = parser.parse_args(argv)
+    if args.report:  # the rows as measured; the setting they were measured with stays
+        rows = json.loads(args.out.read_text())["balance"]
+        plot(rows, args.out.with_suffix(".png"))
+        args.out.with_suffix(".md").write_text(markdown(rows))
+        return 0
     if args.process_only:
         rows = json.loads(args.out.read_text())["balance"] if args.out.exists() else []
         write(args.out, rows, run_process(int(args.process_records)))
@@ -325,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = merge(done, args.out)
     write(args.out, rows, None)
     plot(rows, args.out.with_suffix(".png"))
-    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+    args.out.with_suffix(".md").write_text(markdown(rows))
+    print(f"wrote {args.out} and its .png and .md")
     return 0
 
 

@@ -81,13 +81,17 @@ class PlanConfig:
     every node (``cuts.cut_shards``); 0 keeps every shard on one node. Measured on
     length-sorted heavy-tailed corpora (tools/bench_balance.py, 4 nodes x 8): 0.05 lifts the
     world efficiency by 3-6 points there and changes other corpora by < 0.3 points."""
-    max_amplification: float = 16.0
-    """Most download amplification the read policy may spend where a node holds fewer than two
-    shard groups (``planner/cuts.py``): small datasets on many nodes are cut so that every node
-    reads slices of enough shards to carry the dataset's mix (the central peers read every
-    shard on every node: amplification = nodes). Where nodes hold two groups or more,
-    ``split_shards`` applies (<= 1.05 by default). 1.0: never cut beyond what gives every node
-    records."""
+    max_amplification: float = 64.0
+    """Most download amplification the read policy may spend: on scope ``world``'s rows of
+    several nodes (``rows_for``: rows widen only until a row holds 8 ranks and its stream two
+    shard groups, so with the default a node reads about two shard groups' worth of shards,
+    or 8 nodes' share, at most), then where a stream still holds fewer than two shard groups
+    on cutting shards so that every node reads slices of enough shards to carry the dataset's
+    mix (``planner/cuts.py``; the central peers read every shard on every node: amplification
+    = nodes). Where streams hold two groups or more, ``split_shards`` applies (<= 1.05 by
+    default). Chosen on the tuning corpora of ``tools/bench_scale_out.py`` (1M records): 64
+    against 16 gave +1.3 to +2.1 points at 64 x 1, 64 x 8 and 128 x 8 where nodes hold 2-4
+    shards. 1.0: every row on one node, no cut beyond what gives every node records."""
     layout: str = "packed"
     """How the trainer runs a pack (``planner/padded.py``): ``packed`` (varlen attention, a
     pack costs the sum of its records' costs) or ``padded`` (B x its costliest record): packs
@@ -104,9 +108,10 @@ class PlanConfig:
     common class in one window would unbalance it."""
     world_row: int = DEFAULT_WORLD_ROW
     """Scope ``world``: a planning row spans the fewest whole nodes holding at least this many
-    ranks (``row_nodes``), so nodes of few data-parallel ranks (tensor parallelism) are
-    balanced jointly; the row's nodes read each other's shards, paid from
-    ``max_amplification`` (a row of d nodes reads its shards d times). 1: a row is one node."""
+    ranks, and a stream of two shard groups (``rows_for``), so nodes of few data-parallel
+    ranks (tensor parallelism) or little data are balanced jointly; the row's nodes read each
+    other's shards, paid from ``max_amplification`` (a row of d nodes reads its shards d
+    times; 1 keeps every row on one node)."""
     shard_group: int = DEFAULT_SHARD_GROUP
     """Shards whose records a node shuffles together (``planner/groups.py``): shuffle quality
     against the shard cache (a node holds at most 2 groups)."""

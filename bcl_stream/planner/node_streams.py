@@ -13,8 +13,10 @@ shards dealt round robin, read in order, records in write order.
 node builds the same one without reading a record, so every rank knows every rank's pack count
 (collectives never hang).
 
-Planning rows: scope ``rank`` plans each rank on its own (row = rank); scopes ``node`` and
-``world`` plan the P ranks of a node jointly (row = node). A rank-scope row is the rank's share
+Planning rows: scope ``rank`` plans each rank on its own (row = rank); scope ``node`` plans
+the P ranks of a node jointly (row = node); scope ``world`` plans the ranks of ``row_nodes``
+nodes jointly (``PlanConfig.rows_for``: the row's nodes share one stream, dealt the shards of
+all of them, so "node stream" below means the row's stream). A rank-scope row is the rank's share
 of its node's stream, **interleaved**: the node stream is cut into chunks of W*B*P records and
 rank r takes the r-th slice of every chunk, so window k of every rank of a node comes from the
 same part of the stream (never contiguous 1/P chunks of the epoch: on ordered data those differ
