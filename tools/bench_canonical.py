@@ -40,16 +40,25 @@ LAYOUTS = ((4, 8), (16, 1))
 layouts keep the ranks per node and lose nodes: R = V, V/2, V/4."""
 
 
-def efficiencies(packs: np.ndarray, costs: np.ndarray, per_step: int) -> dict[str, float]:
-    """(R, n, B) packs -> efficiency synchronizing every micro-batch and every step."""
+def efficiencies(
+    packs: np.ndarray, costs: np.ndarray, per_step: int, table: Any, per_node: int
+) -> dict[str, float]:
+    """(R, n, B) packs -> efficiency synchronizing every micro-batch and every step, and the
+    download amplification of the physical nodes (``analysis.sim.locality``)."""
     from bcl_stream.analysis.metrics import metrics_from_costs
+    from bcl_stream.analysis.sim import locality
     from bcl_stream.planner.padded import ragged_pack_costs
 
     c = ragged_pack_costs(packs, costs, "packed")
     used = int(packs.size)
     micro = metrics_from_costs(c, used, 0).efficiency
     step = metrics_from_costs(c, used, 0, microbatches_per_step=per_step, sync="step").efficiency
-    return {"microbatch": round(float(micro), 5), "step": round(float(step), 5)}
+    amplification, _ = locality(packs, table, per_node, WINDOW)
+    return {
+        "microbatch": round(float(micro), 5),
+        "step": round(float(step), 5),
+        "amplification": round(float(amplification), 3),
+    }
 
 
 def global_deal(packs: np.ndarray, costs: np.ndarray, ranks: int, accum: int) -> np.ndarray:
@@ -109,12 +118,14 @@ def run_corpus(
                     "canonical_ranks": v,
                     "ranks": ranks,
                     "micro_batches_per_step": per_step,
-                    "direct": efficiencies(direct, costs, per_step),
-                    "canonical": efficiencies(mapped, costs, per_step),
-                    "canonical_undealt": efficiencies(undealt, costs, per_step),
-                    "canonical_consecutive": efficiencies(consecutive, costs, per_step),
+                    "direct": efficiencies(direct, costs, per_step, table, per_node),
+                    "canonical": efficiencies(mapped, costs, per_step, table, per_node),
+                    "canonical_undealt": efficiencies(undealt, costs, per_step, table, per_node),
+                    "canonical_consecutive": efficiencies(
+                        consecutive, costs, per_step, table, per_node
+                    ),
                     "bound_no_locality": efficiencies(
-                        global_deal(canonical, costs, ranks, G_C), costs, per_step
+                        global_deal(canonical, costs, ranks, G_C), costs, per_step, table, per_node
                     ),
                 }
             )
@@ -151,6 +162,12 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 entry[f"canonical_{sync}_median"] = round(
                     float(np.median([r["canonical"][sync] for r in sel])), 4
                 )
+            for variant in ("direct", "canonical", "canonical_consecutive", "bound_no_locality"):
+                amp = [r[variant]["amplification"] for r in sel]
+                entry[f"{variant}_amplification"] = {
+                    "median": round(float(np.median(amp)), 2),
+                    "max": round(float(np.max(amp)), 2),
+                }
             out.append(entry)
     return out
 
@@ -216,8 +233,11 @@ def main(
     for entry in result["summary"]:
         m = entry["canonical_microbatch_loss_points"]
         s = entry["canonical_step_loss_points"]
+        a, d = entry["canonical_amplification"], entry["direct_amplification"]
         print(f"{entry['canonical_layout']} R={entry['ranks']:>3}: loss per micro-batch median "
               f"{m['median']:+.2f} worst {m['worst']:+.2f} ({m['worst_corpus']}); per step "
-              f"median {s['median']:+.2f} worst {s['worst']:+.2f}")  # fmt: skip
+              f"median {s['median']:+.2f} worst {s['worst']:+.2f}; amplification canonical "
+              f"{a['median']:.2f} (max {a['max']:.2f}), direct {d['median']:.2f} "
+              f"(max {d['max']:.2f})")  # fmt: skip
     print(f"wrote {out}")
     return 0
