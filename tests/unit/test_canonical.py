@@ -235,3 +235,39 @@ def test_simulated_canonical_layout_needs_whole_canonical_accumulation() -> None
         SimConfig(ranks=4, ranks_per_node=4, grad_accum=1, canonical_ranks=8)
     with pytest.raises(ValueError, match="canonical_ranks=8 needs ranks dividing it"):
         SimConfig(ranks=3, ranks_per_node=3, grad_accum=8, canonical_ranks=8)
+
+
+@pytest.mark.parametrize(
+    ("v", "per_c", "r", "per_node", "g", "n"),
+    [
+        (8, 4, 4, 2, 2, 9), (8, 2, 2, 2, 3, 7), (16, 8, 4, 1, 1, 5), (16, 4, 8, 4, 4, 12),
+        (12, 3, 6, 3, 2, 5), (12, 6, 3, 1, 5, 11), (32, 8, 8, 8, 4, 16), (6, 1, 6, 6, 2, 3),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("balanced", [True, False])
+def test_mapping_invariants(
+    v: int, per_c: int, r: int, per_node: int, g: int, n: int, balanced: bool
+) -> None:
+    """Any layout: every step's packs are the canonical step's, each once; a node runs only the
+    packs of the canonical ranks it hosts; heaviest first within a rank when balanced."""
+    from bcl_stream.planner.canonical import node_hosts, physical_packs
+
+    rng = np.random.default_rng(v * 100 + r)
+    packs = rng.permutation(v * n * 2).reshape(v, n, 2).astype(np.int64)
+    costs = rng.lognormal(0, 1, v * n * 2)
+    out = physical_packs(packs, costs, r, per_node, per_c, g, balanced)
+    k = v // r
+    assert out.shape == (r, n * k, 2)
+    for s in range(0, n, g):
+        width = min(g, n - s)
+        step = out[:, s * k : (s + width) * k]
+        assert sorted(map(tuple, step.reshape(-1, 2).tolist())) == sorted(
+            map(tuple, packs[:, s : s + width].reshape(-1, 2).tolist())
+        )
+        for node in range(r // per_node):
+            hosted = node_hosts(v, per_c, r, per_node, node)
+            mine = step[node * per_node : (node + 1) * per_node].reshape(-1, 2)
+            theirs = packs[hosted, s : s + width].reshape(-1, 2)
+            assert sorted(map(tuple, mine.tolist())) == sorted(map(tuple, theirs.tolist()))
+        if balanced:
+            assert np.all(np.diff(costs[step].sum(axis=2), axis=1) <= 1e-12)
