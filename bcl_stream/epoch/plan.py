@@ -24,6 +24,7 @@ import numpy.typing as npt
 
 from bcl_stream.cost import resolve
 from bcl_stream.epoch.cache import cached
+from bcl_stream.epoch.canonical_config import check_canonical
 from bcl_stream.epoch.mixture_index import MixtureIndex
 from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.errors import StateError
@@ -37,7 +38,7 @@ from bcl_stream.planner import (
     plan_streams,
     shard_weights,
 )
-from bcl_stream.planner.config import MAX_RANKS, REASON_TAIL, REASON_TOO_LONG
+from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG
 from bcl_stream.planner.mixture import EpochDraw
 
 REASON_CONSUMED = "consumed_before_resize"
@@ -96,7 +97,7 @@ class ReaderConfig:
     give it explicitly when the ranks per node change between runs."""
 
     def __post_init__(self) -> None:
-        _check_canonical(self)
+        check_canonical(self)
         if self.tokens is not None and not isinstance(self.tokens, TokenSource):
             raise ValueError(f"tokens must be a TokenSource or None, got {self.tokens!r}")
         if self.packing not in PACKINGS:
@@ -216,43 +217,6 @@ class ReaderConfig:
             ranks_per_node=self.canonical_ranks_per_node or self.plan.ranks_per_node,
         )
         return replace(self, plan=plan, canonical_ranks=None, canonical_ranks_per_node=None)
-
-
-def divisors(n: int) -> list[int]:
-    """The divisors of ``n``, ascending (the physical sizes a canonical plan runs on)."""
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _check_canonical(config: ReaderConfig) -> None:
-    """``canonical_ranks`` checks: R divides V, the canonical node size divides V, and the
-    settings a canonical plan cannot keep are refused, each naming what works."""
-    v, per_node = config.canonical_ranks, config.canonical_ranks_per_node
-    if v is None:
-        if per_node is not None:
-            raise ValueError("canonical_ranks_per_node needs canonical_ranks")
-        return
-    for name, value in (("canonical_ranks", v), ("canonical_ranks_per_node", per_node)):
-        if value is not None and (type(value) is not int or not 1 <= value <= MAX_RANKS):
-            raise ValueError(f"{name} must be an integer in [1, {MAX_RANKS}], got {value!r}")
-    r = config.plan.world_size
-    if v % r:
-        raise ValueError(
-            f"canonical_ranks={v} cannot run on {r} data-parallel ranks: the physical size must "
-            f"divide it, one of {divisors(v)}"
-        )
-    if per_node is None:
-        per_node = config.plan.ranks_per_node
-        object.__setattr__(config, "canonical_ranks_per_node", per_node)  # frozen: resolve once
-    if v % per_node:
-        raise ValueError(
-            f"canonical_ranks_per_node={per_node} does not divide canonical_ranks={v}; give "
-            f"canonical_ranks_per_node as one of {divisors(v)}"
-        )
-    if config.plan.contract == "step":
-        raise ValueError(
-            "canonical_ranks needs contract='pack': the step contract re-cuts each step among "
-            "the ranks of a node, which depends on the physical layout"
-        )
 
 
 PACKINGS = ("bcl", "sequential")
