@@ -55,6 +55,7 @@ from bcl_stream.loading.evaluation import evaluation_sources
 from bcl_stream.loading.loader import PackLoader
 from bcl_stream.planner import PlanConfig
 from bcl_stream.planner.padded import LAYOUTS
+from lightning_module.canonical import check_accumulation, shift_progress
 from lightning_module.evaluation import EvaluationLoaders
 from lightning_module.trainer_layout import TrainerLayout
 
@@ -73,8 +74,20 @@ class TrainerPackLoader(PackLoader):
     of the new plan, so both counters agree; iteration and the saved cursor are unchanged.
     """
 
+    progress_shift = 0
+    """Under ``canonical_ranks``, after a resume on another size: micro-batches to add to
+    Lightning's restored batch counter (``lightning_module/canonical.py``); 0 once applied."""
+
     def __len__(self) -> int:
         return sum(s.packs_consumed for s in self._segments) + self.plan_len()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self.plan_dataset.config.canonical_ranks is not None and not self._shifted:
+            saved = state.get("packs_consumed")
+            self.progress_shift = self._consumed - saved if isinstance(saved, int) else 0
+
+    _shifted = False
 
 
 LEN_WARNING = r"Your `IterableDataset` has `__len__` defined"
@@ -162,6 +175,13 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
         ranks_per_node: None (default) takes the trainer's data-parallel ranks per node (devices
             per node without tensor parallelism); a value that differs is refused.
         allow_resize: resume a state saved under another world size (elastic) or refuse it.
+        canonical_ranks: plan for V canonical data-parallel ranks (docs/elastic.md): the
+            optimizer steps are the same at every data-parallel size R dividing V, and a
+            checkpoint resumes at any such R. ``plan.grad_accum`` is then a canonical rank's
+            accumulation G_c; the trainer's ``accumulate_grad_batches`` must be G_c*V/R (a
+            mismatch is refused, naming the value).
+        canonical_ranks_per_node: canonical ranks per node (None: the trainer's ranks per
+            node); set it when the ranks per node change between runs.
         tokens_field, tokens_dtype: the column of token ids when it is not ``input_ids``
             (any name; raw integer bytes need their dtype: ``int64`` for llm-foundry's
             ``tokens``). None: the column the cost index was counted from (``annotate``).
@@ -210,6 +230,8 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
         cache_dir: str | None = None,
         ranks_per_node: int | None = None,
         allow_resize: bool = True,
+        canonical_ranks: int | None = None,
+        canonical_ranks_per_node: int | None = None,
         tokens_field: str | None = None,
         tokens_dtype: str | None = None,
         text_field: str | None = None,
@@ -283,6 +305,10 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
         self.num_workers, self.persistent_workers = num_workers, persistent_workers
         self.seed, self.shuffle, self.cache_dir = seed, shuffle, cache_dir
         self.ranks_per_node, self.allow_resize = ranks_per_node, allow_resize
+        self.canonical_ranks, self.canonical_ranks_per_node = (
+            canonical_ranks,
+            canonical_ranks_per_node,
+        )
         self.dataset: PlanDataset | None = None
         self.layout_used: TrainerLayout | None = None
         """The trainer's layout the plan follows (set by ``setup``)."""
@@ -374,11 +400,12 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
         """The readers' configuration under the trainer's ``layout``: the arguments, ``plan``'s
         knobs, the trainer's world size, ranks per node and accumulation, and the collate's
         layout. An explicit value that contradicts the trainer is refused, saying which wins."""
+        canonical = self.canonical_ranks is not None
         for name, given, wins, source in (
             ("ranks_per_node", self.ranks_per_node, layout.ranks_per_node,
              "data-parallel ranks per node"),
-            ("plan.grad_accum", self.plan.get("grad_accum"), layout.grad_accum,
-             "accumulate_grad_batches"),
+            ("plan.grad_accum", None if canonical else self.plan.get("grad_accum"),
+             layout.grad_accum, "accumulate_grad_batches"),
         ):  # fmt: skip
             if given is not None and wins is not None and given != wins:
                 raise ValueError(
@@ -386,9 +413,9 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
                     f"the trainer's setting wins: remove {name} (or change the trainer)"
                 )
         knobs = {**self.plan, "layout": self.layout}
-        if layout.grad_accum is not None:
+        if layout.grad_accum is not None and not canonical:
             knobs["grad_accum"] = layout.grad_accum
-        return ReaderConfig.build(
+        config = ReaderConfig.build(
             world_size=layout.world_size,
             pack_size=self.pack_size,
             window=self.window,
@@ -401,8 +428,12 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
             max_seq_len=self.fed_max_seq_len,
             packing=self.packing,
             tokens=self.tokens,  # None: the cost index's own source (the readers resolve it)
+            canonical_ranks=self.canonical_ranks,
+            canonical_ranks_per_node=self.canonical_ranks_per_node,
             **knobs,
         )
+        check_accumulation(config, layout.grad_accum)
+        return config
 
     def _require_dataset(self) -> PlanDataset:
         if self.dataset is None:
@@ -433,6 +464,10 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
         """
         ds = self._require_dataset()
         loader = self._make_loader()
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and loader.progress_shift:
+            shift_progress(trainer, loader.progress_shift)
+            loader.progress_shift, loader._shifted = 0, True
         if not self._announced:
             self._announced = True
             plan = loader.current_plan()

@@ -18,10 +18,15 @@ llama3-8b, shards of 4096 records, B=8, W=16, seed 0, epoch 0.
 ``--code DIR`` imports ``bcl_stream`` from another checkout (to time the code before a change
 with this same script).
 
+``--canonical``: what canonical ranks cost in balance instead (``tools/bench_canonical.py``):
+a plan for V canonical ranks run on R = V, V/2, V/4 against planning for R directly, on the
+real corpora of ``tools/text_corpora.py`` -> ``results/bench_elastic_canonical.{json,png}``.
+
 Usage::
 
     python tools/bench_elastic.py                       # 1M and 100M records (~5 minutes)
     python tools/bench_elastic.py --sizes 1e6 --scopes rank
+    python tools/bench_elastic.py --canonical --records 200000
 """
 
 from __future__ import annotations
@@ -120,7 +125,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--code", type=Path, default=ROOT, help="checkout to import from")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_elastic.json")
     parser.add_argument("--child", nargs=2, metavar=("ROOT", "SCOPE"), help=argparse.SUPPRESS)
+    parser.add_argument("--canonical", action="store_true", help="canonical ranks' balance cost")
+    parser.add_argument("--records", type=int, default=200_000, help="--canonical: per corpus")
+    parser.add_argument("--corpora", nargs="+", default=None, help="--canonical: corpus names")
+    parser.add_argument(
+        "--layouts", nargs="+", default=None, help="--canonical: canonical layouts NODESxRANKS"
+    )
+    parser.add_argument("--suffix", default="", help="--canonical: result file name suffix")
     args = parser.parse_args(argv)
+    if args.canonical:
+        from bench_canonical import LAYOUTS
+        from bench_canonical import main as canonical_main
+
+        layouts = LAYOUTS
+        if args.layouts:
+            layouts = tuple(tuple(int(x) for x in s.split("x")) for s in args.layouts)  # type: ignore[misc]
+        out = ROOT / "results" / f"bench_elastic_canonical{args.suffix}.json"
+        return canonical_main(args.records, args.corpora, out, layouts)
     if args.child:
         print(json.dumps(measure(Path(args.child[0]), args.child[1], args.consumed)))
         return 0

@@ -7,12 +7,15 @@ nodes: 64 ranks) would plan:
 
 - ``rank``: rank 0's own windows (scope rank, W=16, B=8), the whole epoch, batch by batch;
 - ``node``: node 0's windows (scope node: the 8 ranks of node 0 jointly);
-- ``world``: node 0's windows too (planner v3: scope world plans its own node; planner v2 planned
-  every node's windows in every process, 31 s to the first pack at 128 nodes).
+- ``world``: row 0's windows: node 0's where a node holds 8 ranks and enough data (planner v2
+  planned every node's windows in every process, 31 s to the first pack at 128 nodes); with
+  ``--ranks-per-node 1`` (tensor parallelism) planner v4's row of 8 nodes.
 
 Reported per (N, scope): set-up time (map the costs, per-shard means in one chunked pass,
 streams), time to the first pack, steady planning throughput in records planned per second
-(the packs of every rank this process plans: 1, 8 or 64 ranks), peak and final private RSS (resident memory that is not the file-backed mapping of the cost array)
+(the packs of every rank this process plans: 1, 8 or 64 ranks), planning time per record
+planned and per record of the process's own rank (a row of 8 ranks costs its process 8 records
+planned per own record), peak and final private RSS (resident memory that is not the file-backed mapping of the cost array)
 per process, and private RSS per record of the dataset. One core: thread pools are limited to 1.
 
 Usage::
@@ -71,7 +74,9 @@ def write_costs(n: int, path: Path) -> None:
     del out
 
 
-def measure(path: Path, scope: str, nodes: int = RANKS // PER_NODE) -> dict[str, Any]:
+def measure(
+    path: Path, scope: str, nodes: int = RANKS // PER_NODE, per_node: int = PER_NODE
+) -> dict[str, Any]:
     """One process: map, set up, plan this process's windows; timings and private RSS."""
     from bcl_stream.planner import PlanConfig, ShardTable, build_node_streams, plan_windows
     from bcl_stream.planner.shard_table import shard_weights
@@ -83,8 +88,8 @@ def measure(path: Path, scope: str, nodes: int = RANKS // PER_NODE) -> dict[str,
     counts = [SHARD] * (n // SHARD) + ([n % SHARD] if n % SHARD else [])
     table = ShardTable.build(counts, weight=shard_weights(counts, costs))
     config = PlanConfig(
-        world_size=nodes * PER_NODE,
-        ranks_per_node=PER_NODE,
+        world_size=nodes * per_node,
+        ranks_per_node=per_node,
         pack_size=PACK,
         window=WINDOW,
         scope=scope,
@@ -106,7 +111,7 @@ def measure(path: Path, scope: str, nodes: int = RANKS // PER_NODE) -> dict[str,
         planned_packs += batch.packs.shape[1]
         peak = max(peak, private_rss())
     steady_s = time.perf_counter() - t2
-    ranks_planned = 1 if scope == "rank" else PER_NODE
+    ranks_planned = streams.config.row_ranks
     steady_records = (planned_packs - first.packs.shape[1]) * PACK * ranks_planned
     final = private_rss()
     own = planned_packs * PACK * ranks_planned
@@ -114,7 +119,11 @@ def measure(path: Path, scope: str, nodes: int = RANKS // PER_NODE) -> dict[str,
         "records": n,
         "nodes": nodes,
         "scope": scope,
+        "ranks_per_node": per_node,
         "planning_us_per_own_record": 1e6 * (first_pack_s + steady_s) / own if own else 0.0,
+        "planning_us_per_rank_record": (
+            1e6 * (first_pack_s + steady_s) / (planned_packs * PACK) if planned_packs else 0.0
+        ),
         "ranks_planned": ranks_planned,
         "setup_s": setup_s,
         "time_to_first_pack_s": setup_s + first_pack_s,
@@ -136,12 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scopes", nargs="+", default=["rank", "node", "world"])
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_plan_scale.json")
     parser.add_argument("--nodes", nargs="+", type=int, default=[RANKS // PER_NODE])
-    parser.add_argument(
-        "--child", nargs=3, metavar=("PATH", "SCOPE", "NODES"), help=argparse.SUPPRESS
-    )
+    parser.add_argument("--ranks-per-node", type=int, default=PER_NODE)
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)  # PATH SCOPE NODES [P]
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(measure(Path(args.child[0]), args.child[1], int(args.child[2]))))
+        path, scope, nodes, *rest = args.child
+        per_node = int(rest[0]) if rest else PER_NODE
+        print(json.dumps(measure(Path(path), scope, int(nodes), per_node)))
         return 0
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bcl_scale_") as tmp:
@@ -150,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
             path = Path(tmp) / f"costs_{n}.npy"
             write_costs(n, path)
             for nodes, scope in [(k, s) for k in args.nodes for s in args.scopes]:
-                row = run_on_one_core(__file__, ["--child", str(path), scope, str(nodes)], ROOT)
+                child = ["--child", str(path), scope, str(nodes), str(args.ranks_per_node)]
+                row = run_on_one_core(__file__, child, ROOT)
                 rows.append(row)
                 print(
                     f"{n:>11,} {nodes:>4} nodes {scope:<6} setup {row['setup_s']:6.2f}s  first pack "
@@ -164,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = {
         "setting": {
             "nodes": args.nodes,
-            "ranks_per_node": PER_NODE,
+            "ranks_per_node": args.ranks_per_node,
             "pack_size": PACK,
             "window": WINDOW,
             "shard_records": SHARD,

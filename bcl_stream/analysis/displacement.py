@@ -21,7 +21,7 @@ def stream_windows(streams: NodeStreams) -> tuple[npt.NDArray[np.int64], npt.NDA
     """(ids, window) of every record the epoch emits: the node-stream window each sits in
     before any reordering (the lane's own order is not applied). O(records): a tool."""
     c = streams.config
-    used = streams.n_packs * c.ranks_per_node * c.pack_size
+    used = streams.n_packs * c.stream_ranks * c.pack_size
     positions = np.arange(used, dtype=np.int64)
     ids = [node.take(positions) for node in streams.nodes]
     windows = np.tile(positions // c.node_window_records, len(streams.nodes))

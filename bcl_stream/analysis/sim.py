@@ -35,6 +35,7 @@ from bcl_stream.analysis.metrics import Metrics, imbalance_sq, metrics_from_cost
 from bcl_stream.cost import CostModel
 from bcl_stream.planner.baselines import global_order
 from bcl_stream.planner.bcl import build_node_streams, plan_epoch, plan_streams, validate_costs
+from bcl_stream.planner.canonical import physical_packs
 from bcl_stream.planner.config import PlanConfig
 from bcl_stream.planner.padded import Packs, check_layout, ragged_pack_costs
 from bcl_stream.planner.peers import POOLED, REAL_PEERS, plan_pooled
@@ -90,9 +91,16 @@ class SimConfig:
     max_amplification: float = _PLAN_DEFAULTS["max_amplification"]
     lane: int = _PLAN_DEFAULTS["lane"]
     lane_threshold: float = _PLAN_DEFAULTS["lane_threshold"]
+    world_row: int = _PLAN_DEFAULTS["world_row"]
     stratify: bool = _PLAN_DEFAULTS["stratify"]
     layout: str = "packed"
     """``packed`` (pack cost = sum of record costs) or ``padded`` (B x the costliest record)."""
+    canonical_ranks: int | None = None
+    """BCL strategies plan for this many canonical ranks and run them on ``ranks`` physical
+    ranks (``epoch/canonical.py``); ``grad_accum`` stays the physical accumulation, so a
+    canonical rank's is ``grad_accum * ranks / canonical_ranks``. None: plan for ``ranks``."""
+    canonical_ranks_per_node: int | None = None
+    """Canonical ranks per node (None: ``ranks_per_node``)."""
     contract: str = _PLAN_DEFAULTS["contract"]
     """``pack`` (exactly B per micro-batch) or ``step`` (G*B per rank and step, BCL's steps
     re-cut into micro-batches of varying size: ``planner/step_contract.py``)."""
@@ -100,6 +108,13 @@ class SimConfig:
     def __post_init__(self) -> None:
         if self.shard_records < 1:
             raise ValueError(f"shard_records must be >= 1, got {self.shard_records}")
+        v = self.canonical_ranks
+        if v is not None and (v % self.ranks or (self.grad_accum * self.ranks) % v):
+            raise ValueError(
+                f"canonical_ranks={v} needs ranks dividing it and grad_accum*ranks a multiple "
+                f"of it (a canonical rank's accumulation), got ranks={self.ranks}, "
+                f"grad_accum={self.grad_accum}"
+            )
 
 
 def default_capacity(tokens: npt.NDArray[np.integer], pack_size: int) -> int:
@@ -254,8 +269,17 @@ def plan_schedules(
             )
             plan = plan_streams(streams, costs, tok)
             packs: Packs = plan.packs
+            if config.canonical_ranks is not None:
+                packs = physical_packs(
+                    plan.packs,
+                    costs,
+                    config.ranks,
+                    config.ranks_per_node,
+                    planner.ranks_per_node,
+                    planner.grad_accum,
+                )
             if config.contract == "step":
-                group = 1 if name == "bcl-rank" else config.ranks_per_node
+                group = streams.config.row_ranks
                 packs = node_micro_batches(
                     plan.packs, costs, config.grad_accum, layout, group, tok, config.max_tokens
                 )
@@ -278,7 +302,12 @@ def plan_config(config: SimConfig, scope: str) -> PlanConfig:
     name (with the ``padded`` layout the planner partitions by length:
     ``PlanConfig.partition_algorithm``)."""
     shared = {name: getattr(config, name) for name in SIM_PLAN_FIELDS}
-    return PlanConfig(world_size=config.ranks, scope=scope, **shared)
+    if config.canonical_ranks is None:
+        return PlanConfig(world_size=config.ranks, scope=scope, **shared)
+    v = config.canonical_ranks
+    shared["ranks_per_node"] = config.canonical_ranks_per_node or config.ranks_per_node
+    shared["grad_accum"] = config.grad_accum * config.ranks // v
+    return PlanConfig(world_size=v, scope=scope, **shared)
 
 
 def simulate(

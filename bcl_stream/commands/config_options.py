@@ -148,3 +148,22 @@ def plan_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The PlanConfig fields set on the command line (the rest keep PlanConfig's defaults)."""
     given = vars(args)
     return {f.name: given[f.name] for f in fields(PlanConfig) if f.name in given}
+
+
+def add_canonical_options(p: argparse.ArgumentParser) -> None:
+    """``--canonical-ranks`` / ``--canonical-ranks-per-node`` (``plan``, ``read``, ``simulate``):
+    plan for V canonical ranks, run on ``--world-size`` physical ranks (docs/elastic.md)."""
+    p.add_argument(
+        "--canonical-ranks",
+        type=int,
+        default=None,
+        metavar="V",
+        help="plan for V canonical ranks, run on --world-size ranks (dividing V): the same "
+        "optimizer steps at every size (docs/elastic.md)",
+    )
+    p.add_argument(
+        "--canonical-ranks-per-node",
+        type=int,
+        default=None,
+        help="canonical ranks per node (default: --ranks-per-node)",
+    )

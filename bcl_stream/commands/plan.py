@@ -13,7 +13,11 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from bcl_stream.commands.config_options import add_plan_config_options, plan_fields
+from bcl_stream.commands.config_options import (
+    add_canonical_options,
+    add_plan_config_options,
+    plan_fields,
+)
 from bcl_stream.epoch.checks import check_format_scope, layout_text, require_packs
 from bcl_stream.epoch.plan import (
     PACKINGS,
@@ -43,6 +47,7 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
         default="bcl",
         help="bcl (balanced packs) or sequential (the plain-loader baseline, same epoch order)",
     )
+    add_canonical_options(p)
     p.add_argument("--seed", type=int, default=0, help="shuffle seed")
     p.add_argument("--epoch", type=int, default=0, help="epoch to plan (its order depends on it)")
     p.add_argument("--cost-model", default=None, help="recompute costs: preset or JSON file")
@@ -115,7 +120,12 @@ def open_plan_data(args: argparse.Namespace, scope: str) -> tuple[PlanData, str]
 
 def config_from_args(args: argparse.Namespace) -> ReaderConfig:
     return ReaderConfig.build(
-        seed=args.seed, cost_model=args.cost_model, packing=args.packing, **plan_fields(args)
+        seed=args.seed,
+        cost_model=args.cost_model,
+        packing=args.packing,
+        canonical_ranks=args.canonical_ranks,
+        canonical_ranks_per_node=args.canonical_ranks_per_node,
+        **plan_fields(args),
     )
 
 
@@ -198,6 +208,7 @@ def summary(index: PlanData, config: ReaderConfig, plan: EpochPlan) -> dict[str,
         "packing": config.packing,
         "epoch": plan.epoch,
         "packs_per_rank": plan.n_packs,
+        "canonical_ranks": config.canonical_ranks,
         "efficiency": metrics.efficiency,
         "cv_ranks": metrics.cv_ranks,
         "records_used": plan.plan.records_used,
@@ -230,6 +241,12 @@ def run(args: argparse.Namespace) -> int:
         f"{layout_text(config.plan.world_size, config.plan.ranks_per_node)}; scope "
         f"{figures['scope']}, {figures['packing']} packing, packs per rank {plan.n_packs} of "
         f"{figures['pack_size']} records"
+        + (
+            f"; planned for {config.canonical_ranks} canonical ranks "
+            f"({config.canonical_ranks_per_node} per node), {config.hosted} per rank"
+            if config.canonical_ranks
+            else ""
+        )
     )
     print(f"balance efficiency {figures['efficiency']:.4f}, cv_ranks {figures['cv_ranks']:.4f}")
     left = ", ".join(f"{k} {v}" for k, v in sorted(remainder["by_reason"].items()))

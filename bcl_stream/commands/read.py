@@ -20,8 +20,9 @@ from bcl_stream.commands.plan import (
     data_source,
     open_plan_data,
 )
+from bcl_stream.epoch.canonical import plan_for
 from bcl_stream.epoch.checks import layout_text, require_packs
-from bcl_stream.epoch.plan import ReaderConfig, reader_plan
+from bcl_stream.epoch.plan import ReaderConfig
 
 
 def add_parser(sub: Any) -> None:
@@ -53,7 +54,8 @@ def check_usage(args: argparse.Namespace) -> ReaderConfig:
             f"{config.plan.world_size}, got {args.rank}"
         )
     index, location = open_plan_data(args, config.plan.scope)
-    require_packs(location, reader_plan(index, config, args.epoch), config, len(index))
+    plan = plan_for(index, config, args.epoch)
+    require_packs(location, plan, config, len(index))  # type: ignore[arg-type]
     return config
 
 

@@ -29,7 +29,12 @@ from bcl_stream.analysis.sim import (
     shard_table,
     speedups,
 )
-from bcl_stream.commands.config_options import PLAN_DEFAULTS, add_plan_config_options, plan_fields
+from bcl_stream.commands.config_options import (
+    PLAN_DEFAULTS,
+    add_canonical_options,
+    add_plan_config_options,
+    plan_fields,
+)
 from bcl_stream.cost import resolve
 from bcl_stream.epoch.checks import layout_text, no_pack_error
 from bcl_stream.planner.bcl import validate_costs
@@ -66,6 +71,7 @@ def add_parser(sub: Any) -> None:
         help="records per epoch of a mixture given by proportions (default: all streams once)",
     )
     p.add_argument("--cache-dir", default=None, help="local cache for s3:// data")
+    add_canonical_options(p)
     add_plan_config_options(
         p,
         skip=frozenset({"scope"}),  # each bcl-* strategy sets its own scope
@@ -141,6 +147,8 @@ def sim_config(args: argparse.Namespace) -> SimConfig:
         epoch=args.epoch,
         overhead=args.overhead,
         shard_records=args.shard_records or LENGTHS_SHARD_RECORDS,
+        canonical_ranks=args.canonical_ranks,
+        canonical_ranks_per_node=args.canonical_ranks_per_node,
         **shared,
     )
 

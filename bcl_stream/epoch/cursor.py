@@ -24,15 +24,21 @@ from bcl_stream.planner import PlanConfig
 from bcl_stream.planner.checks import MAX_COUNT
 from bcl_stream.planner.config import MAX_RANKS
 
-STATE_VERSION = 4
-"""4: planner v3 (the heavy lane, shards cut by the read budget, scope ``world`` planned per
-node), which changes every epoch's packs: the config gains ``lane`` and ``max_amplification``;
+STATE_VERSION = 6
+"""6: canonical ranks (``epoch/canonical.py``): the config may hold ``canonical_ranks`` and
+``canonical_ranks_per_node``, and a canonical cursor says where it stands in optimizer steps
+(``canonical_steps``, ``step_micro_batches``), so it resumes on any size dividing V; a version
+5 state (no canonical ranks) reads as before. 5: planner v4 (scope ``world`` plans rows of several nodes where nodes hold few
+data-parallel ranks), which changes the packs of those configs; the config gains
+``world_row``. 4: planner v3 (the heavy lane, shards cut by the read budget, scope ``world``
+planned per node), which changes every epoch's packs: the config gains ``lane`` and
+``max_amplification``;
 and the config may hold ``tokens`` (where token ids come from: a token column of another name,
 raw integer bytes, or a text column and its tokenizer) and ``max_seq_len`` (where it cuts a
 record, which the plan then costs as truncated; a state without it means none). 3 added ``mixture`` (the streams a
-mixture plan reads; absent for one dataset). Versions 1-3 are refused with what to do: their
+mixture plan reads; absent for one dataset). Versions 1-4 are refused with what to do: their
 position cannot be replayed exactly."""
-READABLE = (STATE_VERSION,)
+READABLE = (5, STATE_VERSION)
 KEY_MIXTURE = "mixture"
 MIXTURE_CHANGES = ("refuse", "restart_epoch")
 """What a resume does when the checkpoint's mixture differs from the loader's."""
@@ -42,6 +48,8 @@ KEY_CONSUMED = "packs_consumed"
 KEY_FINGERPRINT = "fingerprint"
 KEY_CONFIG = "config"
 KEY_SEGMENTS = "segments"
+KEY_STEPS = "canonical_steps"
+KEY_MICRO = "step_micro_batches"
 RESIZABLE = ("world_size", "ranks_per_node")
 BOOL_FIELDS = frozenset(f.name for f in fields(PlanConfig) if f.type == "bool")
 """Planner fields that are flags (any other bool in a state's config is corruption)."""
@@ -72,7 +80,15 @@ class Cursor:
         }
         if self.mixture is not None:
             out[KEY_MIXTURE] = [dict(s) for s in self.mixture]
+        if self.config.canonical_ranks is not None:
+            out[KEY_STEPS], out[KEY_MICRO] = self.step_position
         return out
+
+    @property
+    def step_position(self) -> tuple[int, int]:
+        """(optimizer steps done, micro-batches done of the next step) of a canonical cursor:
+        steps are the same at every physical size, micro-batches are this size's."""
+        return divmod(self.packs_consumed, self.config.micro_batches_per_step)
 
 
 def _need(state: dict[str, Any], key: str, kind: type) -> Any:
@@ -138,6 +154,14 @@ def parse_state(state: Any) -> Cursor:
             "data loader's state from the checkpoint (model and optimizer states stay valid) "
             "to start the epoch over"
         )
+    if version == 4:
+        raise StateError(
+            "reader state version 4 was written by planner v3; planner v4 plans scope world in "
+            "rows of several nodes where nodes hold few data-parallel ranks, so its position "
+            "cannot be replayed exactly. Resume it with the bcl-stream release that wrote it, "
+            "or drop the data loader's state from the checkpoint (model and optimizer states "
+            "stay valid) to start the epoch over"
+        )
     if version not in READABLE:
         raise StateError(
             f"reader state version {version} is not supported (this reader writes "
@@ -168,7 +192,7 @@ def parse_state(state: Any) -> Cursor:
         config = ReaderConfig.from_dict(raw_config)
     except (TypeError, ValueError) as exc:
         raise StateError(f"reader state has an invalid config or segment list: {exc}") from exc
-    return Cursor(
+    cursor = Cursor(
         epoch,
         consumed,
         _need(state, KEY_FINGERPRINT, str),
@@ -176,6 +200,31 @@ def parse_state(state: Any) -> Cursor:
         segments,
         None if mixture is None else tuple(mixture),
     )
+    _check_steps(state, cursor, version)
+    return cursor
+
+
+def _check_steps(state: dict[str, Any], cursor: Cursor, version: int) -> None:
+    """A canonical cursor's step position must be there and agree with ``packs_consumed``
+    (a state edited by hand, or written by another release, is refused)."""
+    if cursor.config.canonical_ranks is None:
+        extra = [k for k in (KEY_STEPS, KEY_MICRO) if k in state]
+        if extra:
+            raise StateError(f"reader state has {extra} but its config has no canonical_ranks")
+        return
+    if version < 6:
+        raise StateError(f"reader state version {version} cannot hold canonical_ranks")
+    if cursor.segments:
+        raise StateError("reader state with canonical_ranks cannot hold elastic segments")
+    steps = _count(_need(state, KEY_STEPS, int), KEY_STEPS, 0, MAX_COUNT)
+    micro = _count(_need(state, KEY_MICRO, int), KEY_MICRO, 0, MAX_COUNT)
+    if (steps, micro) != cursor.step_position:
+        raise StateError(
+            f"reader state says {KEY_STEPS}={steps}, {KEY_MICRO}={micro} but packs_consumed="
+            f"{cursor.packs_consumed} with {cursor.config.micro_batches_per_step} micro-batches "
+            "per step means "
+            f"{cursor.step_position}; the checkpoint is corrupt or was not written by bcl-stream"
+        )
 
 
 def resolve_state(
@@ -230,9 +279,32 @@ def resolve_state(
             f"reader state was saved with another world size ({moved}) and elastic resume is "
             "disabled for this reader; resume with the original world size."
         )
+    if saved.config.canonical_ranks is not None:
+        return _canonical_resume(saved, config, current)
     old_plan = saved.config.plan
     segment = Segment(old_plan.world_size, old_plan.ranks_per_node, saved.packs_consumed)
     return Cursor(saved.epoch, 0, fingerprint, config, (*saved.segments, segment), current)
+
+
+def _canonical_resume(
+    saved: Cursor, config: ReaderConfig, mixture: tuple[dict[str, Any], ...] | None
+) -> Cursor:
+    """A canonical cursor on another physical size: the same optimizer step, counted in this
+    size's micro-batches. Inside a step it is refused: its first micro-batches were groups of
+    the old size's, which the new size cannot continue (nor could the trainer's accumulated
+    gradient, which a checkpoint does not hold)."""
+    steps, micro = saved.step_position
+    if micro:
+        old = saved.config.plan
+        raise StateError(
+            f"reader state was saved inside optimizer step {steps} ({micro} of its "
+            f"{saved.config.micro_batches_per_step} micro-batches on {old.world_size} ranks); "
+            "with canonical_ranks a resume on another data-parallel size starts at a step "
+            f"boundary. Resume on {old.world_size} ranks, or from a checkpoint saved after an "
+            "optimizer step (Lightning's ModelCheckpoint(every_n_train_steps=...) saves there)"
+        )
+    consumed = steps * config.micro_batches_per_step
+    return Cursor(saved.epoch, consumed, saved.fingerprint, config, (), mixture)
 
 
 def _check_config(saved: ReaderConfig, config: ReaderConfig) -> None:

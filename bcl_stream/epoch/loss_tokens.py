@@ -87,6 +87,11 @@ def normalization(index: PlanData, config: ReaderConfig) -> tuple[str, str]:
             f"{cut.unknown_trained} records longer than max_seq_len={config.max_seq_len} train "
             "part of their tokens: their count after the cut is in their spans, not the index"
         )
+    if config.canonical_ranks is not None:
+        return "rescale", (
+            f"canonical_ranks={config.canonical_ranks}: a physical rank's step is several "
+            "canonical ranks' packs, whose counts this reader does not attach"
+        )
     if config.plan.n_rows != 1:
         return "all_reduce", (
             f"{config.plan.n_rows} planning rows: each reader plans its own row only"

@@ -24,6 +24,7 @@ import numpy.typing as npt
 
 from bcl_stream.cost import resolve
 from bcl_stream.epoch.cache import cached
+from bcl_stream.epoch.canonical_config import check_canonical
 from bcl_stream.epoch.mixture_index import MixtureIndex
 from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.epoch.truncation import fed_costs, fed_tokens
@@ -82,6 +83,17 @@ class ReaderConfig:
     """Tokens a record is fed at most (the collate truncates to it): longer records are
     planned at their truncated cost (``epoch/truncation.py``). None: records are fed whole.
     Recorded in the cursor when set (the plan depends on it)."""
+    canonical_ranks: int | None = None
+    """V canonical data-parallel ranks (``epoch/canonical.py``): the epoch is planned for V
+    ranks, whatever the physical size R (``plan.world_size``, which must divide V); each
+    physical rank runs the packs of V/R canonical ranks as accumulation micro-batches, so the
+    optimizer steps are the same at every R. ``plan.grad_accum`` is then a canonical rank's
+    accumulation G_c (the trainer's is G_c*V/R). None: the plan is made for the R ranks."""
+    canonical_ranks_per_node: int | None = None
+    """Canonical ranks per canonical node (a canonical node's shards are read together; a
+    physical node reads those of the canonical nodes it hosts). None: the physical
+    ``plan.ranks_per_node`` (resolved when the config is built, so the cursor records it);
+    give it explicitly when the ranks per node change between runs."""
 
     def __post_init__(self) -> None:
         if self.max_seq_len is not None and (
@@ -92,6 +104,7 @@ class ReaderConfig:
             raise ValueError(
                 f"max_seq_len must be an integer >= 1 or None, got {self.max_seq_len!r}"
             )
+        check_canonical(self)
         if self.tokens is not None and not isinstance(self.tokens, TokenSource):
             raise ValueError(f"tokens must be a TokenSource or None, got {self.tokens!r}")
         if self.packing not in PACKINGS:
@@ -112,6 +125,8 @@ class ReaderConfig:
         packing: str = "bcl",
         tokens: TokenSource | None = None,
         max_seq_len: int | None = None,
+        canonical_ranks: int | None = None,
+        canonical_ranks_per_node: int | None = None,
         **plan_fields: Any,
     ) -> ReaderConfig:
         """A config from flat keyword arguments: ``plan_fields`` are :class:`PlanConfig`'s."""
@@ -128,6 +143,8 @@ class ReaderConfig:
             packing=packing,
             tokens=TokenSource.of(tokens),
             max_seq_len=max_seq_len,
+            canonical_ranks=canonical_ranks,
+            canonical_ranks_per_node=canonical_ranks_per_node,
         )
 
     def flat(self) -> dict[str, Any]:
@@ -139,6 +156,8 @@ class ReaderConfig:
             "packing": self.packing,
             "tokens": None if self.tokens is None else self.tokens.to_dict(),
             "max_seq_len": self.max_seq_len,
+            "canonical_ranks": self.canonical_ranks,
+            "canonical_ranks_per_node": self.canonical_ranks_per_node,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -155,6 +174,9 @@ class ReaderConfig:
             out["tokens"] = self.tokens.to_dict()
         if self.max_seq_len is not None:
             out["max_seq_len"] = self.max_seq_len
+        if self.canonical_ranks is not None:
+            out["canonical_ranks"] = self.canonical_ranks
+            out["canonical_ranks_per_node"] = self.canonical_ranks_per_node
         return out
 
     @classmethod
@@ -167,7 +189,7 @@ class ReaderConfig:
                 "them under 'plan'. Resume with the bcl-stream release that wrote it, or drop "
                 "the data loader's state from the checkpoint to start the epoch over"
             )
-        unknown = set(data) - {"plan", "seed", "cost_model", "packing", "tokens", "max_seq_len"}
+        unknown = set(data) - {"plan", *CONFIG_KEYS}
         if unknown:
             raise ValueError(f"reader config has unknown keys {sorted(unknown)}")
         plan = data.get("plan")
@@ -184,9 +206,39 @@ class ReaderConfig:
         plan = replace(self.plan, world_size=world_size, ranks_per_node=ranks_per_node)
         return replace(self, plan=plan)
 
+    @property
+    def hosted(self) -> int:
+        """Canonical ranks one physical rank runs, V/R (1 without ``canonical_ranks``)."""
+        if self.canonical_ranks is None:
+            return 1
+        return self.canonical_ranks // self.plan.world_size
+
+    @property
+    def micro_batches_per_step(self) -> int:
+        """Micro-batches of one optimizer step on a physical rank: G, or G_c*V/R."""
+        return self.plan.grad_accum * self.hosted
+
+    def canonical(self) -> ReaderConfig:
+        """The config the canonical plan is made under: V ranks, ``canonical_ranks_per_node``
+        per node, no physical layout left in it (so its plan, and its cache key, is the same at
+        every physical size). Without ``canonical_ranks``: this config."""
+        if self.canonical_ranks is None:
+            return self
+        plan = replace(
+            self.plan,
+            world_size=self.canonical_ranks,
+            ranks_per_node=self.canonical_ranks_per_node or self.plan.ranks_per_node,
+        )
+        return replace(self, plan=plan, canonical_ranks=None, canonical_ranks_per_node=None)
+
 
 PACKINGS = ("bcl", "sequential")
 """Planning strategies a reader follows, by name (``ReaderConfig.packing``)."""
+CONFIG_KEYS = (
+    "seed", "cost_model", "packing", "tokens", "max_seq_len", "canonical_ranks",
+    "canonical_ranks_per_node",
+)  # fmt: skip
+"""A nested reader config's keys besides ``plan``."""
 PLAN_FIELDS = frozenset(f.name for f in fields(PlanConfig))
 """The planner's field names (``ReaderConfig.build`` keywords, ``to_dict()["plan"]`` keys)."""
 
@@ -331,6 +383,21 @@ class ReaderPlan:
             out[:, batch.first_pack : batch.first_pack + taken.shape[1]] = taken
         return out
 
+    def iter_ranks_packs(
+        self, ranks: list[int], start: int = 0
+    ) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
+        """(index of the first pack, packs (len(ranks), n, B)) of several ranks from pack
+        ``start`` on, planning only their rows (canonical ranks hosted by one physical rank:
+        ``epoch/canonical.py``)."""
+        config = self._streams.config
+        places = [config.row_of(r) for r in ranks]
+        rows = sorted({row for row, _ in places})
+        take = [rows.index(row) * config.row_ranks + place for row, place in places]
+        first = start // self.config.plan.window
+        for batch in iter_windows(self._streams, self._costs, self._tokens, rows, first):
+            skip = max(start - batch.first_pack, 0)
+            yield batch.first_pack + skip, batch.packs[take, skip:]
+
     def rank_packs(self, rank: int) -> npt.NDArray[np.int64]:
         """(n_packs, pack_size) record ids of one rank (materialized: tools and tests)."""
         parts = [packs for _, packs in self.iter_rank_packs(rank)]
@@ -377,6 +444,11 @@ def reader_plan(
 ) -> ReaderPlan:
     """The plan readers follow, lazy (in the per-process plan cache,
     :mod:`bcl_stream.epoch.cache`)."""
+    if config.canonical_ranks is not None:
+        raise ValueError(
+            "a config with canonical_ranks is planned by bcl_stream.epoch.canonical."
+            "canonical_plan (reader_plan plans config.canonical())"
+        )
     key = ("reader", index.fingerprint(), config, epoch, segments)
     return cached(key, lambda: ReaderPlan(index, config, epoch, segments))
 
@@ -412,4 +484,10 @@ def full_plan(
     sizes of this epoch, oldest first, each with the packs per rank consumed under it.
     """
     key = ("full", index.fingerprint(), config, epoch, segments)
+    if config.canonical_ranks is not None:
+        from bcl_stream.epoch.canonical import canonical_plan  # it builds on this module
+
+        if segments:
+            raise ValueError("a canonical plan has no elastic segments (its cursor counts steps)")
+        return cached(key, lambda: canonical_plan(index, config, epoch).whole())
     return cached(key, lambda: reader_plan(index, config, epoch, segments).whole())

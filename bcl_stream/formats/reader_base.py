@@ -31,6 +31,7 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from bcl_stream.epoch.canonical import canonical_plan
 from bcl_stream.epoch.eval_plan import EvalPlan
 from bcl_stream.epoch.loss_tokens import StepTokens, step_tokens
 from bcl_stream.epoch.plan import PlanData, ReaderConfig, ReaderPlan, Segment, reader_plan
@@ -147,9 +148,13 @@ class PlanDataset(IterableDataset[Pack]):
         self, epoch: int | None = None, segments: tuple[Segment, ...] | None = None
     ) -> ReaderPlan:
         """The plan of ``epoch`` with elastic ``segments`` (default: the current cursor's):
-        lazy, windows are planned as the iterator reaches them."""
+        lazy, windows are planned as the iterator reaches them. Under ``canonical_ranks``:
+        the canonical plan as this physical layout walks it (``epoch/canonical.py``), which a
+        reader uses as it uses a ``ReaderPlan``."""
         if epoch is None:
             epoch = self.epoch
+        if self.config.canonical_ranks is not None:
+            return canonical_plan(self.index, self.config, epoch)  # type: ignore[return-value]
         if segments is None:
             segments = self.segments if epoch == self.epoch else ()
         return reader_plan(self.index, self.config, epoch, segments)

@@ -203,6 +203,25 @@ class PackLoader(DataLoader):
                 "data or another configuration."
             )
         resized = cursor.segments != self._segments and cursor.segments
+        saved_plan = state.get("config", {}).get("plan", {}) if isinstance(state, dict) else {}
+        if (
+            dataset.config.canonical_ranks is not None
+            and saved_plan.get("world_size") != dataset.config.plan.world_size
+        ):
+            steps = cursor.step_position[0]
+            log.warning(
+                "canonical resume: the reader state was saved on %s ranks; this run has %d "
+                "ranks of %d canonical ranks and continues at optimizer step %d of epoch %d "
+                "(micro-batch %d of the epoch's %d per rank), the step the saved run would "
+                "have taken",
+                saved_plan.get("world_size"),
+                dataset.config.plan.world_size,
+                dataset.config.canonical_ranks,
+                steps,
+                cursor.epoch,
+                cursor.packs_consumed,
+                n_packs,
+            )
         self._epoch, self._consumed, self._segments = (
             cursor.epoch,
             cursor.packs_consumed,

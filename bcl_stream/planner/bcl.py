@@ -1,14 +1,16 @@
 """Batch Cost Lookahead: every rank's packs of exactly B records, window by window.
 
 Scopes (docs/glossary.md): ``rank`` balances each rank's own window (the paper's BCL); ``node``
-plans one window jointly for the P ranks of a node; ``world`` plans exactly as ``node`` does
-(a reader plans only its own node's row): the nodes agree without communication because they
-share the shard-group order and the heavy lane's aligned blocks (``heavy_lane.py``). No record
-moves between nodes: every node reads only its own shards in every scope
+plans one window jointly for the P ranks of a node; ``world`` plans rows of several nodes
+where a node holds fewer than ``world_row`` ranks or little data (``PlanConfig.rows_for``):
+the row's shards form one stream read by its nodes (amplification = the row's width, within
+``max_amplification``), and rows agree with each other without communication through the
+shard-group order and the heavy lane's aligned blocks (``heavy_lane.py``). A reader plans only
+its own row. Scopes ``rank`` and ``node`` read only the node's own shards
 (``dealing.deal_shards``). Every rank computes the same plan without communication: the inputs
 are the replicated cost index and (seed, epoch).
 
-Pack count: every rank gets ``n_packs = min over nodes of len(node stream) // (P * B)``,
+Pack count: every rank gets ``n_packs = min over streams of len(stream) // (ranks * B)``,
 computable from the shard table alone, so ranks never disagree and collectives never hang.
 Records not emitted come back in ``Plan.remainder`` keyed by reason.
 

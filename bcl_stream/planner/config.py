@@ -22,6 +22,10 @@ MAX_RANKS = 1 << 20
 planning it would exhaust memory."""
 DEFAULT_LANE = 8
 """Heavy-lane blocks of 8 windows (measured in tools/bench_scale_out.py)."""
+DEFAULT_WORLD_ROW = 8
+"""Scope ``world`` plans rows of at least 8 ranks: one row of 8 ranks balanced 0.99-1.00 on
+real ordered corpora where 8 nodes of one rank planned apart gave 0.78-0.96
+(``tools/bench_scale_out.py``)."""
 MAX_SIZE = 1 << 31
 """Largest pack size, window, group or iteration count accepted."""
 
@@ -77,13 +81,17 @@ class PlanConfig:
     every node (``cuts.cut_shards``); 0 keeps every shard on one node. Measured on
     length-sorted heavy-tailed corpora (tools/bench_balance.py, 4 nodes x 8): 0.05 lifts the
     world efficiency by 3-6 points there and changes other corpora by < 0.3 points."""
-    max_amplification: float = 16.0
-    """Most download amplification the read policy may spend where a node holds fewer than two
-    shard groups (``planner/cuts.py``): small datasets on many nodes are cut so that every node
-    reads slices of enough shards to carry the dataset's mix (the central peers read every
-    shard on every node: amplification = nodes). Where nodes hold two groups or more,
-    ``split_shards`` applies (<= 1.05 by default). 1.0: never cut beyond what gives every node
-    records."""
+    max_amplification: float = 64.0
+    """Most download amplification the read policy may spend: on scope ``world``'s rows of
+    several nodes (``rows_for``: rows widen only until a row holds 8 ranks and its stream two
+    shard groups, so with the default a node reads about two shard groups' worth of shards,
+    or 8 nodes' share, at most), then where a stream still holds fewer than two shard groups
+    on cutting shards so that every node reads slices of enough shards to carry the dataset's
+    mix (``planner/cuts.py``; the central peers read every shard on every node: amplification
+    = nodes). Where streams hold two groups or more, ``split_shards`` applies (<= 1.05 by
+    default). Chosen on the tuning corpora of ``tools/bench_scale_out.py`` (1M records): 64
+    against 16 gave +1.3 to +2.1 points at 64 x 1, 64 x 8 and 128 x 8 where nodes hold 2-4
+    shards. 1.0: every row on one node, no cut beyond what gives every node records."""
     layout: str = "packed"
     """How the trainer runs a pack (``planner/padded.py``): ``packed`` (varlen attention, a
     pack costs the sum of its records' costs) or ``padded`` (B x its costliest record): packs
@@ -98,6 +106,12 @@ class PlanConfig:
     cost) enter the heavy lane: a rare record that no window can balance. Where such records
     are common (a tenth of a mixture at the length cap) the lane stays empty: concentrating a
     common class in one window would unbalance it."""
+    world_row: int = DEFAULT_WORLD_ROW
+    """Scope ``world``: a planning row spans the fewest whole nodes holding at least this many
+    ranks, and a stream of two shard groups (``rows_for``), so nodes of few data-parallel
+    ranks (tensor parallelism) or little data are balanced jointly; the row's nodes read each
+    other's shards, paid from ``max_amplification`` (a row of d nodes reads its shards d
+    times; 1 keeps every row on one node)."""
     shard_group: int = DEFAULT_SHARD_GROUP
     """Shards whose records a node shuffles together (``planner/groups.py``): shuffle quality
     against the shard cache (a node holds at most 2 groups)."""
@@ -118,7 +132,7 @@ class PlanConfig:
             or not 0.0 <= bar < float("inf")
         ):
             raise ValueError(f"lane_threshold must be a number >= 0, got {bar!r}")
-        for name in ("pack_size", "window", "grad_accum", "shard_group"):
+        for name in ("pack_size", "window", "grad_accum", "shard_group", "world_row"):
             checks.integer(getattr(self, name), name, 1, MAX_SIZE)
         checks.integer(self.refine, "refine", 0, MAX_SIZE)
         if self.world_size % self.ranks_per_node:
@@ -183,14 +197,57 @@ class PlanConfig:
         return self.world_size // self.ranks_per_node
 
     @property
+    def row_nodes(self) -> int:
+        """Nodes of one planning row in scope ``world`` (1 in the other scopes): the smallest
+        divisor d of the node count with d*P >= ``world_row``, and at most the read budget
+        ``max_amplification`` (each node of a row reads the row's shards). The planner widens
+        rows further where nodes hold little data (:meth:`rows_for`)."""
+        return self._row_nodes(-(-self.world_row // self.ranks_per_node))
+
+    def _row_nodes(self, want: int) -> int:
+        if self.scope != "world" or want <= 1:
+            return 1
+        nodes = self.n_nodes
+        fits = [d for d in range(1, nodes + 1) if nodes % d == 0 and d <= self.max_amplification]
+        return min([d for d in fits if d >= want] or [max(fits)])
+
+    def rows_for(self, n_shards: int) -> PlanConfig:
+        """This config with the rows the data asks for (what the streams plan; identical in
+        every process: it depends on the shard count alone). Scope ``world`` widens a row
+        until it holds ``world_row`` ranks and its stream two shard groups (a node's share of
+        a small dataset cannot carry the dataset's mix, and rows that plan jointly align
+        their steps where separate nodes cannot), within the read budget: at 64 nodes x 8
+        and 1M records (4 shards a node), 0.63-0.86 with a row per node against 0.94-0.99
+        with rows of 16 nodes, both at amplification 16 (``tools/bench_scale_out.py``, the
+        corpora the defaults were chosen on). Rows only grow while data is scarce, so a process
+        plans at most two shard groups' or ``world_row`` ranks' worth of rows, whatever the
+        node count."""
+        groups = -(-2 * self.shard_group * self.n_nodes // max(n_shards, 1))
+        d = self._row_nodes(max(-(-self.world_row // self.ranks_per_node), groups))
+        if d == self.row_nodes:
+            return self
+        return replace(self, world_row=d * self.ranks_per_node)
+
+    @property
+    def stream_nodes(self) -> int:
+        """Streams of the epoch: one per node, or one per planning row of ``row_nodes``
+        nodes (the row's shards are dealt to it as to one node)."""
+        return self.n_nodes // self.row_nodes
+
+    @property
+    def stream_ranks(self) -> int:
+        """Ranks reading one stream: P, or P * ``row_nodes``."""
+        return self.ranks_per_node * self.row_nodes
+
+    @property
     def row_ranks(self) -> int:
         """Ranks of one planning row (partitioned jointly): 1 in scope ``rank``, the node's P
-        in scopes ``node`` and ``world``."""
-        return 1 if self.scope == "rank" else self.ranks_per_node
+        in scope ``node``, P * ``row_nodes`` in scope ``world``."""
+        return 1 if self.scope == "rank" else self.stream_ranks
 
     @property
     def n_rows(self) -> int:
-        """Planning rows of the world: one per rank, or one per node."""
+        """Planning rows of the world: one per rank, per node, or per row of nodes."""
         return self.world_size // self.row_ranks
 
     def row_of(self, rank: int) -> tuple[int, int]:
@@ -206,8 +263,8 @@ class PlanConfig:
 
     @property
     def node_window_records(self) -> int:
-        """Records one node's ranks take from one window, W*B*P."""
-        return self.window_records * self.ranks_per_node
+        """Records one stream's ranks take from one window, W*B*P (times ``row_nodes``)."""
+        return self.window_records * self.stream_ranks
 
     def unbalanced(self) -> PlanConfig:
         """This config with balancing off, the ``sequential`` baseline's: rank scope, packs in

@@ -13,8 +13,10 @@ shards dealt round robin, read in order, records in write order.
 node builds the same one without reading a record, so every rank knows every rank's pack count
 (collectives never hang).
 
-Planning rows: scope ``rank`` plans each rank on its own (row = rank); scopes ``node`` and
-``world`` plan the P ranks of a node jointly (row = node). A rank-scope row is the rank's share
+Planning rows: scope ``rank`` plans each rank on its own (row = rank); scope ``node`` plans
+the P ranks of a node jointly (row = node); scope ``world`` plans the ranks of ``row_nodes``
+nodes jointly (``PlanConfig.rows_for``: the row's nodes share one stream, dealt the shards of
+all of them, so "node stream" below means the row's stream). A rank-scope row is the rank's share
 of its node's stream, **interleaved**: the node stream is cut into chunks of W*B*P records and
 rank r takes the r-th slice of every chunk, so window k of every rank of a node comes from the
 same part of the stream (never contiguous 1/P chunks of the epoch: on ordered data those differ
@@ -191,14 +193,17 @@ class NodeStreams:
         keep: KeepFilter | None = None,
         costs: npt.NDArray[np.floating] | None = None,
     ) -> None:
+        config = config.rows_for(table.counts.size)
         self.config = config
+        """The config planned: the caller's, with the rows the data asks for
+        (:meth:`PlanConfig.rows_for`; rows, ranks and windows below follow it)."""
         _check_inputs(table, config, seed, epoch, keep, costs)
         table = cut_shards(
             table,
-            config.n_nodes,
+            config.stream_nodes,
             shard_group=config.shard_group,
             split_shards=config.split_shards,
-            max_amplification=config.max_amplification,
+            max_amplification=max(config.max_amplification / config.row_nodes, 1.0),
             costs=costs,
             keep=keep,
         )
@@ -207,7 +212,7 @@ class NodeStreams:
         self.seed, self.epoch = seed, epoch
         self.keep = keep
         """The epoch's record filter (memory cap, exclusions, a mixture's draw), or None."""
-        node_shards = deal_shards(table, config.n_nodes, seed, epoch, shuffle=config.shuffle)
+        node_shards = deal_shards(table, config.stream_nodes, seed, epoch, shuffle=config.shuffle)
         self.nodes = [
             NodeStream(
                 table,
@@ -223,14 +228,14 @@ class NodeStreams:
             )
             for n, shards in enumerate(node_shards)
         ]
-        per_node = config.ranks_per_node * config.pack_size
+        per_node = config.stream_ranks * config.pack_size
         self.n_packs = min(len(s) for s in self.nodes) // per_node
         """Packs per rank, the same on every rank: the shortest node stream decides."""
         self.lane = HeavyLane(
             self.nodes,
             window=config.window,
             pack_size=config.pack_size,
-            ranks_per_node=config.ranks_per_node,
+            ranks_per_node=config.stream_ranks,
             lane=config.lane if config.shuffle else 0,
             n_packs=self.n_packs,
             costs=costs,
@@ -258,7 +263,7 @@ class NodeStreams:
         return -(-self.n_packs // self.config.window)
 
     def node_of_row(self, row: int) -> int:
-        return row if self.config.row_ranks > 1 else row // self.config.ranks_per_node
+        return row if self.config.row_ranks > 1 else row // self.config.stream_ranks
 
     def node_positions(self, row: int, positions: Ids) -> Ids:
         """Node-stream positions of a row's stream positions (identity for node rows)."""
@@ -269,8 +274,8 @@ class NodeStreams:
         full = self.n_packs // c.window
         k, off = np.divmod(positions, span)
         piece = np.where(k < full, span, (self.n_packs % c.window) * c.pack_size)
-        local = row % c.ranks_per_node
-        return k * span * c.ranks_per_node + local * piece + off
+        local = row % c.stream_ranks
+        return k * span * c.stream_ranks + local * piece + off
 
     def fetch(self, rows: npt.ArrayLike, start: int, stop: int) -> Ids:
         """(len(rows), stop - start) record ids at row-stream positions [start, stop)."""
@@ -287,7 +292,7 @@ class NodeStreams:
     def tail(self, node: int) -> Ids:
         """Records of a node's stream that no rank emits this epoch (``epoch_tail``)."""
         stream = self.nodes[node]
-        used = self.n_packs * self.config.ranks_per_node * self.config.pack_size
+        used = self.n_packs * self.config.stream_ranks * self.config.pack_size
         return stream.take(np.arange(used, len(stream), dtype=np.int64))
 
 
@@ -310,8 +315,8 @@ def _check_inputs(
     if table.split is not None:
         cut = table.split[table.split >= 0]
         pieces = np.unique(cut, return_counts=True)[1]
-        if np.any((pieces < 2) | (pieces > config.n_nodes)):
+        if np.any((pieces < 2) | (pieces > config.stream_nodes)):
             raise ValueError(
-                f"split: every cut shard must have 2 to {config.n_nodes} pieces (one per node "
+                f"split: every cut shard must have 2 to {config.stream_nodes} pieces (one per node "
                 f"at most), got {sorted(set(pieces.tolist()))}"
             )

@@ -49,6 +49,7 @@ VALUES: dict[str, Any] = {
     "lane": 4,
     "lane_threshold": 2.5,
     "shard_group": 5,
+    "world_row": 3,
     "layout": "padded",
     "contract": "step",
 }

@@ -128,7 +128,15 @@ def test_each_blocks_heaviest_records_run_in_its_first_window_on_every_node() ->
 def test_scope_world_plans_one_node_without_touching_the_others() -> None:
     costs = heavy_tailed(48_000, seed=4)
     table = table_for(costs, 500)
-    config = PlanConfig(world_size=12, ranks_per_node=3, pack_size=4, window=4, scope="world")
+    config = PlanConfig(
+        world_size=12,
+        ranks_per_node=3,
+        pack_size=4,
+        window=4,
+        scope="world",
+        world_row=3,
+        shard_group=8,  # 24 shards a node: rows of one node (wider: test_world_rows.py)
+    )
     streams = build_node_streams(costs, table, config, seed=0, epoch=0)
     batch = plan_windows(streams, costs, None, [2], 0, streams.n_windows)
     whole = plan_epoch(costs, table, config)

@@ -72,7 +72,9 @@ def test_trained_after_the_cut_where_the_index_can_give_it() -> None:
         (4, 4, "world", "plan"),
         (4, 4, "rank", "all_reduce"),
         (8, 4, "node", "all_reduce"),
-        (8, 4, "world", "all_reduce"),
+        # planner v4: scope world joins the two nodes into one row of 8 ranks (too few shards
+        # for a row per node), so one row spans the world
+        (8, 4, "world", "plan"),
     ],
 )
 def test_normalization_follows_the_planning_rows(
@@ -91,6 +93,17 @@ def test_a_partial_mask_past_the_cut_falls_back_to_rescaling() -> None:
     got, why = normalization(make_index(), config)
     assert got == "rescale" and "1 records longer than max_seq_len=50" in why
     assert step_tokens(make_index(), config) is None
+
+
+def test_canonical_ranks_take_the_count_from_the_labels() -> None:
+    # a physical rank's optimizer step is several canonical ranks' packs: the readers' per-step
+    # counts would follow the canonical grad_accum, not the trainer's, so none is attached
+    config = ReaderConfig.build(
+        world_size=2, ranks_per_node=2, pack_size=2, window=2, grad_accum=2, canonical_ranks=4
+    )
+    got, why = normalization(make_index(n_copies=8), config)
+    assert got == "rescale" and "canonical_ranks=4" in why
+    assert step_tokens(make_index(n_copies=8), config) is None
 
 
 def test_own_rows_attach_the_ranks_own_step_counts() -> None:

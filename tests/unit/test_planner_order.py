@@ -165,6 +165,7 @@ def test_each_shard_is_read_by_one_node_but_for_the_cut_budget(
         shuffle=shuffle,
         split_shards=split,
         shard_group=4,  # 8 shards per node: two groups, so locality is kept
+        world_row=3,  # rows of one node (rows of several: tests/unit/test_world_rows.py)
     )
     plan = plan_epoch(costs, table, config, seed=5)
     shard_of = np.searchsorted(np.cumsum(table.counts), plan.packs, side="right")

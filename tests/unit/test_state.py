@@ -42,6 +42,7 @@ def test_round_trip_through_json() -> None:
         ({"version": 99}, "version 99 is not supported"),
         ({"version": 1}, "version 1 was written by planner v1.*start the epoch over"),
         ({"version": 3}, "version 3 was written by planner v2.*start the epoch over"),
+        ({"version": 4}, "version 4 was written by planner v3.*start the epoch over"),
         ({"epoch": -1}, "negative epoch"),
         ({"packs_consumed": "3"}, "'packs_consumed' must be int"),
         ({"fingerprint": None}, "'fingerprint' must be str"),
