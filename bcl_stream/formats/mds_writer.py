@@ -34,6 +34,7 @@ from bcl_stream.formats.dataset_files import (
     shard_entries,
     write_mds_index,
 )
+from bcl_stream.formats.shard_limits import SHARD_BYTES, SHARD_RECORDS
 from bcl_stream.formats.writer_base import FinishOnExit, seal_cost_index
 from bcl_stream.io import streaming_compat
 from bcl_stream.io.index import CostIndex
@@ -49,6 +50,8 @@ class CostedMDSWriter(FinishOnExit, MDSWriter):
     ``out`` is a local directory, a remote URL (``s3://...``) or a ``(local, remote)`` pair as
     for ``MDSWriter``. ``columns`` defaults to ``{"input_ids": "ndarray:uint32"}``; the token
     count of a record is ``len(sample[tokens_field])`` unless ``write(sample, tokens=n)`` says.
+    A shard closes at ``shard_records`` records or ``size_limit`` bytes, whichever comes first
+    (the WebDataset writer's defaults: ``writer_base.SHARD_RECORDS``, ``SHARD_BYTES``).
     """
 
     def __init__(
@@ -60,7 +63,8 @@ class CostedMDSWriter(FinishOnExit, MDSWriter):
         tokens_field: str | None = "input_ids",
         extra: Mapping[str, Any] | None = None,
         compression: str | None = None,
-        size_limit: int | str | None = 1 << 26,
+        size_limit: int | str | None = SHARD_BYTES,
+        shard_records: int | None = SHARD_RECORDS,
         keep_local: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -69,6 +73,9 @@ class CostedMDSWriter(FinishOnExit, MDSWriter):
         self.extra: dict[str, Any] = dict(extra or {})
         self._tokens = array("I")
         self._index: CostIndex | None = None
+        if shard_records is not None and shard_records < 1:
+            raise ValueError(f"shard_records must be >= 1 or None, got {shard_records}")
+        self.shard_records = shard_records
         cols = dict(columns or DEFAULT_COLUMNS)
         if tokens_field is not None and tokens_field not in cols:
             raise ValueError(
@@ -99,6 +106,7 @@ class CostedMDSWriter(FinishOnExit, MDSWriter):
             tokens = ids.size
         if tokens < 0:
             raise ValueError(f"record {len(self._tokens)}: token count {tokens} < 0")
+        streaming_compat.close_shard_at(self, self.shard_records)
         super().write(sample)
         self._tokens.append(tokens)
 

@@ -16,6 +16,7 @@ damaged or truncated shard raises here; callers turn it into one line naming the
 
 from __future__ import annotations
 
+import os
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +24,10 @@ from typing import BinaryIO
 
 BLOCK = 512
 Member = tuple[str, Callable[[], bytes]]
+Span = tuple[str, int, int]
+"""(member name, payload offset, payload size)."""
+COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZ", b"\xfd7")
+"""gzip, bzip2, xz."""
 
 
 class TarFormatError(ValueError):
@@ -56,7 +61,8 @@ def _padded(size: int) -> int:
     return (size + BLOCK - 1) // BLOCK * BLOCK
 
 
-def _scan(fh: BinaryIO) -> Iterator[Member]:
+def _spans(fh: BinaryIO) -> Iterator[Span]:
+    """(member name, payload offset, payload size) of each regular file, headers only."""
     long_name: str | None = None
     pax: dict[str, str] = {}
     while True:
@@ -85,16 +91,42 @@ def _scan(fh: BinaryIO) -> Iterator[Member]:
         size = int(pax.get("size", size))
         long_name, pax = None, {}
         if kind in (b"0", b"7") or (kind == b"\0" and not name.endswith("/")):
-
-            def read(at: int = start, n: int = size, member: str = name) -> bytes:
-                fh.seek(at)
-                data = fh.read(n)
-                if len(data) != n:
-                    raise TarFormatError(f"member {member!r} is truncated")
-                return data
-
-            yield name, read
+            yield name, start, size
         fh.seek(start + _padded(size))
+
+
+def _scan(fh: BinaryIO) -> Iterator[Member]:
+    for name, start, size in _spans(fh):
+
+        def read(at: int = start, n: int = size, member: str = name) -> bytes:
+            fh.seek(at)
+            data = fh.read(n)
+            if len(data) != n:
+                raise TarFormatError(f"member {member!r} is truncated")
+            return data
+
+        yield name, read
+
+
+def is_compressed(path: Path) -> bool:
+    """Whether the tar at ``path`` is gzip, bzip2 or xz (no byte ranges: read it through)."""
+    with open(path, "rb") as fh:
+        return fh.read(2) in COMPRESSED_MAGIC
+
+
+def member_spans(path: Path) -> Iterator[Span]:
+    """(member name, payload offset, payload size) of every regular file of the uncompressed
+    tar at ``path``, in order, from the headers alone (no payload is read): what a reader
+    needs to read any member later with one ranged read. A payload that would end past the end
+    of the file (a truncated shard) is reported here, not at its first read. Raises
+    :data:`TAR_ERRORS`."""
+    with open(path, "rb") as fh:
+        end = fh.seek(0, os.SEEK_END)
+        fh.seek(0)
+        for name, start, size in _spans(fh):
+            if start + size > end:
+                raise TarFormatError(f"member {name!r} is truncated")
+            yield name, start, size
 
 
 def tar_members(path: Path) -> Iterator[Member]:
@@ -106,7 +138,7 @@ def tar_members(path: Path) -> Iterator[Member]:
     with open(path, "rb") as fh:
         magic = fh.read(2)
         fh.seek(0)
-        if magic in (b"\x1f\x8b", b"BZ", b"\xfd7"):  # gzip, bzip2, xz: let tarfile decompress
+        if magic in COMPRESSED_MAGIC:  # let tarfile decompress
             yield from _tarfile_members(path)
             return
         yield from _scan(fh)

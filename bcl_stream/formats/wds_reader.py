@@ -29,8 +29,8 @@ import os
 import re
 import tarfile
 import warnings
-from collections.abc import Callable, Container, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Container, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,13 +39,14 @@ import numpy.typing as npt
 from bcl_stream.epoch.plan import ReaderConfig, Segment, reader_plan
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.npy import load_npy
-from bcl_stream.formats.read_options import DEFAULT_PREFETCH, ReadOptions
-from bcl_stream.formats.reader_base import DatasetReader, Pack, Record
+from bcl_stream.formats.read_options import ReadOptions
+from bcl_stream.formats.reader_base import NOT_GIVEN, DatasetReader, Pack, Record
 from bcl_stream.formats.tar_scan import TarFormatError, tar_members
 from bcl_stream.formats.token_ids import with_ids
+from bcl_stream.formats.wds_shards import ShardCache, member_index_dir
 from bcl_stream.io.hashing import record_digest
 from bcl_stream.io.index import CostIndex
-from bcl_stream.io.remote import download, is_remote, join, open_cost_index
+from bcl_stream.io.remote import remote_sizes
 
 Raw = dict[str, bytes]
 
@@ -250,14 +251,19 @@ def _warn_unhashed(location: str) -> None:
 
 
 class WDSPackDataset(DatasetReader):
-    """One rank's packs of a costed WebDataset dataset (local directory or ``s3://``).
+    """One rank's packs of a costed WebDataset dataset (local directory or ``s3://``), in any
+    scope: records are read by byte range from each shard's member index
+    (:mod:`bcl_stream.formats.wds_shards`), so a rank reads exactly its own records, from any
+    shard of its node, in plan order, with no buffer beyond the pack being read.
 
-    Remote shards are downloaded to ``cache_dir`` (streaming's downloader, with retries), up
-    to ``prefetch`` shards ahead of the one being read, and kept there; ``options``
-    (:class:`~bcl_stream.formats.read_options.ReadOptions`) sets the prefetch depth, each
-    download's timeout, and a ``cache_limit`` above which the tars this reader downloaded are
-    deleted oldest first (never one it is reading or has fetched ahead).
+    Remote shards are downloaded to ``cache_dir`` (the node's shared cache: one per node, a
+    lock per shard), up to ``options.prefetch`` shards ahead of the one being read, and kept
+    there; ``options`` (:class:`~bcl_stream.formats.read_options.ReadOptions`) also sets each
+    download's timeout and a ``cache_limit`` above which the tars this process downloaded are
+    deleted oldest first.
     """
+
+    format = "wds"
 
     def __init__(
         self,
@@ -266,100 +272,64 @@ class WDSPackDataset(DatasetReader):
         rank: int | None = None,
         *,
         cache_dir: str | os.PathLike[str] | None = None,
-        prefetch: int = DEFAULT_PREFETCH,
         options: ReadOptions | None = None,
+        prefetch: object = NOT_GIVEN,
     ) -> None:
-        if config.plan.scope != "rank":
-            raise ValueError(
-                f"the WebDataset reader supports scope 'rank' only (got {config.plan.scope!r}): it "
-                "reads shards sequentially; use MDS for scopes 'node' and 'world'"
-            )
-        location = str(location)
-        index, local_root = open_cost_index(location, cache_dir)
-        if index.format != "wds":
-            raise DatasetError(
-                f"{location}: the cost index says format {index.format!r}; use MDSPackDataset"
-            )
-        super().__init__(index, config, rank)
-        self._resolve_tokens(location)
+        index = self._open_dataset(location, config, rank, cache_dir, options, prefetch)
         if index.record_hashes is None:
-            _warn_unhashed(location)
-        self.location = location
-        self.remote = is_remote(location)
-        self.root = local_root
-        self.options = options or ReadOptions(prefetch=prefetch)
-        self.prefetch = self.options.prefetch
-        self._cached: list[Path] = []
-        """Tars this reader downloaded, oldest first (what ``cache_limit`` may evict)."""
-        counts = np.asarray(index.shard_counts, dtype=np.int64)
-        self._shard_starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+            _warn_unhashed(self.location)
+        firsts = part_firsts(index)
+        self.shards = ShardCache(
+            self.location,
+            self.root,
+            index,
+            self.options,
+            remote=self.remote,
+            keep=config.plan.shard_group + self.options.prefetch + 1,
+            check_key=_KeyCheck(tuple(firsts)),
+            index_dir=member_index_dir(self.location, self.root, cache_dir),
+        )
+        self._shard_starts = self.shards.starts
+        if self.remote and self.options.cache_bytes is not None:
+            self._check_cache_fit(remote_sizes(self.location, [e.name for e in index.shards]))
 
     def shard_order(self, packs: npt.NDArray[np.int64]) -> list[int]:
         """Shards holding the packs' records, in the order the packs first need them."""
-        shard_of = np.searchsorted(self._shard_starts, packs.ravel(), side="right") - 1
+        shard_of = self.shards.shard_of(packs.ravel())
         first = np.unique(shard_of, return_index=True)[1]
         return [int(s) for s in shard_of[np.sort(first)]]
 
-    def _local_shards(self, shards: list[int]) -> Iterator[tuple[str, Path, int, int]]:
-        entries = self.index.shards
-        if not self.remote:
-            for s in shards:
-                yield (
-                    entries[s].name,
-                    self.root / entries[s].name,
-                    int(self._shard_starts[s]),
-                    (entries[s].samples),
-                )
-            return
-        fetch: Callable[[int], Path] = self._fetch
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            pending: dict[int, Future[Path]] = {}
-            for i, s in enumerate(shards):
-                for ahead in shards[i : i + 1 + self.prefetch]:
-                    if ahead not in pending:
-                        pending[ahead] = pool.submit(fetch, ahead)
-                path = pending.pop(s).result()
-                self._evict({path, *(self.root / entries[a].name for a in pending)})
-                yield entries[s].name, path, int(self._shard_starts[s]), entries[s].samples
-
-    def _fetch(self, shard: int) -> Path:
-        name = self.index.shards[shard].name
-        target = self.root / name
-        if not target.is_file():
-            try:
-                download(join(self.location, name), target, timeout=self.options.download_timeout)
-            except DatasetError as exc:
-                raise DatasetError(
-                    f"{self.location}: cannot read shard {shard} ({name}): {exc}"
-                ) from exc
-            self._cached.append(target)
-        return target
-
-    def _evict(self, keep: set[Path]) -> None:
-        """Delete the oldest tars this reader downloaded while the cache holds more than
-        ``cache_limit`` bytes, except ``keep`` (being read, or fetched ahead)."""
-        limit = self.options.cache_bytes
-        if limit is None:
-            return
-        sizes = {p: p.stat().st_size for p in self._cached if p.is_file()}
-        total = sum(sizes.values())
-        for path in list(self._cached):
-            if total <= limit:
-                break
-            if path in keep or path not in sizes:
-                continue
-            path.unlink(missing_ok=True)
-            self._cached.remove(path)
-            total -= sizes[path]
-
     def _read_packs(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
-        wanted = set(int(i) for i in packs.ravel())
+        shards = self.shards
         hashes = self.index.record_hashes
-        shards = self._local_shards(self.shard_order(packs))
-        raw = tar_samples(shards, wanted, hashes, part_firsts(self.index))
+        starts = shards.starts
+        shard_rows = shards.shard_of(packs.ravel()).reshape(packs.shape)
+        order = self.shard_order(packs)
+        position = {s: i for i, s in enumerate(order)}
         where = f"{self.location}: record"
-        decoded = (
-            with_ids(decode_sample(sid, key, members), self.tokens, f"{where} {sid}")
-            for sid, key, members in raw
-        )
-        yield from follow_plan(decoded, packs)
+        reached = -1
+        for ids, row in zip(packs.tolist(), shard_rows.tolist(), strict=True):
+            last = max(position[s] for s in row)
+            if last > reached:  # new shards: keep the next ones downloading
+                reached = last
+                shards.prefetch(order[last + 1 :])
+            pack: Pack = []
+            for sid, s in zip(ids, row, strict=True):
+                records = shards.records(s)
+                i = sid - int(starts[s])
+                members = records.raw(i)
+                key = records.key(i)
+                _check_hash(records.name, sid, key, members, hashes)
+                record = decode_sample(sid, key, members)
+                pack.append(with_ids(record, self.tokens, f"{where} {sid}"))
+            yield pack
+
+
+@dataclass(frozen=True, slots=True)
+class _KeyCheck:
+    """:func:`_check_key` with a dataset's part offsets (picklable, for worker processes)."""
+
+    firsts: tuple[int, ...]
+
+    def __call__(self, shard: str, key: str, sample_id: int) -> None:
+        _check_key(shard, key, sample_id, self.firsts)
