@@ -310,9 +310,9 @@ class WDSPackDataset(DatasetReader):
         reached = -1
         for ids, row in zip(packs.tolist(), shard_rows.tolist(), strict=True):
             last = max(position[s] for s in row)
-            if last > reached:  # new shards: keep the next ones downloading
+            if last > reached:  # new shards: fetch them (and the next ones) in parallel
+                shards.prefetch(order[reached + 1 :])
                 reached = last
-                shards.prefetch(order[last + 1 :])
             pack: Pack = []
             for sid, s in zip(ids, row, strict=True):
                 records = shards.records(s)

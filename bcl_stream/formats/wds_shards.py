@@ -339,8 +339,10 @@ class ShardCache:
 
     def prefetch(self, upcoming: Sequence[int]) -> None:
         """Start fetching the first ``options.prefetch`` shards of ``upcoming`` (the shards
-        the plan needs next, in order) that are neither local nor being fetched; one thread
-        per prefetched shard, each skipping a shard another process already fetches."""
+        the plan needs from the current pack on, in order) that are neither local nor being
+        fetched; one thread per prefetched shard, each skipping a shard another process
+        already fetches. The current pack's own shards come first: under the shuffle the
+        first pack of an epoch needs several shards, which then download side by side."""
         depth = self.options.prefetch
         if not self.remote or depth == 0:
             return

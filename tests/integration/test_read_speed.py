@@ -215,3 +215,18 @@ def _sizes(reader: DatasetReader) -> list[int]:
     from bcl_stream.io.remote import remote_sizes
 
     return remote_sizes(reader.location, [e.name for e in reader.index.shards])
+
+
+@pytest.mark.parametrize("fmt", ["mds", "wds"])
+def test_cli_read_json_reports_first_pack_rate_and_memory(
+    fmt: str, mds_dir: Path, wds_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = mds_dir if fmt == "mds" else wds_dir
+    argv = ["read", str(root), "--world-size", "2", "--ranks-per-node", "2", "--rank", "1"]
+    assert main([*argv, "--pack-size", "3", "--window", "2", "--num-workers", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["records"] == 3 * len(out["packs"]) > 0
+    assert 0 < out["first_pack_seconds"] <= out["seconds"]
+    assert out["records_per_second"] == pytest.approx(out["records"] / out["seconds"], rel=0.01)
+    assert out["records_per_second_after_first_pack"] > 0
+    assert out["peak_rss_mb"] > 50 and out["worker_peak_rss_mb"] > 50  # torch alone is more
