@@ -8,7 +8,9 @@ ustar header directly (GNU long names and pax ``path``/``size`` records included
 its checksum, and seeks over payloads nobody asked for. Compressed shards (``.tar.gz`` ...)
 cannot seek cheaply and go through ``tarfile``.
 
-The one tar reader of the package: readers (:func:`tar_members`, reading only what they need),
+The one tar reader of the package: the WebDataset reader's member index (:func:`member_spans`:
+names, payload offsets and sizes, from the headers alone), the pipeline stages
+(:func:`tar_members`, reading only what they need),
 ``annotate`` and ``inspect`` (:func:`tar_records`, every record's members) and record counts
 (:func:`split_member` over the member names) all go through it. :data:`TAR_ERRORS` is what a
 damaged or truncated shard raises here; callers turn it into one line naming the shard.

@@ -12,14 +12,15 @@ Stages (typed, ``def stage(src, ...)`` style, usable inside a stock ``wds.DataPi
   written by ``CostedWDSWriter`` carry their global id as ``__key__``, so ``bcl_packs`` also works
   after stock ``wds.tarfile_to_samples() + wds.decode()``.
 
-Scope ``rank`` only: a rank reads the contiguous share of the epoch order that scope ``rank``
-gives it, i.e. about ``share / shard_size + 2`` shards, in the order its packs first need them.
-Buffer: records needed later than the current pack wait in memory, about one shard group's
-records + W*B + carry at most for the default order (``PlanConfig.shard_group`` bounds it:
-the stratified shuffle mixes records within a group).
+The dataset (:class:`WDSPackDataset`, every scope) does not stream the tars: it reads each
+record by byte range from the tar's member index (:mod:`bcl_stream.formats.wds_shards`,
+scanned once per tar and node), so a rank reads exactly its own records of its node's shards,
+in plan order, with nothing buffered beyond the pack being read. The sequential stages above
+stay for stock pipelines (``bcl_packs`` after ``wds.tarfile_to_samples()``), where the buffer
+holds records needed later than the current pack: feed the shards in ``shard_order``.
 
-Workers: worker w of K yields packs start+w, start+w+K, ...; each worker scans its rank's
-shards but reads and decodes only its own records.
+Workers: worker w of K yields the items w, w+K, ... (``reader_base``) and reads only their
+records; the node's processes share the member indexes and the downloads.
 """
 
 from __future__ import annotations
