@@ -230,3 +230,19 @@ def test_cli_read_json_reports_first_pack_rate_and_memory(
     assert out["records_per_second"] == pytest.approx(out["records"] / out["seconds"], rel=0.01)
     assert out["records_per_second_after_first_pack"] > 0
     assert out["peak_rss_mb"] > 50 and out["worker_peak_rss_mb"] > 50  # torch alone is more
+
+
+def test_compressed_tars_are_read_through_and_follow_the_plan(tmp_path: Path) -> None:
+    root = tmp_path / "gz"
+    with CostedWDSWriter(str(root), cost_model="tokens", maxcount=20, compress=True) as writer:
+        for record in records(100):
+            writer.write(record)
+    assert len(list(root.glob("*.tar.gz"))) == 5
+    config = ReaderConfig.build(world_size=2, ranks_per_node=2, pack_size=3, window=2)
+    seen = []
+    for rank in range(2):
+        dataset = WDSPackDataset(root, config, rank)
+        packs = _ids(PackLoader(dataset, num_workers=2))
+        assert packs == dataset.epoch_plan(0).rank_packs(rank).tolist()
+        seen += [i for p in packs for i in p]
+    assert len(seen) == len(set(seen)) == 100 - sum(dataset.remainder_counts().values())
