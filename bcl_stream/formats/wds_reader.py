@@ -312,7 +312,7 @@ class WDSPackDataset(DatasetReader):
         for ids, row in zip(packs.tolist(), shard_rows.tolist(), strict=True):
             last = max(position[s] for s in row)
             if last > reached:  # new shards: fetch them (and the next ones) in parallel
-                shards.prefetch(order[reached + 1 :])
+                shards.prefetch(order[reached + 1 :], now=last - reached)
                 reached = last
             pack: Pack = []
             for sid, s in zip(ids, row, strict=True):

@@ -50,6 +50,8 @@ from bcl_stream.io.index import CostIndex
 from bcl_stream.io.remote import download, join
 
 Raw = dict[str, bytes]
+MAX_PARALLEL_NOW = 8
+"""Most shards of the current pack fetched side by side (beyond ``prefetch``)."""
 KeyCheck = Callable[[str, str, int], None]
 """(shard name, record key, expected global id) -> None or raise: the reader's key rule."""
 
@@ -337,22 +339,26 @@ class ShardCache:
             self._fetch(shard, wait=True)
         return target
 
-    def prefetch(self, upcoming: Sequence[int]) -> None:
+    def prefetch(self, upcoming: Sequence[int], now: int = 0) -> None:
         """Start fetching the first ``options.prefetch`` shards of ``upcoming`` (the shards
         the plan needs from the current pack on, in order) that are neither local nor being
-        fetched; one thread per prefetched shard, each skipping a shard another process
-        already fetches. The current pack's own shards come first: under the shuffle the
-        first pack of an epoch needs several shards, which then download side by side."""
+        fetched, plus all of its first ``now`` (the current pack's own new shards: under the
+        shuffle the first pack of an epoch needs several, which then download side by side
+        instead of one after another); one thread per shard, each skipping a shard another
+        process already fetches."""
         depth = self.options.prefetch
-        if not self.remote or depth == 0:
+        if not self.remote or depth + now == 0:
             return
         self._own()
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="bcl-wds-fetch")
+            self._pool = ThreadPoolExecutor(
+                max_workers=depth + MAX_PARALLEL_NOW, thread_name_prefix="bcl-wds-fetch"
+            )
         self._pending = {s: f for s, f in self._pending.items() if not f.done() or f.exception()}
         started = sum(1 for f in self._pending.values() if not f.done())
+        limit = depth + min(now, MAX_PARALLEL_NOW)
         for shard in upcoming:
-            if started >= depth:
+            if started >= limit:
                 break
             if shard in self._pending or (self.root / self.index.shards[shard].name).is_file():
                 continue
