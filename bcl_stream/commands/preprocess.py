@@ -45,6 +45,7 @@ def add_parser(sub: Any) -> None:
         "--shard-records",
         "--maxcount",
         dest="maxcount",
+        metavar="N",
         type=int,
         default=SHARD_RECORDS,
         help="records per shard, both formats (a shard also closes at --shard-size-limit): "
