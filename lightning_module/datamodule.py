@@ -153,10 +153,11 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
             data): ``refuse`` (default, the error says what changed) or ``restart_epoch``
             (start the checkpoint's epoch over with the new mixture).
         format: ``mds`` or ``wds`` to check the dataset's format; None (default) takes it from
-            the cost index (WebDataset supports scope ``rank`` only).
+            the cost index (both formats serve every scope).
         pack_size: records per pack B (the trainer's batch size: the record-count contract).
         window: packs per rank planned together W (buffer W*B records per rank).
-        scope: ``rank`` | ``node`` | ``world``: which ranks are balanced jointly.
+        scope: ``rank`` | ``node`` (default) | ``world``: which ranks are balanced jointly
+            (``PlanConfig.scope`` says why ``node`` is the default).
         packing: ``bcl`` (balanced) or ``sequential`` (the plain-loader baseline).
         cost_model: preset name or cost-model JSON to recompute costs from the stored token
             counts; None uses the costs written at preprocessing.
@@ -216,7 +217,7 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
         format: str | None = None,
         pack_size: int = 8,
         window: int = 16,
-        scope: str = "rank",
+        scope: str = "node",
         packing: str = "bcl",
         cost_model: str | None = None,
         max_tokens: int | None = None,

@@ -67,6 +67,7 @@ def rank_main(rank: int, world: int, per_node: int, remote: str, dist_port: int)
         )
     from bcl_stream.epoch.plan import ReaderConfig
     from bcl_stream.formats.mds_reader import MDSPackDataset
+    from bcl_stream.formats.read_options import ReadOptions
     from bcl_stream.loading.loader import PackLoader
 
     def say(kind: str, **data: Any) -> None:
@@ -88,9 +89,9 @@ def rank_main(rank: int, world: int, per_node: int, remote: str, dist_port: int)
                 shard_group=cmd["shard_group"],
                 seed=cmd["seed"],
             )
-            extra = {} if cmd["cache_limit"] is None else {"cache_limit": cmd["cache_limit"]}
+            options = ReadOptions(cache_limit=cmd["cache_limit"], prefetch=cmd["prefetch"])
             dataset = MDSPackDataset(
-                remote, config, rank, cache_dir=cmd["cache_dir"], prefetch=cmd["prefetch"], **extra
+                remote, config, rank, cache_dir=cmd["cache_dir"], options=options
             )
             say("ready")
         elif cmd["op"] == "go":

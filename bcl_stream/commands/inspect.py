@@ -28,6 +28,15 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--epoch-size", type=int, default=None, help="records per epoch of a mixture")
     p.add_argument("--max-tokens", type=int, default=None, help="report records above this cap")
+    p.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="the ranks the dataset is planned for: warn when it has too few shards for them",
+    )
+    p.add_argument(
+        "--ranks-per-node", type=int, default=1, help="with --world-size: ranks per node"
+    )
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="token/cost histogram")
     p.set_defaults(run=run)
@@ -67,7 +76,20 @@ def _text(report: dict[str, Any]) -> list[str]:
     verdict = "ok" if report["ok"] else "PROBLEMS"
     lines.append(f"integrity: {verdict} ({checked} checked in {took})")
     lines += [f"  - {p}" for p in report["problems"]]
+    lines += [f"warning: {w}" for w in report.get("warnings", [])]
     return lines
+
+
+def _add_warnings(report: dict[str, Any], args: argparse.Namespace) -> None:
+    """Warnings for the world ``--world-size`` plans for (none without it)."""
+    from bcl_stream.analysis.inspection import shard_warnings
+
+    if args.world_size is None or not report.get("shards"):
+        return
+    report["planned_for"] = {"world_size": args.world_size, "ranks_per_node": args.ranks_per_node}
+    report["warnings"] = shard_warnings(
+        int(report["shards"]), int(report["records"]), args.world_size, args.ranks_per_node
+    )
 
 
 def run_streams(args: argparse.Namespace) -> int:
@@ -80,6 +102,8 @@ def run_streams(args: argparse.Namespace) -> int:
         raise ValueError("--plot takes one dataset; inspect the streams one at a time to plot")
     specs = [StreamSpec.parse(text) for text in args.stream]
     reports = [inspect_dataset(spec.path, max_tokens=args.max_tokens) for spec in specs]
+    for report in reports:
+        _add_warnings(report, args)
     if all(r["format"] is not None and r["records"] for r in reports):
         per_epoch = choose_counts(
             [int(r["records"]) for r in reports],
@@ -113,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
     if args.stream is not None:
         return run_streams(args)
     report = inspect_dataset(args.directory, max_tokens=args.max_tokens, plot=args.plot)
+    _add_warnings(report, args)
     if args.json:
         print(json.dumps(report))
     else:

@@ -18,7 +18,7 @@ from bcl_stream.commands.config_options import (
     add_plan_config_options,
     plan_fields,
 )
-from bcl_stream.epoch.checks import check_format_scope, layout_text, require_packs
+from bcl_stream.epoch.checks import layout_text, require_packs
 from bcl_stream.epoch.plan import (
     PACKINGS,
     EpochPlan,
@@ -101,20 +101,16 @@ def open_mixture(args: argparse.Namespace, specs: list[Any]) -> Any:
     return MixtureIndex(specs, indexes, epoch_size=args.epoch_size)
 
 
-def open_plan_data(args: argparse.Namespace, scope: str) -> tuple[PlanData, str]:
-    """The cost index (one dataset) or the mixture the options name, and a label for messages;
-    a scope some reader cannot serve (WebDataset: rank only) is refused."""
+def open_plan_data(args: argparse.Namespace) -> tuple[PlanData, str]:
+    """The cost index (one dataset) or the mixture the options name, and a label for messages."""
     from bcl_stream.io.remote import open_cost_index
 
     location, specs = data_source(args)
     if specs is None:
         assert location is not None
         index, _ = open_cost_index(location, cache_dir(args, location))
-        check_format_scope(location, index.format, scope)
         return index, location
     mixture = open_mixture(args, specs)
-    for spec, ix in zip(mixture.specs, mixture.indexes, strict=True):
-        check_format_scope(spec.path, ix.format, scope)
     return mixture, ",".join(spec.path for spec in specs)
 
 
@@ -220,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     from bcl_stream.epoch.stream_report import stream_report
 
     config = config_from_args(args)
-    index, location = open_plan_data(args, config.plan.scope)
+    index, location = open_plan_data(args)
     plan = full_plan(index, config, args.epoch)
     require_packs(location, plan, config, len(index))
     streams = stream_report(index, config, plan)

@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from bcl_stream.formats.shard_limits import SHARD_RECORDS
 from bcl_stream.preprocess.outliers import POLICIES
 from bcl_stream.preprocess.templates import LOSS_ON
 
@@ -67,7 +68,16 @@ def add_parser(sub: Any) -> None:
         "--shard-size-limit", default="64mb", help="bytes per shard (MDS size_limit, WDS maxsize)"
     )
     p.add_argument("--compression", default=None, help="MDS: zstd, gz, ...; WDS: gz")
-    p.add_argument("--maxcount", type=int, default=10_000, help="WDS: records per shard")
+    p.add_argument(
+        "--shard-records",
+        "--maxcount",
+        dest="maxcount",
+        metavar="N",
+        type=int,
+        default=SHARD_RECORDS,
+        help="records per shard, both formats (a shard also closes at --shard-size-limit): "
+        "planning deals whole shards to nodes, so every node needs many",
+    )
     p.add_argument(
         "--part",
         default=None,

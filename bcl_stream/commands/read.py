@@ -1,7 +1,8 @@
 """``bcl-stream read``: the record ids rank r's real loader yields.
 
 Same code path as training: ``MDSPackDataset``/``WDSPackDataset`` + ``PackLoader`` with
-``--num-workers`` DataLoader workers. ``--start-after N`` reads N packs, takes the loader's
+``--num-workers`` DataLoader workers. ``--json`` also reports time to the first pack,
+records/s and peak memory (:func:`read_figures`). ``--start-after N`` reads N packs, takes the loader's
 ``state_dict()`` through JSON, and resumes a fresh loader from it, as a restarted job would.
 """
 
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
+import time
 from itertools import islice
 from typing import Any
 
@@ -40,6 +43,30 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
+def read_figures(
+    packs: list[list[Any]], started: float, first_pack: float | None, done: float
+) -> dict[str, Any]:
+    """What a user judges a loader by: seconds from the command's start (its options parsed;
+    importing torch and the reader, opening the data and planning included) to the first pack, records per second over the whole read and
+    after the first pack, and peak resident memory of this process and of its largest
+    DataLoader worker (ended workers only: ``persistent`` ones are still running)."""
+    records = sum(len(p) for p in packs)
+    rate_after = None
+    if first_pack is not None and done > first_pack and len(packs) > 1:
+        rate_after = round((records - len(packs[0])) / (done - first_pack), 1)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
+    workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return {
+        "records": records,
+        "seconds": round(done - started, 4),
+        "first_pack_seconds": None if first_pack is None else round(first_pack - started, 4),
+        "records_per_second": round(records / (done - started), 1) if done > started else None,
+        "records_per_second_after_first_pack": rate_after,
+        "peak_rss_mb": round(rss, 1),
+        "worker_peak_rss_mb": round(workers, 1) if workers else None,
+    }
+
+
 def check_usage(args: argparse.Namespace) -> ReaderConfig:
     """Every check that needs neither torch nor streaming (seconds of imports), made first: the
     options, the rank, the data's cost index and scope, and a plan with at least one pack."""
@@ -53,13 +80,14 @@ def check_usage(args: argparse.Namespace) -> ReaderConfig:
             f"--rank must be in [0, {config.plan.world_size}) for --world-size "
             f"{config.plan.world_size}, got {args.rank}"
         )
-    index, location = open_plan_data(args, config.plan.scope)
+    index, location = open_plan_data(args)
     plan = plan_for(index, config, args.epoch)
     require_packs(location, plan, config, len(index))  # type: ignore[arg-type]
     return config
 
 
 def run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
     config = check_usage(args)
     from bcl_stream.formats.open_reader import open_dataset
     from bcl_stream.loading.loader import PackLoader
@@ -92,17 +120,25 @@ def run(args: argparse.Namespace) -> int:
         del it
         first = loader()
         first.load_state_dict(state)
-    packs = [
-        [
-            [int(s["stream"]), int(s["sample_id"])] if "stream" in s else int(s["sample_id"])
-            for s in pack
-        ]
-        for pack in islice(first, args.packs)
-    ]
+    packs: list[list[Any]] = []
+    first_pack: float | None = None
+    for pack in islice(first, args.packs):
+        if first_pack is None:
+            first_pack = time.perf_counter()
+        packs.append(
+            [
+                [int(s["stream"]), int(s["sample_id"])] if "stream" in s else int(s["sample_id"])
+                for s in pack
+            ]
+        )
+    done = time.perf_counter()
     pc = config.plan
     if args.json:
         setup = {"world_size": pc.world_size, "ranks_per_node": pc.ranks_per_node}
-        print(json.dumps({"rank": args.rank, **setup, "nodes": pc.n_nodes, "packs": packs}))
+        timing = read_figures(packs, started, first_pack, done)
+        print(
+            json.dumps({"rank": args.rank, **setup, "nodes": pc.n_nodes, **timing, "packs": packs})
+        )
     else:
         # The set-up on stderr: stdout stays one pack per line, to diff against plan.
         print(

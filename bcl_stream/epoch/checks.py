@@ -11,17 +11,6 @@ from bcl_stream.epoch.plan import EpochPlan, ReaderConfig, ReaderPlan
 from bcl_stream.errors import PlanError
 
 
-def check_format_scope(location: str, fmt: str, scope: str, option: str = "--scope") -> None:
-    """Refuse what the reader of ``fmt`` refuses: the WebDataset reader reads shards
-    sequentially, one contiguous share per rank, so it has scope ``rank`` only."""
-    if fmt == "wds" and scope != "rank":
-        raise PlanError(
-            f"{location} is a WebDataset dataset: its reader supports {option} rank only (got "
-            f"{scope!r}), because it reads shards sequentially; use {option} rank, or write "
-            "the dataset as MDS (preprocess --format mds) for scopes node and world"
-        )
-
-
 def require_packs(
     location: str,
     plan: ReaderPlan | EpochPlan,

@@ -30,9 +30,10 @@ import numpy.typing as npt
 from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.errors import CostIndexError, DatasetError
 from bcl_stream.formats.dataset_files import read_mds_index
-from bcl_stream.formats.read_options import DEFAULT_PREFETCH, ReadOptions
-from bcl_stream.formats.reader_base import DatasetReader, Pack
+from bcl_stream.formats.read_options import ReadOptions
+from bcl_stream.formats.reader_base import NOT_GIVEN, DatasetReader, Pack
 from bcl_stream.formats.token_ids import with_ids
+from bcl_stream.io.index import CostIndex
 from bcl_stream.io.integrity import ShardVerifier
 from bcl_stream.io.remote import is_remote, open_cost_index
 from bcl_stream.io.streaming_compat import guard_downloads
@@ -84,6 +85,8 @@ class MDSPackDataset(DatasetReader):
     depth of our shard prefetch. Extra keyword arguments go to ``StreamingDataset`` too.
     """
 
+    format = "mds"
+
     def __init__(
         self,
         location: str | os.PathLike[str],
@@ -91,34 +94,19 @@ class MDSPackDataset(DatasetReader):
         rank: int | None = None,
         *,
         cache_dir: str | os.PathLike[str] | None = None,
-        prefetch: int = DEFAULT_PREFETCH,
         options: ReadOptions | None = None,
+        prefetch: object = NOT_GIVEN,
         **streaming_kwargs: Any,
     ) -> None:
         from streaming import StreamingDataset
 
-        location = str(location)
-        try:
-            index, local_root = open_cost_index(location, cache_dir)
-        except CostIndexError:
-            if not is_remote(location):  # shards without index.json: an interrupted write
-                read_mds_index(Path(location.removeprefix("file://")))
-            raise
-        if index.format != "mds":
-            raise DatasetError(
-                f"{location}: the cost index says format {index.format!r}; use the reader for "
-                f"that format (WDSPackDataset for 'wds')"
-            )
-        super().__init__(index, config, rank)
-        self._resolve_tokens(location)
-        self.location = location
-        self.prefetch = prefetch if options is None else options.prefetch
-        self.remote = is_remote(location)
+        self._open_dataset(location, config, rank, cache_dir, options, prefetch)
+        location = self.location
         kwargs: dict[str, Any] = {"shuffle": False, "batch_size": config.plan.pack_size}
-        kwargs.update({} if options is None else options.streaming_kwargs())
+        kwargs.update(self.options.streaming_kwargs())
         kwargs.update(streaming_kwargs)
         if self.remote:
-            kwargs.update(remote=location, local=str(local_root))
+            kwargs.update(remote=location, local=str(self.root))
         else:
             kwargs.update(local=str(Path(location.removeprefix("file://"))))
         try:
@@ -133,9 +121,20 @@ class MDSPackDataset(DatasetReader):
             ) from exc
         guard_downloads(self.streaming)  # a failed download must not hang later reads
         self._check_layout()
-        self.verifier = ShardVerifier(local_root, index, location=location)
+        self.verifier = ShardVerifier(self.root, self.index, location=location)
         offsets = np.asarray(self.streaming.sample_offset_per_shard, dtype=np.int64)
         self._shard_starts = offsets
+        self._check_cache_fit([int(shard.get_max_size()) for shard in self.streaming.shards])
+
+    def _open_index(
+        self, location: str, cache_dir: str | os.PathLike[str] | None
+    ) -> tuple[CostIndex, Path]:
+        try:
+            return open_cost_index(location, cache_dir)
+        except CostIndexError:
+            if not is_remote(location):  # shards without index.json: an interrupted write
+                read_mds_index(Path(location.removeprefix("file://")))
+            raise
 
     def _check_layout(self) -> None:
         """The streaming index and our cost index must describe the same records."""

@@ -35,6 +35,7 @@ from bcl_stream.formats.dataset_files import (
     write_mds_index,
 )
 from bcl_stream.formats.loss_spans import LOSS_SPANS, LOSS_SPANS_COLUMN, full_spans
+from bcl_stream.formats.shard_limits import SHARD_BYTES, SHARD_RECORDS
 from bcl_stream.formats.writer_base import FinishOnExit, record_trained, seal_cost_index
 from bcl_stream.io import streaming_compat
 from bcl_stream.io.index import CostIndex
@@ -56,6 +57,9 @@ class CostedMDSWriter(FinishOnExit, MDSWriter):
     record written without spans stores ``[0, L]`` (every token trained, the same count as no
     mask). The trained-token count goes into the cost index: from the spans, or
     ``write(sample, trained=k)``, or ``max(L - 1, 0)``.
+
+    A shard closes at ``shard_records`` records or ``size_limit`` bytes, whichever comes first
+    (the WebDataset writer's defaults: ``writer_base.SHARD_RECORDS``, ``SHARD_BYTES``).
     """
 
     def __init__(
@@ -67,7 +71,8 @@ class CostedMDSWriter(FinishOnExit, MDSWriter):
         tokens_field: str | None = "input_ids",
         extra: Mapping[str, Any] | None = None,
         compression: str | None = None,
-        size_limit: int | str | None = 1 << 26,
+        size_limit: int | str | None = SHARD_BYTES,
+        shard_records: int | None = SHARD_RECORDS,
         keep_local: bool = False,
         loss_spans: bool = False,
         **kwargs: Any,
@@ -78,6 +83,9 @@ class CostedMDSWriter(FinishOnExit, MDSWriter):
         self._tokens = array("I")
         self._trained = array("I")
         self._index: CostIndex | None = None
+        if shard_records is not None and shard_records < 1:
+            raise ValueError(f"shard_records must be >= 1 or None, got {shard_records}")
+        self.shard_records = shard_records
         cols = dict(columns or DEFAULT_COLUMNS)
         if loss_spans:
             cols.update(LOSS_SPANS_COLUMN)
@@ -135,6 +143,7 @@ class CostedMDSWriter(FinishOnExit, MDSWriter):
                     "loss), or write it to WebDataset"
                 )
             sample = {**sample, LOSS_SPANS: stored}
+        streaming_compat.close_shard_at(self, self.shard_records)
         super().write(sample)
         self._tokens.append(tokens)
         self._trained.append(count)

@@ -9,7 +9,6 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from bcl_stream.epoch.checks import check_format_scope
 from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.read_options import ReadOptions
@@ -25,9 +24,8 @@ def open_reader(
     *,
     format: str | None = None,
 ) -> DatasetReader:
-    """``MDSPackDataset`` or ``WDSPackDataset`` for ``location``, refusing a scope its reader
-    cannot serve (WebDataset: rank only) with the planning error, and a dataset of another
-    format than ``format`` (None: whatever the cost index says)."""
+    """``MDSPackDataset`` or ``WDSPackDataset`` for ``location`` (both serve every scope),
+    refusing a dataset of another format than ``format`` (None: whatever the cost index says)."""
     from bcl_stream.io.remote import open_cost_index
 
     index, _ = open_cost_index(location, cache_dir)
@@ -36,7 +34,6 @@ def open_reader(
             f"{location}: a {index.format} dataset (its cost index says so), but format="
             f"{format!r} was given; set format={index.format!r} or leave it out"
         )
-    check_format_scope(location, index.format, config.plan.scope)
     if index.format == "wds":
         from bcl_stream.formats.wds_reader import WDSPackDataset
 

@@ -21,9 +21,12 @@ A subclass implements :meth:`PlanDataset._read_packs` (record ids -> record dict
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,10 +40,13 @@ from bcl_stream.epoch.loss_tokens import StepTokens, step_tokens
 from bcl_stream.epoch.plan import PlanData, ReaderConfig, ReaderPlan, Segment, reader_plan
 from bcl_stream.epoch.steps import step_cut, whole_steps
 from bcl_stream.epoch.token_source import TokenSource
-from bcl_stream.errors import StateError
+from bcl_stream.errors import DatasetError, StateError
+from bcl_stream.formats.read_options import ReadOptions
 from bcl_stream.formats.token_ids import resolve_source
 from bcl_stream.io.index import CostIndex
+from bcl_stream.planner import PlanConfig
 
+log = logging.getLogger(__name__)
 Record = dict[str, Any]
 Pack = list[Record]
 MAX_SEGMENTS = 32
@@ -273,11 +279,88 @@ def _tagged(
 class DatasetReader(PlanDataset):
     """A reader of one costed dataset (MDS or WebDataset, not a mixture): its index is the
     dataset's :class:`~bcl_stream.io.index.CostIndex`. Records' ``input_ids`` come from the
-    token source (``ReaderConfig.tokens``, or the one the index was counted from)."""
+    token source (``ReaderConfig.tokens``, or the one the index was counted from).
+
+    The set-up both formats share is here, once (:meth:`_open_dataset`): the cost index and its
+    format, the token source, and the :class:`~bcl_stream.formats.read_options.ReadOptions`
+    (the only place a prefetch depth, a cache limit or a download timeout is given: the old
+    ``prefetch=`` keyword, which could contradict ``options``, is refused), plus the check that
+    a ``cache_limit`` holds the node's shard working set (:meth:`_check_cache_fit`).
+    """
 
     index: CostIndex
     tokens: TokenSource | None = None
     """Where ``input_ids`` come from (None: the stored ``input_ids`` column)."""
+    format: str = ""
+    """``mds`` or ``wds`` (subclasses set it)."""
+    options: ReadOptions
+    remote: bool
+    root: Path
+    """The local directory holding the shards (a remote dataset's cache directory)."""
+
+    def _open_dataset(
+        self,
+        location: str | os.PathLike[str],
+        config: ReaderConfig,
+        rank: int | None,
+        cache_dir: str | os.PathLike[str] | None,
+        options: ReadOptions | None,
+        prefetch: object,
+    ) -> CostIndex:
+        """Open the cost index, check its format, set the plan up and the reading options."""
+        from bcl_stream.io.remote import is_remote
+
+        refuse_prefetch_keyword(prefetch, options)
+        if options is not None and not isinstance(options, ReadOptions):
+            raise ValueError(f"options must be a ReadOptions, got {type(options).__name__}")
+        self.location = str(location)
+        index, self.root = self._open_index(self.location, cache_dir)
+        if index.format != self.format:
+            other = {"mds": "MDSPackDataset", "wds": "WDSPackDataset"}.get(index.format, "")
+            raise DatasetError(
+                f"{self.location}: the cost index says format {index.format!r}; use the reader "
+                f"for that format{f' ({other})' if other else ''}"
+            )
+        PlanDataset.__init__(self, index, config, rank)
+        self._resolve_tokens(self.location)
+        self.options = options or ReadOptions()
+        self.remote = is_remote(self.location)
+        return index
+
+    def _open_index(
+        self, location: str, cache_dir: str | os.PathLike[str] | None
+    ) -> tuple[CostIndex, Path]:
+        from bcl_stream.io.remote import open_cost_index
+
+        return open_cost_index(location, cache_dir)
+
+    @property
+    def prefetch(self) -> int:
+        """Shards downloaded ahead of the one being read (``options.prefetch``)."""
+        return self.options.prefetch
+
+    def _check_cache_fit(self, shard_bytes: Sequence[int]) -> int | None:
+        """Warn, at set-up, when ``cache_limit`` cannot hold the shards a node must hold at
+        once (its working set: the shards of one shard group, at most its share of the
+        dataset's shards, plus the prefetch, the largest ones counted); below it the cache
+        deletes shards the node still needs and downloads them again (measured: each shard
+        fetched 13-21 times an epoch). Returns the working set in bytes (None: no limit)."""
+        limit = self.options.cache_bytes
+        if limit is None or not self.remote or not shard_bytes:
+            return None
+        needed = working_set_bytes(shard_bytes, self.config.plan, self.options.prefetch)
+        if limit < needed:
+            message = (
+                f"{self.location}: cache_limit {limit} bytes is below a node's shard working set "
+                f"of about {needed} bytes ({_mb(needed)}: one shard group of "
+                f"{self.config.plan.shard_group} shards or the node's share, plus prefetch "
+                f"{self.options.prefetch}, largest shards counted); the cache will delete shards "
+                f"the node still needs and download them again. Set cache_limit to at least "
+                f"{_mb(needed)}, or lower shard_group."
+            )
+            log.warning(message)
+            warnings.warn(message, UserWarning, stacklevel=3)
+        return needed
 
     def _resolve_tokens(self, location: str) -> None:
         """Take the index's token source unless the config names one (a different one is
@@ -285,3 +368,33 @@ class DatasetReader(PlanDataset):
         self.tokens = resolve_source(self.config.tokens, self.index, location)
         if self.tokens != self.config.tokens:
             self.config = replace(self.config, tokens=self.tokens)
+
+
+NOT_GIVEN = object()
+"""The default of the refused ``prefetch=`` keyword (any value given is refused)."""
+
+
+def refuse_prefetch_keyword(prefetch: object, options: ReadOptions | None) -> None:
+    """The readers took ``prefetch=`` beside ``options=`` and each format reconciled the two
+    differently (MDS silently used ``options.prefetch``); there is one place now."""
+    if prefetch is NOT_GIVEN:
+        return
+    have = "" if options is None else f" (options already says prefetch={options.prefetch})"
+    raise ValueError(
+        f"the reader keyword prefetch={prefetch!r} is gone{have}: give the depth in the "
+        f"options, options=ReadOptions(prefetch={prefetch!r}) "
+        "(bcl_stream.formats.read_options), or dataclasses.replace(options, prefetch=...)"
+    )
+
+
+def working_set_bytes(shard_bytes: Sequence[int], plan: PlanConfig, prefetch: int) -> int:
+    """Bytes a node's cache must hold at once: the largest shards, as many as one shard group
+    (or the node's share of the shards, if fewer) plus the prefetch depth."""
+    nodes = max(1, plan.world_size // plan.ranks_per_node)
+    share = -(-len(shard_bytes) // nodes)
+    count = min(len(shard_bytes), min(plan.shard_group, share) + prefetch)
+    return int(sum(sorted(shard_bytes, reverse=True)[:count]))
+
+
+def _mb(n: int) -> str:
+    return f"{n / (1 << 20):.1f}mb" if n >= 1 << 20 else f"{n}b"

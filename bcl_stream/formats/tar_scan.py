@@ -8,7 +8,9 @@ ustar header directly (GNU long names and pax ``path``/``size`` records included
 its checksum, and seeks over payloads nobody asked for. Compressed shards (``.tar.gz`` ...)
 cannot seek cheaply and go through ``tarfile``.
 
-The one tar reader of the package: readers (:func:`tar_members`, reading only what they need),
+The one tar reader of the package: the WebDataset reader's member index (:func:`member_spans`:
+names, payload offsets and sizes, from the headers alone), the pipeline stages
+(:func:`tar_members`, reading only what they need),
 ``annotate`` and ``inspect`` (:func:`tar_records`, every record's members) and record counts
 (:func:`split_member` over the member names) all go through it. :data:`TAR_ERRORS` is what a
 damaged or truncated shard raises here; callers turn it into one line naming the shard.
@@ -16,6 +18,7 @@ damaged or truncated shard raises here; callers turn it into one line naming the
 
 from __future__ import annotations
 
+import os
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +26,10 @@ from typing import BinaryIO
 
 BLOCK = 512
 Member = tuple[str, Callable[[], bytes]]
+Span = tuple[str, int, int]
+"""(member name, payload offset, payload size)."""
+COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZ", b"\xfd7")
+"""gzip, bzip2, xz."""
 
 
 class TarFormatError(ValueError):
@@ -56,7 +63,8 @@ def _padded(size: int) -> int:
     return (size + BLOCK - 1) // BLOCK * BLOCK
 
 
-def _scan(fh: BinaryIO) -> Iterator[Member]:
+def _spans(fh: BinaryIO) -> Iterator[Span]:
+    """(member name, payload offset, payload size) of each regular file, headers only."""
     long_name: str | None = None
     pax: dict[str, str] = {}
     while True:
@@ -85,16 +93,42 @@ def _scan(fh: BinaryIO) -> Iterator[Member]:
         size = int(pax.get("size", size))
         long_name, pax = None, {}
         if kind in (b"0", b"7") or (kind == b"\0" and not name.endswith("/")):
-
-            def read(at: int = start, n: int = size, member: str = name) -> bytes:
-                fh.seek(at)
-                data = fh.read(n)
-                if len(data) != n:
-                    raise TarFormatError(f"member {member!r} is truncated")
-                return data
-
-            yield name, read
+            yield name, start, size
         fh.seek(start + _padded(size))
+
+
+def _scan(fh: BinaryIO) -> Iterator[Member]:
+    for name, start, size in _spans(fh):
+
+        def read(at: int = start, n: int = size, member: str = name) -> bytes:
+            fh.seek(at)
+            data = fh.read(n)
+            if len(data) != n:
+                raise TarFormatError(f"member {member!r} is truncated")
+            return data
+
+        yield name, read
+
+
+def is_compressed(path: Path) -> bool:
+    """Whether the tar at ``path`` is gzip, bzip2 or xz (no byte ranges: read it through)."""
+    with open(path, "rb") as fh:
+        return fh.read(2) in COMPRESSED_MAGIC
+
+
+def member_spans(path: Path) -> Iterator[Span]:
+    """(member name, payload offset, payload size) of every regular file of the uncompressed
+    tar at ``path``, in order, from the headers alone (no payload is read): what a reader
+    needs to read any member later with one ranged read. A payload that would end past the end
+    of the file (a truncated shard) is reported here, not at its first read. Raises
+    :data:`TAR_ERRORS`."""
+    with open(path, "rb") as fh:
+        end = fh.seek(0, os.SEEK_END)
+        fh.seek(0)
+        for name, start, size in _spans(fh):
+            if start + size > end:
+                raise TarFormatError(f"member {name!r} is truncated")
+            yield name, start, size
 
 
 def tar_members(path: Path) -> Iterator[Member]:
@@ -106,7 +140,7 @@ def tar_members(path: Path) -> Iterator[Member]:
     with open(path, "rb") as fh:
         magic = fh.read(2)
         fh.seek(0)
-        if magic in (b"\x1f\x8b", b"BZ", b"\xfd7"):  # gzip, bzip2, xz: let tarfile decompress
+        if magic in COMPRESSED_MAGIC:  # let tarfile decompress
             yield from _tarfile_members(path)
             return
         yield from _scan(fh)

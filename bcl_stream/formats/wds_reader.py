@@ -13,14 +13,15 @@ Stages (typed, ``def stage(src, ...)`` style, usable inside a stock ``wds.DataPi
   written by ``CostedWDSWriter`` carry their global id as ``__key__``, so ``bcl_packs`` also works
   after stock ``wds.tarfile_to_samples() + wds.decode()``.
 
-Scope ``rank`` only: a rank reads the contiguous share of the epoch order that scope ``rank``
-gives it, i.e. about ``share / shard_size + 2`` shards, in the order its packs first need them.
-Buffer: records needed later than the current pack wait in memory, about one shard group's
-records + W*B + carry at most for the default order (``PlanConfig.shard_group`` bounds it:
-the stratified shuffle mixes records within a group).
+The dataset (:class:`WDSPackDataset`, every scope) does not stream the tars: it reads each
+record by byte range from the tar's member index (:mod:`bcl_stream.formats.wds_shards`,
+scanned once per tar and node), so a rank reads exactly its own records of its node's shards,
+in plan order, with nothing buffered beyond the pack being read. The sequential stages above
+stay for stock pipelines (``bcl_packs`` after ``wds.tarfile_to_samples()``), where the buffer
+holds records needed later than the current pack: feed the shards in ``shard_order``.
 
-Workers: worker w of K yields packs start+w, start+w+K, ...; each worker scans its rank's
-shards but reads and decodes only its own records.
+Workers: worker w of K yields the items w, w+K, ... (``reader_base``) and reads only their
+records; the node's processes share the member indexes and the downloads.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ import os
 import re
 import tarfile
 import warnings
-from collections.abc import Callable, Container, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Container, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,13 +42,14 @@ from bcl_stream.epoch.plan import ReaderConfig, Segment, reader_plan
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.loss_spans import LOSS_SPANS, check_record_spans
 from bcl_stream.formats.npy import load_npy
-from bcl_stream.formats.read_options import DEFAULT_PREFETCH, ReadOptions
-from bcl_stream.formats.reader_base import DatasetReader, Pack, Record
+from bcl_stream.formats.read_options import ReadOptions
+from bcl_stream.formats.reader_base import NOT_GIVEN, DatasetReader, Pack, Record
 from bcl_stream.formats.tar_scan import TarFormatError, tar_members
 from bcl_stream.formats.token_ids import with_ids
+from bcl_stream.formats.wds_shards import ShardCache, member_index_dir
 from bcl_stream.io.hashing import record_digest
 from bcl_stream.io.index import CostIndex
-from bcl_stream.io.remote import download, is_remote, join, open_cost_index
+from bcl_stream.io.remote import remote_sizes
 
 Raw = dict[str, bytes]
 
@@ -252,14 +254,19 @@ def _warn_unhashed(location: str) -> None:
 
 
 class WDSPackDataset(DatasetReader):
-    """One rank's packs of a costed WebDataset dataset (local directory or ``s3://``).
+    """One rank's packs of a costed WebDataset dataset (local directory or ``s3://``), in any
+    scope: records are read by byte range from each shard's member index
+    (:mod:`bcl_stream.formats.wds_shards`), so a rank reads exactly its own records, from any
+    shard of its node, in plan order, with no buffer beyond the pack being read.
 
-    Remote shards are downloaded to ``cache_dir`` (streaming's downloader, with retries), up
-    to ``prefetch`` shards ahead of the one being read, and kept there; ``options``
-    (:class:`~bcl_stream.formats.read_options.ReadOptions`) sets the prefetch depth, each
-    download's timeout, and a ``cache_limit`` above which the tars this reader downloaded are
-    deleted oldest first (never one it is reading or has fetched ahead).
+    Remote shards are downloaded to ``cache_dir`` (the node's shared cache: one per node, a
+    lock per shard), up to ``options.prefetch`` shards ahead of the one being read, and kept
+    there; ``options`` (:class:`~bcl_stream.formats.read_options.ReadOptions`) also sets each
+    download's timeout and a ``cache_limit`` above which the tars this process downloaded are
+    deleted oldest first.
     """
+
+    format = "wds"
 
     def __init__(
         self,
@@ -268,105 +275,67 @@ class WDSPackDataset(DatasetReader):
         rank: int | None = None,
         *,
         cache_dir: str | os.PathLike[str] | None = None,
-        prefetch: int = DEFAULT_PREFETCH,
         options: ReadOptions | None = None,
+        prefetch: object = NOT_GIVEN,
     ) -> None:
-        if config.plan.scope != "rank":
-            raise ValueError(
-                f"the WebDataset reader supports scope 'rank' only (got {config.plan.scope!r}): it "
-                "reads shards sequentially; use MDS for scopes 'node' and 'world'"
-            )
-        location = str(location)
-        index, local_root = open_cost_index(location, cache_dir)
-        if index.format != "wds":
-            raise DatasetError(
-                f"{location}: the cost index says format {index.format!r}; use MDSPackDataset"
-            )
-        super().__init__(index, config, rank)
-        self._resolve_tokens(location)
+        index = self._open_dataset(location, config, rank, cache_dir, options, prefetch)
         if index.record_hashes is None:
-            _warn_unhashed(location)
-        self.location = location
-        self.remote = is_remote(location)
-        self.root = local_root
-        self.options = options or ReadOptions(prefetch=prefetch)
-        self.prefetch = self.options.prefetch
-        self._cached: list[Path] = []
-        """Tars this reader downloaded, oldest first (what ``cache_limit`` may evict)."""
-        counts = np.asarray(index.shard_counts, dtype=np.int64)
-        self._shard_starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+            _warn_unhashed(self.location)
+        firsts = part_firsts(index)
+        self.shards = ShardCache(
+            self.location,
+            self.root,
+            index,
+            self.options,
+            remote=self.remote,
+            keep=config.plan.shard_group + self.options.prefetch + 1,
+            check_key=_KeyCheck(tuple(firsts)),
+            index_dir=member_index_dir(self.location, self.root, cache_dir),
+        )
+        self._shard_starts = self.shards.starts
+        if self.remote and self.options.cache_bytes is not None:
+            self._check_cache_fit(remote_sizes(self.location, [e.name for e in index.shards]))
 
     def shard_order(self, packs: npt.NDArray[np.int64]) -> list[int]:
         """Shards holding the packs' records, in the order the packs first need them."""
-        shard_of = np.searchsorted(self._shard_starts, packs.ravel(), side="right") - 1
+        shard_of = self.shards.shard_of(packs.ravel())
         first = np.unique(shard_of, return_index=True)[1]
         return [int(s) for s in shard_of[np.sort(first)]]
 
-    def _local_shards(self, shards: list[int]) -> Iterator[tuple[str, Path, int, int]]:
-        entries = self.index.shards
-        if not self.remote:
-            for s in shards:
-                yield (
-                    entries[s].name,
-                    self.root / entries[s].name,
-                    int(self._shard_starts[s]),
-                    (entries[s].samples),
-                )
-            return
-        fetch: Callable[[int], Path] = self._fetch
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            pending: dict[int, Future[Path]] = {}
-            for i, s in enumerate(shards):
-                for ahead in shards[i : i + 1 + self.prefetch]:
-                    if ahead not in pending:
-                        pending[ahead] = pool.submit(fetch, ahead)
-                path = pending.pop(s).result()
-                self._evict({path, *(self.root / entries[a].name for a in pending)})
-                yield entries[s].name, path, int(self._shard_starts[s]), entries[s].samples
-
-    def _fetch(self, shard: int) -> Path:
-        name = self.index.shards[shard].name
-        target = self.root / name
-        if not target.is_file():
-            try:
-                download(join(self.location, name), target, timeout=self.options.download_timeout)
-            except DatasetError as exc:
-                raise DatasetError(
-                    f"{self.location}: cannot read shard {shard} ({name}): {exc}"
-                ) from exc
-            self._cached.append(target)
-        return target
-
-    def _evict(self, keep: set[Path]) -> None:
-        """Delete the oldest tars this reader downloaded while the cache holds more than
-        ``cache_limit`` bytes, except ``keep`` (being read, or fetched ahead)."""
-        limit = self.options.cache_bytes
-        if limit is None:
-            return
-        sizes = {p: p.stat().st_size for p in self._cached if p.is_file()}
-        total = sum(sizes.values())
-        for path in list(self._cached):
-            if total <= limit:
-                break
-            if path in keep or path not in sizes:
-                continue
-            path.unlink(missing_ok=True)
-            self._cached.remove(path)
-            total -= sizes[path]
-
     def _read_packs(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
-        wanted = set(int(i) for i in packs.ravel())
+        shards = self.shards
         hashes = self.index.record_hashes
-        shards = self._local_shards(self.shard_order(packs))
-        raw = tar_samples(shards, wanted, hashes, part_firsts(self.index))
-        yield from follow_plan(self._decoded(raw), packs)
+        starts = shards.starts
+        shard_rows = shards.shard_of(packs.ravel()).reshape(packs.shape)
+        order = self.shard_order(packs)
+        position = {s: i for i, s in enumerate(order)}
+        where = f"{self.location}: record"
+        reached = -1
+        for ids, row in zip(packs.tolist(), shard_rows.tolist(), strict=True):
+            last = max(position[s] for s in row)
+            if last > reached:  # new shards: fetch them (and the next ones) in parallel
+                shards.prefetch(order[reached + 1 :], now=last - reached)
+                reached = last
+            pack: Pack = []
+            for sid, s in zip(ids, row, strict=True):
+                records = shards.records(s)
+                i = sid - int(starts[s])
+                members = records.raw(i)
+                key = records.key(i)
+                _check_hash(records.name, sid, key, members, hashes)
+                record = decode_sample(sid, key, members)
+                record = with_ids(record, self.tokens, f"{where} {sid}")
+                if LOSS_SPANS in record:  # a stored mask must train what the index says
+                    check_record_spans(record, self.index.trained_of(sid), f"{where} {sid}")
+                pack.append(record)
+            yield pack
 
-    def _decoded(self, raw: Iterable[tuple[int, str, Raw]]) -> Iterator[Record]:
-        """Decoded records with their ``input_ids`` (from the token source) and, where stored,
-        ``loss_spans`` checked against the cost index's trained count."""
-        for sid, key, members in raw:
-            where = f"{self.location}: record {sid}"
-            record = with_ids(decode_sample(sid, key, members), self.tokens, where)
-            if LOSS_SPANS in record:
-                check_record_spans(record, self.index.trained_of(sid), where)
-            yield record
+
+@dataclass(frozen=True, slots=True)
+class _KeyCheck:
+    """:func:`_check_key` with a dataset's part offsets (picklable, for worker processes)."""
+
+    firsts: tuple[int, ...]
+
+    def __call__(self, shard: str, key: str, sample_id: int) -> None:
+        _check_key(shard, key, sample_id, self.firsts)

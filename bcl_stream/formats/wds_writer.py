@@ -33,6 +33,7 @@ from bcl_stream.cost import CostModel, resolve
 from bcl_stream.formats.dataset_files import as_token_array
 from bcl_stream.formats.loss_spans import LOSS_SPANS
 from bcl_stream.formats.npy import npy_bytes
+from bcl_stream.formats.shard_limits import SHARD_BYTES, SHARD_RECORDS
 from bcl_stream.formats.writer_base import FinishOnExit, record_trained, seal_cost_index
 from bcl_stream.io import streaming_compat
 from bcl_stream.io.hashing import record_digest
@@ -45,8 +46,9 @@ SHARD_PATTERN = "shard-%06d.tar"
 class CostedWDSWriter(FinishOnExit):
     """Write token-id records as WebDataset shards plus the cost index.
 
-    ``out``: a local directory or a remote URL. ``maxcount``/``maxsize`` are passed to
-    ``ShardWriter``; ``compress=True`` writes gzip shards (``.tar.gz``). ``key_prefix``: a
+    ``out``: a local directory or a remote URL. ``maxcount`` (records) and ``maxsize``
+    (bytes) are passed to ``ShardWriter``; their defaults are the MDS writer's
+    (``writer_base.SHARD_RECORDS``, ``SHARD_BYTES``); ``compress=True`` writes gzip shards (``.tar.gz``). ``key_prefix``: a
     part of a partitioned run (``part-I-of-N-``) keys its records ``part-I-of-N-<id in the
     part>``, unique across the merged dataset (no dots: see the module docstring). Use as a
     context manager or call :meth:`finish`.
@@ -57,8 +59,8 @@ class CostedWDSWriter(FinishOnExit):
         out: str,
         *,
         cost_model: CostModel | str,
-        maxcount: int = 10_000,
-        maxsize: float = 1 << 28,
+        maxcount: int = SHARD_RECORDS,
+        maxsize: float = SHARD_BYTES,
         compress: bool = False,
         tokens_field: str = "input_ids",
         extra: Mapping[str, Any] | None = None,

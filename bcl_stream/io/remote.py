@@ -169,6 +169,32 @@ def list_remote(location: str, *, retries: int = DEFAULT_RETRIES) -> list[str]:
     return [k[len(prefix) :].lstrip("/") for k in keys]
 
 
+def remote_sizes(location: str, names: list[str]) -> list[int]:
+    """Byte sizes of the objects ``names`` under ``location``, from one listing (``s3://``
+    only: one request per 1000 objects); ``[]`` where the store or a name is not listed (the
+    caller then has nothing to compare)."""
+    parsed = urlparse(location)
+    if parsed.scheme != "s3":
+        return []
+    prefix = parsed.path.strip("/")
+
+    def list_sizes() -> dict[str, int]:
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None)
+        sizes: dict[str, int] = {}
+        pages = client.get_paginator("list_objects_v2").paginate(
+            Bucket=parsed.netloc, Prefix=prefix + "/" if prefix else ""
+        )
+        for page in pages:
+            for obj in page.get("Contents", []):
+                sizes[obj["Key"][len(prefix) :].lstrip("/")] = int(obj["Size"])
+        return sizes
+
+    sizes = _with_retries(f"listing of {location}", location, list_sizes, DEFAULT_RETRIES, 0.2)
+    return [sizes[n] for n in names] if all(n in sizes for n in names) else []
+
+
 def download(
     remote: str,
     local: str | os.PathLike[str],

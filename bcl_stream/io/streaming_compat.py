@@ -202,6 +202,21 @@ def wait_for_shard_uploads(writer: Any) -> bool:
     return not writer.event.is_set()
 
 
+def close_shard_at(writer: Any, records: int | None) -> None:
+    """Close ``writer``'s open shard (an ``MDSWriter``) once it holds ``records`` records, as
+    the stock writer does at its byte limit; call before each ``write`` (None: no count limit).
+
+    Why: ``MDSWriter`` limits shards by bytes only, and a plan deals whole shards to nodes, so
+    the record count per shard is what spreads data over nodes.
+
+    Relies on: ``writer.new_samples`` (the open shard's encoded samples), ``writer.flush_shard()``
+    and ``writer._reset_cache()`` (the pair ``Writer.write`` calls at its size limit).
+    """
+    if records is not None and len(writer.new_samples) >= records:
+        writer.flush_shard()
+        writer._reset_cache()
+
+
 def abandon_shard_uploads(writer: Any) -> None:
     """Stop ``writer`` (an ``MDSWriter``) after its queued shard uploads finish, unflushed
     samples left unwritten.

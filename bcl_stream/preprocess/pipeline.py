@@ -31,6 +31,7 @@ from tqdm import tqdm
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.loss_spans import trained_count
+from bcl_stream.formats.shard_limits import SHARD_BYTES, SHARD_RECORDS
 from bcl_stream.preprocess.layouts import LayoutOptions
 from bcl_stream.preprocess.lock import output_lock
 from bcl_stream.preprocess.outliers import OutlierPolicy
@@ -197,6 +198,7 @@ def _open_writer(
             compression=compression,
             size_limit=shard_size_limit,
             loss_spans=loss_spans,
+            shard_records=maxcount,
         )
     from bcl_stream.formats.wds_writer import CostedWDSWriter
 
@@ -204,7 +206,7 @@ def _open_writer(
         raise ValueError(f"--compression {compression!r}: WebDataset shards support only gz")
     if isinstance(shard_size_limit, str):
         shard_size_limit = parse_size(shard_size_limit)
-    size = float(shard_size_limit) if shard_size_limit else float(1 << 28)
+    size = float(shard_size_limit) if shard_size_limit else float(SHARD_BYTES)
     return CostedWDSWriter(
         output,
         cost_model=model,
@@ -230,9 +232,9 @@ def preprocess(
     skip_bad: bool = False,
     overwrite: bool = False,
     workers: int = 2,
-    shard_size_limit: int | str | None = 1 << 26,
+    shard_size_limit: int | str | None = SHARD_BYTES,
     compression: str | None = None,
-    maxcount: int = 10_000,
+    maxcount: int = SHARD_RECORDS,
     progress: bool = True,
     part: Part | str | None = None,
 ) -> PreprocessReport:

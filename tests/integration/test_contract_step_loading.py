@@ -37,13 +37,12 @@ def epoch(root: Path, contract: str, rank: int, **kwargs: Any) -> list[dict[str,
     return list(dm.train_dataloader())
 
 
-@pytest.mark.parametrize("fmt", ["mds", "wds"])
+@pytest.mark.parametrize(("fmt", "scope"), [("mds", "node"), ("wds", "node"), ("wds", "rank")])
 @pytest.mark.parametrize("contract", ["pack", "step"])
 def test_every_record_once_equal_counts_and_whole_steps(
-    mds_dir: Path, wds_dir: Path, fmt: str, contract: str
+    mds_dir: Path, wds_dir: Path, fmt: str, scope: str, contract: str
 ) -> None:
     root = mds_dir if fmt == "mds" else wds_dir
-    scope = "node" if fmt == "mds" else "rank"  # WebDataset supports scope rank only
     ranks = [epoch(root, contract, r, format=fmt, scope=scope) for r in range(2)]
     assert len(ranks[0]) == len(ranks[1]) > G  # equal micro-batch counts: no hang
     ids = [int(i) for rank in ranks for b in rank for i in b["sample_ids"]]

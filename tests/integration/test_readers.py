@@ -1,4 +1,4 @@
-"""Readers follow the plan: MDS (every scope) and WebDataset (scope rank), workers 0 and 2.
+"""Readers follow the plan: MDS and WebDataset, every scope, workers 0, 2 and 4.
 
 Invariants, not examples: for every rank the loader yields exactly the plan's packs; over all
 ranks every record appears once, or in the reported remainder; every pack has exactly B
@@ -43,10 +43,17 @@ def read_ids(loader: PackLoader) -> list[list[int]]:
 
 CASES = [
     ("mds", "rank", 0),
+    ("mds", "rank", 2),
+    ("mds", "node", 0),
     ("mds", "node", 2),
+    ("mds", "node", 4),
     ("mds", "world", 0),
     ("wds", "rank", 0),
     ("wds", "rank", 2),
+    ("wds", "node", 0),
+    ("wds", "node", 2),
+    ("wds", "node", 4),
+    ("wds", "world", 2),
 ]
 
 
@@ -121,10 +128,15 @@ def test_cli_read_equals_cli_plan(mds_dir: Path, capsys: pytest.CaptureFixture[s
     assert resumed["packs"] == plan["ranks"][1]["packs"][7:12]
 
 
-def test_cli_refuses_wds_wider_scopes(wds_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["read", str(wds_dir), "--world-size", "2", "--pack-size", "2", "--window", "2"]
-    assert main([*argv, "--rank", "0", "--scope", "node", "--ranks-per-node", "2"]) == 2
-    assert "supports --scope rank only" in capsys.readouterr().err
+def test_cli_read_wds_at_node_scope_equals_plan(
+    wds_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = ["--world-size", "2", "--ranks-per-node", "2", "--pack-size", "2", "--window", "2"]
+    assert main(["plan", str(wds_dir), *common, "--scope", "node", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    argv = ["read", str(wds_dir), *common, "--scope", "node", "--rank", "1", "--json"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["packs"] == plan["ranks"][1]["packs"]
 
 
 def test_wds_shard_with_missing_records_is_reported(wds_dir: Path, tmp_path: Path) -> None:

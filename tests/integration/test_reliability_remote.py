@@ -22,6 +22,7 @@ from pack_oracles import check_epoch
 from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.errors import CostIndexError, DatasetError
 from bcl_stream.formats.mds_reader import MDSPackDataset
+from bcl_stream.formats.read_options import ReadOptions
 from bcl_stream.loading.loader import PackLoader
 
 sys.path.insert(0, str(Path(__file__).parent / "reliability_scripts"))
@@ -105,7 +106,9 @@ def ids(pack: list[dict]) -> list[int]:  # type: ignore[type-arg]
 def test_transient_failures_are_retried(s3_dataset, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     remote, proxy = s3_dataset
     proxy.fail_next(3)  # the cost index download
-    dataset = MDSPackDataset(remote, CONFIG, 0, cache_dir=tmp_path / "cache", prefetch=1)
+    dataset = MDSPackDataset(
+        remote, CONFIG, 0, cache_dir=tmp_path / "cache", options=ReadOptions(prefetch=1)
+    )
     assert proxy.counts()[1] == 3
     plan = dataset.epoch_plan(0).rank_packs(0).tolist()
     proxy.fail_next(2, path_contains="shard.")  # shard downloads
@@ -117,7 +120,9 @@ def test_transient_failures_are_retried(s3_dataset, tmp_path: Path) -> None:  # 
 
 def test_server_down_mid_epoch_then_resume(s3_dataset, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     remote, proxy = s3_dataset
-    dataset = MDSPackDataset(remote, CONFIG, 0, cache_dir=tmp_path / "cache", prefetch=1)
+    dataset = MDSPackDataset(
+        remote, CONFIG, 0, cache_dir=tmp_path / "cache", options=ReadOptions(prefetch=1)
+    )
     plan = dataset.epoch_plan(0).rank_packs(0).tolist()
     match = rf"{remote}: cannot read record \d+ \(shard \d+, shard\.\d+\.mds\).*resume from the last checkpoint"  # fmt: skip
     got, state, before, _ = read_until_down(dataset, proxy, match)
@@ -149,7 +154,7 @@ def s3_wds(moto_s3, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped
 def wds_dataset(remote: str, cache: Path):  # type: ignore[no-untyped-def]
     from bcl_stream.formats.wds_reader import WDSPackDataset
 
-    return WDSPackDataset(remote, WDS_CONFIG, 0, cache_dir=cache, prefetch=0)
+    return WDSPackDataset(remote, WDS_CONFIG, 0, cache_dir=cache, options=ReadOptions(prefetch=0))
 
 
 def test_wds_transient_failures_are_retried(s3_wds, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -12,6 +12,7 @@ import pytest
 from bcl_stream.cli import main
 from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.formats.mds_reader import MDSPackDataset
+from bcl_stream.formats.read_options import ReadOptions
 from bcl_stream.formats.wds_reader import WDSPackDataset
 from bcl_stream.loading.loader import PackLoader
 
@@ -31,7 +32,9 @@ def ids(loader: PackLoader) -> list[list[int]]:
 def test_mds_from_s3_with_workers_and_resume(moto_s3, dataset_writers, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     remote = moto_s3("bcl-mds") + "/train"
     dataset_writers[0](remote, 200)
-    dataset = MDSPackDataset(remote, CONFIG, 1, cache_dir=tmp_path / "cache", prefetch=2)
+    dataset = MDSPackDataset(
+        remote, CONFIG, 1, cache_dir=tmp_path / "cache", options=ReadOptions(prefetch=2)
+    )
     plan = dataset.epoch_plan(0).rank_packs(1).tolist()
     loader = PackLoader(dataset, num_workers=2)
     assert ids(loader) == plan

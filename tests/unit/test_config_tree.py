@@ -33,7 +33,7 @@ VALUES: dict[str, Any] = {
     "pack_size": 2,
     "window": 7,
     "ranks_per_node": 2,
-    "scope": "node",
+    "scope": "world",
     "max_tokens": 900,
     "algorithm": OTHER_ALGORITHM,
     "refine": 3,

@@ -180,9 +180,12 @@ def test_each_shard_is_read_by_one_node_but_for_the_cut_budget(
 
 
 def test_ranks_of_a_node_read_the_same_region_at_the_same_time() -> None:
-    """Window k of every rank of a node comes from the k-th chunk of the node's stream."""
+    """Scope rank (each rank its own planning row): window k of every rank of a node comes
+    from the k-th chunk of the node's stream."""
     costs = np.arange(1.0, 8001.0)
-    config = PlanConfig(world_size=4, ranks_per_node=4, pack_size=5, window=3, carry=0, lane=0)
+    config = PlanConfig(
+        world_size=4, ranks_per_node=4, pack_size=5, window=3, carry=0, lane=0, scope="rank"
+    )
     streams = build_node_streams(costs, table_for(costs, 8000), config, seed=0, epoch=0)
     node = streams.nodes[0]
     chunk = config.window * config.pack_size * 4

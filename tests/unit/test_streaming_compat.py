@@ -312,6 +312,18 @@ def test_own_index_writing_refuses_a_class_without_the_method() -> None:
         compat.own_index_writing(type("NoMethod", (), {}))
 
 
+def test_close_shard_at_cuts_shards_by_record_count(tmp_path: Path) -> None:
+    from streaming import MDSWriter
+
+    with MDSWriter(out=str(tmp_path / "ds"), columns={"x": "int"}) as writer:
+        for i in range(7):
+            compat.close_shard_at(writer, 3)
+            compat.close_shard_at(writer, None)  # no count limit: nothing happens
+            writer.write({"x": i})
+    index = json.loads((tmp_path / "ds" / "index.json").read_text())
+    assert [s["samples"] for s in index["shards"]] == [3, 3, 1]
+
+
 def test_wait_for_shard_uploads_refuses_unflushed_samples(tmp_path: Path) -> None:
     from streaming import MDSWriter
 
