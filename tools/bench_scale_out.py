@@ -277,7 +277,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     summary = summarize(rows)
     lines = [
         "| records | layout | held out: bcl-world median / worst | tuned on: median / worst "
-        "| bcl-node (held out, median) | verl_kk | nemo_mffd | amplification (max) "
+        "| bcl-node (held out, median) | verl_kk (held out) | nemo_mffd (held out) "
+        "| amplification (max) "
         "| displacement max (steps) | target (median / worst) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]

@@ -222,8 +222,8 @@ class PlanConfig:
         a small dataset cannot carry the dataset's mix, and rows that plan jointly align
         their steps where separate nodes cannot), within the read budget: at 64 nodes x 8
         and 1M records (4 shards a node), 0.63-0.86 with a row per node against 0.94-0.99
-        with rows of 16 nodes, both at amplification 16 (``tools/bench_scale_out.py``, the
-        corpora the defaults were chosen on). Rows only grow while data is scarce, so a process
+        with rows of 16 nodes, both at amplification 16, and 0.954-0.995 with one row of 64
+        nodes (``tools/bench_scale_out.py``, the corpora the defaults were chosen on). Rows only grow while data is scarce, so a process
         plans at most two shard groups' or ``world_row`` ranks' worth of rows, whatever the
         node count."""
         groups = -(-2 * self.shard_group * self.n_nodes // max(n_shards, 1))
