@@ -22,6 +22,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from lightning_module.datamodule import BCLDataModule
 from lightning_module.parallel import tensor_parallel_plan
+from tests.hf_models import tiny_llama_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -32,13 +33,9 @@ HF_MODEL = "lightning_module.hf_causal_lm.HFCausalLM"
 
 def tiny_llama(directory: Path) -> Path:
     """A tiny random Llama (config.json only): what the SFT configs' model directory holds."""
-    from transformers import LlamaConfig
-
-    LlamaConfig(
-        vocab_size=128, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-    ).save_pretrained(directory)  # fmt: skip
-    return directory
+    return tiny_llama_dir(
+        directory, vocab_size=128, max_position_embeddings=512, width=16, layers=1
+    )
 
 
 def shipped_strategy(cfg: dict[str, Any]) -> Any:
@@ -59,8 +56,9 @@ def cli_from(path: Path, tmp: Path, data_dir: Path) -> LightningCLI:
     cfg: dict[str, Any] = yaml.safe_load(path.read_text())
     cfg["trainer"].update(accelerator="cpu", default_root_dir=str(tmp), logger=False)
     cfg["trainer"]["callbacks"] = []
-    if isinstance(cfg["trainer"].get("strategy"), dict):
-        shipped_strategy(cfg)
+    strategy = cfg["trainer"].get("strategy")
+    if isinstance(strategy, dict) and strategy["class_path"].endswith("FSDPStrategy"):
+        shipped_strategy(cfg)  # it builds as shipped; the CPU Trainer takes DDP instead
         cfg["trainer"]["strategy"] = "ddp"
     if cfg["model"]["class_path"] == HF_MODEL:
         cfg["model"]["init_args"]["model"] = str(tiny_llama(tmp / "model"))

@@ -15,6 +15,7 @@ from sft_records import records, trained_positions, write_sft_mds
 
 from bcl_stream.epoch.plan import _costs_and_table
 from lightning_module.datamodule import BCLDataModule
+from tests.hf_models import tiny_llama_dir
 
 RECS = records(60, seed=11)
 
@@ -85,14 +86,10 @@ def test_a_trainer_fit_feeds_hf_causal_lm_at_most_its_stated_limit(
 ) -> None:
     import lightning.pytorch as pl
     import torch
-    from transformers import LlamaConfig
 
     from lightning_module.hf_causal_lm import HFCausalLM
 
-    LlamaConfig(
-        vocab_size=96, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=24,
-    ).save_pretrained(tmp_path / "model")  # fmt: skip
+    tiny_llama_dir(tmp_path / "model", max_position_embeddings=24, width=16, layers=1)
     model = HFCausalLM(str(tmp_path / "model"), attention="sdpa")
     dm = BCLDataModule(
         str(sft_dir), pack_size=2, window=2, layout="packed", labels="unshifted",

@@ -17,6 +17,8 @@ import yaml
 from cli_process import bcl_stream_cli, run_module
 from hf_tokenizers import LLAMA3_GENERATION, build_tokenizer_dir
 
+from tests.hf_models import tiny_llama_dir
+
 pytestmark = [pytest.mark.slow, pytest.mark.shared_process]
 
 WORDS = " ".join(
@@ -52,7 +54,7 @@ def conversations(n: int) -> list[dict[str, object]]:
 def test_preprocess_then_ddp_fit_of_a_hugging_face_model_on_assistant_tokens(
     tmp_path: Path,
 ) -> None:
-    from transformers import AutoTokenizer, LlamaConfig
+    from transformers import AutoTokenizer
 
     tok_dir = build_tokenizer_dir(tmp_path / "tokenizer", LLAMA3_GENERATION)
     chats = conversations(40)
@@ -66,11 +68,10 @@ def test_preprocess_then_ddp_fit_of_a_hugging_face_model_on_assistant_tokens(
 
     tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
     model_dir = tmp_path / "model"
-    LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+    tiny_llama_dir(
+        model_dir, vocab_size=len(tokenizer), max_position_embeddings=512,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-    ).save_pretrained(model_dir)  # fmt: skip
+    )  # fmt: skip
     config = {
         "seed_everything": 0,
         "trainer": {

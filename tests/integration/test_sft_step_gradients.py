@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from sft_records import VOCAB, records, trained_positions, write_sft_mds
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from tests.hf_models import tiny_llama_dir
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).parent / "scripts" / "step_gradients.py"
 pytestmark = [pytest.mark.slow, pytest.mark.shared_process]
@@ -33,17 +35,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str,
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("model")
-    LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    ).save_pretrained(root)
-    return root
+    return tiny_llama_dir(tmp_path_factory.mktemp("model"), vocab_size=VOCAB)
 
 
 def reference_update(

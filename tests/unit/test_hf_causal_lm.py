@@ -10,26 +10,16 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig
 
 from bcl_stream.loading.collate import collate_packed, collate_padded
 from lightning_module.hf_causal_lm import HFCausalLM, has_weights
+from tests.hf_models import tiny_llama_dir
 
 RECORDS = [(11, [3, 7, 9, 11]), (6, None), (9, [0, 4]), (3, [1, 3]), (14, [5, 14])]
 
 
 def tiny_model_dir(root: Path) -> Path:
-    config = LlamaConfig(
-        vocab_size=96,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    config.save_pretrained(root)
-    return root
+    return tiny_llama_dir(root)
 
 
 def make_pack(seed: int = 0) -> list[dict]:  # type: ignore[type-arg]
