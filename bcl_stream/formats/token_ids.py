@@ -67,16 +67,10 @@ def _kind(value: Any) -> str:
 def token_ids(value: Any, source: TokenSource, where: str) -> npt.NDArray[np.integer[Any]]:
     """The token ids ``value`` (a record's ``source.field``) holds, as a 1-D integer array."""
     if source.is_text:
-        if isinstance(value, bytes):
-            try:
-                value = value.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise DatasetError(f"{where}: text column is not valid UTF-8 ({exc})") from exc
-        if not isinstance(value, str):
-            raise DatasetError(
-                f"{where}: {source.describe()} holds {_kind(value)}, not text; for token ids "
-                "use tokens_field (annotate --tokens-field) instead"
-            )
+        value = _as_text(
+            value, None, source, where,
+            hint="; for token ids use tokens_field (annotate --tokens-field) instead",
+        )  # fmt: skip
         assert source.tokenizer is not None
         ids: npt.NDArray[np.integer[Any]] = _tokenizer(source.tokenizer).ids(value)
         return ids
@@ -257,15 +251,21 @@ def prompt_response_ids(
     return ids, np.asarray([first.size, ids.size] if second.size else [], dtype=np.uint32)
 
 
-def _as_text(value: Any, field: str | None, source: TokenSource, where: str) -> str:
+def _as_text(value: Any, field: str | None, source: TokenSource, where: str, hint: str = "") -> str:
+    """``value`` as text (UTF-8 bytes decoded), else a :class:`DatasetError` naming the column
+    (``field``; None: the source's own text column) and ending with ``hint``."""
+    column = "text column" if field is None else f"column {field!r}"
     if isinstance(value, bytes):
         try:
             value = value.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise DatasetError(f"{where}: column {field!r} is not valid UTF-8 ({exc})") from exc
+            raise DatasetError(f"{where}: {column} is not valid UTF-8 ({exc})") from exc
     if not isinstance(value, str):
+        held = f"holds {_kind(value)}, not text{hint}"
         raise DatasetError(
-            f"{where}: {source.describe()}: column {field!r} holds {_kind(value)}, not text"
+            f"{where}: {source.describe()} {held}"
+            if field is None
+            else f"{where}: {source.describe()}: {column} {held}"
         )
     return value
 
