@@ -14,7 +14,7 @@ cache). A mixture is handled stream by stream, each under its own cost model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,6 +42,9 @@ class Truncation:
     unknown_trained: int = 0
     """Truncated records whose trained count after the cut the cost index cannot give (a mask
     that trains some but not all of their tokens: the spans are read with the record)."""
+    long_ids: tuple[npt.NDArray[np.int64], ...] = field(default=(), compare=False, repr=False)
+    """The ids of those records within each stream (one array per stream), found by the one
+    scan that counts them, so the fed columns replace them without scanning again."""
 
     def describe(self) -> str:
         """One phrase for the set-up line."""
@@ -63,12 +66,6 @@ def _join(index: Data, parts: list[npt.NDArray[Any]]) -> Any:
     return SegmentArray(index.layout, parts) if isinstance(index, MixtureIndex) else parts[0]
 
 
-def stored_trained(index: CostIndex) -> npt.NDArray[np.integer[Any]]:
-    """Trained tokens per record as the cost index stores them (``CostIndex.trained``; an
-    older format: max(L - 1, 0), what is trained without a mask)."""
-    return index.trained
-
-
 def truncation(index: Data, max_seq_len: int | None) -> Truncation:
     """What ``max_seq_len`` cuts from ``index`` (cached per index and length)."""
     if max_seq_len is None:
@@ -76,18 +73,25 @@ def truncation(index: Data, max_seq_len: int | None) -> Truncation:
 
     def make() -> Truncation:
         records = cut = unknown = 0
+        long_ids = []
         for ix in _parts(index):
+            found = []
             for start in range(0, len(ix), CHUNK):  # bounded scratch, whatever the dataset
                 tokens = np.asarray(ix.tokens[start : start + CHUNK])
                 long = np.flatnonzero(tokens > max_seq_len)
                 if not long.size:
                     continue
                 length = tokens[long].astype(np.int64)
-                trained = np.asarray(stored_trained(ix)[start + long], dtype=np.int64)
+                # CostIndex.trained: an older format gives max(L - 1, 0), trained without a mask
+                trained = np.asarray(ix.trained[start + long], dtype=np.int64)
                 records += int(long.size)
                 cut += int((length - max_seq_len).sum())
                 unknown += int(np.count_nonzero((trained > 0) & (trained < length - 1)))
-        return Truncation(max_seq_len, records, cut, unknown)
+                found.append(start + long)
+            ids = np.concatenate(found).astype(np.int64) if found else np.zeros(0, np.int64)
+            ids.flags.writeable = False
+            long_ids.append(ids)
+        return Truncation(max_seq_len, records, cut, unknown, tuple(long_ids))
 
     return cached(("truncation", index.fingerprint(), max_seq_len), make)
 
@@ -112,12 +116,12 @@ def fed_costs(
 ) -> Any:
     """``costs`` (by record id, each stream's under ``models[i]``, None: its stored model) with
     every record longer than ``max_seq_len`` costed at ``max_seq_len`` tokens."""
-    if max_seq_len is None or not truncation(index, max_seq_len).records:
+    report = truncation(index, max_seq_len)
+    if max_seq_len is None or not report.records:
         return costs
     given = costs.parts if isinstance(costs, SegmentArray) else [costs]
     parts = []
-    for ix, model, part in zip(_parts(index), models, given, strict=True):
-        long = np.flatnonzero(np.asarray(ix.tokens) > max_seq_len)
+    for ix, model, part, long in zip(_parts(index), models, given, report.long_ids, strict=True):
         if not long.size:
             parts.append(part)
             continue
@@ -136,13 +140,12 @@ def fed_trained(index: Data, max_seq_len: int | None) -> Any | None:
     if report.unknown_trained:
         return None
     if max_seq_len is None or not report.records:
-        return _join(index, [stored_trained(ix) for ix in _parts(index)])
+        return _join(index, [ix.trained for ix in _parts(index)])
 
     def make() -> Any:
         parts = []
-        for ix in _parts(index):
-            trained = np.array(stored_trained(ix), dtype=np.uint32, copy=True)
-            long = np.flatnonzero(np.asarray(ix.tokens) > max_seq_len)
+        for ix, long in zip(_parts(index), report.long_ids, strict=True):
+            trained = np.array(ix.trained, dtype=np.uint32, copy=True)
             trained[long] = np.where(trained[long] > 0, max_seq_len - 1, 0)
             trained.flags.writeable = False
             parts.append(trained)
