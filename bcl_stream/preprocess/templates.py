@@ -185,15 +185,16 @@ class Encoder:
 
     # -- the model's chat template --------------------------------------------------------
     def _hf(self, conv: Conversation) -> Encoded:
+        tagged = self.generation and conv.completion_from is None and self.loss_on != "all"
+        if tagged and self.loss_on == "assistant":  # the template marks the tokens itself
+            return Encoded(*self._generation_mask(conv))
         full = self._render(conv, conv.messages, False)
         if self.loss_on == "all":
             return Encoded(self._ids(full)[0])
-        if not self.generation or conv.completion_from is not None:
+        if not tagged:
             ids, starts = self._ids(full)
             return Encoded(ids, _token_spans(starts, self._ranges(conv, full)))
         ids, spans = self._generation_mask(conv)
-        if self.loss_on == "assistant":
-            return Encoded(ids, spans)
         # last: the {% generation %} tokens inside the last assistant turn's rendering
         inside = mask_from_spans(
             _token_spans(self._ids(full)[1], self._ranges(conv, full)), ids.size
