@@ -45,7 +45,7 @@ from torch import Tensor
 from bcl_stream.epoch.loss_tokens import RANK_STEP_LOSS_TOKENS, STEP_LOSS_TOKENS
 from bcl_stream.loading.collate import IGNORE_INDEX, LABELS
 from lightning_module.tinygpt import block_causal_mask
-from lightning_module.trainer_layout import DATA_PARALLEL_DIM
+from lightning_module.trainer_layout import data_parallel_dim, strategy_mesh
 
 ATTENTION = ("auto", "flash_attention_2", "sdpa", "eager")
 WEIGHT_FILES = (
@@ -291,12 +291,8 @@ class HFCausalLM(L.LightningModule):
         processes of one tensor-parallel group hold the same records: counting them once per
         process would multiply the step's denominator by the group size, so the scale and the
         sums run over the mesh's data-parallel dimension only. Elsewhere: every process."""
-        try:
-            mesh = getattr(self.trainer.strategy, "device_mesh", None)
-        except RuntimeError:  # a strategy whose mesh is not set up (no launch)
-            mesh = None
-        if mesh is not None and DATA_PARALLEL_DIM in (getattr(mesh, "mesh_dim_names", None) or ()):
-            dp = mesh[DATA_PARALLEL_DIM]
+        dp = data_parallel_dim(strategy_mesh(self.trainer.strategy))
+        if dp is not None:
             return int(dp.size()), dp.get_group()
         return int(self.trainer.world_size), None
 

@@ -171,26 +171,33 @@ class TrainerLayout:
         )
 
 
+def data_parallel_dim(mesh: Any) -> Any | None:
+    """A device mesh's ``data_parallel`` sub-mesh (its ranks, size and process group); None
+    if the mesh has no such dimension (or there is no mesh)."""
+    names = getattr(mesh, "mesh_dim_names", None) or ()
+    return mesh[DATA_PARALLEL_DIM] if DATA_PARALLEL_DIM in names else None
+
+
+def strategy_mesh(strategy: Any) -> Any | None:
+    """A Lightning strategy's device mesh; None where it has none or before launch."""
+    try:
+        return getattr(strategy, "device_mesh", None)
+    except RuntimeError:  # ModelParallelStrategy before its processes are launched
+        return None
+
+
 def mesh_data_parallel(mesh: Any) -> tuple[int, int] | None:
     """(rank, size) along a device mesh's ``data_parallel`` dimension; None if it has none."""
-    names = getattr(mesh, "mesh_dim_names", None) or ()
-    if DATA_PARALLEL_DIM not in names:
-        return None
-    dp = mesh[DATA_PARALLEL_DIM]
-    return int(dp.get_local_rank()), int(dp.size())
+    dp = data_parallel_dim(mesh)
+    return None if dp is None else (int(dp.get_local_rank()), int(dp.size()))
 
 
 def data_parallel_of(strategy: Any) -> tuple[int, int] | None:
     """A Lightning strategy's data-parallel (rank, size), by the rules of the module
     docstring; None: every process is its own data-parallel rank."""
-    try:
-        mesh = getattr(strategy, "device_mesh", None)
-    except RuntimeError:  # ModelParallelStrategy before its processes are launched
-        mesh = None
-    if mesh is not None:
-        found = mesh_data_parallel(mesh)
-        if found is not None:
-            return found
+    found = mesh_data_parallel(strategy_mesh(strategy))
+    if found is not None:
+        return found
     try:
         kwargs = getattr(strategy, "distributed_sampler_kwargs", None)
     except (RuntimeError, AssertionError):
