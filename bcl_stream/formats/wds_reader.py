@@ -292,7 +292,6 @@ class WDSPackDataset(DatasetReader):
             check_key=_KeyCheck(tuple(firsts)),
             index_dir=member_index_dir(self.location, self.root, cache_dir),
         )
-        self._shard_starts = self.shards.starts
         if self.remote and self.options.cache_bytes is not None:
             self._check_cache_fit(remote_sizes(self.location, [e.name for e in index.shards]))
 
