@@ -38,7 +38,6 @@ def test_every_process_of_a_group_has_one_data_parallel_rank(
         )
         for g in range(processes)
     ]
-    assert [x.rank for x in layouts] == [g // group for g in range(processes)]
     for x in layouts:
         assert (x.world_size, x.ranks_per_node, x.group_size) == (dp_size, want_per_node, group)
         assert x.local_processes == per_node  # streaming keeps the physical layout
