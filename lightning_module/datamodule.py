@@ -46,7 +46,7 @@ from bcl_stream.epoch.plan import PACKINGS, PLAN_FIELDS, ReaderConfig
 from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.epoch.truncation import truncation
 from bcl_stream.errors import StateError
-from bcl_stream.formats.open_reader import open_dataset
+from bcl_stream.formats.open_dataset import open_dataset
 from bcl_stream.formats.read_options import DEFAULT_DOWNLOAD_TIMEOUT, DEFAULT_PREFETCH, ReadOptions
 from bcl_stream.formats.reader_base import PlanDataset
 from bcl_stream.io.streaming_compat import set_streaming_env

@@ -20,7 +20,8 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.errors import BCLStreamError, RemoteAccessError
-from bcl_stream.formats.dataset_files import check_integrity, detect_format, open_layout
+from bcl_stream.formats.dataset_files import check_integrity, open_layout
+from bcl_stream.io.dataset_dir import detect_format
 from bcl_stream.io.index import CostIndex
 from bcl_stream.io.remote import is_remote
 

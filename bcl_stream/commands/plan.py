@@ -212,7 +212,7 @@ def summary(index: PlanData, config: ReaderConfig, plan: EpochPlan) -> dict[str,
 
 
 def run(args: argparse.Namespace) -> int:
-    from bcl_stream.epoch.plan import full_plan
+    from bcl_stream.epoch.full_plan import full_plan
     from bcl_stream.epoch.stream_report import stream_report
 
     config = config_from_args(args)

@@ -89,7 +89,7 @@ def check_usage(args: argparse.Namespace) -> ReaderConfig:
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     config = check_usage(args)
-    from bcl_stream.formats.open_reader import open_dataset
+    from bcl_stream.formats.open_dataset import open_dataset
     from bcl_stream.loading.loader import PackLoader
 
     location, specs = data_source(args)

@@ -2,7 +2,7 @@
 
 Readers follow :class:`ReaderPlan`: pack count and remainder from the shard table, a rank's
 packs planned lazily a batch of windows at a time, so no process holds the epoch's plan.
-:func:`full_plan` materializes the same plan for every rank at once, for ``bcl-stream plan``,
+:func:`~bcl_stream.epoch.full_plan.full_plan` materializes the same plan for every rank at once, for ``bcl-stream plan``,
 tools and tests. Both walk the planner's one path (``planner.bcl.iter_windows``), for BCL and
 for the ``sequential`` baseline alike, so what a loader yields is by construction what
 ``bcl-stream plan`` prints.
@@ -471,23 +471,3 @@ def _costs_and_table(index: PlanData, config: ReaderConfig) -> tuple[Any, ShardT
 
     key = ("table", index.fingerprint(), config.cost_model, config.max_seq_len)
     return cached(key, make)
-
-
-def full_plan(
-    index: PlanData,
-    config: ReaderConfig,
-    epoch: int,
-    segments: tuple[Segment, ...] = (),
-) -> EpochPlan:
-    """The whole epoch's plan for every rank (cached): tools, ``bcl-stream plan`` and tests.
-    Readers follow the same plan lazily (:class:`ReaderPlan`). ``segments``: earlier world
-    sizes of this epoch, oldest first, each with the packs per rank consumed under it.
-    """
-    key = ("full", index.fingerprint(), config, epoch, segments)
-    if config.canonical_ranks is not None:
-        from bcl_stream.epoch.canonical import canonical_plan  # it builds on this module
-
-        if segments:
-            raise ValueError("a canonical plan has no elastic segments (its cursor counts steps)")
-        return cached(key, lambda: canonical_plan(index, config, epoch).whole())
-    return cached(key, lambda: reader_plan(index, config, epoch, segments).whole())

@@ -29,12 +29,12 @@ import numpy.typing as npt
 
 from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.errors import CostIndexError, DatasetError
-from bcl_stream.formats.dataset_files import read_mds_index
+from bcl_stream.formats.integrity import ShardVerifier
 from bcl_stream.formats.read_options import ReadOptions
 from bcl_stream.formats.reader_base import NOT_GIVEN, DatasetReader, Pack
 from bcl_stream.formats.token_ids import with_ids
+from bcl_stream.io.dataset_dir import read_mds_index
 from bcl_stream.io.index import CostIndex
-from bcl_stream.io.integrity import ShardVerifier
 from bcl_stream.io.remote import is_remote, open_cost_index
 from bcl_stream.io.streaming_compat import guard_downloads
 

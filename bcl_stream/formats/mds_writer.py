@@ -27,17 +27,12 @@ from streaming import MDSWriter
 
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.dataset_files import (
-    MDS_INDEX,
-    MDS_INDEX_VERSION,
-    as_token_array,
-    shard_entries,
-    write_mds_index,
-)
+from bcl_stream.formats.dataset_files import as_token_array
 from bcl_stream.formats.loss_spans import LOSS_SPANS, LOSS_SPANS_COLUMN, full_spans
 from bcl_stream.formats.shard_limits import SHARD_BYTES, SHARD_RECORDS
 from bcl_stream.formats.writer_base import FinishOnExit, record_trained, seal_cost_index
 from bcl_stream.io import streaming_compat
+from bcl_stream.io.dataset_dir import MDS_INDEX, MDS_INDEX_VERSION, shard_entries, write_mds_index
 from bcl_stream.io.index import CostIndex
 from bcl_stream.io.remote import upload
 
@@ -101,7 +96,7 @@ class CostedMDSWriter(FinishOnExit, MDSWriter):
                 "add it to columns or pass tokens_field=None and write(sample, tokens=n)"
             )
         # A content hash per shard: the only way a reader can see a flipped payload byte
-        # (bcl_stream.io.integrity checks it before the first read; xxh64: ~3 ms per 64 MB here).
+        # (bcl_stream.formats.integrity checks it before the first read; xxh64: ~3 ms per 64 MB here).
         kwargs.setdefault("hashes", ["xxh64"])
         super().__init__(
             columns=cols,

@@ -34,6 +34,7 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from bcl_stream.cost import resolve
 from bcl_stream.epoch.canonical import canonical_plan
 from bcl_stream.epoch.eval_plan import EvalPlan
 from bcl_stream.epoch.loss_tokens import StepTokens, step_tokens
@@ -44,6 +45,7 @@ from bcl_stream.errors import DatasetError, StateError
 from bcl_stream.formats.read_options import ReadOptions
 from bcl_stream.formats.token_ids import resolve_source
 from bcl_stream.io.index import CostIndex
+from bcl_stream.io.remote import is_remote, open_cost_index
 from bcl_stream.planner import PlanConfig
 
 log = logging.getLogger(__name__)
@@ -109,8 +111,6 @@ class PlanDataset(IterableDataset[Pack]):
     def for_evaluation(self, packing: str = "sequential") -> PlanDataset:
         """Read for validation or test (``epoch/eval_plan.py``): every record once across
         ranks, equal pack counts, packs of at most B records, no epochs; returns ``self``."""
-        from bcl_stream.cost import resolve
-
         model = None if self.config.cost_model is None else resolve(self.config.cost_model)
         self._evaluation = EvalPlan(
             np.asarray(self.index.costs(model)[np.arange(len(self.index))]),
@@ -308,8 +308,6 @@ class DatasetReader(PlanDataset):
         prefetch: object,
     ) -> CostIndex:
         """Open the cost index, check its format, set the plan up and the reading options."""
-        from bcl_stream.io.remote import is_remote
-
         refuse_prefetch_keyword(prefetch, options)
         if options is not None and not isinstance(options, ReadOptions):
             raise ValueError(f"options must be a ReadOptions, got {type(options).__name__}")
@@ -330,8 +328,6 @@ class DatasetReader(PlanDataset):
     def _open_index(
         self, location: str, cache_dir: str | os.PathLike[str] | None
     ) -> tuple[CostIndex, Path]:
-        from bcl_stream.io.remote import open_cost_index
-
         return open_cost_index(location, cache_dir)
 
     @property

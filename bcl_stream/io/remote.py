@@ -2,8 +2,9 @@
 
 We use streaming's own downloaders and uploaders (credentials, endpoints such as
 ``S3_ENDPOINT_URL``, retries inside boto), reached through :mod:`bcl_stream.io.streaming_compat`,
-and add bounded retries with a clear error on top. streaming is imported lazily: it takes
-seconds to import and the planner must not need it.
+and add bounded retries with a clear error on top. streaming is imported inside those hooks
+(``streaming_compat`` itself imports only package metadata): it takes seconds to import and
+the planner must not need it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 from bcl_stream.errors import BCLStreamError, CostIndexError, DatasetError, RemoteAccessError
-from bcl_stream.formats.dataset_files import MDS_INDEX, WDS_SUFFIXES, detect_format, read_mds_index
+from bcl_stream.io.dataset_dir import (
+    MDS_INDEX,
+    WDS_SUFFIXES,
+    detect_format,
+    not_a_directory,
+    read_mds_index,
+)
 from bcl_stream.io.index import (
     COSTS_NPY,
     HASHES_NPY,
@@ -27,6 +34,7 @@ from bcl_stream.io.index import (
     read_index,
     read_index_json,
 )
+from bcl_stream.io.streaming_compat import download_file, list_objects, open_uploader
 
 DEFAULT_RETRIES = 3
 T = TypeVar("T")
@@ -157,8 +165,6 @@ def list_remote(location: str, *, retries: int = DEFAULT_RETRIES) -> list[str]:
         return keys
 
     def list_other() -> list[str]:
-        from bcl_stream.io.streaming_compat import list_objects
-
         return list_objects(location)
 
     action = list_s3 if parsed.scheme == "s3" else list_other
@@ -204,8 +210,6 @@ def download(
     timeout: float = 60.0,
 ) -> Path:
     """Download one file (replacing any local copy) with bounded retries."""
-    from bcl_stream.io.streaming_compat import download_file
-
     target = Path(local)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=target.name + ".")
@@ -227,8 +231,6 @@ def upload(
     local: str | os.PathLike[str], remote_dir: str, name: str, *, retries: int = DEFAULT_RETRIES
 ) -> None:
     """Upload ``local`` to ``remote_dir/name`` with bounded retries."""
-    from bcl_stream.io.streaming_compat import open_uploader
-
     staging = tempfile.mkdtemp(prefix="bcl_upload_")
     try:
         # The uploader is made while ``staging`` is still empty: streaming warns ("exists and
@@ -254,17 +256,6 @@ def upload_index(root: str | os.PathLike[str], remote_dir: str) -> None:
     for name in INDEX_FILES:
         if os.path.isfile(os.path.join(root, name)):
             upload(os.path.join(root, name), remote_dir, name)
-
-
-def not_a_directory(root: Path) -> DatasetError:
-    """The error for a dataset path that is not a directory: a file (a shard given for its
-    dataset, say: the directory is named) or nothing at all."""
-    if root.is_file():
-        return DatasetError(
-            f"{root}: a file, not a dataset directory; give the directory that holds the "
-            f"shards and index ({root.parent})"
-        )
-    return DatasetError(f"{root}: no such dataset directory")
 
 
 def missing_index_error(root: Path, shown: str | None = None) -> BCLStreamError:

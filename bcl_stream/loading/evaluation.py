@@ -17,7 +17,9 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from bcl_stream.epoch.eval_plan import EVAL_PACKINGS
+from bcl_stream.epoch.mixture_index import StreamSpec
 from bcl_stream.epoch.plan import ReaderConfig
+from bcl_stream.formats.open_reader import open_reader
 from bcl_stream.formats.read_options import ReadOptions
 from bcl_stream.formats.reader_base import Pack, PlanDataset
 
@@ -34,8 +36,6 @@ def evaluation_dataset(
     """The reader of ``location`` (its own format) for one evaluation pass of rank ``rank``:
     ``config`` gives the world size, B, the cost model and the token source (the evaluation
     data's own index decides the source when ``config.tokens`` is None)."""
-    from bcl_stream.formats.open_reader import open_reader
-
     if packing not in EVAL_PACKINGS:
         raise ValueError(f"evaluation packing must be one of {EVAL_PACKINGS}, got {packing!r}")
     plain = replace(config, plan=replace(config.plan, scope="rank"))  # any format reads it
@@ -59,8 +59,6 @@ def evaluation_sources(kind: str, data: str | None, streams: list[Any] | None) -
         raise ValueError(f"give {kind}_data or {kind}_streams, not both")
     if streams is None:
         return [] if data is None else [data]
-    from bcl_stream.epoch.mixture_index import StreamSpec
-
     if not isinstance(streams, list | tuple) or not streams:
         raise ValueError(f"{kind}_streams must be a non-empty list, got {streams!r}")
     return [StreamSpec.of(x).path for x in streams]

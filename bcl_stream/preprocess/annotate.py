@@ -45,7 +45,7 @@ from tqdm import tqdm
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.dataset_files import (
+from bcl_stream.io.dataset_dir import (
     MDS_INDEX,
     WDS_SUFFIXES,
     Format,

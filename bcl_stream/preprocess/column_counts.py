@@ -28,7 +28,6 @@ import numpy as np
 
 from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.dataset_files import MDS_INDEX
 from bcl_stream.formats.loss_spans import LOSS_SPANS
 from bcl_stream.formats.mds_lengths import column_bytes, shard_counts
 from bcl_stream.formats.npy import load_npy
@@ -39,6 +38,7 @@ from bcl_stream.formats.token_ids import (
     token_count,
     wds_column,
 )
+from bcl_stream.io.dataset_dir import MDS_INDEX
 from bcl_stream.io.hashing import record_digest
 from bcl_stream.preprocess import trained_counts as tc
 

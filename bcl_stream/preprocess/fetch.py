@@ -16,7 +16,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.dataset_files import MDS_INDEX, WDS_SUFFIXES, read_mds_index
+from bcl_stream.io.dataset_dir import MDS_INDEX, WDS_SUFFIXES, read_mds_index
 from bcl_stream.io.index import INDEX_FILES, INDEX_JSON
 from bcl_stream.io.remote import download, join, upload, upload_index
 from bcl_stream.preprocess.output import remote_listing

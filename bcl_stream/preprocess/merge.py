@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from bcl_stream.errors import BCLStreamError, DatasetError
-from bcl_stream.formats.dataset_files import (
+from bcl_stream.io.dataset_dir import (
     MDS_INDEX,
     MDS_INDEX_VERSION,
     WDS_SUFFIXES,

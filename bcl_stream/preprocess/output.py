@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.dataset_files import MDS_INDEX
+from bcl_stream.io.dataset_dir import MDS_INDEX
 from bcl_stream.io.index import INDEX_JSON
 from bcl_stream.io.remote import is_remote, list_remote
 

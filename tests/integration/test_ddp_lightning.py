@@ -17,7 +17,8 @@ import pytest
 import torch
 from lightning_scripts.harness import cli_fit, cli_run_config, make_trainer, pack_log, tiny_config
 
-from bcl_stream.epoch.plan import ReaderConfig, full_plan
+from bcl_stream.epoch.full_plan import full_plan
+from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.io.index import read_index
 from lightning_module.callbacks import read_pack_log
 from lightning_module.datamodule import BCLDataModule

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from bcl_stream.epoch.plan import ReaderConfig, full_plan
+from bcl_stream.epoch.full_plan import full_plan
+from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.io.remote import open_cost_index
 
 pytestmark = [pytest.mark.slow, pytest.mark.shared_process]

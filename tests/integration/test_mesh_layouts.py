@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bcl_stream.epoch.plan import ReaderConfig, full_plan
+from bcl_stream.epoch.full_plan import full_plan
+from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.io.index import read_index
 from lightning_module.callbacks import read_pack_log
 

@@ -22,7 +22,8 @@ from lightning_scripts.harness import (
     tiny_config,
 )
 
-from bcl_stream.epoch.plan import ReaderConfig, full_plan
+from bcl_stream.epoch.full_plan import full_plan
+from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.errors import StateError
 from bcl_stream.formats.mixture_reader import MixturePackDataset
 from bcl_stream.loading.loader import PackLoader

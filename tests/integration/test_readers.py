@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from bcl_stream.cli import main
-from bcl_stream.epoch.plan import ReaderConfig, full_plan
+from bcl_stream.epoch.full_plan import full_plan
+from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.formats.reader_base import PlanDataset

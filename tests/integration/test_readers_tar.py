@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.dataset_files import tar_record_counts, write_mds_index
+from bcl_stream.formats.dataset_files import tar_record_counts
 from bcl_stream.formats.tar_scan import TarFormatError, split_member, tar_members, tar_records
 from bcl_stream.formats.wds_reader import load_npy
+from bcl_stream.io.dataset_dir import write_mds_index
 
 pytestmark = pytest.mark.shared_process
 

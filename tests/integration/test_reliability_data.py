@@ -22,9 +22,9 @@ from conftest import write_mds
 
 from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.errors import BCLStreamError, CostIndexError, DatasetError, StateError
+from bcl_stream.formats.integrity import ShardVerifier, mds_shard_problem, verify_mds
 from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.io.index import COSTS_NPY, INDEX_JSON
-from bcl_stream.io.integrity import ShardVerifier, mds_shard_problem, verify_mds
 from bcl_stream.loading.loader import PackLoader
 
 pytestmark = pytest.mark.slow

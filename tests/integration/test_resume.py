@@ -16,7 +16,8 @@ from typing import Any, Protocol
 import numpy as np
 import pytest
 
-from bcl_stream.epoch.plan import ReaderConfig, Segment, full_plan
+from bcl_stream.epoch.full_plan import full_plan
+from bcl_stream.epoch.plan import ReaderConfig, Segment
 from bcl_stream.errors import StateError
 from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.formats.reader_base import PlanDataset

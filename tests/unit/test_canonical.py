@@ -11,7 +11,8 @@ import pytest
 from bcl_stream.cost import get_preset
 from bcl_stream.epoch.canonical import canonical_plan
 from bcl_stream.epoch.cursor import Cursor, parse_state, resolve_state
-from bcl_stream.epoch.plan import ReaderConfig, full_plan
+from bcl_stream.epoch.full_plan import full_plan
+from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.errors import StateError
 from bcl_stream.io.index import CostIndex, ShardEntry
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from bcl_stream.cost import get_preset
+from bcl_stream.epoch.full_plan import full_plan
 from bcl_stream.epoch.loss_tokens import StepTokens, normalization, step_tokens
-from bcl_stream.epoch.plan import ReaderConfig, Segment, _costs_and_table, full_plan
+from bcl_stream.epoch.plan import ReaderConfig, Segment, _costs_and_table
 from bcl_stream.epoch.truncation import fed_costs, fed_tokens, fed_trained, truncation
 from bcl_stream.io.index import CostIndex, ShardEntry
 

@@ -7,8 +7,9 @@ import pytest
 
 from bcl_stream.cost import get_preset
 from bcl_stream.epoch.cursor import Cursor, resolve_state
+from bcl_stream.epoch.full_plan import full_plan
 from bcl_stream.epoch.mixture_index import MixtureIndex, SegmentArray, StreamSpec, mixture_changes
-from bcl_stream.epoch.plan import ReaderConfig, ReaderPlan, full_plan
+from bcl_stream.epoch.plan import ReaderConfig, ReaderPlan
 from bcl_stream.epoch.stream_report import stream_report
 from bcl_stream.errors import StateError
 from bcl_stream.io.index import CostIndex, ShardEntry

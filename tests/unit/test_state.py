@@ -9,7 +9,8 @@ import pytest
 
 from bcl_stream.cost import get_preset
 from bcl_stream.epoch.cursor import STATE_VERSION, Cursor, parse_state, resolve_state
-from bcl_stream.epoch.plan import REASON_CONSUMED, ReaderConfig, ReaderPlan, Segment, full_plan
+from bcl_stream.epoch.full_plan import full_plan
+from bcl_stream.epoch.plan import REASON_CONSUMED, ReaderConfig, ReaderPlan, Segment
 from bcl_stream.errors import StateError
 from bcl_stream.io.index import CostIndex, ShardEntry
 

@@ -36,8 +36,8 @@ import numpy as np
 from tqdm import tqdm
 
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.dataset_files import read_mds_index
 from bcl_stream.formats.loss_spans import LOSS_SPANS, check_record_spans
+from bcl_stream.io.dataset_dir import read_mds_index
 from bcl_stream.io.hashing import digest
 from bcl_stream.io.index import CostIndex
 
