@@ -167,7 +167,7 @@ def litdata_fn(chunk: tuple[str, int, int]) -> Any:
     import numpy as np
 
     from bcl_stream.preprocess.sources import record_text
-    from bcl_stream.preprocess.tokenizers import load_tokenizer
+    from bcl_stream.text.tokenizers import load_tokenizer
 
     if not _TOKENIZER:
         _TOKENIZER.append(load_tokenizer("cl100k"))

@@ -116,7 +116,7 @@ def bench_preprocess(
 def tokenized(src: Path) -> tuple[list[np.ndarray], list[str], float, float]:
     """Records as the pipeline writes them; output: (ids, sources, parse s, tokenize s)."""
     from bcl_stream.preprocess.sources import record_text
-    from bcl_stream.preprocess.tokenizers import load_tokenizer
+    from bcl_stream.text.tokenizers import load_tokenizer
 
     tok = load_tokenizer("cl100k")
     start = time.perf_counter()
@@ -141,8 +141,8 @@ def naive_pipeline(src: Path, work: Path) -> dict[str, float]:
     """
     from streaming import MDSWriter
 
-    from bcl_stream.preprocess.chat import render_messages
-    from bcl_stream.preprocess.tokenizers import load_tokenizer
+    from bcl_stream.text.chat import render_messages
+    from bcl_stream.text.tokenizers import load_tokenizer
 
     tok = load_tokenizer("cl100k")
     cols = {"input_ids": "ndarray:uint32", "source": "str"}

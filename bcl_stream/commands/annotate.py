@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bcl_stream.preprocess.templates import LOSS_ON
+from bcl_stream.text.templates import LOSS_ON
 
 
 def add_parser(sub: Any) -> None:

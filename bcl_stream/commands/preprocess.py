@@ -8,7 +8,7 @@ from typing import Any
 
 from bcl_stream.formats.shard_limits import SHARD_RECORDS
 from bcl_stream.preprocess.outliers import POLICIES
-from bcl_stream.preprocess.templates import LOSS_ON
+from bcl_stream.text.templates import LOSS_ON
 
 
 def add_parser(sub: Any) -> None:

@@ -36,10 +36,10 @@ import numpy as np
 from tqdm import tqdm
 
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.loss_spans import LOSS_SPANS, check_record_spans
 from bcl_stream.io.dataset_dir import read_mds_index
 from bcl_stream.io.hashing import digest
 from bcl_stream.io.index import CostIndex
+from bcl_stream.text.loss_spans import LOSS_SPANS, check_record_spans
 
 FIX = (
     "Re-download or re-copy the dataset (for a remote dataset, delete the local cache copy), "

@@ -28,13 +28,13 @@ from streaming import MDSWriter
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.dataset_files import as_token_array
-from bcl_stream.formats.loss_spans import LOSS_SPANS, LOSS_SPANS_COLUMN, full_spans
 from bcl_stream.formats.shard_limits import SHARD_BYTES, SHARD_RECORDS
 from bcl_stream.formats.writer_base import FinishOnExit, record_trained, seal_cost_index
 from bcl_stream.io import streaming_compat
 from bcl_stream.io.dataset_dir import MDS_INDEX, MDS_INDEX_VERSION, shard_entries, write_mds_index
 from bcl_stream.io.index import CostIndex
 from bcl_stream.io.remote import upload
+from bcl_stream.text.loss_spans import LOSS_SPANS, LOSS_SPANS_COLUMN, full_spans
 
 DEFAULT_COLUMNS = {"input_ids": "ndarray:uint32"}
 
@@ -48,7 +48,7 @@ class CostedMDSWriter(FinishOnExit, MDSWriter):
     count of a record is ``len(sample[tokens_field])`` unless ``write(sample, tokens=n)`` says.
 
     Loss masks: with ``loss_spans=True`` (or a ``loss_spans`` column in ``columns``) every
-    record stores ``loss_spans`` (``ndarray:uint32``, :mod:`bcl_stream.formats.loss_spans`); a
+    record stores ``loss_spans`` (``ndarray:uint32``, :mod:`bcl_stream.text.loss_spans`); a
     record written without spans stores ``[0, L]`` (every token trained, the same count as no
     mask). The trained-token count goes into the cost index: from the spans, or
     ``write(sample, trained=k)``, or ``max(L - 1, 0)``.

@@ -7,7 +7,7 @@ in the cost index is by construction the length the reader yields.
   without a dtype is refused in one line that says which option fits instead: counting its
   characters or bytes as tokens (what ``len`` gives) would cost the plan with wrong numbers.
 - text: a ``str`` (or UTF-8 bytes) tokenized with the source's tokenizer, no special tokens
-  added (``preprocess/tokenizers.py``); the tokenizer loads once per process.
+  added (:mod:`bcl_stream.text.tokenizers`); the tokenizer loads once per process.
 
 Values quoted in messages are cut to :data:`QUOTE` characters.
 """
@@ -27,6 +27,9 @@ from bcl_stream.epoch.token_source import KEYS, TokenSource
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.npy import load_npy
 from bcl_stream.io.index import CostIndex
+from bcl_stream.text.layouts import Bad, LayoutOptions, PromptResponse, read_layout
+from bcl_stream.text.templates import Encoder, encode_layout
+from bcl_stream.text.tokenizers import load_tokenizer, tokenizer_identity
 
 QUOTE = 60
 """Characters of a value quoted in an error message."""
@@ -44,17 +47,13 @@ def quote(value: Any) -> str:
 
 @functools.cache
 def _tokenizer(spec: str) -> Any:
-    from bcl_stream.preprocess.tokenizers import load_tokenizer
-
     return load_tokenizer(spec)
 
 
 @functools.cache
 def _encoder(spec: str) -> Any:
-    """The encoder ``preprocess`` uses (``preprocess/templates.py``): a text prompt/response
+    """The encoder ``preprocess`` uses (``text/templates.py``): a text prompt/response
     read here is encoded exactly as ``preprocess`` writes one."""
-    from bcl_stream.preprocess.templates import Encoder
-
     return Encoder(spec)
 
 
@@ -213,8 +212,6 @@ def resolve_source(
 def _same(configured: TokenSource, recorded: TokenSource, index: CostIndex) -> bool:
     if configured.tokenizer is None or recorded.tokenizer is None:
         return configured == recorded
-    from bcl_stream.preprocess.tokenizers import tokenizer_identity
-
     stored = index.extra.get("annotate", {}).get("tokenizer_id")
     if stored is not None and tokenizer_identity(configured.tokenizer) != stored:
         return False
@@ -233,8 +230,6 @@ def prompt_response_ids(
     text encoded as ``preprocess`` encodes a prompt/response record (the response then the
     tokenizer's EOS), ids concatenated as stored; the response is trained."""
     if source.is_text:
-        from bcl_stream.preprocess.layouts import PromptResponse
-
         texts = [
             _as_text(v, f, source, where)
             for v, f in ((prompt, source.field), (response, source.response_field))
@@ -272,8 +267,6 @@ def _as_text(value: Any, field: str | None, source: TokenSource, where: str, hin
 
 @functools.cache
 def _chat_encoder(spec: str, loss_on: str) -> Any:
-    from bcl_stream.preprocess.templates import Encoder
-
     return Encoder(spec, loss_on)
 
 
@@ -281,11 +274,7 @@ def conversation_ids(
     value: Any, source: TokenSource, where: str
 ) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32] | None]:
     """(ids, loss spans or None) of a stored conversation (a list of messages, or its JSON
-    text), rendered and masked exactly as ``preprocess`` does (``preprocess/templates.py``)."""
-    from bcl_stream.preprocess.layouts import LayoutOptions, read_layout
-    from bcl_stream.preprocess.sources import Bad
-    from bcl_stream.preprocess.templates import encode_layout
-
+    text), rendered and masked exactly as ``preprocess`` does (``text/templates.py``)."""
     if isinstance(value, bytes):
         value = value.decode("utf-8", "replace")
     if isinstance(value, str):

@@ -40,7 +40,6 @@ import numpy.typing as npt
 
 from bcl_stream.epoch.plan import ReaderConfig, Segment, reader_plan
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.loss_spans import LOSS_SPANS, check_record_spans
 from bcl_stream.formats.npy import load_npy
 from bcl_stream.formats.read_options import ReadOptions
 from bcl_stream.formats.reader_base import NOT_GIVEN, DatasetReader, Pack, Record
@@ -50,6 +49,7 @@ from bcl_stream.formats.wds_shards import ShardCache, member_index_dir
 from bcl_stream.io.hashing import record_digest
 from bcl_stream.io.index import CostIndex
 from bcl_stream.io.remote import remote_sizes
+from bcl_stream.text.loss_spans import LOSS_SPANS, check_record_spans
 
 Raw = dict[str, bytes]
 

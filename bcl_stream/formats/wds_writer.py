@@ -2,7 +2,7 @@
 
 Each record becomes one tar sample: ``<key>.input_ids.npy`` (the token ids, ``np.save``
 bytes, decoded by stock ``.decode()``), ``<key>.loss_spans.npy`` when the record has a loss
-mask (uint32 spans, :mod:`bcl_stream.formats.loss_spans`; a record without one trains every
+mask (uint32 spans, :mod:`bcl_stream.text.loss_spans`; a record without one trains every
 token) and ``<key>.json`` with ``{"source", "tokens", ...}``.
 Members are encoded here (webdataset's own encoder, from ``streaming_compat``), so the bytes hashed into the record's
 xxh64 (``bcl_hashes.npy``, checked by the reader) are exactly the bytes in the tar.
@@ -31,7 +31,6 @@ import webdataset as wds
 
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.formats.dataset_files import as_token_array
-from bcl_stream.formats.loss_spans import LOSS_SPANS
 from bcl_stream.formats.npy import npy_bytes
 from bcl_stream.formats.shard_limits import SHARD_BYTES, SHARD_RECORDS
 from bcl_stream.formats.writer_base import FinishOnExit, record_trained, seal_cost_index
@@ -39,6 +38,7 @@ from bcl_stream.io import streaming_compat
 from bcl_stream.io.hashing import record_digest
 from bcl_stream.io.index import CostIndex, ShardEntry
 from bcl_stream.io.remote import is_remote, upload
+from bcl_stream.text.loss_spans import LOSS_SPANS
 
 SHARD_PATTERN = "shard-%06d.tar"
 

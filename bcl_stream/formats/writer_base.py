@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from bcl_stream.cost import CostModel
-from bcl_stream.formats.loss_spans import LOSS_SPANS, LossSpansError, check_spans, trained_count
 from bcl_stream.io.index import CostIndex, ShardEntry, write_index
 from bcl_stream.io.remote import upload_index
+from bcl_stream.text.loss_spans import LOSS_SPANS, LossSpansError, check_spans, trained_count
 
 
 def seal_cost_index(
@@ -85,7 +85,7 @@ def record_trained(
     """(the record's checked ``loss_spans`` or None, its trained-token count): ``trained`` as
     given, else counted from ``sample["loss_spans"]``, else ``max(tokens - 1, 0)``. A count
     given beside spans must agree with them; spans that break the stored form are refused
-    naming the record (:mod:`bcl_stream.formats.loss_spans`)."""
+    naming the record (:mod:`bcl_stream.text.loss_spans`)."""
     spans = sample.get(LOSS_SPANS)
     if spans is not None:
         try:

@@ -5,7 +5,7 @@ shard list for WebDataset), because readers take that one as "dataset complete":
 
 - ``bcl_costs.npy``: a structured array ordered by global record id, fields ``tokens``
   (uint32), ``cost`` (float32) and (format 4) ``trained`` (uint32: the record's trained
-  tokens, the loss mask's positions t >= 1, :mod:`bcl_stream.formats.loss_spans`), 12 bytes
+  tokens, the loss mask's positions t >= 1, :mod:`bcl_stream.text.loss_spans`), 12 bytes
   per record. Costs count every token: a loss mask does not change compute.
 - ``bcl_index.json``: format version, dataset format, cost model, per-shard sample counts,
   the SHA-256 of the array's bytes, summary statistics, and (format 3) the seal

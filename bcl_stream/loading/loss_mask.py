@@ -2,7 +2,7 @@
 
 Why a mask per position: both label conventions (``collate.py``) and the trained-token counts
 a per-token mean divides by follow from one rule, so they cannot disagree. The stored form and
-its checks are ``bcl_stream.formats.loss_spans``'s; a record without ``loss_spans`` trains
+its checks are ``bcl_stream.text.loss_spans``'s; a record without ``loss_spans`` trains
 every token. Position 0 is never a target (nothing precedes it), so a record of L tokens
 trains at most L - 1: the count ``CostIndex.trained`` stores per record.
 
@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.loss_spans import LOSS_SPANS, LossSpansError, check_spans, mask_from_spans
+from bcl_stream.text.loss_spans import LOSS_SPANS, LossSpansError, check_spans, mask_from_spans
 
 
 def target_mask(record: Mapping[str, Any], length: int, sample_id: int) -> npt.NDArray[np.bool_]:

@@ -64,11 +64,12 @@ from bcl_stream.preprocess.column_counts import (
     spread,
     wds_shard_counts,
 )
+from bcl_stream.preprocess.fetch import push_index
 from bcl_stream.preprocess.lock import output_lock
 from bcl_stream.preprocess.output import remote_listing
 from bcl_stream.preprocess.parts import Part, part_record, shard_span
 from bcl_stream.preprocess.shard_pool import map_shards
-from bcl_stream.preprocess.tokenizers import tokenizer_identity
+from bcl_stream.text.tokenizers import tokenizer_identity
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,8 +309,6 @@ def _write(
 ) -> None:
     """The cost index (then, for a whole MDS dataset, ``index.json`` with the pointer) at
     ``target``: written in place (local) or staged in ``out`` and uploaded (remote)."""
-    from bcl_stream.preprocess.fetch import push_index
-
     remote = is_remote(location)
     local = out if remote else Path(target.removeprefix("file://"))
     write_index(local, index)

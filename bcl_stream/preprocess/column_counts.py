@@ -28,7 +28,6 @@ import numpy as np
 
 from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.loss_spans import LOSS_SPANS
 from bcl_stream.formats.mds_lengths import column_bytes, shard_counts
 from bcl_stream.formats.npy import load_npy
 from bcl_stream.formats.tar_scan import TAR_ERRORS, tar_records
@@ -38,9 +37,11 @@ from bcl_stream.formats.token_ids import (
     token_count,
     wds_column,
 )
+from bcl_stream.io import streaming_compat
 from bcl_stream.io.dataset_dir import MDS_INDEX
 from bcl_stream.io.hashing import record_digest
 from bcl_stream.preprocess import trained_counts as tc
+from bcl_stream.text.loss_spans import LOSS_SPANS
 
 LENGTH_CHECK_SHARDS = 4
 """Shards (evenly spread, first and last included) whose records check a length column."""
@@ -138,8 +139,6 @@ def _mds_check(root: Path, shard: dict[str, Any], column: str, counting: Countin
 def _decoded(root: Path, shard: dict[str, Any], column: str, limit: int | None) -> list[Any]:
     """Column values of a shard decoded with streaming's reader (any encoding, compressed
     shards too), the first ``limit`` samples (None: all)."""
-    from bcl_stream.io import streaming_compat  # imports streaming: only when needed
-
     raw = shard["raw_data"]["basename"]
     with tempfile.TemporaryDirectory(prefix="bcl_annotate_") as tmp:
         dirname = str(root)

@@ -27,6 +27,7 @@ from typing import Any
 from bcl_stream.errors import BCLStreamError, DatasetError
 from bcl_stream.io.index import CostIndex
 from bcl_stream.io.remote import is_remote
+from bcl_stream.preprocess.merge import merge
 from bcl_stream.preprocess.output import is_complete, remote_listing
 from bcl_stream.preprocess.parts import Part
 from bcl_stream.preprocess.pipeline import PreprocessReport, preprocess
@@ -84,8 +85,6 @@ def preprocess_parts(
         raise DatasetError(
             "--engine ray needs Ray: pip install 'bcl-stream[ray]' (on every node of the cluster)"
         ) from exc
-    from bcl_stream.preprocess.merge import merge
-
     todo = [
         i
         for i in range(parts)

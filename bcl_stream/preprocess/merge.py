@@ -54,8 +54,9 @@ from bcl_stream.io.index import (
     write_index,
 )
 from bcl_stream.io.remote import download, is_remote, join, list_remote
+from bcl_stream.preprocess.fetch import push_index
 from bcl_stream.preprocess.lock import output_lock
-from bcl_stream.preprocess.output import is_complete
+from bcl_stream.preprocess.output import delete_remote, is_complete
 from bcl_stream.preprocess.parts import Part
 
 SAME = ("format", "tokenizer", "chat_template", "loss_on", "kind", "inputs", "annotate")
@@ -366,9 +367,6 @@ def merge(output: str | os.PathLike[str]) -> CostIndex:
                 data = _check_annotated(location, root, index, top)
             _write_local(root, index, data)
             return index
-        from bcl_stream.preprocess.fetch import push_index
-        from bcl_stream.preprocess.output import delete_remote
-
         tmp = Path(tempfile.mkdtemp(prefix="bcl_merge_"))
         try:
             parts, top = _remote_parts(location, tmp)

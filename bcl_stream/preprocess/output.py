@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 from bcl_stream.errors import DatasetError
 from bcl_stream.io.dataset_dir import MDS_INDEX
 from bcl_stream.io.index import INDEX_JSON
-from bcl_stream.io.remote import is_remote, list_remote
+from bcl_stream.io.remote import is_remote, join, list_remote
 
 DATASET_FILE = re.compile(
     r"^(index\.json|bcl_index\.json|bcl_costs\.npy|bcl_hashes\.npy|bcl_skipped\.txt|shard\.\d+\.mds(\.\w+)?|shard-\d+\.tar(\.gz)?"
@@ -45,8 +45,6 @@ def remote_listing(output: str) -> list[str]:
 
 def delete_remote(output: str, names: list[str]) -> None:
     import boto3
-
-    from bcl_stream.io.remote import join
 
     client = boto3.client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None)
     for name in names:

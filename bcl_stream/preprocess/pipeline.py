@@ -8,7 +8,7 @@ report is printed and stored in the cost index (``extra.preprocess``). Records s
 ``bcl_skipped.txt`` beside the shards (``file:line<TAB>reason<TAB>message``, one a line).
 
 Records with a loss mask (conversations, prompt/response) are written with ``loss_spans``
-(``formats/loss_spans.py``). MDS columns are fixed per dataset, so an MDS dataset has the
+(``text/loss_spans.py``). MDS columns are fixed per dataset, so an MDS dataset has the
 column on every record unless ``--loss-on all`` (a text record then stores ``[0, L]``, which
 trains what no mask trains); WebDataset stores the member only on masked records. A record
 truncated by ``--outliers truncate`` keeps the part of its mask that survives the cut (one left
@@ -30,16 +30,17 @@ from tqdm import tqdm
 
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.loss_spans import trained_count
 from bcl_stream.formats.shard_limits import SHARD_BYTES, SHARD_RECORDS
-from bcl_stream.preprocess.layouts import LayoutOptions
+from bcl_stream.io.remote import join, upload
 from bcl_stream.preprocess.lock import output_lock
 from bcl_stream.preprocess.outliers import OutlierPolicy
 from bcl_stream.preprocess.output import check_output, prepare_output, remove_if_empty
 from bcl_stream.preprocess.parts import Part, input_identity, input_slices, part_record
-from bcl_stream.preprocess.sources import Bad, InputSlice, check_inputs, read_records
-from bcl_stream.preprocess.templates import LOSS_ON, Encoded, Encoder
+from bcl_stream.preprocess.sources import InputSlice, check_inputs, read_records
 from bcl_stream.preprocess.work import EncodeOptions, tokenize_stream
+from bcl_stream.text.layouts import Bad, LayoutOptions
+from bcl_stream.text.loss_spans import trained_count
+from bcl_stream.text.templates import LOSS_ON, Encoded, Encoder
 
 T = TypeVar("T")
 FORMATS = ("mds", "wds")
@@ -240,10 +241,10 @@ def preprocess(
 ) -> PreprocessReport:
     """Tokenize ``inputs`` (JSONL/Parquet) into a costed dataset at ``output`` (dir or s3://).
 
-    Records are read in any layout of ``preprocess/layouts.py`` (``messages_field`` names a
+    Records are read in any layout of ``text/layouts.py`` (``messages_field`` names a
     conversation field other than ``messages``/``conversations``). ``tokenizer``: ``cl100k``,
     a ``tokenizer.json``, or a Hugging Face tokenizer directory, whose chat template then
-    renders conversations (``preprocess/templates.py``). ``loss_on`` (``assistant``, ``last``,
+    renders conversations (``text/templates.py``). ``loss_on`` (``assistant``, ``last``,
     ``all``) decides each conversation's stored loss mask; prompt/response records train the
     response unless ``all``.
 
@@ -454,8 +455,6 @@ class _SkipList:
         if self._path is None:
             return None
         self.close()
-        from bcl_stream.io.remote import join, upload
-
         remote = getattr(writer, "remote", None)
         if remote:
             upload(self._path, remote, SKIPPED_FILE)

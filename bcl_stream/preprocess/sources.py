@@ -3,7 +3,7 @@
 The reader in the main process does as little as possible (split lines, slice Parquet batches)
 and hands chunks of raw records to the tokenizing workers: JSON parsing and UTF-8 decoding run
 there, in parallel, and every failure comes back as a :class:`Bad` that names ``file:line``.
-A record is a JSON object in one of the layouts ``preprocess/layouts.py`` reads (a text field,
+A record is a JSON object in one of the layouts ``text/layouts.py`` reads (a text field,
 a conversation, a prompt and its response).
 """
 
@@ -16,22 +16,14 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from bcl_stream.errors import DatasetError
-from bcl_stream.preprocess.chat import ChatFormatError, render_messages
+from bcl_stream.text.chat import ChatFormatError, render_messages
+from bcl_stream.text.layouts import Bad
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 
 Raw = tuple[str, "bytes | dict[str, Any]"]
 """(source "file:line", a JSONL line's bytes or a Parquet row)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Bad:
-    """A record that could not be turned into text: why (a report key) and a message."""
-
-    source: str
-    reason: str
-    message: str
 
 
 def check_inputs(inputs: list[str]) -> None:
@@ -215,7 +207,7 @@ def check_text(source: str, text: str) -> str | Bad:
 def record_text(source: str, payload: bytes | dict[str, Any], text_field: str) -> str | Bad:
     """The text of one raw record under the built-in ChatML (a text field, or ``messages``
     with string contents), or why there is none. ``preprocess`` itself reads every layout
-    (``preprocess/layouts.py``); this is the plain-text view of the two original ones."""
+    (``text/layouts.py``); this is the plain-text view of the two original ones."""
     record = parse_payload(source, payload)
     if isinstance(record, Bad):
         return record

@@ -4,7 +4,7 @@ Two layouts carry what is trained without a rewrite:
 
 - a stored ``loss_spans`` column (MDS ``ndarray:uint32``) or member (WebDataset
   ``<key>.loss_spans.npy``), as ``preprocess`` writes it: each record's trained count is its
-  spans' (:mod:`bcl_stream.formats.loss_spans`), checked against the record's token count;
+  spans' (:mod:`bcl_stream.text.loss_spans`), checked against the record's token count;
 - prompt/response columns (``TokenSource.response_field``, llm-foundry's finetuning layout as
   its converter writes it with stock ``MDSWriter``): the readers build ``input_ids`` = prompt
   ids + response ids and ``loss_spans`` = the response (``formats/token_ids.py``), so the
@@ -24,8 +24,8 @@ from typing import Any
 
 from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.loss_spans import LOSS_SPANS, LossSpansError, check_spans, trained_count
 from bcl_stream.formats.token_ids import conversation_ids, prompt_response_ids
+from bcl_stream.text.loss_spans import LOSS_SPANS, LossSpansError, check_spans, trained_count
 
 
 def response_source(source: TokenSource) -> TokenSource:

@@ -1,5 +1,5 @@
 """Worker side of preprocessing: raw record chunks -> token ids and loss masks, in a
-process pool (``preprocess/layouts.py`` reads each record's layout, ``preprocess/templates.py``
+process pool (``text/layouts.py`` reads each record's layout, ``text/templates.py``
 renders and tokenizes it).
 
 Tokenization is the expensive step (about 90 % of preprocessing time with cl100k), so it runs
@@ -17,9 +17,9 @@ from multiprocessing import get_context
 from multiprocessing.pool import AsyncResult
 from typing import Any
 
-from bcl_stream.preprocess.layouts import Layout, LayoutOptions, Text, read_layout
-from bcl_stream.preprocess.sources import Bad, Raw, check_text, parse_payload
-from bcl_stream.preprocess.templates import Encoded, Encoder, encode_layout
+from bcl_stream.preprocess.sources import Raw, check_text, parse_payload
+from bcl_stream.text.layouts import Bad, Layout, LayoutOptions, Text, read_layout
+from bcl_stream.text.templates import Encoded, Encoder, encode_layout
 
 Result = tuple[str, "Encoded | Bad"]
 

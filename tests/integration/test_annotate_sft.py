@@ -14,16 +14,16 @@ import pytest
 from bcl_stream.cli import main
 from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.loss_spans import trained_count
 from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.formats.wds_reader import WDSPackDataset
 from bcl_stream.io.index import read_index
 from bcl_stream.loading.collate import collate_packed
 from bcl_stream.loading.loader import PackLoader
 from bcl_stream.preprocess.annotate import annotate
-from bcl_stream.preprocess.layouts import PromptResponse
-from bcl_stream.preprocess.templates import Encoder
-from bcl_stream.preprocess.tokenizers import load_hf_tokenizer
+from bcl_stream.text.layouts import PromptResponse
+from bcl_stream.text.loss_spans import trained_count
+from bcl_stream.text.templates import Encoder
+from bcl_stream.text.tokenizers import load_hf_tokenizer
 from tests.hf_tokenizers import LLAMA3, build_tokenizer_dir
 
 PAIRS = [
@@ -261,7 +261,7 @@ def test_stored_conversations_are_rendered_as_preprocess_renders_them(
         progress=False,
     )
     encoder = Encoder(tok, loss_on)
-    from bcl_stream.preprocess.layouts import Conversation
+    from bcl_stream.text.layouts import Conversation
 
     want = [encoder.encode(Conversation(m)) for m in CONVERSATIONS]
     assert index.tokens.tolist() == [e.ids.size for e in want]

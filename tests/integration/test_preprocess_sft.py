@@ -12,13 +12,13 @@ import pytest
 from bcl_stream.cli import main
 from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.loss_spans import mask_from_spans, trained_count
 from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.formats.wds_reader import WDSPackDataset
 from bcl_stream.io.index import read_index
 from bcl_stream.loading.loader import PackLoader
 from bcl_stream.preprocess import preprocess
-from bcl_stream.preprocess.tokenizers import load_hf_tokenizer
+from bcl_stream.text.loss_spans import mask_from_spans, trained_count
+from bcl_stream.text.tokenizers import load_hf_tokenizer
 from tests.hf_tokenizers import LLAMA3, LLAMA3_GENERATION, build_tokenizer_dir
 
 

@@ -95,7 +95,7 @@ def test_interrupted_write_is_refused_by_readers(tmp_path: Path, fmt: str) -> No
 
 def _chat_corpus(path: Path, n: int, seed: int = 0) -> list[str]:
     """JSONL chat records (the demo's shape); output: the rendered texts."""
-    from bcl_stream.preprocess.chat import render_messages
+    from bcl_stream.text.chat import render_messages
 
     rng = np.random.default_rng(seed)
     texts = []

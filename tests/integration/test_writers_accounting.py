@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from bcl_stream.formats.dataset_files import open_layout
 from bcl_stream.preprocess import preprocess
-from bcl_stream.preprocess.tokenizers import load_tokenizer
+from bcl_stream.text.tokenizers import load_tokenizer
 
 pytestmark = pytest.mark.shared_process
 

@@ -11,7 +11,6 @@ import pytest
 
 from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.loss_spans import spans_from_mask, trained_count
 from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.formats.mds_writer import CostedMDSWriter
 from bcl_stream.formats.wds_reader import WDSPackDataset
@@ -19,6 +18,7 @@ from bcl_stream.formats.wds_writer import CostedWDSWriter
 from bcl_stream.io.index import read_index
 from bcl_stream.io.index_meta import seal
 from bcl_stream.loading.loader import PackLoader
+from bcl_stream.text.loss_spans import spans_from_mask, trained_count
 
 
 def masked_records(n: int, seed: int = 3) -> list[dict]:

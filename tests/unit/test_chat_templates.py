@@ -13,11 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bcl_stream.formats.loss_spans import mask_from_spans
-from bcl_stream.preprocess.layouts import Conversation, LayoutOptions, PromptResponse, read_layout
-from bcl_stream.preprocess.sources import Bad
-from bcl_stream.preprocess.templates import Encoder, encode_layout
-from bcl_stream.preprocess.tokenizers import load_hf_tokenizer
+from bcl_stream.text.layouts import Bad, Conversation, LayoutOptions, PromptResponse, read_layout
+from bcl_stream.text.loss_spans import mask_from_spans
+from bcl_stream.text.templates import Encoder, encode_layout
+from bcl_stream.text.tokenizers import load_hf_tokenizer
 from tests.hf_tokenizers import CHATML, LLAMA3, LLAMA3_GENERATION, build_tokenizer_dir
 
 CONVERSATIONS = [

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from bcl_stream.preprocess.layouts import (
+from bcl_stream.text.layouts import (
+    Bad,
     Conversation,
     LayoutOptions,
     PromptResponse,
     Text,
     read_layout,
 )
-from bcl_stream.preprocess.sources import Bad
 
 HI = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
 

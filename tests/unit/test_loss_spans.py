@@ -10,15 +10,6 @@ import pytest
 
 from bcl_stream.cost import get_preset
 from bcl_stream.errors import CostIndexError, DatasetError
-from bcl_stream.formats.loss_spans import (
-    LossSpansError,
-    check_record_spans,
-    check_spans,
-    full_spans,
-    mask_from_spans,
-    spans_from_mask,
-    trained_count,
-)
 from bcl_stream.io.index import (
     COST_DTYPE,
     COSTS_NPY,
@@ -30,6 +21,15 @@ from bcl_stream.io.index import (
     write_index,
 )
 from bcl_stream.io.index_meta import seal
+from bcl_stream.text.loss_spans import (
+    LossSpansError,
+    check_record_spans,
+    check_spans,
+    full_spans,
+    mask_from_spans,
+    spans_from_mask,
+    trained_count,
+)
 from tests.old_formats import write_format_3_arrays
 
 MODEL = get_preset("llama3-8b")

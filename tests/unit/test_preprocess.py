@@ -11,12 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bcl_stream.errors import DatasetError
-from bcl_stream.preprocess.chat import TEMPLATE, ChatFormatError, render_messages
 from bcl_stream.preprocess.outliers import OutlierPolicy
 from bcl_stream.preprocess.output import prepare_output
 from bcl_stream.preprocess.pipeline import parse_size
-from bcl_stream.preprocess.sources import Bad, check_inputs, read_records, record_text
-from bcl_stream.preprocess.tokenizers import load_tokenizer
+from bcl_stream.preprocess.sources import check_inputs, read_records, record_text
+from bcl_stream.text.chat import TEMPLATE, ChatFormatError, render_messages
+from bcl_stream.text.layouts import Bad
+from bcl_stream.text.tokenizers import load_tokenizer
 
 
 def test_chat_template_renders_every_message_in_order() -> None:

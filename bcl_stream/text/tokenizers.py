@@ -5,7 +5,7 @@ Texts are counted with no special tokens added (``encode_ordinary`` for tiktoken
 ``add_special_tokens=False`` for ``tokenizers``), so a record's count is a property of its
 text alone. A Hugging Face directory tokenizes text the same way (its ``tokenizer.json``), and
 also brings the model's chat template and special tokens: :func:`load_hf_tokenizer` loads it
-with ``transformers.AutoTokenizer`` (offline, local files only) for ``preprocess/templates.py``.
+with ``transformers.AutoTokenizer`` (offline, local files only) for ``text/templates.py``.
 Tokenizers are built inside each worker process (neither pickles cheaply).
 
 Every tokenizer also gives each token's first character (:meth:`Tokenizer.starts`), which is

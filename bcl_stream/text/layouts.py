@@ -16,7 +16,7 @@
 
 Which one a record is: its text field if present (as before), else its messages field, else
 prompt/response, else it is refused naming the fields it has. Malformed values are a
-:class:`~bcl_stream.preprocess.sources.Bad` that names the message and what is wrong.
+:class:`Bad` that names the message and what is wrong.
 """
 
 from __future__ import annotations
@@ -24,7 +24,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bcl_stream.preprocess.sources import Bad
+
+@dataclass(frozen=True, slots=True)
+class Bad:
+    """A record that could not be turned into text: why (a report key) and a message."""
+
+    source: str
+    reason: str
+    message: str
+
 
 MESSAGES_FIELDS = ("messages", "conversations")
 """Where a conversation is looked for when ``--messages-field`` is not given."""

@@ -8,7 +8,7 @@ Which template renders a conversation:
   ids, BOS where the template puts it. Message keys besides role/content (``tool_calls``,
   ``name``) and the record's ``tools`` reach the template as given;
 - otherwise (cl100k, a bare ``tokenizer.json``, a directory without a template): the built-in
-  plain-text ChatML of ``preprocess/chat.py``, tokenized with no special tokens.
+  plain-text ChatML of ``text/chat.py``, tokenized with no special tokens.
 
 Which tokens are trained (``loss_on``, stored as ``loss_spans``):
 
@@ -41,17 +41,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bcl_stream.formats.loss_spans import mask_from_spans, spans_from_mask, trained_count
-from bcl_stream.preprocess.chat import render_turns
-from bcl_stream.preprocess.layouts import (
+from bcl_stream.text.chat import TEMPLATE, render_turns
+from bcl_stream.text.layouts import (
+    Bad,
     Conversation,
     Layout,
     PromptResponse,
     Text,
     trains_something,
 )
-from bcl_stream.preprocess.sources import Bad
-from bcl_stream.preprocess.tokenizers import (
+from bcl_stream.text.loss_spans import mask_from_spans, spans_from_mask, trained_count
+from bcl_stream.text.tokenizers import (
     Tokenizer,
     chat_template_of,
     load_hf_tokenizer,
@@ -126,8 +126,6 @@ class Encoder:
 
     def describe(self) -> str:
         """The template conversations are rendered with: the tokenizer's own, or ChatML."""
-        from bcl_stream.preprocess.chat import TEMPLATE
-
         return self.template if self.template is not None else TEMPLATE
 
     def encode(self, layout: Layout) -> Encoded:

@@ -1,7 +1,7 @@
 """The built-in chat template: how a conversation becomes the text we tokenize when the
 tokenizer brings no chat template of its own (cl100k, a bare ``tokenizer.json``). A tokenizer
 directory with a ``chat_template`` is rendered by that template instead
-(``preprocess/templates.py``).
+(``text/templates.py``).
 
 ChatML-style, one block per message, rendered as plain text and tokenized with no special
 tokens (so the same string gives the same count under any tokenizer)::
@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import json
 from typing import Any
+
+from bcl_stream.text.layouts import message_text
 
 TEMPLATE = "<|im_start|>{role}\n{content}<|im_end|>\n"
 """The per-message template (documented in docs/preprocessing.md)."""
@@ -58,12 +60,10 @@ def render_messages(messages: Any) -> str:
 
 
 def render_turns(messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
-    """The text of normalized messages (``preprocess/layouts.py``) under :data:`TEMPLATE`,
+    """The text of normalized messages (``text/layouts.py``) under :data:`TEMPLATE`,
     and for each message the character range ``[start, end)`` of its content, tool calls and
     ``<|im_end|>`` (what an assistant turn trains). Equal to :func:`render_messages` for
     string contents without tool calls."""
-    from bcl_stream.preprocess.layouts import message_text
-
     pieces: list[str] = []
     ranges: list[tuple[int, int]] = []
     position = 0
