@@ -26,6 +26,7 @@ from bcl_stream.cost import resolve
 from bcl_stream.epoch.cache import cached
 from bcl_stream.epoch.canonical_config import check_canonical
 from bcl_stream.epoch.mixture_index import MixtureIndex
+from bcl_stream.epoch.process_group import process_group
 from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.epoch.truncation import fed_costs, fed_tokens
 from bcl_stream.errors import StateError
@@ -129,13 +130,27 @@ class ReaderConfig:
         canonical_ranks_per_node: int | None = None,
         **plan_fields: Any,
     ) -> ReaderConfig:
-        """A config from flat keyword arguments: ``plan_fields`` are :class:`PlanConfig`'s."""
+        """A config from flat keyword arguments: ``plan_fields`` are :class:`PlanConfig`'s.
+
+        ``world_size`` left out: the initialised torch process group's size (one process a
+        data-parallel rank); without a process group it is required. A ``world_size`` given
+        wins (with tensor or context parallelism it is the data-parallel size, which divides
+        the group; the reader refuses one that contradicts the group).
+        """
         unknown = set(plan_fields) - PLAN_FIELDS
         if unknown:
             raise ValueError(
                 f"unknown reader config fields {sorted(unknown)}; planner fields are "
                 f"{sorted(PLAN_FIELDS)}, plus seed, cost_model and packing"
             )
+        if "world_size" not in plan_fields:
+            group = process_group()
+            if group is None:
+                raise ValueError(
+                    "world_size is required: no torch process group is initialised to take it "
+                    "from (give world_size=..., or build the config after init_process_group)"
+                )
+            plan_fields["world_size"] = group.world_size
         return cls(
             plan=PlanConfig(**plan_fields),
             seed=seed,

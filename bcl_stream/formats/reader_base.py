@@ -39,6 +39,7 @@ from bcl_stream.epoch.canonical import canonical_plan
 from bcl_stream.epoch.eval_plan import EvalPlan
 from bcl_stream.epoch.loss_tokens import StepTokens, step_tokens
 from bcl_stream.epoch.plan import PlanData, ReaderConfig, ReaderPlan, Segment, reader_plan
+from bcl_stream.epoch.process_group import process_group
 from bcl_stream.epoch.steps import step_cut, whole_steps
 from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.errors import DatasetError, StateError
@@ -56,10 +57,10 @@ MAX_SEGMENTS = 32
 
 
 def detect_rank() -> int:
-    """This process's data-parallel rank: torch.distributed if initialised, else env RANK."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return int(torch.distributed.get_rank())
-    return int(os.environ.get("RANK", "0"))
+    """This process's data-parallel rank: the process group's if one is initialised, else
+    env ``RANK`` (0 when unset)."""
+    group = process_group()
+    return group.rank if group is not None else int(os.environ.get("RANK", "0"))
 
 
 class PlanDataset(IterableDataset[Pack]):
@@ -71,7 +72,8 @@ class PlanDataset(IterableDataset[Pack]):
     ``len()`` is the number of packs per rank in the current epoch, equal on every rank.
     ``rank`` is a data-parallel rank: under tensor or context parallelism every process of a
     group passes the group's rank and yields the same packs (``config.plan.world_size`` then
-    divides the process group); None detects it from the process group (one process a rank).
+    divides the process group); None takes the process group's rank (one process a rank),
+    else env ``RANK``. An explicit rank wins over the group's.
     """
 
     location: str = ""
@@ -82,21 +84,23 @@ class PlanDataset(IterableDataset[Pack]):
         self.index = index
         self.config = config
         self.rank = detect_rank() if rank is None else int(rank)
-        if not 0 <= self.rank < config.plan.world_size:
-            raise ValueError(f"rank must be in [0, {config.plan.world_size}), got {self.rank}")
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
+        group = process_group()
+        if group is not None:
             # The plan's ranks are data-parallel ranks. A rank detected from the process group
             # is a process: one per plan rank. A rank given by the caller may be a data-parallel
             # rank shared by a tensor/context-parallel group of world // world_size processes.
-            world = torch.distributed.get_world_size()
+            world = group.world_size
             dp = config.plan.world_size
             if world != dp and (rank is None or world % dp):
                 raise ValueError(
                     f"ReaderConfig.world_size={dp} but the process group has {world} ranks; "
-                    f"ranks would disagree on the plan. Set world_size={world}, or (tensor or "
+                    f"ranks would disagree on the plan. Set world_size={world} (or leave it "
+                    "out of ReaderConfig.build, which takes the group's), or (tensor or "
                     "context parallelism) pass the data-parallel rank explicitly with a "
                     "world_size that divides the process group."
                 )
+        if not 0 <= self.rank < config.plan.world_size:
+            raise ValueError(f"rank must be in [0, {config.plan.world_size}), got {self.rank}")
         self.fingerprint = index.fingerprint()
         # [epoch, first pack, n segments, (world_size, ranks_per_node, packs_consumed) * n]:
         # the loader's last hand-over, shared with worker processes, persistent ones included.
