@@ -27,11 +27,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.errors import CostIndexError, DatasetError
 from bcl_stream.formats.integrity import ShardVerifier
-from bcl_stream.formats.read_options import ReadOptions
-from bcl_stream.formats.reader_base import NOT_GIVEN, DatasetReader, Pack
+from bcl_stream.formats.reader_base import DatasetReader, Pack
 from bcl_stream.formats.token_ids import with_ids
 from bcl_stream.io.dataset_dir import read_mds_index
 from bcl_stream.io.index import CostIndex
@@ -87,22 +85,13 @@ class MDSPackDataset(DatasetReader):
 
     format = "mds"
 
-    def __init__(
-        self,
-        location: str | os.PathLike[str],
-        config: ReaderConfig,
-        rank: int | None = None,
-        *,
-        cache_dir: str | os.PathLike[str] | None = None,
-        options: ReadOptions | None = None,
-        prefetch: object = NOT_GIVEN,
-        **streaming_kwargs: Any,
+    def _open_format(
+        self, index: CostIndex, cache_dir: str | os.PathLike[str] | None, **streaming_kwargs: Any
     ) -> None:
         from streaming import StreamingDataset
 
-        self._open_dataset(location, config, rank, cache_dir, options, prefetch)
         location = self.location
-        kwargs: dict[str, Any] = {"shuffle": False, "batch_size": config.plan.pack_size}
+        kwargs: dict[str, Any] = {"shuffle": False, "batch_size": self.config.plan.pack_size}
         kwargs.update(self.options.streaming_kwargs())
         kwargs.update(streaming_kwargs)
         if self.remote:

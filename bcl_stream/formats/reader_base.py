@@ -280,16 +280,27 @@ def _tagged(
     return pack
 
 
+NOT_GIVEN = object()
+"""The default of the refused ``prefetch=`` keyword (any value given is refused)."""
+
+
 class DatasetReader(PlanDataset):
     """A reader of one costed dataset (MDS or WebDataset, not a mixture): its index is the
     dataset's :class:`~bcl_stream.io.index.CostIndex`. Records' ``input_ids`` come from the
     token source (``ReaderConfig.tokens``, or the one the index was counted from).
 
-    The set-up both formats share is here, once (:meth:`_open_dataset`): the cost index and its
-    format, the token source, and the :class:`~bcl_stream.formats.read_options.ReadOptions`
-    (the only place a prefetch depth, a cache limit or a download timeout is given: the old
-    ``prefetch=`` keyword, which could contradict ``options``, is refused), plus the check that
-    a ``cache_limit`` holds the node's shard working set (:meth:`_check_cache_fit`).
+    The set-up both formats share is here, once: the constructor's parameters and
+    :meth:`_open_dataset` (the cost index and its format, the token source, and the
+    :class:`~bcl_stream.formats.read_options.ReadOptions`, the only place a prefetch depth, a
+    cache limit or a download timeout is given: the old ``prefetch=`` keyword, which could
+    contradict ``options``, is refused), plus the check that a ``cache_limit`` holds the
+    node's shard working set (:meth:`_check_cache_fit`). A format adds what is its own in
+    :meth:`_open_format`.
+
+    ``location``: the dataset root, a local directory or a remote URL; ``rank``: the
+    data-parallel rank (None: the process group's, else env ``RANK``); ``cache_dir``: the
+    node's cache, required for a remote dataset; ``format_kwargs``: the format's own options
+    (MDS: passed on to ``StreamingDataset``; WebDataset takes none).
     """
 
     index: CostIndex
@@ -301,6 +312,26 @@ class DatasetReader(PlanDataset):
     remote: bool
     root: Path
     """The local directory holding the shards (a remote dataset's cache directory)."""
+
+    def __init__(
+        self,
+        location: str | os.PathLike[str],
+        config: ReaderConfig,
+        rank: int | None = None,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        options: ReadOptions | None = None,
+        prefetch: object = NOT_GIVEN,
+        **format_kwargs: Any,
+    ) -> None:
+        index = self._open_dataset(location, config, rank, cache_dir, options, prefetch)
+        self._open_format(index, cache_dir, **format_kwargs)
+
+    def _open_format(
+        self, index: CostIndex, cache_dir: str | os.PathLike[str] | None, **format_kwargs: Any
+    ) -> None:
+        """The format's own set-up, after :meth:`_open_dataset` (subclasses implement it)."""
+        raise NotImplementedError
 
     def _open_dataset(
         self,
@@ -368,10 +399,6 @@ class DatasetReader(PlanDataset):
         self.tokens = resolve_source(self.config.tokens, self.index, location)
         if self.tokens != self.config.tokens:
             self.config = replace(self.config, tokens=self.tokens)
-
-
-NOT_GIVEN = object()
-"""The default of the refused ``prefetch=`` keyword (any value given is refused)."""
 
 
 def refuse_prefetch_keyword(prefetch: object, options: ReadOptions | None) -> None:

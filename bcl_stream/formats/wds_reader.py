@@ -34,6 +34,7 @@ import warnings
 from collections.abc import Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -41,8 +42,7 @@ import numpy.typing as npt
 from bcl_stream.epoch.plan import ReaderConfig, Segment, reader_plan
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.npy import load_npy
-from bcl_stream.formats.read_options import ReadOptions
-from bcl_stream.formats.reader_base import NOT_GIVEN, DatasetReader, Pack, Record
+from bcl_stream.formats.reader_base import DatasetReader, Pack, Record
 from bcl_stream.formats.tar_scan import TarFormatError, tar_members
 from bcl_stream.formats.token_ids import with_ids
 from bcl_stream.formats.wds_shards import ShardCache, member_index_dir
@@ -268,17 +268,14 @@ class WDSPackDataset(DatasetReader):
 
     format = "wds"
 
-    def __init__(
-        self,
-        location: str | os.PathLike[str],
-        config: ReaderConfig,
-        rank: int | None = None,
-        *,
-        cache_dir: str | os.PathLike[str] | None = None,
-        options: ReadOptions | None = None,
-        prefetch: object = NOT_GIVEN,
+    def _open_format(
+        self, index: CostIndex, cache_dir: str | os.PathLike[str] | None, **unknown: Any
     ) -> None:
-        index = self._open_dataset(location, config, rank, cache_dir, options, prefetch)
+        if unknown:
+            raise TypeError(
+                f"WDSPackDataset takes no keyword arguments {sorted(unknown)} (the MDS reader "
+                "passes its extra keywords to StreamingDataset; this reader has none)"
+            )
         if index.record_hashes is None:
             _warn_unhashed(self.location)
         firsts = part_firsts(index)
@@ -288,7 +285,7 @@ class WDSPackDataset(DatasetReader):
             index,
             self.options,
             remote=self.remote,
-            keep=config.plan.shard_group + self.options.prefetch + 1,
+            keep=self.config.plan.shard_group + self.options.prefetch + 1,
             check_key=_KeyCheck(tuple(firsts)),
             index_dir=member_index_dir(self.location, self.root, cache_dir),
         )
