@@ -1,6 +1,9 @@
 """A real 2-process gloo run (a separate script, not a DDP strategy under pytest): both ranks
 yield their plan, the same number of packs (a collective per pack never hangs), and identical
-loader states."""
+loader states. In the same group: a config built without a world size takes the group's, a
+reader without a rank takes its process's, an explicit rank or data-parallel size wins, and a
+world size that contradicts the group is refused in one line; before the group exists the
+world size is required."""
 
 from __future__ import annotations
 
@@ -45,6 +48,24 @@ def test_two_gloo_ranks_follow_the_plan(mds_dir: Path, wds_dir: Path, tmp_path: 
     for fmt, root in (("mds", mds_dir), ("wds", wds_dir)):
         check_ranks(result[fmt], root)
     assert "world_size=3 but the process group has 2 ranks" in result["wrong_world_error"]
+    check_defaults(result["defaults"], wds_dir)
+
+
+def check_defaults(ranks: list[dict[str, Any]], root: Path) -> None:
+    index, _ = open_cost_index(str(root))
+    plan = full_plan(index, ReaderConfig.build(world_size=2, pack_size=4, window=3, seed=9), 0)
+    for got in ranks:
+        r = got["rank"]
+        assert got["before_group"].startswith("world_size is required: no torch process group")
+        assert got["world_size"] == 2
+        assert got["default_rank"] == got["mixture_rank"] == r
+        assert got["default_first"] == plan.rank_packs(r)[0].tolist()
+        assert got["explicit_rank"] == 1 - r  # the caller's rank wins over the group's
+        assert got["explicit_first"] == plan.rank_packs(1 - r)[0].tolist()
+        assert got["shared_rank"] == 0
+        assert "world_size=3 but the process group has 2 ranks" in got["contradiction"]
+        assert "world_size=1 but the process group has 2 ranks" in got["dp_without_rank"]
+        assert "\n" not in got["contradiction"] + got["dp_without_rank"]
 
 
 def check_ranks(ranks: list[dict[str, Any]], root: Path) -> None:

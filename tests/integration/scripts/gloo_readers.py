@@ -2,9 +2,16 @@
 collective per pack (uneven pack counts would hang or fail), and rank 0 writes what every rank
 yielded plus their loader states as JSON.
 
+It also checks what readers take from the process group when the caller leaves the world
+size or the rank out (``defaults``, through the public face ``bcl_stream``): the error of a
+config built without a world size before the group exists, the world size one built inside it
+takes, the rank each reader took (default, explicit, mixture, a data-parallel size that
+divides the group), first packs, and the refusals of a world size that contradicts the group.
+
 Usage: python gloo_readers.py MDS_DIR WDS_DIR PORT OUT_JSON (one job, both readers: process
-start-up dominates the run time). Output: {"mds": [per rank], "wds": [per rank]}. Set
-``BCL_STREAM_KEEP_SHM=1`` where other streaming jobs may be alive (see the job-start cleanup).
+start-up dominates the run time). Output: {"mds": [per rank], "wds": [per rank], "defaults":
+[per rank], ...}. Set ``BCL_STREAM_KEEP_SHM=1`` where other streaming jobs may be alive (see
+the job-start cleanup).
 """
 
 from __future__ import annotations
@@ -12,7 +19,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable, Iterable
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -66,7 +75,53 @@ def wrong_world_error(root: str) -> str:
     return ""
 
 
+def refusal(action: Callable[[], object]) -> str:
+    """The message of the ValueError ``action()`` raises ("" when it raises none)."""
+    try:
+        action()
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
+def first_pack(dataset: Iterable[list[dict[str, Any]]]) -> list[int]:
+    return [int(r["sample_id"]) for r in next(iter(dataset))]
+
+
+def defaults(root: str, before_group: str) -> list[object]:
+    """World size and rank left out, inside the group (WebDataset: no streaming, so env
+    ``RANK`` can be taken away to show the rank comes from the group)."""
+    from bcl_stream import ReaderConfig, open_dataset
+
+    rank_env = os.environ.pop("RANK")
+    config = ReaderConfig.build(pack_size=4, window=3, seed=9)
+    default = open_dataset(root, None, config)
+    explicit = open_dataset(root, None, config, WORLD - 1 - dist.get_rank())
+    data_parallel = ReaderConfig.build(world_size=1, pack_size=4, window=3, seed=9)
+    contradiction = ReaderConfig.build(world_size=WORLD + 1, pack_size=4, window=3)
+    mine = {
+        "rank": dist.get_rank(),
+        "before_group": before_group,
+        "world_size": config.plan.world_size,
+        "default_rank": default.rank,
+        "default_first": first_pack(default),
+        "explicit_rank": explicit.rank,
+        "explicit_first": first_pack(explicit),
+        "mixture_rank": open_dataset(None, [root], config).rank,
+        "shared_rank": open_dataset(root, None, data_parallel, 0).rank,  # TP group of 2
+        "contradiction": refusal(lambda: open_dataset(root, None, contradiction)),
+        "dp_without_rank": refusal(lambda: open_dataset(root, None, data_parallel)),
+    }
+    os.environ["RANK"] = rank_env
+    gathered: list[object] = [None] * WORLD
+    dist.all_gather_object(gathered, mine)
+    return gathered
+
+
 def worker(rank: int, mds_root: str, wds_root: str, port: int, out: str) -> None:
+    from bcl_stream import ReaderConfig
+
+    before_group = refusal(lambda: ReaderConfig.build(pack_size=4, window=3))
     # Streaming reads these; a DDP launcher would set them (set before building: docs/lightning.md).
     os.environ.update(
         RANK=str(rank),
@@ -81,6 +136,7 @@ def worker(rank: int, mds_root: str, wds_root: str, port: int, out: str) -> None
         "mds": run_reader("mds", mds_root),
         "wds": run_reader("wds", wds_root),
         "wrong_world_error": wrong_world_error(wds_root),
+        "defaults": defaults(wds_root, before_group),
     }
     if rank == 0:
         with open(out, "w") as fh:
