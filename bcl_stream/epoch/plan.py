@@ -2,10 +2,10 @@
 
 Readers follow :class:`ReaderPlan`: pack count and remainder from the shard table, a rank's
 packs planned lazily a batch of windows at a time, so no process holds the epoch's plan.
-:func:`~bcl_stream.epoch.full_plan.full_plan` materializes the same plan for every rank at once, for ``bcl-stream plan``,
-tools and tests. Both walk the planner's one path (``planner.bcl.iter_windows``), for BCL and
-for the ``sequential`` baseline alike, so what a loader yields is by construction what
-``bcl-stream plan`` prints.
+:func:`~bcl_stream.epoch.full_plan.full_plan` materializes the same plan for every rank at
+once, for ``bcl-stream plan``, tools and tests. Both walk the planner's one path
+(``planner.bcl.iter_windows``), for BCL and for the ``sequential`` baseline alike, so what a
+loader yields is by construction what ``bcl-stream plan`` prints.
 
 Elastic resume: a checkpoint taken after ``k`` packs under world size R, resumed under R',
 records the old plan as a :class:`Segment`. The records of the first ``k`` packs of every old
