@@ -1,12 +1,12 @@
 """What every pooled peer reads: the epoch order of a central sampler, cut into global batches.
 
-A central driver (NeMo-RL's policy, verl's single controller, every rank of a Transformers
-Trainer alike) holds one global batch of R*B*G records, plans it for every rank, and ships each
-rank its share. In the simulator the global batches are consecutive slices of the order a peer
-is given (:func:`global_order`: one shuffle of every record, what a trainer's
-``DataLoader(shuffle=True)`` over a map-style dataset does, so every node reads every shard);
-a last partial global batch is left out as ``epoch_tail``, as a trainer with ``drop_last``
-would.
+A central driver (NeMo-RL's policy, verl's single controller) holds one global batch of R*B*G
+records, plans it for every rank, and ships each rank its share; in a Transformers Trainer
+every rank plans the same global batch alike, from a shared seed. In the simulator the global
+batches are consecutive slices of the order a peer is given (:func:`global_order`: one shuffle
+of every record, what a trainer's ``DataLoader(shuffle=True)`` over a map-style dataset does,
+so every node reads every shard); a last partial global batch is left out as ``epoch_tail``,
+as a trainer with ``drop_last`` would.
 """
 
 from __future__ import annotations
