@@ -368,8 +368,7 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
         config = self.reader_config(layout)
         set_streaming_env(layout.local_processes)  # physical: see trainer_layout's docstring
         self.dataset = open_dataset(
-            self.data,
-            self.streams,
+            self.data if self.streams is None else self.streams,
             config,
             layout.rank,
             self.cache_dir,

@@ -95,8 +95,7 @@ def run(args: argparse.Namespace) -> int:
     location, specs = data_source(args)
     places = [location] if specs is None else [spec.path for spec in specs]
     dataset = open_dataset(
-        location,
-        specs,
+        location if specs is None else specs,
         config,
         args.rank,
         cache_dir(args, *(p for p in places if p is not None)),

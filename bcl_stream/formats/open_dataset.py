@@ -11,6 +11,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from bcl_stream.epoch.mixture_index import StreamSpec
 from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.formats.mixture_reader import MixturePackDataset
 from bcl_stream.formats.open_reader import open_reader
@@ -19,8 +20,7 @@ from bcl_stream.formats.reader_base import PlanDataset
 
 
 def open_dataset(
-    data: str | None,
-    streams: Sequence[Any] | None,
+    data: str | os.PathLike[str] | Sequence[StreamSpec | str | dict[str, Any]] | None,
     config: ReaderConfig,
     rank: int | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
@@ -29,16 +29,21 @@ def open_dataset(
     format: str | None = None,
     options: ReadOptions | None = None,
 ) -> PlanDataset:
-    """The reader of one dataset (``data``) or of a mixture (``streams``: specs or dicts, each
-    stream read in its own format); exactly one of the two. ``rank``: the data-parallel rank
-    (None: the process group's, else env ``RANK``); ``cache_dir``: the node's cache, required
-    for a remote dataset. ``format`` checks one dataset's; ``options``: how a dataset's shards
-    are fetched (one dataset)."""
-    if (data is None) == (streams is None):
-        raise ValueError("give either data (one dataset) or streams (a mixture), not both")
-    if streams is None:
-        assert data is not None
-        return open_reader(data, config, rank, cache_dir, options, format=format)
-    return MixturePackDataset(
-        list(streams), config, rank, cache_dir=cache_dir, epoch_size=epoch_size
-    )
+    """The reader of ``data``: one dataset (its location: a directory or a remote URL, read in
+    the format its cost index says) or a mixture (a list of streams: ``StreamSpec``s,
+    ``PATH[:key=value]`` strings or dicts, each stream read in its own format).
+
+    ``rank``: the data-parallel rank (None: the process group's, else env ``RANK``);
+    ``cache_dir``: the node's cache, required for a remote dataset. One dataset: ``format``
+    checks its format, ``options`` says how its shards are fetched. A mixture: ``epoch_size``
+    records per epoch with proportions (None: every stream's records once). ``data=None``
+    (an optional setting left unset) is refused with what to give.
+    """
+    if isinstance(data, str | os.PathLike):
+        return open_reader(os.fspath(data), config, rank, cache_dir, options, format=format)
+    if not isinstance(data, Sequence) or not data:
+        raise ValueError(
+            "data must be a dataset location or a non-empty list of streams, got "
+            f"{type(data).__name__} {data!r}"
+        )
+    return MixturePackDataset(list(data), config, rank, cache_dir=cache_dir, epoch_size=epoch_size)

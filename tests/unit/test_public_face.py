@@ -104,3 +104,24 @@ def test_a_light_name_stays_light_in_a_fresh_interpreter() -> None:
     proc = python_process(code)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+def test_open_dataset_takes_one_location_or_a_list_of_streams(wds_dir: Path) -> None:
+    """The docs' spelling: ``open_dataset(location, config)`` for one dataset (a string or a
+    path), ``open_dataset([streams], config)`` for a mixture; anything else is refused."""
+    config = bcl_stream.ReaderConfig.build(world_size=2, pack_size=4, window=3, seed=1)
+    one = bcl_stream.open_dataset(str(wds_dir), config, 1)
+    same = bcl_stream.open_dataset(wds_dir, config, 1)
+    mixture = bcl_stream.open_dataset([str(wds_dir)], config, 1)
+    assert type(one) is type(same) is bcl_stream.WDSPackDataset
+    assert type(mixture) is bcl_stream.MixturePackDataset
+    assert one.rank == mixture.rank == 1
+    first = [r["sample_id"] for r in next(iter(one))]
+    assert first == [r["sample_id"] for r in next(iter(same))]
+    assert len(one) == len(mixture)  # one stream, read once: the same epoch
+    refused = r"a wds dataset \(its cost index says so\), but format='mds'"
+    with pytest.raises(bcl_stream.DatasetError, match=refused):
+        bcl_stream.open_dataset(wds_dir, config, 1, format="mds")
+    for bad in (None, []):
+        with pytest.raises(ValueError, match="a dataset location or a non-empty list of streams"):
+            bcl_stream.open_dataset(bad, config, 1)

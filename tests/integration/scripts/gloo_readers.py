@@ -95,8 +95,8 @@ def defaults(root: str, before_group: str) -> list[object]:
 
     rank_env = os.environ.pop("RANK")
     config = ReaderConfig.build(pack_size=4, window=3, seed=9)
-    default = open_dataset(root, None, config)
-    explicit = open_dataset(root, None, config, WORLD - 1 - dist.get_rank())
+    default = open_dataset(root, config)
+    explicit = open_dataset(root, config, WORLD - 1 - dist.get_rank())
     data_parallel = ReaderConfig.build(world_size=1, pack_size=4, window=3, seed=9)
     contradiction = ReaderConfig.build(world_size=WORLD + 1, pack_size=4, window=3)
     mine = {
@@ -107,10 +107,10 @@ def defaults(root: str, before_group: str) -> list[object]:
         "default_first": first_pack(default),
         "explicit_rank": explicit.rank,
         "explicit_first": first_pack(explicit),
-        "mixture_rank": open_dataset(None, [root], config).rank,
-        "shared_rank": open_dataset(root, None, data_parallel, 0).rank,  # TP group of 2
-        "contradiction": refusal(lambda: open_dataset(root, None, contradiction)),
-        "dp_without_rank": refusal(lambda: open_dataset(root, None, data_parallel)),
+        "mixture_rank": open_dataset([root], config).rank,
+        "shared_rank": open_dataset(root, data_parallel, 0).rank,  # TP group of 2
+        "contradiction": refusal(lambda: open_dataset(root, contradiction)),
+        "dp_without_rank": refusal(lambda: open_dataset(root, data_parallel)),
     }
     os.environ["RANK"] = rank_env
     gathered: list[object] = [None] * WORLD
