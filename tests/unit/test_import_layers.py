@@ -23,7 +23,9 @@ Layers, lowest first (:data:`LAYERS`; a module may import its own layer and thos
 Rules, each reported per file with its line:
 
 - **cycle**: no circle in the module-level graph (imports at module level, outside functions
-  and ``if TYPE_CHECKING:``); the message lists the circle's modules.
+  and ``if TYPE_CHECKING:``); the message lists the circle's modules. Nor one closed by an
+  import inside a function: a module imported late that imports its importer back at module
+  level (whatever it defers, the two modules need each other).
 - **upward**: no import of a higher layer, at module level or inside a function (a function
   that imports upward is the same layering fault, only later).
 - **deferral**: an import inside a function is allowed only where the imported module's
@@ -99,6 +101,7 @@ TEMPORARY: Mapping[str, str] = {
     "bcl_stream/commands/simulate.py": "commands",
     "lightning_module/__main__.py": "lightning_module",
     "lightning_module/datamodule.py": "lightning_module",
+    "lightning_module/evaluation.py": "lightning_module",
     "lightning_module/tinygpt.py": "lightning_module",
 }
 """File (relative to the repository) -> the area that owns its cleanup."""
@@ -206,15 +209,15 @@ def _parents(module: str, files: Mapping[str, Path]) -> Iterator[str]:
             yield parent
 
 
-def heavy_closure(graph: Graph) -> dict[str, frozenset[str]]:
-    """Module -> every heavy library importing it loads (module-level imports, the packages'
-    ``__init__`` on the way, transitively)."""
+def reach(graph: Graph) -> dict[str, frozenset[str]]:
+    """Module -> every first-party module importing it runs (module-level imports and the
+    packages' ``__init__`` on the way, transitively; itself included)."""
     edges: dict[str, set[str]] = {m: set(_parents(m, graph.files)) for m in graph.files}
     for imp in graph.imports:
         if not imp.deferred:
             edges[imp.source].add(imp.target)
             edges[imp.source].update(_parents(imp.target, graph.files))
-    closure: dict[str, frozenset[str]] = {}
+    found: dict[str, frozenset[str]] = {}
     for module in graph.files:
         seen, todo = {module}, [module]
         while todo:
@@ -222,8 +225,13 @@ def heavy_closure(graph: Graph) -> dict[str, frozenset[str]]:
                 if nxt not in seen:
                     seen.add(nxt)
                     todo.append(nxt)
-        closure[module] = frozenset().union(*(graph.heavy[m] for m in seen))
-    return closure
+        found[module] = frozenset(seen)
+    return found
+
+
+def heavy_closure(graph: Graph, reached: Mapping[str, frozenset[str]]) -> dict[str, frozenset[str]]:
+    """Module -> every heavy library importing it loads."""
+    return {m: frozenset().union(*(graph.heavy[r] for r in reached[m])) for m in graph.files}
 
 
 def cycles(graph: Graph) -> list[list[str]]:
@@ -286,7 +294,8 @@ def violations(
 ) -> dict[str, list[str]]:
     """Every broken rule, by file relative to ``root``: ``"LINE: RULE: what"`` lines."""
     graph = read_graph(root, packages)
-    closure = heavy_closure(graph)
+    reached = reach(graph)
+    closure = heavy_closure(graph, reached)
     found: dict[str, list[str]] = {}
 
     def report(module: str, line: int, rule: str, text: str) -> None:
@@ -315,6 +324,14 @@ def violations(
                 imp.line,
                 "upward",
                 f"{imp.source} imports {imp.target} {where}, a higher layer",
+            )
+        if imp.deferred and imp.source in reached[imp.target]:
+            report(
+                imp.source,
+                imp.line,
+                "cycle",
+                f"imports {imp.target} inside a function, and {imp.target} imports "
+                f"{imp.source} back at module level: a circle the function hides",
             )
         if imp.deferred and (imp.source, imp.target) not in allowed:
             deferred = closure[imp.target] - closure[imp.source]
@@ -383,6 +400,8 @@ PLANTED = {
     "pkg/high/__init__.py": "",
     "pkg/high/top.py": "from pkg.low.light import X\nT = X\n",
     "pkg/stray.py": "",
+    "pkg/high/host.py": "import torch\nfrom pkg.high.mixin import M\n",
+    "pkg/high/mixin.py": "def host():\n    from pkg.high.host import torch\n    return torch\n",
 }
 PLANTED_LAYERS = (("pkg",), ("pkg.low.*",), ("pkg.high.*",))
 
@@ -403,6 +422,13 @@ def test_checker_refuses_a_cycle_and_names_it(planted: dict[str, list[str]]) -> 
     assert rules(planted, "pkg/low/a.py") == ["cycle"]
     assert rules(planted, "pkg/low/b.py") == ["cycle"]
     assert "pkg.low.a <-> pkg.low.b" in planted["pkg/low/a.py"][0]
+
+
+def test_checker_refuses_a_circle_hidden_in_a_function(planted: dict[str, list[str]]) -> None:
+    # mixin defers torch by importing host late, but host imports mixin at module level
+    assert rules(planted, "pkg/high/mixin.py") == ["cycle"]
+    assert "a circle the function hides" in planted["pkg/high/mixin.py"][0]
+    assert "pkg/high/host.py" not in planted
 
 
 def test_checker_refuses_a_light_import_inside_a_function(planted: dict[str, list[str]]) -> None:
