@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from bcl_stream.preprocess.annotate import annotate
 from bcl_stream.preprocess.templates import LOSS_ON
 
 
@@ -75,8 +76,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bcl_stream.preprocess.annotate import annotate
-
     if (args.text_field is None and args.messages_field is None) != (args.tokenizer is None):
         raise ValueError(
             "--text-field and --tokenizer go together (a text column is tokenized); so do "

@@ -7,7 +7,10 @@ import json
 from typing import Any
 
 from bcl_stream.formats.shard_limits import SHARD_RECORDS
+from bcl_stream.preprocess import preprocess
+from bcl_stream.preprocess.distributed import preprocess_parts
 from bcl_stream.preprocess.outliers import POLICIES
+from bcl_stream.preprocess.pipeline import parse_size
 from bcl_stream.preprocess.templates import LOSS_ON
 
 
@@ -99,8 +102,6 @@ def add_parser(sub: Any) -> None:
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
-    from bcl_stream.preprocess.pipeline import parse_size
-
     return {
         "format": args.format,
         "text_field": args.text_field,
@@ -134,8 +135,6 @@ def _run_parts(args: argparse.Namespace) -> int:
             f"{given}: --engine ray --parts N runs all N parts on Ray; to run one part "
             "yourself (a Slurm array task), pass --part I/N without --engine"
         )
-    from bcl_stream.preprocess.distributed import preprocess_parts
-
     run = preprocess_parts(args.inputs, args.output, parts=args.parts, **_options(args))
     index = run.index
     summary = {
@@ -159,8 +158,6 @@ def _run_parts(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bcl_stream.preprocess import preprocess
-
     if args.engine == "ray" or args.parts is not None:
         return _run_parts(args)
     report = preprocess(
