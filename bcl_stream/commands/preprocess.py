@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from bcl_stream.commands.write_options import add_write_options
 from bcl_stream.formats.shard_limits import SHARD_RECORDS
 from bcl_stream.preprocess import preprocess
 from bcl_stream.preprocess.distributed import preprocess_parts
@@ -46,7 +47,6 @@ def add_parser(sub: Any) -> None:
         help="trained tokens of a conversation, stored as its loss mask: every assistant "
         "turn, the last one, or all tokens (prompt/response: the response unless all)",
     )
-    p.add_argument("--cost-model", default="llama3-8b", help="preset name or cost-model JSON")
     p.add_argument(
         "--max-record-tokens",
         type=int,
@@ -65,8 +65,6 @@ def add_parser(sub: Any) -> None:
         help="skip bad records (counted; the first few named, all listed in bcl_skipped.txt) "
         "and empty input files",
     )
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    p.add_argument("--workers", type=int, default=2, help="tokenizer processes")
     p.add_argument(
         "--shard-size-limit", default="64mb", help="bytes per shard (MDS size_limit, WDS maxsize)"
     )
@@ -82,13 +80,6 @@ def add_parser(sub: Any) -> None:
         "planning deals whole shards to nodes, so every node needs many",
     )
     p.add_argument(
-        "--part",
-        default=None,
-        metavar="I/N",
-        help="write only the I-th of N shares of the inputs, under OUTPUT/part-I-of-N "
-        "(then `bcl-stream merge OUTPUT`)",
-    )
-    p.add_argument(
         "--engine",
         choices=["local", "ray"],
         default="local",
@@ -96,8 +87,15 @@ def add_parser(sub: Any) -> None:
         "(RAY_ADDRESS), then merge (needs bcl-stream[ray])",
     )
     p.add_argument("--parts", type=int, default=None, metavar="N", help="with --engine ray")
+    add_write_options(
+        p,
+        replaces="output",
+        workers=2,
+        workers_help="tokenizer processes",
+        part_help="write only the I-th of N shares of the inputs, under OUTPUT/part-I-of-N "
+        "(then `bcl-stream merge OUTPUT`)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
 
 

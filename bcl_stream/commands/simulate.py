@@ -43,6 +43,7 @@ from bcl_stream.commands.layout_options import (
     resolve_layout,
 )
 from bcl_stream.commands.plan import cache_dir, data_source, open_mixture
+from bcl_stream.commands.write_options import DEFAULT_COST_MODEL
 from bcl_stream.cost import resolve
 from bcl_stream.epoch.checks import no_pack_error
 from bcl_stream.io.remote import open_cost_index
@@ -50,7 +51,6 @@ from bcl_stream.planner.bcl import validate_costs
 from bcl_stream.planner.mixture import EpochDraw
 from bcl_stream.planner.shard_table import ShardTable, shard_weights
 
-DEFAULT_COST_MODEL = "llama3-8b"
 SIM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SimConfig)}
 LENGTHS_SHARD_RECORDS = 4096
 """Shard size assumed for a bare array of lengths (a dataset's real shards are used instead)."""
