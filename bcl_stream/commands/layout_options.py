@@ -23,6 +23,8 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
+from bcl_stream.commands.config_options import add_plan_config_options
+
 LAYOUT_FIELDS = frozenset({"world_size", "ranks_per_node"})
 """The PlanConfig fields these options own (``add_plan_config_options(skip=LAYOUT_FIELDS)``)."""
 
@@ -99,6 +101,21 @@ def add_layout_options(
         help="data-parallel ranks per node (default: R / --nodes); with --nodes, N x P must "
         "be R. A node reads only its own shards",
     )
+
+
+def add_planner_options(
+    p: argparse.ArgumentParser,
+    *,
+    skip: frozenset[str] = frozenset(),
+    defaults: dict[str, Any] | None = None,
+    world_aliases: tuple[str, ...] = (),
+    world_help: str = "data-parallel ranks in all (R)",
+) -> None:
+    """The layout options, then one option per other PlanConfig field (except ``skip``;
+    ``defaults``: a command's own scenario defaults): what ``plan``, ``read`` and
+    ``simulate`` take, assembled in one place so none takes the layout fields twice."""
+    add_layout_options(p, world_aliases=world_aliases, world_help=world_help)
+    add_plan_config_options(p, skip=LAYOUT_FIELDS | skip, defaults=defaults)
 
 
 def resolve_layout(

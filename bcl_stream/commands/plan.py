@@ -15,17 +15,8 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.analysis.metrics import metrics_from_costs
-from bcl_stream.commands.config_options import (
-    add_canonical_options,
-    add_plan_config_options,
-    plan_fields,
-)
-from bcl_stream.commands.layout_options import (
-    LAYOUT_FIELDS,
-    Layout,
-    add_layout_options,
-    resolve_layout,
-)
+from bcl_stream.commands.config_options import add_canonical_options, plan_fields
+from bcl_stream.commands.layout_options import Layout, add_planner_options, resolve_layout
 from bcl_stream.cost import resolve
 from bcl_stream.epoch.checks import require_packs
 from bcl_stream.epoch.mixture_index import MixtureIndex, StreamSpec
@@ -55,8 +46,7 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
         help="dataset root: a directory or s3://bucket/path (or give --stream, repeated)",
     )
     add_stream_options(p)
-    add_layout_options(p)
-    add_plan_config_options(p, skip=LAYOUT_FIELDS)
+    add_planner_options(p)
     p.add_argument(
         "--packing",
         choices=PACKINGS,

@@ -30,18 +30,8 @@ from bcl_stream.analysis.sim import (
     shard_table,
     speedups,
 )
-from bcl_stream.commands.config_options import (
-    PLAN_DEFAULTS,
-    add_canonical_options,
-    add_plan_config_options,
-    plan_fields,
-)
-from bcl_stream.commands.layout_options import (
-    LAYOUT_FIELDS,
-    Layout,
-    add_layout_options,
-    resolve_layout,
-)
+from bcl_stream.commands.config_options import PLAN_DEFAULTS, add_canonical_options, plan_fields
+from bcl_stream.commands.layout_options import Layout, add_planner_options, resolve_layout
 from bcl_stream.commands.plan import cache_dir, data_source, open_mixture
 from bcl_stream.commands.write_options import DEFAULT_COST_MODEL
 from bcl_stream.cost import resolve
@@ -81,17 +71,14 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--cache-dir", default=None, help="local cache for s3:// data")
     add_canonical_options(p)
-    add_layout_options(
+    add_planner_options(
         p,
-        world_aliases=("--ranks",),
-        world_help=f"data-parallel ranks in all (R; default {SIM_DEFAULTS['ranks']}, or N x P)",
-    )
-    add_plan_config_options(
-        p,
-        skip=LAYOUT_FIELDS | {"scope"},  # each bcl-* strategy sets its own scope
+        skip=frozenset({"scope"}),  # each bcl-* strategy sets its own scope
         # The job's shape has a scenario default here (plan and read require it); every other
         # planner field keeps PlanConfig's default, as in plan, read and the DataModule.
         defaults={k: SIM_DEFAULTS[k] for k in ("pack_size", "window")},
+        world_aliases=("--ranks",),
+        world_help=f"data-parallel ranks in all (R; default {SIM_DEFAULTS['ranks']}, or N x P)",
     )
     p.add_argument(
         "--cost-model",
