@@ -65,9 +65,7 @@ def seen(tmp: Path, rank: int) -> list[dict]:  # type: ignore[type-arg]
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_6_fit_with_validation_on_two_ddp_ranks(
-    mds_dir: Path, val_dir: Path, tmp_path: Path
-) -> None:
+def test_fit_with_validation_on_two_ddp_ranks(mds_dir: Path, val_dir: Path, tmp_path: Path) -> None:
     config = write_config(tmp_path, mds_dir, {"val_data": str(val_dir)})
     proc = lightning_cli(ROOT, "fit", "--config", str(config), cwd=tmp_path, path=[tmp_path])
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -85,7 +83,7 @@ def test_6_fit_with_validation_on_two_ddp_ranks(
         assert [len(json.loads(x)["sample_ids"]) for x in lines] == [PACK] * 4
 
 
-def test_6_val_streams_give_one_loader_per_stream(
+def test_val_streams_give_one_loader_per_stream(
     mds_dir: Path, val_dir: Path, tmp_path: Path
 ) -> None:
     """In process, one rank: each stream is its own loader, read whole (weights ignored)."""
@@ -108,7 +106,9 @@ def test_6_val_streams_give_one_loader_per_stream(
     assert module.test_dataloader() == []  # no test data: no loader
 
 
-def test_6_test_pass_with_balanced_packing(mds_dir: Path, val_dir: Path, tmp_path: Path) -> None:
+def test_a_test_pass_with_balanced_packing_reads_every_record_once(
+    mds_dir: Path, val_dir: Path, tmp_path: Path
+) -> None:
     import lightning.pytorch as pl
 
     from lightning_module import BCLDataModule
