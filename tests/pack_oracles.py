@@ -20,17 +20,15 @@ Packs = Sequence[Sequence[Sequence[int]]]
 
 def flat_ids(nested: object) -> list[Hashable]:
     """The record ids in ``nested`` (packs by rank and epoch, a plan array, a remainder dict
-    of reason -> ids, any mix), in order. Ints (numpy's included) and strings are ids; lists,
-    tuples, sets, ranges, arrays and dict values are walked into."""
-    if isinstance(nested, (int, np.integer)):
-        return [int(nested)]
-    if isinstance(nested, str):
+    of reason -> ids, any mix), in order. Ints and strings are ids; arrays and tensors (numpy
+    or torch: anything with ``tolist``), lists, tuples, sets, ranges and dict values are walked
+    into."""
+    if hasattr(nested, "tolist"):
+        nested = nested.tolist()
+    if isinstance(nested, (int, str)):
         return [nested]
-    if isinstance(nested, np.ndarray):
-        return [int(i) for i in nested.ravel()]
-    if isinstance(nested, dict):
-        nested = nested.values()
-    return [i for item in nested for i in flat_ids(item)]  # type: ignore[attr-defined]
+    items: Iterable[object] = nested.values() if isinstance(nested, dict) else nested  # type: ignore[assignment]
+    return [i for item in items for i in flat_ids(item)]
 
 
 @dataclass(frozen=True)
