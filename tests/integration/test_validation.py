@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from lightning_scripts.harness import lightning_cli, tiny_config, tiny_fit_config
+from pack_oracles import check_every_record_once
 
 pytestmark = pytest.mark.slow
 
@@ -75,8 +76,7 @@ def test_fit_with_validation_on_two_ddp_ranks(mds_dir: Path, val_dir: Path, tmp_
     for p in passes:
         steps = [[line["ids"] for line in rank if line["pass"] == p] for rank in ranks]
         assert len(steps[0]) == len(steps[1]) > 0  # the same step count on both ranks
-        ids = [i for rank in steps for pack in rank for i in pack]
-        assert sorted(ids) == list(range(VAL_RECORDS))  # every record once across ranks
+        check_every_record_once(steps, VAL_RECORDS, what=f"validation pass {p}, both ranks")
         assert all(1 <= len(pack) <= PACK for rank in steps for pack in rank)
     for rank in range(2):  # training still gets exactly B records per step
         lines = (tmp_path / "logs" / f"packs_rank{rank}.jsonl").read_text().splitlines()
@@ -101,8 +101,7 @@ def test_val_streams_give_one_loader_per_stream(
     for loader, records in zip(loaders, (VAL_RECORDS, 300), strict=True):
         batches = list(loader)
         assert len(batches) == len(loader)
-        ids = sorted(int(i) for b in batches for i in b["sample_ids"])
-        assert ids == list(range(records))
+        check_every_record_once([b["sample_ids"] for b in batches], records)
     assert module.test_dataloader() == []  # no test data: no loader
 
 
@@ -130,7 +129,7 @@ def test_a_test_pass_with_balanced_packing_reads_every_record_once(
         enable_model_summary=False, enable_checkpointing=False,
     )  # fmt: skip
     result = trainer.test(Recording(tiny_config()), module)
-    assert sorted(i for pack in got for i in pack) == list(range(VAL_RECORDS))
+    check_every_record_once(got, VAL_RECORDS)
     assert result and "test_loss" in result[0]
     costs = __import__("numpy").load(val_dir / "bcl_costs.npy")["cost"]
     firsts = [costs[pack].max() for pack in got]
