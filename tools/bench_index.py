@@ -33,8 +33,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bcl_bench.harness import RESULTS, bench_parser, checkout_env, write_result
 
 CHUNK = 1 << 22
 GATHER = 1_000_000
@@ -147,6 +146,7 @@ def measure(root: Path, mode: str) -> dict[str, Any]:
         [sys.executable, __file__, "--child", str(root), "--mode", mode],
         capture_output=True,
         text=True,
+        env=checkout_env(),
         check=True,
     )
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -178,9 +178,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1M and 10M records only")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_index.json")
+    parser = bench_parser(__doc__, RESULTS / "bench_index.json", quick="1M and 10M records only")
     parser.add_argument("--tmp", type=Path, default=None, help="where the indexes are written")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="mapped", help=argparse.SUPPRESS)
@@ -211,9 +209,7 @@ def main() -> int:
         "mapped_max_private_growth_mb": max(r["mb_after_gather"]["RssAnon"] for r in mapped),
         "seconds": round(time.perf_counter() - started, 1),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    plot(rows, args.out.with_suffix(".png"))
+    write_result(result, args.out, lambda written, png: plot(written["rows"], png))
     return 0
 
 

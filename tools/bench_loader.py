@@ -44,11 +44,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
-
-from result_files import write_result  # noqa: E402
+from bcl_bench.corpora import _functions
+from bcl_bench.harness import RESULTS, bench_parser, checkout_env, machine_stamp, write_result
 
 B = 8
 """Records per pack, and the stock loaders' ``batch_size``."""
@@ -65,8 +62,6 @@ def corpus(path: Path, n: int) -> Path:
     import ast
     import sysconfig
     import tokenize
-
-    from corpora import _functions
 
     if path.is_file() and sum(1 for _ in path.open()) == n:
         return path
@@ -237,9 +232,8 @@ def row_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_row(spec: dict[str, Any]) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, __file__, "--row", json.dumps(spec)]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=checkout_env(), timeout=900)
     if out.returncode:
         raise SystemExit(f"row {spec} failed:\n{out.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -458,6 +452,7 @@ def memory(cache: Path, sizes: list[int], packs: int) -> list[dict[str, Any]]:
             [sys.executable, __file__, "--rss-child", str(root), "--packs", str(packs)],
             capture_output=True,
             text=True,
+            env=checkout_env(),
             check=True,
         )
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -497,10 +492,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer records (a few minutes)")
+    parser = bench_parser(
+        __doc__, RESULTS / "bench_loader.json", quick="fewer records (a few minutes)"
+    )
     parser.add_argument("--cache", type=Path, default=Path("/tmp/bcl_bench_loader"))
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_loader.json")
     parser.add_argument("--records", type=int, default=None, help="pre-tokenized records")
     parser.add_argument("--text-records", type=int, default=None, help="text records")
     parser.add_argument("--sources", default="local,s3")
@@ -521,6 +516,7 @@ def main() -> int:
     sizes = [int(n) for n in args.memory_sizes.split(",")]
     args.cache.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    machine = machine_stamp()  # the load the run starts under
     datasets = build_datasets(args.cache, n_tokens, n_text)
     workers = tuple(int(k) for k in args.workers.split(","))
     sources = tuple(args.sources.split(","))
@@ -528,8 +524,6 @@ def main() -> int:
         "mode": "quick" if args.quick else "full",
         "records": {"tokens": n_tokens, "text": n_text},
         "shard_records": SHARD_RECORDS,
-        "cpus": os.cpu_count(),
-        "load_average_at_start": round(os.getloadavg()[0], 2),
         "throughput": throughput(datasets, args.cache, workers, sources),
         "memory": memory(args.cache, sizes, 200),
     }
@@ -540,7 +534,7 @@ def main() -> int:
     )
     result["index_growth_mb"] = round(mem[-1]["index_mb"] - mem[0]["index_mb"], 2)
     result["seconds"] = round(time.perf_counter() - started, 1)
-    write_result(result, args.out, plot)
+    write_result(result, args.out, plot, machine=machine)
     print(
         json.dumps({k: v for k, v in result.items() if k not in ("throughput", "memory")}, indent=1)
     )

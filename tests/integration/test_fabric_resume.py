@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import torch
 from lightning_scripts.harness import pack_log, tiny_config
-from tool_modules import load_tool
+
+from tools import train_fabric
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +29,7 @@ def entries(workdir: Path) -> list[tuple[int, int, int, list[int]]]:
 
 
 def test_fabric_save_load_resumes_exactly(mds_dir: Path, tmp_path: Path) -> None:
-    tool = load_tool("train_fabric")
+    tool = train_fabric
     total = PACKS_PER_EPOCH + 6
     saves = (4, PACKS_PER_EPOCH, PACKS_PER_EPOCH + 2)
     out = run(tool, mds_dir, tmp_path / "full", total, save_at=saves)

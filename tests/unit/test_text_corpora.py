@@ -9,10 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tool_modules import load_tool
 
-load_tool("corpora")
-text_corpora = load_tool("text_corpora")
+from bcl_bench import text_corpora
 
 
 @pytest.fixture

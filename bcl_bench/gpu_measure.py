@@ -76,7 +76,8 @@ def time_rounds(
     import gc
 
     import torch
-    from gpu_llama import time_step
+
+    from bcl_bench.gpu_llama import time_step
 
     out = Timings({k: [] for k in keys})
     last = time.perf_counter()
@@ -116,7 +117,7 @@ def calibrate_layout(
     layout: str, ctx: dict[str, Any], cfg: dict[str, Any], budget: Budget
 ) -> dict[str, Any]:
     """Time designed packs in one layout and fit c(L); see the module docstring (step 3)."""
-    from gpu_llama import make_batch
+    from bcl_bench.gpu_llama import make_batch
 
     lengths, b = ctx["lengths"], cfg["pack_size"]
     design = CalibrationConfig(
