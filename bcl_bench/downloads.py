@@ -46,7 +46,11 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from bcl_bench.faulty_proxy import FaultyProxy
 from bcl_bench.harness import ROOT
+from bcl_stream.epoch.plan import ReaderConfig
+from bcl_stream.formats.read_options import ReadOptions
+from bcl_stream.io.index import read_index
 
 BUCKET = "bcl-bench-downloads"
 PLAN_KNOBS = ("pack_size", "window", "scope", "shard_group", "seed")
@@ -64,9 +68,7 @@ def rank_main(rank: int, world: int, per_node: int, remote: str, dist_port: int)
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{dist_port}", rank=rank, world_size=world
         )
-    from bcl_stream.epoch.plan import ReaderConfig
     from bcl_stream.formats.mds_reader import MDSPackDataset
-    from bcl_stream.formats.read_options import ReadOptions
     from bcl_stream.loading.loader import PackLoader
 
     def say(kind: str, **data: Any) -> None:
@@ -204,9 +206,6 @@ def run_benchmark(
     """
     import boto3
     from moto.server import ThreadedMotoServer
-
-    from bcl_bench.faulty_proxy import FaultyProxy
-    from bcl_stream.io.index import read_index
 
     isolated = namespaces_available() if isolate is None else isolate
     per_node = ranks_per_node or (2 if isolated else 1)

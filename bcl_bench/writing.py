@@ -18,6 +18,11 @@ import numpy as np
 from tqdm import tqdm
 
 from bcl_bench.corpora import build_stdlib_corpus
+from bcl_stream.formats.npy import npy_bytes
+from bcl_stream.preprocess import pipeline, preprocess
+from bcl_stream.preprocess.chat import render_messages
+from bcl_stream.preprocess.sources import record_text
+from bcl_stream.preprocess.tokenizers import load_tokenizer
 
 
 def corpus(path: Path, limit: int | None, copies: int) -> int:
@@ -37,8 +42,6 @@ def bench_preprocess(
 ) -> list[dict[str, Any]]:
     """``preprocess`` MDS and WDS with 1 and 2 workers (``options[fmt]``: writer options);
     ``keep``: leave the 1-worker outputs in ``work/pre_{fmt}_1`` (for annotate)."""
-    from bcl_stream.preprocess import pipeline, preprocess
-
     pipeline.SMALL_INPUT_BYTES = 0  # measure the pool even on a small corpus
     size = src.stat().st_size
     rows = []
@@ -84,9 +87,6 @@ def bench_preprocess(
 
 def tokenized(src: Path) -> tuple[list[np.ndarray], list[str], float, float]:
     """Records as the pipeline writes them; output: (ids, sources, parse s, tokenize s)."""
-    from bcl_stream.preprocess.sources import record_text
-    from bcl_stream.preprocess.tokenizers import load_tokenizer
-
     tok = load_tokenizer("cl100k")
     start = time.perf_counter()
     texts, sources = [], []
@@ -109,9 +109,6 @@ def naive_pipeline(src: Path, work: Path) -> dict[str, float]:
     baseline our ``preprocess`` (1 worker) is compared with, tokenization timed the same way.
     """
     from streaming import MDSWriter
-
-    from bcl_stream.preprocess.chat import render_messages
-    from bcl_stream.preprocess.tokenizers import load_tokenizer
 
     tok = load_tokenizer("cl100k")
     cols = {"input_ids": "ndarray:uint32", "source": "str"}
@@ -143,7 +140,6 @@ def bench_writers(
     from streaming import MDSWriter
 
     from bcl_stream.formats.mds_writer import CostedMDSWriter
-    from bcl_stream.formats.npy import npy_bytes
     from bcl_stream.formats.wds_writer import CostedWDSWriter
 
     cols = {"input_ids": "ndarray:uint32", "source": "str"}

@@ -42,6 +42,11 @@ import numpy.typing as npt
 
 from bcl_bench.corpora import iter_stdlib_records
 from bcl_bench.harness import RESULTS, ROOT, bench_parser, checkout_env, write_result
+from bcl_stream.analysis.sim import shard_table
+from bcl_stream.cost import resolve
+from bcl_stream.planner import PlanConfig, global_order, plan_epoch
+from bcl_stream.planner.hf import hf_rebalance
+from bcl_stream.planner.pools import Pool
 
 STRATEGIES = ("sequential", "hf_rebalance", "bcl-world", "bcl-rank")
 
@@ -88,12 +93,6 @@ def plans_for(
     """``[rank][step]`` record ids per strategy on the same records: (ranks, steps, B) arrays,
     and for ``hf_rebalance`` (Transformers' sampler, one micro-batch per step: no
     accumulation here) lists of arrays of varying size."""
-    from bcl_stream.analysis.sim import shard_table
-    from bcl_stream.cost import resolve
-    from bcl_stream.planner import PlanConfig, global_order, plan_epoch
-    from bcl_stream.planner.hf import hf_rebalance
-    from bcl_stream.planner.pools import Pool
-
     costs = resolve(args.cost_model).cost(lengths)
     table = shard_table(lengths, costs, lengths.size)  # one shard: the corpus file
     out: dict[str, npt.NDArray[np.int64]] = {}

@@ -34,6 +34,9 @@ from typing import Any
 import numpy as np
 
 from bcl_bench.harness import RESULTS, bench_parser, checkout_env, write_result
+from bcl_stream.cost import get_preset
+from bcl_stream.io.index import COST_DTYPE, COSTS_NPY, INDEX_JSON, read_index, read_index_json
+from bcl_stream.io.index_meta import seal
 
 CHUNK = 1 << 22
 GATHER = 1_000_000
@@ -41,10 +44,6 @@ GATHER = 1_000_000
 
 def write_synthetic(root: Path, n: int) -> None:
     """A valid cost index of ``n`` records with skewed lengths, never whole in memory."""
-    from bcl_stream.cost import get_preset
-    from bcl_stream.io.index import COST_DTYPE, COSTS_NPY, INDEX_JSON
-    from bcl_stream.io.index_meta import seal
-
     model = get_preset("llama3-8b")
     rng = np.random.default_rng(n)
     records = np.lib.format.open_memmap(root / COSTS_NPY, mode="w+", dtype=COST_DTYPE, shape=(n,))
@@ -88,8 +87,6 @@ def status() -> dict[str, int]:
 
 def child(root: str, mode: str) -> None:
     """Open the index in ``mode``, gather 1M random ids, print one JSON line."""
-    from bcl_stream.io.index import COSTS_NPY, read_index, read_index_json
-
     ids = np.sort(np.random.default_rng(0).integers(0, read_index_json(root)["records"], GATHER))
     before = status()
     start = time.perf_counter()

@@ -46,6 +46,10 @@ from tqdm import tqdm
 
 from bcl_bench.corpora import _functions
 from bcl_bench.harness import RESULTS, bench_parser, checkout_env, machine_stamp, write_result
+from bcl_stream.epoch.plan import ReaderConfig
+from bcl_stream.io.streaming_compat import close_shard_at
+from bcl_stream.preprocess.annotate import annotate
+from bcl_stream.preprocess.pipeline import preprocess
 
 B = 8
 """Records per pack, and the stock loaders' ``batch_size``."""
@@ -91,9 +95,6 @@ def corpus(path: Path, n: int) -> Path:
 
 def build_datasets(cache: Path, n_tokens: int, n_text: int) -> dict[str, Path]:
     """``{mds-tokens, wds-tokens, mds-text, wds-text}`` -> local dataset directory (cached)."""
-    from bcl_stream.preprocess.annotate import annotate
-    from bcl_stream.preprocess.pipeline import preprocess
-
     out: dict[str, Path] = {}
     jsonl = corpus(cache / f"corpus_{n_tokens}.jsonl", n_tokens)
     for fmt in ("mds", "wds"):
@@ -128,8 +129,6 @@ def write_text(fmt: str, root: Path, texts: list[str]) -> None:
     """Text records as the stock writers write them (no tokens: ``annotate`` counts them)."""
     if fmt == "mds":
         from streaming import MDSWriter
-
-        from bcl_stream.io.streaming_compat import close_shard_at
 
         with MDSWriter(out=str(root), columns={"text": "str"}, size_limit=1 << 26) as writer:
             for text in texts:
@@ -177,7 +176,6 @@ def row_child(spec: dict[str, Any]) -> dict[str, Any]:
     import webdataset as wds
     from torch.utils.data import DataLoader
 
-    from bcl_stream.epoch.plan import ReaderConfig
     from bcl_stream.formats.open_reader import open_reader
     from bcl_stream.loading.loader import PackLoader
 
@@ -409,7 +407,6 @@ def rss_child(root: str, packs: int) -> None:
     import psutil
     import streaming  # noqa: F401  (imported up front: ~200 MB that is not the reader's)
 
-    from bcl_stream.epoch.plan import ReaderConfig
     from bcl_stream.formats.mds_reader import MDSPackDataset
     from bcl_stream.loading.loader import PackLoader
 

@@ -38,7 +38,12 @@ from typing import Any
 
 from bcl_bench.harness import RESULTS, bench_parser, checkout_env, machine_stamp, write_result
 from bcl_bench.writing import bench_preprocess, bench_writers, corpus, naive_pipeline, tokenized
+from bcl_stream.preprocess import pipeline
+from bcl_stream.preprocess.annotate import annotate
+from bcl_stream.preprocess.distributed import preprocess_parts
 from bcl_stream.preprocess.merge import merge
+from bcl_stream.preprocess.sources import record_text
+from bcl_stream.preprocess.tokenizers import load_tokenizer
 
 SHARDS: dict[str, dict[str, Any]] = {
     "mds": {"format": "mds", "shard_size_limit": 2 << 20},
@@ -121,9 +126,6 @@ def _bench_ray(src: Path, work: Path, parts: int) -> dict[str, Any]:
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # every port on 127.0.0.1
     import ray
 
-    from bcl_stream.preprocess import pipeline
-    from bcl_stream.preprocess.distributed import preprocess_parts
-
     pipeline.SMALL_INPUT_BYTES = 0
     start = time.perf_counter()
     ray.init(num_cpus=parts, include_dashboard=False, log_to_driver=False)
@@ -153,9 +155,6 @@ _TOKENIZER: list[Any] = []
 def litdata_fn(chunk: tuple[str, int, int]) -> Any:
     """One LitData input: a byte range of the JSONL corpus -> its records' token ids."""
     import numpy as np
-
-    from bcl_stream.preprocess.sources import record_text
-    from bcl_stream.preprocess.tokenizers import load_tokenizer
 
     if not _TOKENIZER:
         _TOKENIZER.append(load_tokenizer("cl100k"))
@@ -198,8 +197,6 @@ def bench_litdata(src: Path, work: Path) -> list[dict[str, Any]] | str:
 
 
 def bench_annotate(work: Path, parts: int) -> list[dict[str, Any]]:
-    from bcl_stream.preprocess.annotate import annotate
-
     rows = []
     for fmt in ("mds", "wds"):
         root = work / f"pre_{fmt}_1"

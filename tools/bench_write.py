@@ -45,6 +45,7 @@ from bcl_bench.writing import (
 )
 from bcl_stream.cost import resolve
 from bcl_stream.io.index import CostIndex, ShardEntry, read_index, write_index
+from bcl_stream.preprocess import preprocess
 
 
 def bench_index(sizes: list[int], work: Path, repeats: int) -> list[dict[str, Any]]:
@@ -112,8 +113,6 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def bench_pipeline(src: Path, work: Path, plain: float, args: Any) -> dict[str, Any]:
     """``preprocess`` (MDS, 1 worker) against the naive loop, alternating, medians kept."""
-    from bcl_stream.preprocess import preprocess
-
     ours: list[tuple[float, float, float]] = []
     naive: list[tuple[float, float]] = []
     for _ in tqdm(range(args.pipeline_repeats), desc="pipeline", unit="round"):

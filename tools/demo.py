@@ -35,6 +35,7 @@ from bcl_bench.harness import ROOT, machine_stamp, write_result
 from bcl_stream.analysis.metrics import metrics_from_costs
 from bcl_stream.analysis.plots import plot_step_costs
 from bcl_stream.cost import ModelShape, from_shape
+from bcl_stream.io.index import read_index
 from bcl_stream.preprocess import preprocess
 
 OUT, WORK = demos.demo_dirs("demo")
@@ -163,7 +164,6 @@ def replay(
     token values do not change compute. Output: per strategy, C[r, t] in seconds."""
     import torch
 
-    from bcl_stream.io.index import read_index
     from bcl_stream.loading.collate import collate_packed
     from lightning_module.tinygpt import TinyGPT, TinyGPTConfig
 
