@@ -80,7 +80,7 @@ def run_corpus(
     tokens = text_corpora.build(name, n, CAP)
     costs = get_preset("llama3-8b").cost(tokens).astype(np.float64)
     table = shard_table(tokens, costs, SHARD)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for nodes, per_node in layouts:
         v = nodes * per_node
 
@@ -200,7 +200,7 @@ def run(
     rows: list[dict[str, Any]] = []
     for name in corpora or list(text_corpora.NAMES):
         rows.extend(run_corpus(name, records, layouts))
-    result = {
+    result: dict[str, Any] = {
         "setting": {
             "pack_size": PACK,
             "window": WINDOW,
@@ -225,5 +225,4 @@ def run(
               f"median {s['median']:+.2f} worst {s['worst']:+.2f}; amplification canonical "
               f"{a['median']:.2f} (max {a['max']:.2f}), direct {d['median']:.2f} "
               f"(max {d['max']:.2f})")  # fmt: skip
-    print(f"wrote {out}")
     return 0

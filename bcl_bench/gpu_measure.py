@@ -132,7 +132,9 @@ def calibrate_layout(
     probe = np.full(b, 16, dtype=np.int64)
     rng = np.random.default_rng(cfg["seed"] + 1)
     vocab, device = ctx["shape"].vocab_size, ctx["device"]
-    batches = {i: make_batch(p.tolist(), layout, vocab, device, rng) for i, p in enumerate(packs)}
+    batches: dict[int | str, Any] = {
+        i: make_batch(p.tolist(), layout, vocab, device, rng) for i, p in enumerate(packs)
+    }
     batches["overhead"] = make_batch(probe.tolist(), layout, vocab, device, rng)
     warm_up(list(batches), batches, ctx["step"], 4)
     timings = time_rounds(

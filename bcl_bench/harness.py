@@ -120,15 +120,18 @@ def write_result(
     machine: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write ``result`` with the machine stamp under ``"machine"`` to ``out`` (its directory
-    created) and, given ``plot``, draw it to ``out`` with the suffix ``.png``; returns what was
-    written. ``machine``: a stamp taken earlier (at the start of a long run, so its load
+    created) and, given ``plot``, draw it to ``out`` with the suffix ``.png``; say so on stderr
+    (stdout stays the benchmark's own); returns what was written. ``machine``: a stamp taken earlier (at the start of a long run, so its load
     average is the one the run started under); by default one taken now."""
     written = {**result, "machine": machine if machine is not None else machine_stamp()}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(written, indent=1, default=_plain) + "\n")
+    drawn = ""
     if plot is not None:
         plot(written, out.with_suffix(".png"))
+        drawn = f" and {out.with_suffix('.png').name}"
+    print(f"wrote {out}{drawn}", file=sys.stderr)
     return written
 
 

@@ -46,6 +46,9 @@ from bcl_stream.cost import get_preset
 from bcl_stream.epoch.plan import ReaderConfig, ReaderPlan, Segment, _costs_and_table
 from bcl_stream.io.index import COST_DTYPE, CostIndex, ShardEntry, read_index, write_index
 
+DEFAULT_OUT = RESULTS / "bench_elastic.json"
+CANONICAL_OUT = RESULTS / "bench_elastic_canonical.json"
+"""Where ``--canonical`` writes unless ``--out`` says (``--suffix`` goes before ``.json``)."""
 OLD_RANKS, NEW_RANKS, PER_NODE, PACK, WINDOW, SHARD = 16, 8, 8, 8, 16, 4096
 
 
@@ -107,7 +110,7 @@ def measure(root: Path, scope: str, consumed: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = bench_parser(__doc__, RESULTS / "bench_elastic.json")
+    parser = bench_parser(__doc__, DEFAULT_OUT)
     parser.add_argument("--sizes", nargs="+", type=float, default=[1e6, 1e8])
     parser.add_argument("--scopes", nargs="+", default=["rank", "node", "world"])
     parser.add_argument("--consumed", type=int, default=1, help="packs per old rank consumed")
@@ -125,7 +128,11 @@ def main(argv: list[str] | None = None) -> int:
         layouts = canonical.LAYOUTS
         if args.layouts:
             layouts = tuple(tuple(int(x) for x in s.split("x")) for s in args.layouts)  # type: ignore[misc]
-        out = RESULTS / f"bench_elastic_canonical{args.suffix}.json"
+        out = (
+            args.out
+            if args.out != DEFAULT_OUT
+            else CANONICAL_OUT.with_stem(f"{CANONICAL_OUT.stem}{args.suffix}")
+        )
         return canonical.run(args.records, args.corpora, out, layouts)
     if args.child:
         print(json.dumps(measure(Path(args.child[0]), args.child[1], args.consumed)))
@@ -163,7 +170,6 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
     }
     write_result(payload, args.out)
-    print(f"wrote {args.out}")
     return 0
 
 

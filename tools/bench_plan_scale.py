@@ -74,7 +74,6 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
     }
     write_result(payload, args.out)
-    print(f"wrote {args.out}")
     return 0
 
 

@@ -297,7 +297,6 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"writer overhead MDS {writers['ratio_mds']:.3f}; scaling {result['scaling_efficiency_2_workers']}"
     )
-    print(f"wrote {args.out}")
     return 0
 
 

@@ -190,7 +190,6 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['load_verified_s_median'] * 1e3:.1f} ms (verified), "
             f"{row['load_unverified_s_median'] * 1e3:.1f} ms"
         )
-    print(f"wrote {args.out}")
     return 0
 
 
