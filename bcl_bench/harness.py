@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-"""The checkout: benchmarks write under ``ROOT / "results"`` by default."""
+"""The checkout this package lives in (it is used from a checkout: an editable install or the
+root on the path): benchmarks write under ``ROOT / "results"`` by default."""
 RESULTS = ROOT / "results"
 ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 """The thread pools a one-core run limits to one thread."""

@@ -236,7 +236,7 @@ def measure(
     write: Any,
 ) -> None:
     """Plan every strategy in both layouts, time every distinct pack, score."""
-    from gpu_llama import make_batch
+    from bcl_bench.gpu_llama import make_batch
 
     names, missing = strategies_to_run(args.strategies)
     steps, plans, tokens, predicted = choose_steps(ctx["lengths"], models, names, cfg, budget)
