@@ -39,6 +39,8 @@ def main() -> None:
         ) from exc
     with tempfile.TemporaryDirectory(prefix="bcl_soak_") as tmp:
         work = Path(tmp)
+        for run in ("ref", "job"):  # the harness writes each run's config into its directory
+            (work / run).mkdir()
         data = work / "data"
         write_mds(data, 300)
         t0 = time.monotonic()
