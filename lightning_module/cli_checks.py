@@ -80,6 +80,8 @@ def given_paths(argv: Sequence[str]) -> dict[str, Any]:
             key = name.removeprefix("--data.").removeprefix("init_args.")
             if name.startswith("--data.") and key in DATA_KEYS:
                 found[key] = value
+            elif name.startswith("--data.") and key in STREAM_KEYS:
+                found[key] = yaml.safe_load(value)  # a list, as config_paths writes it
     return found
 
 

@@ -44,9 +44,9 @@ from bcl_bench.corpora import iter_stdlib_records
 from bcl_bench.harness import RESULTS, ROOT, bench_parser, checkout_env, write_result
 from bcl_stream.analysis.sim import shard_table
 from bcl_stream.cost import resolve
-from bcl_stream.planner import PlanConfig, global_order, plan_epoch
-from bcl_stream.planner.hf import hf_rebalance
-from bcl_stream.planner.pools import Pool
+from bcl_stream.peers import Pool, global_order
+from bcl_stream.peers.hf import hf_rebalance
+from bcl_stream.planner import PlanConfig, plan_epoch
 
 STRATEGIES = ("sequential", "hf_rebalance", "bcl-world", "bcl-rank")
 

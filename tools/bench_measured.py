@@ -45,15 +45,8 @@ from bcl_stream.analysis.metrics import imbalance_sq
 from bcl_stream.analysis.sim import default_capacity
 from bcl_stream.commands.calibrate import DEMO_MODEL
 from bcl_stream.cost import CostModel, get_preset
-from bcl_stream.planner import (
-    PlanConfig,
-    ShardTable,
-    global_order,
-    plan_epoch,
-    shard_weights,
-)
-from bcl_stream.planner.peers import REAL_PEERS, plan_pooled
-from bcl_stream.planner.pools import Pool
+from bcl_stream.peers import REAL_PEERS, Pool, global_order, plan_pooled
+from bcl_stream.planner import PlanConfig, ShardTable, plan_epoch, shard_weights
 
 Packs = list[list[npt.NDArray[np.int64]]]  # [rank][step] -> record ids
 

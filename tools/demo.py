@@ -85,6 +85,8 @@ def run_config(name: str, base: dict[str, Any], data: dict[str, Any]) -> Path:
         if cb["class_path"].endswith("ModelCheckpoint"):
             cb["init_args"]["dirpath"] = str(WORK / name / "ckpt")
     cfg["trainer"]["default_root_dir"] = str(WORK / name)
+    if "root" in cfg:  # relative to the config file: the copy lives elsewhere
+        cfg["root"] = str(ROOT)
     cfg["data"].update(data, data=str(WORK / "mds"))
     path = WORK / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
