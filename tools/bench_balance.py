@@ -301,7 +301,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    """Tables for the README and docs/balance.md."""
+    """Tables for docs/balance.md (the README carries its headline)."""
     s = result["summary"]
     lines = [
         f"Command: `{result['meta']['command']}` at {str(result['machine']['git_commit'])[:10]} "

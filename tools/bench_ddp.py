@@ -19,7 +19,7 @@ Besides wall time (what DDP users pay), each rank records the CPU seconds of its
 the machine and close to the balance the planner aimed at.
 
     python tools/bench_ddp.py --quick     # ~1-2 min
-    python tools/bench_ddp.py             # README figures
+    python tools/bench_ddp.py             # docs/measured.md figures
 
 Writes results/bench_ddp.json and results/bench_ddp.png.
 """

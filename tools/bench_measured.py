@@ -15,7 +15,7 @@ Timing discipline on a shared 2-core machine: one torch thread; CPU clock of thi
 ``repeats`` times, strategies interleaved in a shuffled order per round; medians kept.
 
     python tools/bench_measured.py --quick          # < 3 min, prints one JSON object
-    python tools/bench_measured.py                  # the README figures (~10 min)
+    python tools/bench_measured.py                  # docs/measured.md figures (~10 min)
 
 Writes results/bench_measured.json and results/bench_measured.png.
 """

@@ -42,7 +42,7 @@ What makes concurrent groups safe, and what does not run concurrently:
   that barrier, rank 0's own error cut from the log). Each lane (a slot of the pool) is
   kept to its own prefixes in a band above those other jobs use, by empty lock files of every
   other prefix in the group's ``TMPDIR`` (:func:`reserve_prefixes`); a test that gives its
-  subprocesses another temp dir copies them (``reliability_scripts/soak.py``). This also keeps
+  subprocesses another temp dir copies them (``bcl_bench/soak.py``). This also keeps
   the suite out of reach of streaming's cleanup run by another job on the machine (it stops at
   the first free prefix). The files marked ``shm_cleanup`` get no band.
 - Test files marked ``shared_process`` build no ``StreamingDataset`` in the pytest process
