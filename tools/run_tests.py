@@ -42,7 +42,7 @@ What makes concurrent groups safe, and what does not run concurrently:
   that barrier, rank 0's own error cut from the log). Each lane (a slot of the pool) is
   kept to its own prefixes in a band above those other jobs use, by empty lock files of every
   other prefix in the group's ``TMPDIR`` (:func:`reserve_prefixes`); a test that gives its
-  subprocesses another temp dir copies them (``reliability_scripts/soak.py``). This also keeps
+  subprocesses another temp dir copies them (``bcl_bench/soak.py``). This also keeps
   the suite out of reach of streaming's cleanup run by another job on the machine (it stops at
   the first free prefix). The files marked ``shm_cleanup`` get no band.
 - Test files marked ``shared_process`` build no ``StreamingDataset`` in the pytest process
@@ -77,6 +77,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CLEANUP_MARKER = "shm_cleanup"
 SHARED_MARKER = "shared_process"
+TYPECHECKED = ("bcl_stream", "lightning_module", "bcl_bench")
+"""The packages mypy checks (``--mypy``; ``make typecheck`` names the same)."""
 LAST_SECONDS = ROOT / ".pytest_cache" / "bcl_group_seconds.json"
 KNOWN_SECONDS = ROOT / "tests" / "group_seconds.json"
 KEYS = ("tests", "failures", "errors", "skipped")
@@ -271,7 +273,7 @@ def start_typecheck(tmp: Path) -> tuple[subprocess.Popen[bytes], Path]:
     log = tmp / "mypy.out"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mypy", "bcl_stream", "lightning_module"],
+            [sys.executable, "-m", "mypy", *TYPECHECKED],
             cwd=ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -303,7 +305,7 @@ def main(argv: list[str]) -> int:
         if mypy is not None:
             proc, log = mypy
             mypy_failed = proc.wait() != 0
-            print(f"\n=== mypy bcl_stream lightning_module\n{log.read_text().rstrip()}", flush=True)
+            print(f"\n=== mypy {' '.join(TYPECHECKED)}\n{log.read_text().rstrip()}", flush=True)
     wall = time.monotonic() - started
     cpu_after = os.times()
     cpu = (cpu_after.children_user - cpu_before.children_user) + (

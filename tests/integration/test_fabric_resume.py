@@ -12,7 +12,8 @@ import torch
 from lightning_scripts.harness import pack_log, tiny_config
 from pack_oracles import check_every_record_once
 from resume_harness import check_resumed_runs
-from tool_modules import load_tool
+
+from tools import train_fabric
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +31,7 @@ def entries(workdir: Path) -> list[tuple[int, int, int, list[int]]]:
 
 
 def test_fabric_save_load_resumes_exactly(mds_dir: Path, tmp_path: Path) -> None:
-    tool = load_tool("train_fabric")
+    tool = train_fabric
     total = PACKS_PER_EPOCH + 6
     saves = (4, PACKS_PER_EPOCH, PACKS_PER_EPOCH + 2)  # mid-epoch, epoch end, into the next
     out = run(tool, mds_dir, tmp_path / "full", total, save_at=saves)
