@@ -40,8 +40,8 @@ from torch.utils.data import DataLoader
 from bcl_stream.cost import resolve
 from bcl_stream.epoch.checks import layout_text, require_packs
 from bcl_stream.epoch.cursor import MIXTURE_CHANGES
-from bcl_stream.epoch.eval_plan import EVAL_PACKINGS
 from bcl_stream.epoch.loss_tokens import normalization
+from bcl_stream.epoch.mixture_index import StreamSpec
 from bcl_stream.epoch.plan import PACKINGS, PLAN_FIELDS, ReaderConfig
 from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.epoch.truncation import truncation
@@ -56,54 +56,12 @@ from bcl_stream.loading.loader import PackLoader
 from bcl_stream.planner import PlanConfig
 from bcl_stream.planner.padded import LAYOUTS
 from lightning_module.canonical import check_accumulation, shift_progress
-from lightning_module.evaluation import EvaluationLoaders
+from lightning_module.evaluation import Evaluation, EvaluationHook
 from lightning_module.trainer_layout import TrainerLayout
+from lightning_module.trainer_loader import TrainerPackLoader, explain_len_warning
 
 KEY_READER = "reader"
 KEY_PACKING = "packing"
-
-
-class TrainerPackLoader(PackLoader):
-    """``PackLoader`` whose ``len()`` counts the epoch the way Lightning's fit loop does.
-
-    After an elastic resume (checkpoint from another world size) the reader re-plans the rest
-    of the epoch: its cursor restarts at pack 0 of the new plan, while Lightning restores its
-    own batch counter (k batches done) and ends the epoch when that counter reaches ``len()``.
-    With the plain plan length Lightning would stop k packs early and the next epoch would
-    start inside this one. Here ``len()`` = packs consumed under earlier world sizes + packs
-    of the new plan, so both counters agree; iteration and the saved cursor are unchanged.
-    """
-
-    progress_shift = 0
-    """Under ``canonical_ranks``, after a resume on another size: micro-batches to add to
-    Lightning's restored batch counter (``lightning_module/canonical.py``); 0 once applied."""
-
-    def __len__(self) -> int:
-        return sum(s.packs_consumed for s in self._segments) + self.plan_len()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        if self.plan_dataset.config.canonical_ranks is not None and not self._shifted:
-            saved = state.get("packs_consumed")
-            self.progress_shift = self._consumed - saved if isinstance(saved, int) else 0
-
-    _shifted = False
-
-
-LEN_WARNING = r"Your `IterableDataset` has `__len__` defined"
-
-
-def _explain_len_warning() -> None:
-    """Silence Lightning's "IterableDataset has __len__" warning, which does not apply here.
-
-    Lightning warns because a ``__len__`` can be wrong when DataLoader workers each yield the
-    whole dataset. Ours is exact by construction: worker w of K yields packs w, w+K, ... of
-    this rank's plan, and ``len()`` is the plan's pack count (tests check it for 0, 1 and 2
-    workers). The filter matches that one message only.
-    """
-    import warnings
-
-    warnings.filterwarnings("ignore", message=LEN_WARNING)
 
 
 OWN_ARGUMENTS = (
@@ -139,7 +97,7 @@ def check_plan_knobs(
     return knobs
 
 
-class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
+class BCLDataModule(pl.LightningDataModule):
     """Balanced, resumable training packs from a costed MDS or WebDataset dataset.
 
     Args:
@@ -254,20 +212,21 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
         self.options = ReadOptions(
             cache_limit=cache_limit, download_timeout=download_timeout, prefetch=prefetch
         )
-        self.evaluation = {
-            "val": evaluation_sources("val", val_data, val_streams),
-            "test": evaluation_sources("test", test_data, test_streams),
-        }
-        self.eval_packing = packing if eval_packing is None else eval_packing
-        if self.eval_packing not in EVAL_PACKINGS:
-            raise ValueError(f"eval_packing must be one of {EVAL_PACKINGS}, got {eval_packing!r}")
-        self._eval_loaders: dict[str, list[DataLoader[Any]]] = {}
+        self.evaluation = Evaluation(
+            sources={
+                "val": evaluation_sources("val", val_data, val_streams),
+                "test": evaluation_sources("test", test_data, test_streams),
+            },
+            packing=packing if eval_packing is None else eval_packing,
+            options=self.options,
+            cache_dir=cache_dir,
+            num_workers=num_workers,
+            collate_for=self.collate_for,
+        )
         self.plan = check_plan_knobs(plan, pack_size=pack_size, window=window, scope=scope)
         if (data is None) == (streams is None):
             raise ValueError("give BCLDataModule either data (one dataset) or streams (a mixture)")
         if streams is not None:
-            from bcl_stream.epoch.mixture_index import StreamSpec
-
             if not isinstance(streams, list | tuple) or not streams:
                 raise ValueError(f"streams must be a non-empty list, got {streams!r}")
             streams = [StreamSpec.of(x).to_dict() for x in streams]  # refuse bad specs now
@@ -492,10 +451,23 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
             )
         return loader
 
+    val_dataloader = EvaluationHook("val")
+    """One loader of every validation record, once across ranks (``val_data``: one;
+    ``val_streams``: one per stream); no such hook without validation data."""
+    test_dataloader = EvaluationHook("test")
+    """One loader of every test record, once across ranks (see ``val_dataloader``)."""
+
+    def evaluation_loaders(self, kind: str) -> list[DataLoader[Any]]:
+        """The ``kind`` (``val``/``test``) loaders under the trainer's layout (after setup)."""
+        self._require_dataset()
+        assert self.layout_used is not None
+        config = self.reader_config(self.layout_used)
+        return self.evaluation.loaders(kind, config, self.layout_used.rank)
+
     def _make_loader(self) -> TrainerPackLoader:
         """The one loader (built once, after setup): the owner of the cursor."""
         if self._loader is None:
-            _explain_len_warning()
+            explain_len_warning()
             self._loader = TrainerPackLoader(
                 self._require_dataset(),
                 num_workers=self.num_workers,

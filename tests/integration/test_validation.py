@@ -105,7 +105,9 @@ def test_6_val_streams_give_one_loader_per_stream(
         assert len(batches) == len(loader)
         ids = sorted(int(i) for b in batches for i in b["sample_ids"])
         assert ids == list(range(records))
-    assert module.test_dataloader() == []  # no test data: no loader
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    assert not is_overridden("test_dataloader", module)  # no test data: no hook for Lightning
 
 
 def test_6_test_pass_with_balanced_packing(mds_dir: Path, val_dir: Path, tmp_path: Path) -> None:
