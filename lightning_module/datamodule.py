@@ -58,7 +58,7 @@ from bcl_stream.io.streaming_compat import set_streaming_env
 from bcl_stream.loading.collate import PackCollate
 from bcl_stream.loading.evaluation import evaluation_sources
 from bcl_stream.loading.loader import PackLoader
-from bcl_stream.planner.config import LAYOUT_FIELDS, PlanKnobs
+from bcl_stream.planner.config import PlanKnobs
 from lightning_module.canonical import check_accumulation, shift_progress
 from lightning_module.evaluation import Evaluation, EvaluationHook
 from lightning_module.options import (
@@ -69,6 +69,7 @@ from lightning_module.options import (
     apply_moved,
     group,
     moved_keys,
+    plan_layout_keys,
     warn_moved,
 )
 from lightning_module.trainer_layout import TrainerLayout
@@ -76,10 +77,6 @@ from lightning_module.trainer_loader import TrainerPackLoader, explain_len_warni
 
 KEY_READER = "reader"
 KEY_PACKING = "packing"
-
-
-PLAN_LAYOUT_KEYS = frozenset(LAYOUT_FIELDS)
-"""PlanConfig fields the trainer decides: not knobs of ``plan``."""
 
 
 class BCLDataModule(pl.LightningDataModule):
@@ -161,7 +158,7 @@ class BCLDataModule(pl.LightningDataModule):
                 f"BCLDataModule got unknown arguments {unknown}; docs/config.md lists every key"
             )
         old = moved_keys(**moved)
-        plan, old = self._plan_layout_keys(plan, elastic, old)
+        plan, old = plan_layout_keys(plan, elastic, old)
         warn_moved(old)
         groups = apply_moved(
             {
@@ -243,31 +240,6 @@ class BCLDataModule(pl.LightningDataModule):
         ``step_loss_tokens``), ``all_reduce`` (``rank_step_loss_tokens``) or ``rescale`` (set by
         ``setup``; ``bcl_stream/epoch/loss_tokens.py``, docs/sft.md)."""
         self._setup_notes: list[str] = []
-
-    @staticmethod
-    def _plan_layout_keys(
-        plan: dict[str, Any] | PlanKnobs | None,
-        elastic: ElasticOptions | dict[str, Any] | None,
-        old: dict[str, Any],
-    ) -> tuple[dict[str, Any] | PlanKnobs | None, dict[str, Any]]:
-        """A ``plan`` dict of an earlier release could hold the layout the trainer decides:
-        ``world_size`` is refused; ``ranks_per_node`` and ``grad_accum`` join the old flat
-        keys (checked against the trainer, with a line to drop them), except that with
-        canonical ranks ``grad_accum`` was G_c: ``elastic.canonical_grad_accum`` now."""
-        if not isinstance(plan, dict) or not (PLAN_LAYOUT_KEYS | {"layout"}) & set(plan):
-            return plan, old
-        plan, old = dict(plan), dict(old)
-        if "layout" in plan:
-            old["plan_layout"] = plan.pop("layout")  # checked against batch.collate
-        if "world_size" in plan:
-            raise ValueError("plan.world_size: the trainer decides the data-parallel size; drop it")
-        if "ranks_per_node" in plan:
-            old["ranks_per_node"] = plan.pop("ranks_per_node")
-        if "grad_accum" in plan:
-            given = group(elastic, ElasticOptions, "elastic").canonical_ranks
-            canonical = given is not None or old.get("canonical_ranks") is not None
-            old["canonical_grad_accum" if canonical else "grad_accum"] = plan.pop("grad_accum")
-        return plan, old
 
     @property
     def layout(self) -> str:

@@ -11,7 +11,9 @@ Without validation (test) data the DataModule offers no ``val_dataloader``
 (``test_dataloader``) hook at all (:class:`EvaluationHook`). Returning an empty list instead,
 as this module once did, made Lightning's evaluation loop flatten ``[]`` into one "loader" of
 length zero and print "Total length of `list` across ranks is zero" on every run; a hook that
-is not there is Lightning's own way of saying "no validation", so the loop is skipped.
+is not there is Lightning's own way of saying "no validation", so the loop is skipped. (A
+model that defines ``validation_step``, as TinyGPT does, still gets Lightning's one line "You
+defined a `validation_step` but have no `val_dataloader`. Skipping val loop.": which is so.)
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from bcl_stream.epoch.eval_plan import EVAL_PACKINGS
 from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.formats.read_options import ReadOptions
 from bcl_stream.loading.collate import LABELS
-from bcl_stream.planner.config import PlanKnobs
+from bcl_stream.planner.config import LAYOUT_FIELDS, PlanKnobs
 from bcl_stream.planner.padded import LAYOUTS
 
 
@@ -180,6 +180,8 @@ OLD_NAMES = {
     "plan_layout": "plan.layout",
 }
 """How a warning spells the old keys that were inside ``plan``."""
+PLAN_LAYOUT_KEYS = frozenset(LAYOUT_FIELDS)
+"""PlanConfig fields the trainer decides: not knobs of ``plan``."""
 TRAINER_DECIDES = {
     "ranks_per_node": "the trainer's data-parallel ranks per node",
     "grad_accum": "the trainer's accumulate_grad_batches",
@@ -257,6 +259,32 @@ def moved_keys(
     return {k: v for k, v in given.items() if v is not None}
 
 
+def plan_layout_keys(
+    plan: dict[str, Any] | PlanKnobs | None,
+    elastic: ElasticOptions | dict[str, Any] | None,
+    old: dict[str, Any],
+) -> tuple[dict[str, Any] | PlanKnobs | None, dict[str, Any]]:
+    """``plan`` without what a ``plan`` dict of an earlier release could hold beside the
+    knobs, and ``old`` with it: ``world_size`` is refused; ``ranks_per_node``, ``grad_accum``
+    and ``layout`` join the old keys, checked against what decides them (the trainer; the
+    collate), except that with canonical ranks ``grad_accum`` was G_c:
+    ``elastic.canonical_grad_accum`` now."""
+    if not isinstance(plan, dict) or not (PLAN_LAYOUT_KEYS | {"layout"}) & set(plan):
+        return plan, old
+    plan, old = dict(plan), dict(old)
+    if "layout" in plan:
+        old["plan_layout"] = plan.pop("layout")  # checked against batch.collate
+    if "world_size" in plan:
+        raise ValueError("plan.world_size: the trainer decides the data-parallel size; drop it")
+    if "ranks_per_node" in plan:
+        old["ranks_per_node"] = plan.pop("ranks_per_node")
+    if "grad_accum" in plan:
+        given = group(elastic, ElasticOptions, "elastic").canonical_ranks
+        canonical = given is not None or old.get("canonical_ranks") is not None
+        old["canonical_grad_accum" if canonical else "grad_accum"] = plan.pop("grad_accum")
+    return plan, old
+
+
 def warn_moved(old: dict[str, Any]) -> None:
     """One line naming each old key given and its new key."""
     if not old:
@@ -301,5 +329,6 @@ __all__ = [
     "apply_moved",
     "group",
     "moved_keys",
+    "plan_layout_keys",
     "warn_moved",
 ]
