@@ -18,9 +18,10 @@ both ways is a FutureWarning, not an error, so older configs run unchanged until
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
+
+from lightning.pytorch.utilities import rank_zero_warn
 
 from bcl_stream.epoch.eval_plan import EVAL_PACKINGS
 from bcl_stream.epoch.token_source import TokenSource
@@ -286,7 +287,8 @@ def plan_layout_keys(
 
 
 def warn_moved(old: dict[str, Any]) -> None:
-    """One line naming each old key given and its new key."""
+    """One line naming each old key given and its new key (a FutureWarning: shown by
+    default, unlike a DeprecationWarning, since the one who must act is the config's user)."""
     if not old:
         return
     renames = ", ".join(
@@ -295,11 +297,11 @@ def warn_moved(old: dict[str, Any]) -> None:
         else f"{OLD_NAMES.get(k, k)} (drop it: {TRAINER_DECIDES[k]} decides)"
         for k in sorted(old)
     )
-    warnings.warn(
+    rank_zero_warn(  # once per job, not once per rank
         f"BCLDataModule: flat keys of an earlier release: {renames}; rename them "
         "(YAML: data.plan.window ...; docs/config.md)",
-        FutureWarning,
-        stacklevel=3,
+        category=FutureWarning,
+        stacklevel=6,  # the DataModule's caller: through rank_zero_warn's three frames
     )
 
 
