@@ -25,6 +25,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from bcl_stream.epoch.eval_plan import EVAL_PACKINGS
 from bcl_stream.epoch.token_source import TokenSource
+from bcl_stream.errors import BCLStreamError
 from bcl_stream.formats.read_options import ReadOptions
 from bcl_stream.loading.collate import LABELS
 from bcl_stream.planner.config import LAYOUT_FIELDS, PlanKnobs
@@ -140,6 +141,12 @@ class ElasticOptions:
 G = TypeVar("G")
 
 
+class ConfigError(BCLStreamError, ValueError):
+    """A DataModule group with a key it does not have or a value it refuses, named as the YAML
+    spells it (``data.plan: window must be an integer ...``). A ValueError, and one of ours,
+    so ``python -m lightning_module`` prints it as one line (exit 2), not a traceback."""
+
+
 def group(value: G | dict[str, Any] | None, cls: type[G], name: str) -> G:
     """An argument group as its dataclass: an instance as given, a dict (Python, or YAML read
     without its type) checked field by field, None the defaults. Unknown keys name the group's
@@ -149,14 +156,17 @@ def group(value: G | dict[str, Any] | None, cls: type[G], name: str) -> G:
     if isinstance(value, cls):
         return value
     if not isinstance(value, dict):
-        raise ValueError(f"{name} must be a {cls.__name__} or a dict, got {value!r}")
+        raise ConfigError(f"data.{name} must be a {cls.__name__} or a dict, got {value!r}")
     known = sorted(f.name for f in fields(cls))  # type: ignore[arg-type]
     unknown = sorted(set(value) - set(known))
     if unknown:
         hint = {k: MOVED[k] for k in unknown if k in MOVED and not MOVED[k].startswith(name)}
         where = f"; elsewhere: {hint}" if hint else ""
-        raise ValueError(f"{name} has unknown keys {unknown}; its keys are {known}{where}")
-    return cls(**value)
+        raise ConfigError(f"data.{name} has unknown keys {unknown}; its keys are {known}{where}")
+    try:
+        return cls(**value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"data.{name}: {exc}") from exc
 
 
 MOVED: dict[str, str] = {
@@ -322,6 +332,7 @@ def apply_moved(groups: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
 __all__ = [
     "MOVED",
     "BatchOptions",
+    "ConfigError",
     "ElasticOptions",
     "EvalOptions",
     "LoaderOptions",

@@ -144,3 +144,14 @@ def test_the_early_path_check_reads_the_eval_group(tmp_path: Path, argv: list[st
     args = [a.format(cfg=cfg, tmp=tmp_path) for a in argv]
     with pytest.raises(DatasetError, match=r"^data\.eval\.val_data: .*no such dataset directory"):
         check_paths(["fit", *args])
+
+
+def test_a_bad_value_in_a_group_is_one_of_our_errors_naming_the_key() -> None:
+    """``python -m lightning_module`` prints our errors as one line (a ValueError too)."""
+    from bcl_stream.errors import BCLStreamError
+    from lightning_module import BCLDataModule
+
+    with pytest.raises(BCLStreamError, match=r"^data\.plan: window must be an integer"):
+        BCLDataModule("DIR", plan={"window": "abc"})
+    with pytest.raises(ValueError, match=r"^data\.loader: loader\.persistent_workers=True"):
+        BCLDataModule("DIR", loader={"persistent_workers": True})
