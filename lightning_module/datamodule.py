@@ -63,6 +63,7 @@ from lightning_module.canonical import check_accumulation, shift_progress
 from lightning_module.evaluation import Evaluation, EvaluationHook
 from lightning_module.options import (
     BatchOptions,
+    ConfigError,
     ElasticOptions,
     EvalOptions,
     LoaderOptions,
@@ -176,7 +177,7 @@ class BCLDataModule(pl.LightningDataModule):
         self.batch: BatchOptions = groups["batch"]
         followed = old.get("plan_layout", self.batch.collate)
         if followed != self.batch.collate:
-            raise ValueError(
+            raise ConfigError(
                 f"plan.layout={followed!r} contradicts layout={self.batch.collate!r} "
                 "(batch.collate): the planner balances the cost of the batches the collate "
                 "makes, so the collate's layout wins; drop plan.layout"
@@ -191,21 +192,21 @@ class BCLDataModule(pl.LightningDataModule):
         """Only from an earlier release's ``plan.grad_accum``: checked against the trainer."""
         evaluation: EvalOptions = groups["eval"]
         if (data is None) == (streams is None):
-            raise ValueError("give BCLDataModule either data (one dataset) or streams (a mixture)")
+            raise ConfigError("give BCLDataModule either data (one dataset) or streams (a mixture)")
         if streams is not None:
             if not isinstance(streams, list | tuple) or not streams:
-                raise ValueError(f"streams must be a non-empty list, got {streams!r}")
+                raise ConfigError(f"streams must be a non-empty list, got {streams!r}")
             streams = [StreamSpec.of(x).to_dict() for x in streams]  # refuse bad specs now
         elif epoch_size is not None:
-            raise ValueError("epoch_size applies to a mixture (streams) only")
+            raise ConfigError("epoch_size applies to a mixture (streams) only")
         if on_mixture_change not in MIXTURE_CHANGES:
-            raise ValueError(
+            raise ConfigError(
                 f"on_mixture_change must be one of {MIXTURE_CHANGES}, got {on_mixture_change!r}"
             )
         if format not in (None, "mds", "wds"):
-            raise ValueError(f"format must be 'mds', 'wds' or None, got {format!r}")
+            raise ConfigError(f"format must be 'mds', 'wds' or None, got {format!r}")
         if packing not in PACKINGS:
-            raise ValueError(f"packing must be one of {PACKINGS}, got {packing!r}")
+            raise ConfigError(f"packing must be one of {PACKINGS}, got {packing!r}")
         if cost_model is not None:
             resolve(cost_model)  # fail now, with the preset list, not inside a worker
         self.data, self.streams, self.epoch_size = data, streams, epoch_size
