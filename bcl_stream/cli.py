@@ -12,22 +12,37 @@ the whole chain of causes before that line.
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
+from types import ModuleType
 
+import bcl_stream
+from bcl_stream.commands import (
+    annotate,
+    calibrate,
+    inspect,
+    merge,
+    plan,
+    preprocess,
+    read,
+    simulate,
+)
 from bcl_stream.errors import DEBUG_ENV, BCLStreamError, report
 
-COMMANDS = [
-    "simulate",
-    "plan",
-    "read",
-    "calibrate",
-    "preprocess",
-    "annotate",
-    "merge",
-    "inspect",
-]
+COMMAND_MODULES: dict[str, ModuleType] = {
+    "simulate": simulate,
+    "plan": plan,
+    "read": read,
+    "calibrate": calibrate,
+    "preprocess": preprocess,
+    "annotate": annotate,
+    "merge": merge,
+    "inspect": inspect,
+}
+"""Each subcommand's module, in the order ``--help`` lists them."""
+COMMANDS = list(COMMAND_MODULES)
 
 
 class _DefaultsFormatter(argparse.HelpFormatter):
@@ -59,11 +74,6 @@ class _Parser(argparse.ArgumentParser):
 
 def version() -> str:
     """The installed distribution's version (the source tree's when not installed)."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
-    import bcl_stream
-
     try:
         return dist_version("bcl-stream")
     except PackageNotFoundError:
@@ -84,8 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser
     )
-    for name in COMMANDS:
-        module = importlib.import_module(f"bcl_stream.commands.{name}")
+    for module in COMMAND_MODULES.values():
         module.add_parser(sub)
     return parser
 

@@ -15,6 +15,11 @@ checkpoint that does not fit) print as one line and exit 2. ``--debug`` before t
 with its chain of causes before that line, as ``bcl-stream --debug`` does. ``--debug`` is taken
 off the arguments before LightningCLI parses them (it has no such option) and exported as
 ``BCL_STREAM_DEBUG=1``, so the ranks Lightning's ``ddp`` launcher starts report the same way.
+
+Paths: relative paths in a config file resolve against the config's root (``--root DIR``,
+``$BCL_STREAM_ROOT``, the config's ``root:`` key or the file's directory:
+:mod:`lightning_module.config_paths`), not the current directory; one callback's argument is
+set with ``--trainer.callbacks.N.KEY VALUE`` (:mod:`lightning_module.cli`).
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ import sys
 from typing import TYPE_CHECKING
 
 from bcl_stream.errors import DEBUG_ENV, BCLStreamError, report
+from bcl_stream.io.streaming_compat import clean_stale_shared_memory_once
 from lightning_module.cli_checks import check_paths
+from lightning_module.config_paths import resolve_config_paths
 
 if TYPE_CHECKING:
     from lightning.pytorch.cli import LightningCLI
@@ -33,20 +40,20 @@ PROG = "python -m lightning_module"
 
 
 def main(args: list[str] | None = None) -> LightningCLI:
-    """Run the CLI (``args`` instead of ``sys.argv`` for tests). Lightning and torch are
-    imported here, after :func:`~lightning_module.cli_checks.check_paths` (seconds)."""
+    """Run the CLI (``args`` instead of ``sys.argv`` for tests; their config paths resolved
+    as :func:`run` resolves them). Lightning and torch are imported here, after
+    :func:`~lightning_module.cli_checks.check_paths` (seconds)."""
     import lightning.pytorch as pl
-    from lightning.pytorch.cli import LightningCLI
 
-    from bcl_stream.io.streaming_compat import clean_stale_shared_memory_once
+    from lightning_module.cli import BCLCLI
     from lightning_module.datamodule import BCLDataModule
 
     clean_stale_shared_memory_once()
-    return LightningCLI(
+    return BCLCLI(
         pl.LightningModule,
         BCLDataModule,
         subclass_mode_model=True,
-        args=args,
+        args=None if args is None else resolve_config_paths(args),
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"prog": PROG},
     )
@@ -62,6 +69,7 @@ def run(argv: list[str] | None = None) -> int:
         debug = True
     if debug:
         os.environ[DEBUG_ENV] = "1"  # inherited by the ranks the ddp launcher starts
+    args = resolve_config_paths(args)  # the configs' relative paths made absolute
     if argv is None:
         sys.argv[1:] = args  # LightningCLI and the ddp launcher read sys.argv, not ours
     try:

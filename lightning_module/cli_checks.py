@@ -87,6 +87,8 @@ def given_paths(argv: Sequence[str]) -> dict[str, Any]:
             key = key.removeprefix(f"{EVAL_GROUP}.")
             if name.startswith("--data.") and key in DATA_KEYS:
                 found[key] = value
+            elif name.startswith("--data.") and key in STREAM_KEYS:
+                found[key] = yaml.safe_load(value)  # a list, as config_paths writes it
     return found
 
 

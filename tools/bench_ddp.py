@@ -94,9 +94,9 @@ def plans_for(
     accumulation here) lists of arrays of varying size."""
     from bcl_stream.analysis.sim import shard_table
     from bcl_stream.cost import resolve
-    from bcl_stream.planner import PlanConfig, global_order, plan_epoch
-    from bcl_stream.planner.hf import hf_rebalance
-    from bcl_stream.planner.pools import Pool
+    from bcl_stream.peers import Pool, global_order
+    from bcl_stream.peers.hf import hf_rebalance
+    from bcl_stream.planner import PlanConfig, plan_epoch
 
     costs = resolve(args.cost_model).cost(lengths)
     table = shard_table(lengths, costs, lengths.size)  # one shard: the corpus file

@@ -49,15 +49,8 @@ from bcl_stream.analysis.metrics import imbalance_sq  # noqa: E402
 from bcl_stream.analysis.sim import default_capacity  # noqa: E402
 from bcl_stream.commands.calibrate import DEMO_MODEL  # noqa: E402
 from bcl_stream.cost import CostModel, get_preset  # noqa: E402
-from bcl_stream.planner import (  # noqa: E402
-    PlanConfig,
-    ShardTable,
-    global_order,
-    plan_epoch,
-    shard_weights,
-)
-from bcl_stream.planner.peers import REAL_PEERS, plan_pooled  # noqa: E402
-from bcl_stream.planner.pools import Pool  # noqa: E402
+from bcl_stream.peers import REAL_PEERS, Pool, global_order, plan_pooled  # noqa: E402
+from bcl_stream.planner import PlanConfig, ShardTable, plan_epoch, shard_weights  # noqa: E402
 
 Packs = list[list[npt.NDArray[np.int64]]]  # [rank][step] -> record ids
 

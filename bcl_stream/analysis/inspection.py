@@ -23,6 +23,8 @@ from bcl_stream.errors import BCLStreamError, RemoteAccessError
 from bcl_stream.formats.dataset_files import check_integrity, detect_format, open_layout
 from bcl_stream.io.index import CostIndex
 from bcl_stream.io.remote import is_remote
+from bcl_stream.planner.cuts import MIN_SHARDS_PER_NODE, TEAM_SHARDS
+from bcl_stream.preprocess.fetch import fetch_dataset
 
 EMPTY_STATS = {"total": 0.0, "mean": 0.0, "p50": 0.0, "p99": 0.0, "max": 0.0}
 
@@ -69,8 +71,6 @@ def inspect_dataset(
     count its members).
     """
     if is_remote(directory):
-        from bcl_stream.preprocess.fetch import fetch_dataset
-
         with tempfile.TemporaryDirectory(prefix="bcl_inspect_") as tmp:
             try:
                 root = fetch_dataset(str(directory), tmp, progress=False)
@@ -150,8 +150,6 @@ def shard_warnings(shards: int, records: int, world_size: int, ranks_per_node: i
     carry the dataset's mix, and the planner cuts shards so that several nodes read each
     (``planner/cuts.py``: below ``TEAM_SHARDS`` per node; below 2 per node every node reads
     every shard). Empty when there are enough."""
-    from bcl_stream.planner.cuts import MIN_SHARDS_PER_NODE, TEAM_SHARDS
-
     if world_size < 1 or ranks_per_node < 1 or world_size % ranks_per_node:
         raise ValueError(
             f"--world-size {world_size} must be a positive multiple of --ranks-per-node "

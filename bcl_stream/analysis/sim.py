@@ -7,10 +7,11 @@ strategies may leave different records unused.
 
 The record array is the dataset in write order, cut into shards of ``shard_records``. BCL and
 ``sequential`` read node streams (each node its own shards); central baselines read one global
-shuffle (``planner.baselines.global_order``), as a trainer's shuffled DataLoader does.
+shuffle (``bcl_stream.peers.global_order``), as a trainer's shuffled DataLoader does.
 
-The pooled peers (``planner/peers.py``: ``nemo_mffd``, ``verl_kk``, ``verl_dynbsz``,
-``hf_rebalance``, ``pooled_mffd_split``) pool global batches of R*B*G records from that global shuffle.
+The pooled peers (the registry ``bcl_stream.peers.PEERS``: ``nemo_mffd``, ``verl_kk``,
+``verl_dynbsz``, ``pooled_mffd_split``, ``hf_rebalance``) pool global batches of R*B*G records
+from that global shuffle.
 
 Contract (``SimConfig.contract``): under ``step`` (padded layout) the BCL steps are dealt
 within each node and each rank's step re-cut into micro-batches of varying size
@@ -32,18 +33,24 @@ import numpy.typing as npt
 from bcl_stream.analysis.displacement import displacement_steps
 from bcl_stream.analysis.metrics import Metrics, imbalance_sq, metrics_from_costs
 from bcl_stream.cost import CostModel
-from bcl_stream.planner.baselines import global_order
+from bcl_stream.peers import (
+    PEERS,
+    REAL_PEERS,
+    Pool,
+    global_order,
+    micro_batches_per_batch,
+    plan_pooled,
+    rename_hint,
+)
 from bcl_stream.planner.bcl import build_node_streams, plan_streams, validate_costs
 from bcl_stream.planner.canonical import physical_packs
 from bcl_stream.planner.config import PlanConfig, PlanKnobs
 from bcl_stream.planner.node_streams import NodeStreams
 from bcl_stream.planner.padded import Packs, check_layout, ragged_pack_costs
-from bcl_stream.planner.peers import POOLED, REAL_PEERS, plan_pooled
-from bcl_stream.planner.pools import Pool, micro_batches_per_batch
 from bcl_stream.planner.shard_table import Draw, ShardTable, shard_weights
 from bcl_stream.planner.step_contract import node_micro_batches
 
-STRATEGIES = ("sequential", *POOLED, "bcl-rank", "bcl-node", "bcl-world")
+STRATEGIES = ("sequential", *PEERS, "bcl-rank", "bcl-node", "bcl-world")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -232,7 +239,7 @@ def plan_schedules(
         if name == "sequential":
             plan = plan_streams(streams_for(plan_config(config, "rank"), False), costs, tok)
             out[name] = schedule(plan.packs, plan.records_used, plan.records_left)
-        elif name in POOLED:
+        elif name in PEERS:
             capacity = config.max_tokens or default_capacity(tok, config.pack_size)
             order = global_order(tok.size, seed, epoch, shuffle=config.shuffle)
             if draw is not None:
@@ -267,12 +274,9 @@ def plan_schedules(
                 displacement=displacement_steps(plan.packs, streams),
             )
         else:
-            hint = (
-                " (renamed pooled_mffd_split: a textbook MFFD; NeMo-RL's own is nemo_mffd)"
-                if name == "pooled_mffd"
-                else ""
+            raise ValueError(
+                f"unknown strategy {name!r}{rename_hint(name)}; choose from {STRATEGIES}"
             )
-            raise ValueError(f"unknown strategy {name!r}{hint}; choose from {STRATEGIES}")
     return out
 
 

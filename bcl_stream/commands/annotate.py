@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from bcl_stream.commands.write_options import add_write_options
+from bcl_stream.preprocess.annotate import annotate
 from bcl_stream.preprocess.templates import LOSS_ON
 
 
@@ -58,25 +60,18 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="with --messages-field: the trained tokens (default assistant)",
     )
-    p.add_argument("--cost-model", default="llama3-8b", help="preset name or cost-model JSON")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing cost index")
-    p.add_argument(
-        "--workers", type=int, default=1, help="processes decoding shards (same index for any)"
-    )
-    p.add_argument(
-        "--part",
-        default=None,
-        metavar="I/N",
-        help="count only the I-th of N runs of shards, into DIR/part-I-of-N (then "
+    add_write_options(
+        p,
+        replaces="cost index",
+        workers=1,
+        workers_help="processes decoding shards (same index for any)",
+        part_help="count only the I-th of N runs of shards, into DIR/part-I-of-N (then "
         "`bcl-stream merge DIR`)",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from bcl_stream.preprocess.annotate import annotate
-
     if (args.text_field is None and args.messages_field is None) != (args.tokenizer is None):
         raise ValueError(
             "--text-field and --tokenizer go together (a text column is tokenized); so do "

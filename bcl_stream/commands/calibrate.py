@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bcl_stream.analysis.calibrate import CalibrationConfig
+from bcl_stream.analysis.calibrate import CalibrationConfig, calibrate
+from bcl_stream.commands.simulate import load_lengths
 from bcl_stream.planner.padded import LAYOUTS
 
 DEMO_MODEL = "lightning_module.tinygpt:TinyGPT"
@@ -56,9 +57,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bcl_stream.analysis.calibrate import calibrate
-    from bcl_stream.commands.simulate import load_lengths
-
     config = CalibrationConfig(
         pack_size=args.pack_size,
         n_packs=args.packs,

@@ -9,6 +9,11 @@ import argparse
 import json
 from typing import Any
 
+from bcl_stream.analysis.inspection import inspect_dataset, shard_warnings
+from bcl_stream.commands.layout_options import Layout, add_layout_options, resolve_layout
+from bcl_stream.epoch.mixture_index import StreamSpec
+from bcl_stream.planner.mixture import choose_counts
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("inspect", help="statistics and integrity of a costed dataset")
@@ -28,14 +33,10 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--epoch-size", type=int, default=None, help="records per epoch of a mixture")
     p.add_argument("--max-tokens", type=int, default=None, help="report records above this cap")
-    p.add_argument(
-        "--world-size",
-        type=int,
-        default=None,
-        help="the ranks the dataset is planned for: warn when it has too few shards for them",
-    )
-    p.add_argument(
-        "--ranks-per-node", type=int, default=1, help="with --world-size: ranks per node"
+    add_layout_options(
+        p,
+        world_help="the ranks the dataset is planned for (R): warn when it has too few shards "
+        "for their nodes",
     )
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="token/cost histogram")
@@ -76,34 +77,37 @@ def _text(report: dict[str, Any]) -> list[str]:
     verdict = "ok" if report["ok"] else "PROBLEMS"
     lines.append(f"integrity: {verdict} ({checked} checked in {took})")
     lines += [f"  - {p}" for p in report["problems"]]
+    if "planned_for" in report:
+        lines.append(f"planned for node layout: {report['planned_for']['node_layout']}")
     lines += [f"warning: {w}" for w in report.get("warnings", [])]
     return lines
 
 
-def _add_warnings(report: dict[str, Any], args: argparse.Namespace) -> None:
-    """Warnings for the world ``--world-size`` plans for (none without it)."""
-    from bcl_stream.analysis.inspection import shard_warnings
+def _layout(args: argparse.Namespace) -> Layout | None:
+    """The layout ``--world-size``/``--nodes``/``--ranks-per-node`` describe (None without
+    them), checked before any data is read."""
+    given = (args.layout_world_size, args.layout_nodes, args.layout_ranks_per_node)
+    return None if given == (None, None, None) else resolve_layout(args)
 
-    if args.world_size is None or not report.get("shards"):
+
+def _add_warnings(report: dict[str, Any], layout: Layout | None) -> None:
+    """Warnings for the layout the dataset is planned for (none without one)."""
+    if layout is None or not report.get("shards"):
         return
-    report["planned_for"] = {"world_size": args.world_size, "ranks_per_node": args.ranks_per_node}
+    report["planned_for"] = layout.to_json()
     report["warnings"] = shard_warnings(
-        int(report["shards"]), int(report["records"]), args.world_size, args.ranks_per_node
+        int(report["shards"]), int(report["records"]), layout.world_size, layout.ranks_per_node
     )
 
 
-def run_streams(args: argparse.Namespace) -> int:
+def run_streams(args: argparse.Namespace, layout: Layout | None) -> int:
     """Every stream's report, plus its place in the mixture (weight, records per epoch)."""
-    from bcl_stream.analysis.inspection import inspect_dataset
-    from bcl_stream.epoch.mixture_index import StreamSpec
-    from bcl_stream.planner.mixture import choose_counts
-
     if args.plot is not None:
         raise ValueError("--plot takes one dataset; inspect the streams one at a time to plot")
     specs = [StreamSpec.parse(text) for text in args.stream]
     reports = [inspect_dataset(spec.path, max_tokens=args.max_tokens) for spec in specs]
     for report in reports:
-        _add_warnings(report, args)
+        _add_warnings(report, layout)
     if all(r["format"] is not None and r["records"] for r in reports):
         per_epoch = choose_counts(
             [int(r["records"]) for r in reports],
@@ -130,14 +134,13 @@ def run_streams(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bcl_stream.analysis.inspection import inspect_dataset
-
     if (args.directory is None) == (args.stream is None):
         raise ValueError("give a dataset DIR or --stream (repeated) for a mixture, not both")
+    layout = _layout(args)
     if args.stream is not None:
-        return run_streams(args)
+        return run_streams(args, layout)
     report = inspect_dataset(args.directory, max_tokens=args.max_tokens, plot=args.plot)
-    _add_warnings(report, args)
+    _add_warnings(report, layout)
     if args.json:
         print(json.dumps(report))
     else:

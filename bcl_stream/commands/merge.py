@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from bcl_stream.preprocess.merge import merge
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -15,8 +17,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bcl_stream.preprocess.merge import merge
-
     index = merge(args.output)
     parts = index.extra["merge"]["parts"]
     print(

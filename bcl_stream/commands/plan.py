@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from bcl_stream.commands.config_options import (
-    add_canonical_options,
-    add_plan_config_options,
-    plan_fields,
-)
-from bcl_stream.epoch.checks import layout_text, require_packs
+from bcl_stream.analysis.metrics import metrics_from_costs
+from bcl_stream.commands.config_options import add_canonical_options, plan_fields
+from bcl_stream.commands.layout_options import Layout, add_planner_options, resolve_layout
+from bcl_stream.cost import resolve
+from bcl_stream.epoch.checks import require_packs
+from bcl_stream.epoch.mixture_index import MixtureIndex, StreamSpec
 from bcl_stream.epoch.plan import (
     PACKINGS,
     EpochPlan,
@@ -26,12 +27,17 @@ from bcl_stream.epoch.plan import (
     ReaderConfig,
     epoch_draw,
     epoch_records,
+    full_plan,
 )
+from bcl_stream.epoch.stream_report import stream_report
+from bcl_stream.io.remote import is_remote, open_cost_index
+from bcl_stream.planner.padded import ragged_pack_costs
 
 
 def add_plan_options(p: argparse.ArgumentParser) -> None:
     """Options shared by ``plan`` and ``read``: the dataset and everything that decides a plan
-    (every PlanConfig field, generated: ``commands/config_options.py``)."""
+    (the ranks and nodes: ``commands/layout_options.py``; every other PlanConfig field,
+    generated: ``commands/config_options.py``)."""
     p.add_argument(
         "location",
         metavar="DIR",
@@ -40,7 +46,7 @@ def add_plan_options(p: argparse.ArgumentParser) -> None:
         help="dataset root: a directory or s3://bucket/path (or give --stream, repeated)",
     )
     add_stream_options(p)
-    add_plan_config_options(p)
+    add_planner_options(p)
     p.add_argument(
         "--packing",
         choices=PACKINGS,
@@ -75,8 +81,6 @@ def add_stream_options(p: argparse.ArgumentParser) -> None:
 def data_source(args: argparse.Namespace) -> tuple[str | None, list[Any] | None]:
     """(DIR, None) or (None, the ``--stream`` specs): exactly one, ``--epoch-size`` with streams
     only. Every command that takes a dataset or a mixture checks its options here."""
-    from bcl_stream.epoch.mixture_index import StreamSpec
-
     location = getattr(args, "location", None)
     if (location is None) == (args.stream is None):
         raise ValueError("give a dataset DIR or --stream (repeated) for a mixture, not both")
@@ -90,9 +94,6 @@ def data_source(args: argparse.Namespace) -> tuple[str | None, list[Any] | None]
 def open_mixture(args: argparse.Namespace, specs: list[Any]) -> Any:
     """The ``MixtureIndex`` of ``specs`` (their cost indexes only; remote streams cache under
     ``<cache-dir>/stream-<i>``)."""
-    from bcl_stream.epoch.mixture_index import MixtureIndex
-    from bcl_stream.io.remote import open_cost_index
-
     root = cache_dir(args, *(spec.path for spec in specs))
     indexes = [
         open_cost_index(spec.path, None if root is None else f"{root}/stream-{i}")[0]
@@ -103,8 +104,6 @@ def open_mixture(args: argparse.Namespace, specs: list[Any]) -> Any:
 
 def open_plan_data(args: argparse.Namespace) -> tuple[PlanData, str]:
     """The cost index (one dataset) or the mixture the options name, and a label for messages."""
-    from bcl_stream.io.remote import open_cost_index
-
     location, specs = data_source(args)
     if specs is None:
         assert location is not None
@@ -115,7 +114,11 @@ def open_plan_data(args: argparse.Namespace) -> tuple[PlanData, str]:
 
 
 def config_from_args(args: argparse.Namespace) -> ReaderConfig:
+    """The reader config the options describe (the layout by ``resolve_layout``'s rule)."""
+    layout = resolve_layout(args)
     return ReaderConfig.build(
+        world_size=layout.world_size,
+        ranks_per_node=layout.ranks_per_node,
         seed=args.seed,
         cost_model=args.cost_model,
         packing=args.packing,
@@ -127,11 +130,7 @@ def config_from_args(args: argparse.Namespace) -> ReaderConfig:
 
 def cache_dir(args: argparse.Namespace, *locations: str) -> str | None:
     """``--cache-dir``, or a temporary one when any of ``locations`` is remote."""
-    from bcl_stream.io.remote import is_remote
-
     if args.cache_dir is None and any(is_remote(place) for place in locations):
-        import tempfile
-
         args.cache_dir = tempfile.mkdtemp(prefix="bcl_cache_")
     return str(args.cache_dir) if args.cache_dir is not None else None
 
@@ -155,8 +154,6 @@ def add_parser(sub: Any) -> None:
 def pack_json(index: PlanData, packs: Any) -> Any:
     """Packs as JSON lists: record ids, or for a mixture [stream, record id] pairs (what
     ``read`` prints too, so the two can be diffed)."""
-    from bcl_stream.epoch.mixture_index import MixtureIndex
-
     if not isinstance(index, MixtureIndex):
         return packs.tolist()
     stream, local = index.locate(packs)
@@ -168,21 +165,15 @@ def pack_json(index: PlanData, packs: Any) -> Any:
 
 def n_shards(index: PlanData) -> int:
     """Shard files the plan reads (a mixture: its streams' together)."""
-    from bcl_stream.epoch.mixture_index import MixtureIndex
-
     if isinstance(index, MixtureIndex):
         return sum(len(ix.shards) for ix in index.indexes)
     return len(index.shards)
 
 
 def summary(index: PlanData, config: ReaderConfig, plan: EpochPlan) -> dict[str, Any]:
-    """Every figure ``plan`` prints, as ``plan --json`` carries them: the set-up (ranks, nodes,
-    ranks per node, pack size, window, scope), records and shards, packs per rank and the
+    """Every figure ``plan`` prints, as ``plan --json`` carries them: the set-up (the layout:
+    ranks, nodes, ranks per node and its words; pack size, window, scope), records and shards, packs per rank and the
     balance of the packs under the same metric ``simulate`` reports (``analysis.sim``)."""
-    from bcl_stream.analysis.metrics import metrics_from_costs
-    from bcl_stream.cost import resolve
-    from bcl_stream.planner.padded import ragged_pack_costs
-
     pc = config.plan
     # The costs the planner balanced (a mixture: a view that indexes like an array).
     model = None if config.cost_model is None else resolve(config.cost_model)
@@ -195,9 +186,7 @@ def summary(index: PlanData, config: ReaderConfig, plan: EpochPlan) -> dict[str,
     return {
         "records": epoch_records(index, epoch_draw(index, config, plan.epoch)),
         "shards": n_shards(index),
-        "world_size": pc.world_size,
-        "ranks_per_node": pc.ranks_per_node,
-        "nodes": pc.n_nodes,
+        **Layout(pc.world_size, pc.ranks_per_node).to_json(),
         "pack_size": pc.pack_size,
         "window": pc.window,
         "scope": pc.scope,
@@ -212,9 +201,6 @@ def summary(index: PlanData, config: ReaderConfig, plan: EpochPlan) -> dict[str,
 
 
 def run(args: argparse.Namespace) -> int:
-    from bcl_stream.epoch.plan import full_plan
-    from bcl_stream.epoch.stream_report import stream_report
-
     config = config_from_args(args)
     index, location = open_plan_data(args)
     plan = full_plan(index, config, args.epoch)
@@ -234,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(
         f"records {figures['records']} in {figures['shards']} shards; "
-        f"{layout_text(config.plan.world_size, config.plan.ranks_per_node)}; scope "
+        f"node layout: {figures['node_layout']}; scope "
         f"{figures['scope']}, {figures['packing']} packing, packs per rank {plan.n_packs} of "
         f"{figures['pack_size']} records"
         + (

@@ -6,8 +6,12 @@ import argparse
 import json
 from typing import Any
 
+from bcl_stream.commands.write_options import add_write_options
 from bcl_stream.formats.shard_limits import SHARD_RECORDS
+from bcl_stream.preprocess import preprocess
+from bcl_stream.preprocess.distributed import preprocess_parts
 from bcl_stream.preprocess.outliers import POLICIES
+from bcl_stream.preprocess.pipeline import parse_size
 from bcl_stream.preprocess.templates import LOSS_ON
 
 
@@ -43,7 +47,6 @@ def add_parser(sub: Any) -> None:
         help="trained tokens of a conversation, stored as its loss mask: every assistant "
         "turn, the last one, or all tokens (prompt/response: the response unless all)",
     )
-    p.add_argument("--cost-model", default="llama3-8b", help="preset name or cost-model JSON")
     p.add_argument(
         "--max-record-tokens",
         type=int,
@@ -62,8 +65,6 @@ def add_parser(sub: Any) -> None:
         help="skip bad records (counted; the first few named, all listed in bcl_skipped.txt) "
         "and empty input files",
     )
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    p.add_argument("--workers", type=int, default=2, help="tokenizer processes")
     p.add_argument(
         "--shard-size-limit", default="64mb", help="bytes per shard (MDS size_limit, WDS maxsize)"
     )
@@ -79,13 +80,6 @@ def add_parser(sub: Any) -> None:
         "planning deals whole shards to nodes, so every node needs many",
     )
     p.add_argument(
-        "--part",
-        default=None,
-        metavar="I/N",
-        help="write only the I-th of N shares of the inputs, under OUTPUT/part-I-of-N "
-        "(then `bcl-stream merge OUTPUT`)",
-    )
-    p.add_argument(
         "--engine",
         choices=["local", "ray"],
         default="local",
@@ -93,14 +87,19 @@ def add_parser(sub: Any) -> None:
         "(RAY_ADDRESS), then merge (needs bcl-stream[ray])",
     )
     p.add_argument("--parts", type=int, default=None, metavar="N", help="with --engine ray")
+    add_write_options(
+        p,
+        replaces="output",
+        workers=2,
+        workers_help="tokenizer processes",
+        part_help="write only the I-th of N shares of the inputs, under OUTPUT/part-I-of-N "
+        "(then `bcl-stream merge OUTPUT`)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
-    from bcl_stream.preprocess.pipeline import parse_size
-
     return {
         "format": args.format,
         "text_field": args.text_field,
@@ -134,8 +133,6 @@ def _run_parts(args: argparse.Namespace) -> int:
             f"{given}: --engine ray --parts N runs all N parts on Ray; to run one part "
             "yourself (a Slurm array task), pass --part I/N without --engine"
         )
-    from bcl_stream.preprocess.distributed import preprocess_parts
-
     run = preprocess_parts(args.inputs, args.output, parts=args.parts, **_options(args))
     index = run.index
     summary = {
@@ -159,8 +156,6 @@ def _run_parts(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bcl_stream.preprocess import preprocess
-
     if args.engine == "ray" or args.parts is not None:
         return _run_parts(args)
     report = preprocess(

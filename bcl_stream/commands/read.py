@@ -16,6 +16,7 @@ import time
 from itertools import islice
 from typing import Any
 
+from bcl_stream.commands.layout_options import Layout
 from bcl_stream.commands.plan import (
     add_plan_options,
     cache_dir,
@@ -24,7 +25,7 @@ from bcl_stream.commands.plan import (
     open_plan_data,
 )
 from bcl_stream.epoch.canonical import plan_for
-from bcl_stream.epoch.checks import layout_text, require_packs
+from bcl_stream.epoch.checks import require_packs
 from bcl_stream.epoch.plan import ReaderConfig
 
 
@@ -133,17 +134,15 @@ def run(args: argparse.Namespace) -> int:
         )
     done = time.perf_counter()
     pc = config.plan
+    layout = Layout(pc.world_size, pc.ranks_per_node)
     if args.json:
-        setup = {"world_size": pc.world_size, "ranks_per_node": pc.ranks_per_node}
         timing = read_figures(packs, started, first_pack, done)
-        print(
-            json.dumps({"rank": args.rank, **setup, "nodes": pc.n_nodes, **timing, "packs": packs})
-        )
+        print(json.dumps({"rank": args.rank, **layout.to_json(), **timing, "packs": packs}))
     else:
         # The set-up on stderr: stdout stays one pack per line, to diff against plan.
         print(
-            f"rank {args.rank} of {layout_text(pc.world_size, pc.ranks_per_node)}: "
-            f"{len(packs)} packs of {pc.pack_size} records",
+            f"rank {args.rank} of {pc.world_size} (node {args.rank // pc.ranks_per_node}): "
+            f"{len(packs)} packs of {pc.pack_size} records; node layout: {layout.text()}",
             file=sys.stderr,
         )
         for pack in packs:

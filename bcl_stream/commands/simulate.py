@@ -16,10 +16,11 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
+from bcl_stream.analysis.plots import plot_step_costs
 from bcl_stream.analysis.sim import (
     STRATEGIES,
     Metrics,
@@ -29,19 +30,17 @@ from bcl_stream.analysis.sim import (
     shard_table,
     speedups,
 )
-from bcl_stream.commands.config_options import (
-    PLAN_DEFAULTS,
-    add_canonical_options,
-    add_plan_config_options,
-    plan_fields,
-)
+from bcl_stream.commands.config_options import PLAN_DEFAULTS, add_canonical_options, plan_fields
+from bcl_stream.commands.layout_options import Layout, add_planner_options, resolve_layout
+from bcl_stream.commands.plan import cache_dir, data_source, open_mixture
+from bcl_stream.commands.write_options import DEFAULT_COST_MODEL
 from bcl_stream.cost import resolve
-from bcl_stream.epoch.checks import layout_text, no_pack_error
+from bcl_stream.epoch.checks import no_pack_error
+from bcl_stream.io.remote import open_cost_index
 from bcl_stream.planner.bcl import validate_costs
 from bcl_stream.planner.mixture import EpochDraw
 from bcl_stream.planner.shard_table import ShardTable, shard_weights
 
-DEFAULT_COST_MODEL = "llama3-8b"
 SIM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SimConfig)}
 LENGTHS_SHARD_RECORDS = 4096
 """Shard size assumed for a bare array of lengths (a dataset's real shards are used instead)."""
@@ -72,16 +71,14 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--cache-dir", default=None, help="local cache for s3:// data")
     add_canonical_options(p)
-    add_plan_config_options(
+    add_planner_options(
         p,
         skip=frozenset({"scope"}),  # each bcl-* strategy sets its own scope
         # The job's shape has a scenario default here (plan and read require it); every other
         # planner field keeps PlanConfig's default, as in plan, read and the DataModule.
-        defaults={
-            "world_size": SIM_DEFAULTS["ranks"],
-            **{k: SIM_DEFAULTS[k] for k in ("pack_size", "window")},
-        },
-        aliases={"world_size": ("--ranks",)},
+        defaults={k: SIM_DEFAULTS[k] for k in ("pack_size", "window")},
+        world_aliases=("--ranks",),
+        world_help=f"data-parallel ranks in all (R; default {SIM_DEFAULTS['ranks']}, or N x P)",
     )
     p.add_argument(
         "--cost-model",
@@ -131,9 +128,12 @@ def load_lengths(path: str) -> np.ndarray:
 
 def sim_config(args: argparse.Namespace) -> SimConfig:
     """The simulated setting the options describe (planner fields: PlanConfig's names, and
-    PlanConfig's defaults for those not given: the same set-up ``plan`` reads)."""
-    planner = {**PLAN_DEFAULTS, **plan_fields(args)}
-    world = planner.pop("world_size")
+    PlanConfig's defaults for those not given; the layout by ``resolve_layout``'s rule: the
+    same set-up ``plan`` reads)."""
+    layout = resolve_layout(
+        args, world_option="--ranks", default_world=cast("int", SIM_DEFAULTS["ranks"])
+    )
+    planner = {**PLAN_DEFAULTS, **plan_fields(args), "ranks_per_node": layout.ranks_per_node}
     shared = {k: v for k, v in planner.items() if k in SimConfig.__slots__}
     if args.shard_records is not None and args.lengths is None:
         raise ValueError(
@@ -141,7 +141,7 @@ def sim_config(args: argparse.Namespace) -> SimConfig:
             "simulated on its own shards"
         )
     return SimConfig(
-        ranks=world,
+        ranks=layout.world_size,
         sync=args.sync,
         seed=args.seed,
         epoch=args.epoch,
@@ -169,8 +169,6 @@ class SimInput:
 def sim_input(args: argparse.Namespace, config: SimConfig) -> SimInput:
     """The records the options name: ``--dataset``, ``--lengths`` or ``--stream``s."""
     if args.stream is not None:
-        from bcl_stream.commands.plan import data_source, open_mixture
-
         mixture = open_mixture(args, data_source(args)[1] or [])
         model = None if args.cost_model is None else resolve(args.cost_model)
         draw = mixture.draw(config.seed, config.epoch)
@@ -190,7 +188,7 @@ def sim_input(args: argparse.Namespace, config: SimConfig) -> SimInput:
     if args.epoch_size is not None:
         raise ValueError("--epoch-size applies to a mixture (--stream) only")
     if args.dataset is not None:
-        return dataset_input(args.dataset, args.cache_dir, args.cost_model)
+        return dataset_input(args.dataset, cache_dir(args, args.dataset), args.cost_model)
     lengths, model = load_lengths(args.lengths), resolve(args.cost_model or DEFAULT_COST_MODEL)
     if np.any(lengths < 0):
         raise ValueError(f"token counts must be >= 0; found {int(lengths.min())}")
@@ -203,12 +201,6 @@ def dataset_input(location: str, cache: str | None, cost_model: str | None) -> S
     """A costed dataset as ``plan`` reads it (its cost index only, no shard read): the same
     costs (the stored ones, or recomputed under ``cost_model``) and its real shard table, so
     ``simulate --dataset`` and ``plan`` plan the same epoch from the same flags."""
-    from bcl_stream.io.remote import is_remote, open_cost_index
-
-    if cache is None and is_remote(location):
-        import tempfile
-
-        cache = tempfile.mkdtemp(prefix="bcl_cache_")
     index, _ = open_cost_index(location, cache)
     if not len(index):
         raise ValueError(f"--dataset {location}: the dataset holds no records")
@@ -261,10 +253,9 @@ def run(args: argparse.Namespace) -> int:
         layouts = {"packed": (packed_plans, score(packed_plans, packed, table)), **layouts}
     results = layouts[config.layout][1]
     refuse_empty(args.dataset or args.lengths or ",".join(args.stream), config, data, results)
+    node_layout = Layout(config.ranks, config.ranks_per_node)
     versus = speedups(planned, config)  # per unit of cost, over nemo_mffd / verl_kk if present
     if args.plot is not None:
-        from bcl_stream.analysis.plots import plot_step_costs
-
         plot_step_costs({name: s.pack_costs for name, s in planned.items()}, args.plot)
     if args.json:
         settings = {key: getattr(config, key) for key in SimConfig.__slots__}
@@ -276,7 +267,8 @@ def run(args: argparse.Namespace) -> int:
                 "cost_model": data.model,
                 "records": sim_records(data),
                 "shards": len(table.counts),
-                "nodes": config.ranks // config.ranks_per_node,
+                "nodes": node_layout.nodes,
+                "node_layout": node_layout.text(),
             },
             "strategies": {name: m.to_dict() for name, m in results.items()},
         }
@@ -293,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(
         f"records {sim_records(data)} in {len(table.counts)} shards; "
-        f"{layout_text(config.ranks, config.ranks_per_node)}; B={config.pack_size}, "
+        f"node layout: {node_layout.text()}; B={config.pack_size}, "
         f"W={config.window}, G={config.grad_accum}, sync {config.sync}"
     )
     packed_seq = layouts["packed"][1].get("sequential") if len(layouts) > 1 else None

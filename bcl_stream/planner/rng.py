@@ -23,7 +23,7 @@ class Tag(IntEnum):
     GROUP_SHUFFLE = 2
     """The stratified shuffle of one group (``node_streams.NodeStream``), per node and group."""
     GLOBAL_ORDER = 3
-    """The central peers' global shuffle (``baselines.global_order``)."""
+    """The central peers' global shuffle (``bcl_stream.peers.pools.global_order``)."""
     GROUP_ORDER = 4
     """The order of a node's groups, shared by every node (``groups.shard_groups``)."""
     MIXTURE_DRAW = 7

@@ -10,9 +10,9 @@
 
 Why: with the padded layout a micro-batch costs its size times its longest record, so B long
 records cost far more than B short ones, and the ranks' t-th packs differ as much as their
-longest records do. Transformers' ``BatchRebalanceSampler`` (``hf.py``) wins there by giving
-long records small micro-batches and short ones large. Here the same freedom is taken after
-BCL has planned the step, in two moves:
+longest records do. Transformers' ``BatchRebalanceSampler`` (``bcl_stream/peers/hf.py``) wins
+there by giving long records small micro-batches and short ones large. Here the same freedom is
+taken after BCL has planned the step, in two moves:
 
 1. **Deal** (scopes ``node`` and ``world``, whose ranks share the node's stream): the step's
    records of the node's P ranks, sorted by cost, are dealt to the ranks in snake order

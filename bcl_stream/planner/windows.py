@@ -52,6 +52,11 @@ class Run:
     def fresh(self, config: PlanConfig) -> int:
         return self.per_rank * config.row_ranks * config.pack_size - self.carry_in + self.hold
 
+    def read_start(self, window: int, config: PlanConfig) -> int:
+        """Row position of the first record that window ``window`` (of this run or the one
+        after it) reads fresh."""
+        return self.read_from + (window - self.first_window) * self.fresh(config)
+
 
 @functools.lru_cache(maxsize=16)
 def carry_runs(n_packs: int, config: PlanConfig) -> tuple[Run, ...]:
@@ -223,31 +228,76 @@ def plan_windows(
     window ``start - 1`` read fresh; one that passes but is not the carry the plan produced gives
     another plan, so pass the previous call's carry or None. Rows are planned independently:
     any subset of rows gives the same packs as planning every row."""
-    config = streams.config
-    row_ids, start, stop = _check_call(streams, costs, tokens, rows, start, stop)
-    n_windows = streams.n_windows
+    planned = _Rows.checked(streams, costs, tokens, rows)
+    config, n_windows = streams.config, streams.n_windows
+    start = checks.integer(start, "start window", 0, n_windows)
+    stop = n_windows if stop is None else checks.integer(stop, "stop window", start, n_windows)
+    runs = carry_runs(streams.n_packs, config)
     if carry is None and config.carry_records == 0:  # no carry: nothing to replay
-        carried = np.empty((row_ids.size, 0), np.int64)
+        carried = planned.no_carry()
     elif carry is None:
         span = config.carry_span or max(n_windows, 1)
-        carried = _walk(streams, costs, None, row_ids, start - start % span, start, None, None)
+        carried = _walk(planned, runs, start - start % span, start, None, None)
     else:
-        carried = _check_carry(streams, carry_runs(streams.n_packs, config), row_ids, start, carry)
+        carried = _check_carry(planned, runs, start, carry)
     window = config.window
     first_pack = start * window
     end_pack = min(stop * window, streams.n_packs)
     out = np.empty(
-        (row_ids.size * config.row_ranks, end_pack - first_pack, config.pack_size), np.int64
+        (planned.ids.size * config.row_ranks, end_pack - first_pack, config.pack_size), np.int64
     )
-    carried = _walk(streams, costs, tokens, row_ids, start, stop, carried, out)
+    carried = _walk(planned, runs, start, stop, carried, out)
     return WindowBatch(out, carried, first_pack)
 
 
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """The planning rows of one :func:`plan_windows` call and the per-record arrays it reads,
+    checked once at the boundary: what every step of the call works on."""
+
+    streams: NodeStreams
+    costs: Costs
+    tokens: npt.NDArray[np.integer] | None
+    ids: Ids
+    """Row ids, in the order their ranks appear in the output."""
+
+    @classmethod
+    def checked(
+        cls,
+        streams: NodeStreams,
+        costs: Costs,
+        tokens: npt.NDArray[np.integer] | None,
+        rows: npt.ArrayLike,
+    ) -> _Rows:
+        """The call's rows, or a ValueError naming the argument that does not fit ``streams``."""
+        checks.per_record(costs, "costs", streams.n_records)
+        if tokens is not None:
+            checks.per_record(tokens, "tokens", streams.n_records)
+        ids = checks.array(rows, "rows", whole=True)
+        if ids.size == 0 or np.any((ids < 0) | (ids >= streams.n_rows)):
+            raise ValueError(
+                f"rows must be one or more row ids in [0, {streams.n_rows}), got {rows!r}"
+            )
+        return cls(streams, costs, tokens, ids)
+
+    def no_carry(self) -> Ids:
+        """An empty carry: what a carry span starts from."""
+        return np.empty((self.ids.size, 0), np.int64)
+
+    def fresh(self, run: Run, first: int, n: int) -> Ids:
+        """(rows, n, fresh) records that windows ``first`` .. ``first + n - 1`` of ``run`` read
+        fresh, each row from its own stream."""
+        config = self.streams.config
+        read_from = run.read_start(first, config)
+        stop = run.read_start(first + n, config)
+        return self.streams.fetch(self.ids, read_from, stop).reshape(
+            self.ids.size, n, run.fresh(config)
+        )
+
+
 def _walk(
-    streams: NodeStreams,
-    costs: Costs,
-    tokens: npt.NDArray[np.integer] | None,
-    row_ids: Ids,
+    rows: _Rows,
+    runs: tuple[Run, ...],
     start: int,
     stop: int,
     carry: Ids | None,
@@ -255,11 +305,12 @@ def _walk(
 ) -> Ids:
     """Hold back (and, with ``out``, partition and place) windows ``[start, stop)``; returns
     the carry after ``stop - 1``. ``carry`` None: ``start`` begins a carry span."""
+    streams, costs = rows.streams, rows.costs
     config = streams.config
     group, size, window = config.row_ranks, config.pack_size, config.window
-    carried = np.empty((row_ids.size, 0), np.int64) if carry is None else carry
+    carried = rows.no_carry() if carry is None else carry
     mean = streams.table.mean_cost
-    for run in carry_runs(streams.n_packs, config):
+    for run in runs:
         lo, hi = max(run.first_window, start), min(run.first_window + run.n_windows, stop)
         if lo >= hi:
             continue
@@ -268,50 +319,23 @@ def _walk(
             raise ValueError(
                 f"window {lo} needs a carry of {width} records per row, got {carried.shape[1]}"
             )
-        fresh = run.fresh(config)
-        read_from = run.read_from + (lo - run.first_window) * fresh
-        n = hi - lo
-        new = streams.fetch(row_ids, read_from, read_from + n * fresh)
-        new = new.reshape(row_ids.size, n, fresh)
+        new = rows.fresh(run, lo, hi - lo)
         target = mean * run.per_rank * group * size
         then, then_target = None, None
         if run.drain_to:  # the next window drains the carry: keep it in view
-            last = streams.fetch(row_ids, read_from + fresh, run.drain_to)
+            last = streams.fetch(rows.ids, run.read_start(lo + 1, config), run.drain_to)
             then = _gather_costs(costs, last).sum(axis=1)
             then_target = mean * run.drain_packs * group * size
         windows, carried = hold_back(
             new, carried, costs, run.hold, target, then=then, then_target=then_target
         )
         if out is not None:
-            packs, loads = partition_windows(windows, costs, tokens, run.per_rank, config)
+            packs, loads = partition_windows(windows, costs, rows.tokens, run.per_rank, config)
             _place(packs, loads, (lo - start) * window, lo * window, config, out)
     return carried
 
 
-def _check_call(
-    streams: NodeStreams,
-    costs: Costs,
-    tokens: npt.NDArray[np.integer] | None,
-    rows: npt.ArrayLike,
-    start: object,
-    stop: object,
-) -> tuple[Ids, int, int]:
-    """Validate :func:`plan_windows`' arguments; output: (row ids, start, stop)."""
-    checks.per_record(costs, "costs", streams.n_records)
-    if tokens is not None:
-        checks.per_record(tokens, "tokens", streams.n_records)
-    row_ids = checks.array(rows, "rows", whole=True)
-    if row_ids.size == 0 or np.any((row_ids < 0) | (row_ids >= streams.n_rows)):
-        raise ValueError(f"rows must be one or more row ids in [0, {streams.n_rows}), got {rows!r}")
-    n_windows = streams.n_windows
-    first = checks.integer(start, "start window", 0, n_windows)
-    last = n_windows if stop is None else checks.integer(stop, "stop window", first, n_windows)
-    return row_ids, first, last
-
-
-def _check_carry(
-    streams: NodeStreams, runs: tuple[Run, ...], row_ids: Ids, start: int, carry: object
-) -> Ids:
+def _check_carry(rows: _Rows, runs: tuple[Run, ...], start: int, carry: object) -> Ids:
     """``carry`` as (rows, held) ids if it is what window ``start - 1`` held back, else a
     ValueError naming it.
 
@@ -319,29 +343,24 @@ def _check_carry(
     duplicate-free subset of the previous window's fresh records of the same row: that is
     checked exactly (one window of ids per row). Its width is checked against the run.
     """
-    if carry is None:
-        return np.empty((row_ids.size, 0), np.int64)
+    n_records = rows.streams.n_records
     arr = np.asarray(carry)
     if arr.dtype.kind not in "iu" or arr.ndim != 2:
         raise ValueError(
             f"carry must be an integer array of shape (rows, held records), got "
             f"{arr.dtype} {arr.shape}: pass the WindowBatch.carry of the previous call"
         )
-    if arr.shape[0] != row_ids.size:
-        raise ValueError(f"carry has {arr.shape[0]} rows but {row_ids.size} rows are planned")
-    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= streams.n_records):
-        raise ValueError(
-            f"carry holds ids outside [0, {streams.n_records}): not a carry of this plan"
-        )
+    if arr.shape[0] != rows.ids.size:
+        raise ValueError(f"carry has {arr.shape[0]} rows but {rows.ids.size} rows are planned")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= n_records):
+        raise ValueError(f"carry holds ids outside [0, {n_records}): not a carry of this plan")
     ids = arr.astype(np.int64)
     if ids.shape[1] == 0 or start == 0:
         return ids
     k = start - 1
     run = next(r for r in runs if r.first_window <= k < r.first_window + r.n_windows)
-    fresh = run.fresh(streams.config)
-    read_from = run.read_from + (k - run.first_window) * fresh
-    previous = streams.fetch(row_ids, read_from, read_from + fresh)
-    for i, row in enumerate(row_ids):
+    previous = rows.fresh(run, k, 1)[:, 0]
+    for i, row in enumerate(rows.ids):
         held = ids[i]
         if np.unique(held).size != held.size or not np.isin(held, previous[i]).all():
             raise ValueError(

@@ -51,7 +51,7 @@ def test_4_plan_and_simulate_dataset_plan_the_same_epoch(
     sim = ok_json("simulate", "--dataset", str(many_shards), "--ranks", "4", *flags, "--json")
     shards = len(json.loads((many_shards / "bcl_index.json").read_text())["shards"])
     assert shards > 10 and sim["config"]["shards"] == shards  # the real shard table
-    expected_per_node = 1 if ranks_per_node is None else 2  # PlanConfig's default, or the flag
+    expected_per_node = 4 if ranks_per_node is None else 2  # one node of 4, or the flag
     assert sim["config"]["ranks_per_node"] == expected_per_node
     assert sim["config"]["nodes"] == 4 // expected_per_node
     for scope in ("rank", "node", "world"):
@@ -70,7 +70,7 @@ def test_4_plan_and_simulate_dataset_plan_the_same_epoch(
 
 def test_4_every_summary_says_the_nodes_it_assumed(many_shards: Path) -> None:
     flags = ["--pack-size", "4", "--window", "4"]
-    said = "4 ranks = 2 nodes x 2 ranks per node"
+    said = "node layout: 2 nodes x 2 ranks (world 4)"
     plan = bcl_stream_cli(
         "plan", str(many_shards), "--world-size", "4", "--ranks-per-node", "2", *flags
     )
@@ -84,10 +84,10 @@ def test_4_every_summary_says_the_nodes_it_assumed(many_shards: Path) -> None:
         *flags, "--packs", "2",
     )  # fmt: skip
     assert read.returncode == 0, read.stderr[-3000:]
-    assert f"rank 1 of {said}: 2 packs" in read.stderr
+    assert f"rank 1 of 4 (node 0): 2 packs of 4 records; {said}" in read.stderr
     assert len(read.stdout.splitlines()) == 2  # stdout stays one pack per line
     default = bcl_stream_cli("plan", str(many_shards), "--world-size", "4", *flags)
-    assert "4 ranks = 4 nodes x 1 rank per node" in default.stdout  # the default, said
+    assert "node layout: 1 node x 4 ranks (world 4)" in default.stdout  # the default, said
 
 
 def test_5_simulate_refuses_a_set_up_with_no_pack(mds_dir: Path, tmp_path: Path) -> None:

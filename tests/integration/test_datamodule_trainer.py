@@ -20,6 +20,7 @@ import pytest
 import yaml
 from lightning.pytorch.cli import LightningCLI
 
+from lightning_module.cli import BCLCLI
 from lightning_module.datamodule import BCLDataModule
 from lightning_module.parallel import tensor_parallel_plan
 from tests.hf_models import tiny_llama_dir
@@ -71,7 +72,7 @@ def cli_from(path: Path, tmp: Path, data_dir: Path) -> LightningCLI:
         data["data"] = str(data_dir)
     config = tmp / path.name
     config.write_text(yaml.safe_dump(cfg))
-    return LightningCLI(
+    return BCLCLI(  # the class python -m lightning_module runs (it takes the configs' root)
         pl.LightningModule,
         BCLDataModule,
         subclass_mode_model=True,

@@ -151,7 +151,12 @@ def test_inspect_warns_about_too_few_shards_for_the_world(
     argv = ["inspect", str(mds_dir), "--world-size", "32", "--ranks-per-node", "8", "--json"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["planned_for"] == {"world_size": 32, "ranks_per_node": 8}
+    assert report["planned_for"] == {
+        "world_size": 32,
+        "ranks_per_node": 8,
+        "nodes": 4,
+        "node_layout": "4 nodes x 8 ranks (world 32)",
+    }
     (warning,) = report["warnings"]
     assert f"{shards} shards for 4 nodes" in warning and "--shard-records" in warning
 

@@ -73,19 +73,19 @@ NEW = {
 
 
 def cli_module(tmp_path: Path, data: dict[str, Any], *args: str) -> tuple[Any, list[str]]:
-    """The DataModule LightningCLI builds from a config with this data section (not run), and
+    """The DataModule the LightningCLI of ``python -m lightning_module`` builds from a config with this data section (not run), and
     the warnings it gave."""
     from lightning.pytorch import LightningModule
-    from lightning.pytorch.cli import LightningCLI
 
     from lightning_module import BCLDataModule
+    from lightning_module.cli import BCLCLI
 
     config = tmp_path / "config.yaml"
     trainer = {"accelerator": "cpu", "logger": False, "default_root_dir": str(tmp_path)}
     config.write_text(yaml.safe_dump({"trainer": trainer, "model": MODEL, "data": data}))
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        cli = LightningCLI(
+        cli = BCLCLI(  # the class python -m lightning_module runs
             LightningModule, BCLDataModule, subclass_mode_model=True, run=False,
             args=["--config", str(config), *args],
         )  # fmt: skip

@@ -79,8 +79,11 @@ def test_every_field_through_the_plan_command(name: str) -> None:
     args = build_parser().parse_args(argv + cli_args(name, VALUES[name]))
     config = config_from_args(args)
     assert getattr(config.plan, name) == VALUES[name]
-    # Everything not given keeps PlanConfig's default (no second default in the CLI).
-    assert config.plan == PlanConfig(**{**base, name: VALUES[name]})
+    # Everything not given keeps PlanConfig's default (no second default in the CLI), but the
+    # layout's rule: --world-size R alone is one node of R ranks (commands/layout_options.py).
+    given = {**base, name: VALUES[name]}
+    given.setdefault("ranks_per_node", given["world_size"])
+    assert config.plan == PlanConfig(**given)
 
 
 @pytest.mark.parametrize("name", sorted(PLAN_FIELDS - {"scope"}))
@@ -95,14 +98,15 @@ def test_every_field_through_the_simulate_command(name: str) -> None:
 
 def test_simulate_has_no_scope_option_and_keeps_plan_defaults() -> None:
     """One set of defaults (issue 26, point 4): simulate's only defaults of its own are the
-    job's shape (8 ranks, B=8, W=16), which plan and read require; ranks per node, gradient
-    accumulation and every other planner field are PlanConfig's, as in plan and read."""
+    job's shape (8 ranks, B=8, W=16), which plan and read require, and ranks per node by the
+    layout's rule (one node of 8, as in plan and read); gradient accumulation and every other
+    planner field are PlanConfig's, as in plan and read."""
     with pytest.raises(SystemExit):
         build_parser().parse_args(["simulate", "--lengths", "x.npy", "--scope", "node"])
     config = sim_config(build_parser().parse_args(["simulate", "--lengths", "x.npy"]))
-    assert (config.ranks, config.pack_size, config.window) == (8, 8, 16)
+    assert (config.ranks, config.ranks_per_node, config.pack_size, config.window) == (8, 8, 8, 16)
     planned = plan_config(config, "rank")
-    scenario = {"world_size", "pack_size", "window", "scope"}
+    scenario = {"world_size", "ranks_per_node", "pack_size", "window", "scope"}
     for f in fields(PlanConfig):
         if f.name not in scenario:
             assert getattr(planned, f.name) == f.default, f.name
@@ -110,15 +114,19 @@ def test_simulate_has_no_scope_option_and_keeps_plan_defaults() -> None:
 
 @pytest.mark.parametrize("name", sorted(PLAN_FIELDS))
 def test_every_field_through_the_datamodule(name: str) -> None:
-    """Every knob through ``plan``; the layout from the trainer, never a knob."""
+    """Every knob through ``plan``; the layout from the trainer, never a knob; the plan's
+    cost layout from the batch's (``batch.collate``)."""
     value = VALUES[name]
     layout = {"world_size": BASE["world_size"], "ranks_per_node": 1, "grad_accum": 1}
     knobs = {"pack_size": BASE["pack_size"], "window": BASE["window"]}
+    batch = {}
     if name in LAYOUT_FIELDS:
         layout[name] = value
+    elif name == "layout":
+        batch["collate"] = value
     else:
         knobs[name] = value
-    module = BCLDataModule("DIR", plan=knobs)
+    module = BCLDataModule("DIR", plan=knobs, batch=batch)
     config = module.reader_config(TrainerLayout(rank=0, **layout))
     assert getattr(config.plan, name) == value
 

@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bcl_stream.planner.hf import (
+from bcl_stream.peers import Pool, plan_pooled
+from bcl_stream.peers.hf import (
     TRANSFORMERS_VERSION,
     balance_counts,
     hf_rebalance,
@@ -25,8 +26,6 @@ from bcl_stream.planner.hf import (
     rebalance_epoch,
     rebalance_global_batch,
 )
-from bcl_stream.planner.peers import plan_pooled
-from bcl_stream.planner.pools import Pool
 
 UPSTREAM: dict[str, Any] = json.loads(
     (Path(__file__).parent / "fixtures" / "hf_rebalance_upstream.json").read_text()

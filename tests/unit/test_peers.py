@@ -20,10 +20,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bcl_stream.planner.nemo import NEMO_RL_REVISION, adjust_bin_count, mffd_bins, nemo_mffd
-from bcl_stream.planner.peers import POOLED, plan_pooled
-from bcl_stream.planner.pools import Pool
-from bcl_stream.planner.verl import (
+from bcl_stream.peers import PEERS as POOLED
+from bcl_stream.peers import Pool, plan_pooled
+from bcl_stream.peers.nemo import NEMO_RL_REVISION, adjust_bin_count, mffd_bins, nemo_mffd
+from bcl_stream.peers.verl import (
     VERL_REVISION,
     balance_batch,
     balanced_partitions,

@@ -10,16 +10,11 @@ from hypothesis import strategies as st
 from shard_tables import lognormal_lengths, table_for
 
 from bcl_stream.errors import PlanError
-from bcl_stream.planner import (
-    PlanConfig,
-    global_order,
-    plan_epoch,
-    pooled_mffd_split,
-)
+from bcl_stream.peers import Pool, global_order
+from bcl_stream.peers.mffd import mffd, pooled_mffd_split
+from bcl_stream.planner import PlanConfig, plan_epoch
 from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG
-from bcl_stream.planner.mffd import mffd
 from bcl_stream.planner.partition import lpt_rounds, partition, snake
-from bcl_stream.planner.pools import Pool
 
 lengths = lognormal_lengths
 

@@ -1,5 +1,7 @@
 """The planner stays pure: ``bcl_stream/planner/`` imports numpy, the standard library and
-itself only (plus ``bcl_stream.errors`` for its error types), and reads or writes no file.
+itself only (plus ``bcl_stream.errors`` for its error types), and reads or writes no file. The
+peers' reproductions (``bcl_stream/peers/``) obey the same rule and may also import the
+planner; the planner never imports them.
 
 Checked on the syntax tree (every ``import`` and call, at the top or inside a function), so a
 name in a docstring or a comment neither trips nor hides anything; the checker is run on a
@@ -16,24 +18,29 @@ from pathlib import Path
 
 import pytest
 
-PLANNER = Path(__file__).resolve().parents[2] / "bcl_stream" / "planner"
+PACKAGE = Path(__file__).resolve().parents[2] / "bcl_stream"
+PLANNER = PACKAGE / "planner"
+PEERS = PACKAGE / "peers"
 OWN = ("bcl_stream.planner", "bcl_stream.errors")
+"""What the planner may import of this project."""
+PEERS_OWN = (*OWN, "bcl_stream.peers")
+"""What the peers may import of this project: the planner below them, never the reverse."""
 IO_MODULES = {"os", "io", "pathlib", "shutil", "subprocess", "socket", "tempfile", "pickle"}
 IO_MODULES |= {"urllib", "http", "mmap", "glob", "fileinput", "sqlite3"}
 IO_CALLS = {"open", "load", "save", "savez", "savez_compressed", "fromfile", "tofile", "memmap"}
 IO_CALLS |= {"loadtxt", "savetxt", "genfromtxt"}
 
 
-def allowed(module: str) -> bool:
+def allowed(module: str, own: tuple[str, ...] = OWN) -> bool:
     root = module.split(".")[0]
     if root == "bcl_stream":
-        return module.startswith(OWN)
+        return any(module == o or module.startswith(o + ".") for o in own)
     if root in IO_MODULES:
         return False
     return root == "numpy" or root in sys.stdlib_module_names or root == "__future__"
 
 
-def offences(package: Path) -> list[str]:
+def offences(package: Path, own: tuple[str, ...] = OWN) -> list[str]:
     """``file:line: what`` for every import outside numpy/stdlib/own and every file access."""
     found: list[str] = []
     for path in sorted(package.rglob("*.py")):
@@ -45,7 +52,7 @@ def offences(package: Path) -> list[str]:
                 modules = [node.module]
             else:
                 modules = []
-            found += [f"{where}:{node.lineno}: imports {m}" for m in modules if not allowed(m)]
+            found += [f"{where}:{node.lineno}: imports {m}" for m in modules if not allowed(m, own)]
             if isinstance(node, ast.Call):
                 func = node.func
                 name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
@@ -60,6 +67,12 @@ def test_planner_imports_only_numpy_and_the_standard_library() -> None:
     assert offences(PLANNER) == []
 
 
+def test_peers_import_only_numpy_the_standard_library_and_the_planner() -> None:
+    modules = {p.name for p in PEERS.rglob("*.py")}
+    assert {"__init__.py", "nemo.py", "verl.py", "hf.py", "mffd.py", "pools.py"} <= modules
+    assert offences(PEERS, PEERS_OWN) == []
+
+
 @pytest.mark.parametrize(
     ("line", "caught"),
     [
@@ -71,8 +84,23 @@ def test_planner_imports_only_numpy_and_the_standard_library() -> None:
         ("def f():\n    import webdataset", "imports webdataset"),
         ("def f(p):\n    return open(p).read()", "calls open()"),
         ("def f(p):\n    return np.load(p)", "calls load()"),
+        ("from bcl_stream.peers import PEERS", "imports bcl_stream.peers"),
+        ("import bcl_stream.peers.nemo", "imports bcl_stream.peers.nemo"),
+        ("from bcl_stream.planner_extra import x", "imports bcl_stream.planner_extra"),
     ],
-    ids=["torch", "streaming", "bcl_stream.io", "os", "pathlib", "nested", "open", "np.load"],
+    ids=[
+        "torch",
+        "streaming",
+        "bcl_stream.io",
+        "os",
+        "pathlib",
+        "nested",
+        "open",
+        "np.load",
+        "peers",
+        "peers-module",
+        "prefix-lookalike",
+    ],
 )
 def test_the_check_catches_a_planted_offence(tmp_path: Path, line: str, caught: str) -> None:
     copy = tmp_path / "planner"
@@ -83,11 +111,33 @@ def test_the_check_catches_a_planted_offence(tmp_path: Path, line: str, caught: 
     assert got.startswith("windows.py:") and got.endswith(caught), got
 
 
+@pytest.mark.parametrize(
+    ("line", "caught"),
+    [
+        ("import torch", "imports torch"),
+        ("from bcl_stream.io import index", "imports bcl_stream.io"),
+        ("from bcl_stream.analysis import sim", "imports bcl_stream.analysis"),
+        ("def f(p):\n    return open(p).read()", "calls open()"),
+    ],
+    ids=["torch", "bcl_stream.io", "analysis", "open"],
+)
+def test_the_check_catches_a_planted_offence_in_the_peers(
+    tmp_path: Path, line: str, caught: str
+) -> None:
+    copy = tmp_path / "peers"
+    shutil.copytree(PEERS, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / "nemo.py"
+    target.write_text(target.read_text() + "\n\n" + line + "\n")
+    (got,) = offences(copy, PEERS_OWN)
+    assert got.startswith("nemo.py:") and got.endswith(caught), got
+
+
 def test_planner_import_loads_no_torch_or_io_library() -> None:
-    """At run time too: importing the planner, the cost model and the simulator pulls in none
-    of the heavy or I/O libraries (``import streaming`` alone takes seconds)."""
+    """At run time too: importing the planner, the peers, the cost model and the simulator pulls
+    in none of the heavy or I/O libraries (``import streaming`` alone takes seconds)."""
     code = (
-        "import sys, bcl_stream.planner, bcl_stream.cost, bcl_stream.analysis.sim;"
+        "import sys, bcl_stream.planner, bcl_stream.peers, bcl_stream.cost;"
+        "import bcl_stream.analysis.sim;"
         "bad = [m for m in ('torch', 'streaming', 'webdataset', 'lightning', 'boto3', 'tiktoken') if m in sys.modules];"
         "print(','.join(bad))"
     )

@@ -195,11 +195,13 @@ def test_cli_json_prints_exactly_one_object_with_the_documented_keys(
     for metrics in payload["strategies"].values():
         assert set(metrics) == fields
     config = payload["config"]
-    assert set(SimConfig.__slots__) | {"cost_model", "records", "shards", "nodes"} == set(config)
+    extra = {"cost_model", "records", "shards", "nodes", "node_layout"}
+    assert set(SimConfig.__slots__) | extra == set(config)
     assert config["records"] == 2048 and config["window"] == 4
-    assert config["nodes"] == 8 and config["shards"] == 1  # PlanConfig's 1 rank per node
+    assert config["nodes"] == 1 and config["shards"] == 1  # --ranks 8 alone: one node of 8
+    assert config["node_layout"] == "1 node x 8 ranks (world 8)"
     assert config["cost_model"]["name"] == "llama3-8b"
-    cli_defaults = SimConfig(window=4, ranks_per_node=1, grad_accum=1)
+    cli_defaults = SimConfig(window=4, ranks_per_node=8, grad_accum=1)
     direct = simulate(np.load(lengths_file), get_preset("llama3-8b"), cli_defaults)
     for name, m in direct.items():
         got = {k: float("nan") if v is None else v for k, v in payload["strategies"][name].items()}
@@ -252,7 +254,7 @@ def test_cli_table_lists_every_strategy(
 ) -> None:
     assert main(["simulate", "--lengths", str(lengths_file)]) == 0
     setup, *rows = capsys.readouterr().out.splitlines()
-    assert setup.startswith("records 2048 in 1 shards; 8 ranks = 8 nodes x 1 rank per node;")
+    assert setup.startswith("records 2048 in 1 shards; node layout: 1 node x 8 ranks (world 8);")
     assert rows[0].split()[0] == "strategy"
     assert [row.split()[0] for row in rows[1:]] == list(STRATEGIES)
 

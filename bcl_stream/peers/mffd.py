@@ -1,8 +1,16 @@
-"""Modified First Fit Decreasing bin packing (Johnson & Garey, 1985), by token count.
+"""A textbook Modified First Fit Decreasing packer: the ``pooled_mffd_split`` strategy.
 
-The baseline that pooled packers (NeMo-RL style) use: bins of capacity C tokens, filled close
-to C, with a variable number of records per bin. Items are classed by size relative to C:
-large (> C/2), medium (C/3, C/2], small (C/6, C/3], tiny (<= C/6).
+No system ships this: NeMo-RL's own packer is ``nemo.py`` (``nemo_mffd``), which differs in four
+steps and balances worse. It stays as a stronger central token packer than any peer ships, to
+show how much a better packer would change the comparison. ``pooled_mffd_split`` pools a global
+batch of R*B*G records, packs it by tokens into bins of capacity M (:func:`mffd`) and deals the
+bins round-robin so every rank runs the same number of bins; when the bin count is not a
+multiple of R, the fullest bins are split in two until it is. Record counts per bin vary (it
+breaks the record-count contract) and it needs a central pool.
+
+:func:`mffd` (Johnson & Garey, 1985) fills bins of capacity C tokens close to C, with a variable
+number of records per bin. Items are classed by size relative to C: large (> C/2), medium
+(C/3, C/2], small (C/6, C/3], tiny (<= C/6).
 
 1. Each large item opens its own bin, in decreasing order.
 2. Forward over those bins: if the smallest remaining medium item fits, add the largest
@@ -18,9 +26,12 @@ This is a baseline, not the hot path; it runs on one pooled global batch at a ti
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator
 
 import numpy as np
 import numpy.typing as npt
+
+from bcl_stream.peers.pools import Bins, Pool, Remainder
 
 
 def mffd(sizes: npt.NDArray[np.integer], capacity: int) -> list[list[int]]:
@@ -77,3 +88,31 @@ def mffd(sizes: npt.NDArray[np.integer], capacity: int) -> list[list[int]]:
             bins.append([i])
             free.append(capacity - size)
     return bins
+
+
+def _split_to_multiple(bins: list[list[int]], sizes: npt.NDArray[np.int64], multiple: int) -> None:
+    while len(bins) % multiple:
+        loads = [int(sizes[b].sum()) if len(b) > 1 else -1 for b in bins]
+        fullest = int(np.argmax(loads))
+        if loads[fullest] < 0:  # only single-record bins: nothing left to split
+            break
+        items = sorted(bins[fullest], key=lambda i: -int(sizes[i]))
+        bins[fullest], extra = items[0::2], items[1::2]
+        bins.append(extra)
+
+
+def pooled_mffd_split(pool: Pool, capacity: int) -> tuple[Bins, Remainder]:
+    """Bins per rank (each a variable-length array of record ids) and the remainder by reason.
+
+    Global batches of R*B*G records are packed one at a time, in stream order; a last partial
+    global batch is left out (``epoch_tail``) as a trainer would.
+    """
+
+    def plan_batch(members: npt.NDArray[np.int64]) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
+        sizes = pool.tokens[members]
+        bins = mffd(sizes, capacity)
+        _split_to_multiple(bins, sizes, pool.world_size)
+        for b, positions in enumerate(bins):
+            yield b % pool.world_size, members[np.asarray(positions, dtype=np.int64)]
+
+    return pool.deal(plan_batch)

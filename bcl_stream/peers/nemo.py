@@ -39,7 +39,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from bcl_stream.planner.pools import Bins, Pool, Remainder
+from bcl_stream.peers.pools import Bins, Pool, Remainder
 
 NEMO_RL_REVISION = "7ea279abfbeb698b092856d0dab61e7cf39bc909"
 

@@ -41,7 +41,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from bcl_stream.planner.pools import Bins, Pool, Remainder
+from bcl_stream.peers.pools import Bins, Pool, Remainder
 
 TRANSFORMERS_VERSION = "5.23.0"
 QUADRATIC_COST_COEF = 0.001

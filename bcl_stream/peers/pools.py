@@ -1,9 +1,12 @@
-"""Global batches for the pooled peers (``nemo_mffd``, ``verl_kk``, ``verl_dynbsz``).
+"""What every pooled peer reads: the epoch order of a central sampler, cut into global batches.
 
-A central driver (NeMo-RL's policy, verl's single controller) holds one global batch of
-R*B*G records, plans it for every rank, and ships each rank its share. In the simulator the
-global batches are consecutive slices of the stream order a peer is given; a last partial
-global batch is left out as ``epoch_tail``, as a trainer with ``drop_last`` would.
+A central driver (NeMo-RL's policy, verl's single controller) holds one global batch of R*B*G
+records, plans it for every rank, and ships each rank its share; in a Transformers Trainer
+every rank plans the same global batch alike, from a shared seed. In the simulator the global
+batches are consecutive slices of the order a peer is given (:func:`global_order`: one shuffle
+of every record, what a trainer's ``DataLoader(shuffle=True)`` over a map-style dataset does,
+so every node reads every shard); a last partial global batch is left out as ``epoch_tail``,
+as a trainer with ``drop_last`` would.
 """
 
 from __future__ import annotations
@@ -14,12 +17,20 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from bcl_stream.planner.bcl import REASON_TAIL
+from bcl_stream.planner.config import REASON_TAIL
+from bcl_stream.planner.rng import Tag, epoch_rng
 
 Bins = list[list[npt.NDArray[np.int64]]]
 """[rank][micro-batch] -> record ids of the records that rank runs in that micro-batch."""
 Remainder = dict[str, npt.NDArray[np.int64]]
 Ids = npt.NDArray[np.int64]
+
+
+def global_order(n_records: int, seed: int, epoch: int, *, shuffle: bool = True) -> Ids:
+    """Every record once, globally shuffled by (seed, epoch), or write order: a central sampler."""
+    if not shuffle:
+        return np.arange(n_records, dtype=np.int64)
+    return epoch_rng(seed, epoch, Tag.GLOBAL_ORDER).permutation(n_records).astype(np.int64)
 
 
 @dataclass(frozen=True, slots=True)

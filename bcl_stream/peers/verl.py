@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from bcl_stream.planner.pools import Bins, Pool, Remainder
+from bcl_stream.peers.pools import Bins, Pool, Remainder
 
 VERL_REVISION = "1dda039b9c6311889a9c9a26040677e1254814f9"
 
