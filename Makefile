@@ -21,7 +21,7 @@ lint: venv
 	$(BIN)/ruff format --check .
 
 typecheck: venv
-	$(BIN)/mypy bcl_stream lightning_module
+	$(BIN)/mypy bcl_stream lightning_module bcl_bench
 
 # mypy runs inside the test runner, beside the test groups (tools/run_tests.py --mypy).
 test: lint

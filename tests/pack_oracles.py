@@ -1,17 +1,90 @@
-"""Expectations for what loaders yield, computed without the planner: the properties every
-epoch must have, and the exact packs of the one case simple enough to write down by hand.
+"""Expectations for what loaders yield, computed without the planner: the one "every record
+once" oracle (:func:`check_every_record_once`: yielded plus reported left out equals the
+expected ids, naming what is missing, duplicated or unexpected), the properties every epoch
+must have, and the exact packs of the one case simple enough to write down by hand.
 
 Kept free of bcl_stream so a test's expectation cannot come from the code it checks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
 Packs = Sequence[Sequence[Sequence[int]]]
 """packs[rank][t] = the record ids of rank ``rank``'s t-th pack."""
+
+
+def flat_ids(nested: object) -> list[Hashable]:
+    """The record ids in ``nested`` (packs by rank and epoch, a plan array, a remainder dict
+    of reason -> ids, any mix), in order. Ints and strings are ids; arrays and tensors (numpy
+    or torch: anything with ``tolist``), lists, tuples, sets, ranges and dict values are walked
+    into."""
+    if hasattr(nested, "tolist"):
+        nested = nested.tolist()
+    if isinstance(nested, (int, str)):
+        return [nested]
+    items: Iterable[object] = nested.values() if isinstance(nested, dict) else nested  # type: ignore[assignment]
+    return [i for item in items for i in flat_ids(item)]
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """What an epoch's records became, against the ids it should have used."""
+
+    missing: list[Hashable] = field(default_factory=list)
+    """Expected ids neither yielded nor reported left out."""
+    duplicated: dict[Hashable, int] = field(default_factory=dict)
+    """Ids seen more than once (yielded twice, or yielded and reported), with their count."""
+    unexpected: list[Hashable] = field(default_factory=list)
+    """Ids yielded or reported that are not expected (another epoch's, out of range)."""
+
+    def __str__(self) -> str:
+        parts = [
+            f"{name} {len(ids)}: {sorted(ids, key=repr)[:10]}"
+            for name, ids in (
+                ("missing", self.missing),
+                ("duplicated", list(self.duplicated)),
+                ("unexpected", self.unexpected),
+            )
+            if ids
+        ]
+        return "; ".join(parts) or "every record once"
+
+
+def account(
+    yielded: object, expected: int | Iterable[Hashable] | None = None, left_out: object = ()
+) -> Accounting:
+    """Compare the ids ``yielded`` plus those reported ``left_out`` with ``expected`` (an int
+    n stands for ``range(n)``; None: only repeats are looked for)."""
+    seen = Counter(flat_ids(yielded) + flat_ids(left_out))
+    duplicated = {i: n for i, n in seen.items() if n > 1}
+    if expected is None:
+        return Accounting(duplicated=duplicated)
+    want = set(range(expected)) if isinstance(expected, int) else set(flat_ids(expected))
+    return Accounting(
+        missing=sorted(want - seen.keys(), key=repr),
+        duplicated=duplicated,
+        unexpected=sorted(seen.keys() - want, key=repr),
+    )
+
+
+def check_every_record_once(
+    yielded: object,
+    expected: int | Iterable[Hashable] | None = None,
+    left_out: object = (),
+    what: str = "",
+) -> None:
+    """Every ``expected`` id was yielded or reported left out, exactly once, and nothing else
+    was (``expected=None``: no id twice, for a run whose full id set the test cannot know).
+    The failure says which ids are missing, duplicated or unexpected."""
+    result = account(yielded, expected, left_out)
+    assert not (result.missing or result.duplicated or result.unexpected), (
+        f"{what}: {result}" if what else str(result)
+    )
 
 
 def check_epoch(packs: Packs, n_records: int, pack_size: int, left_out: int) -> None:
@@ -22,9 +95,9 @@ def check_epoch(packs: Packs, n_records: int, pack_size: int, left_out: int) -> 
     assert len(set(counts)) == 1, f"ranks yield different pack counts: {counts}"
     sizes = {len(pack) for rank in packs for pack in rank}
     assert sizes <= {pack_size}, f"pack sizes {sorted(sizes)}, want exactly {pack_size}"
-    ids = [int(i) for rank in packs for pack in rank for i in pack]
-    assert len(ids) == len(set(ids)), "a record was yielded twice"
-    assert all(0 <= i < n_records for i in ids)
+    ids = flat_ids(packs)
+    check_every_record_once(ids, what="a record was yielded twice")
+    assert not account(ids, n_records).unexpected, f"ids outside 0..{n_records - 1}"
     assert len(ids) + left_out == n_records, (len(ids), left_out, n_records)
 
 

@@ -31,6 +31,24 @@ def records(n: int, *, seed: int = 7, longest: int = 40) -> list[dict[str, np.nd
     return out
 
 
+def span_pack(
+    layout: list[tuple[int, list[int] | None]], *, vocab: int = VOCAB, low: int = 0, seed: int = 0
+) -> list[dict[str, object]]:
+    """A pack of records written out by hand: ``layout`` is (length, loss spans or None)
+    per record; token ids are random in [low, vocab), ``sample_id`` is the position."""
+    rng = np.random.default_rng(seed)
+    pack: list[dict[str, object]] = []
+    for i, (n, spans) in enumerate(layout):
+        record: dict[str, object] = {
+            "input_ids": rng.integers(low, vocab, size=n).astype(np.uint32),
+            "sample_id": i,
+        }
+        if spans is not None:
+            record["loss_spans"] = np.asarray(spans, dtype=np.uint32)
+        pack.append(record)
+    return pack
+
+
 def write_sft_mds(root: Path, recs: list[dict[str, np.ndarray]]) -> Path:
     """``recs`` as a costed MDS dataset with the ``loss_spans`` column."""
     from bcl_stream.formats.mds_writer import CostedMDSWriter

@@ -1,7 +1,7 @@
 """Balance benchmark: planner v2 against the real peers, on i.i.d. and on ordered corpora.
 
 Real data is written in order (source by source, sorted by length, by path), so besides the
-i.i.d. length profiles of tools/corpora.py every figure is also taken on ordered corpora, in
+i.i.d. length profiles of bcl_bench/corpora.py every figure is also taken on ordered corpora, in
 write order, cut into shards of 4096 records as a writer would:
 
 - ``sorted:<profile>``: a profile written sorted by length (1M records);
@@ -34,7 +34,8 @@ Derived numbers:
   the sum of squared lengths;
 - ``_step`` suffix: the same with one synchronization per optimizer step (G micro-batches).
 
-Writes results/bench_balance.json, results/bench_balance.md and results/bench_balance_*.png.
+Writes results/bench_balance.json, results/bench_balance.md and results/bench_balance_*.png
+(``--out results/NAME.json``: NAME.json, NAME.md, NAME_*.png).
 Usage::
 
     python tools/bench_balance.py           # full: 1M-record ordered corpora (about 15 minutes)
@@ -49,37 +50,24 @@ if __name__ == "__main__":  # one core: set before numpy loads its BLAS thread p
     for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[_var] = "1"
 
-import argparse
 import dataclasses
-import json
-import platform
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from corpora import PROFILES, sitepackages_lengths, stdlib_lengths
 from tqdm import tqdm
 
-from bcl_stream.analysis.sim import (
-    Schedule,
-    SimConfig,
-    imbalance_sq,
-    metrics_from_costs,
-    schedules,
-    shard_table,
-    useful_cost,
-)
+from bcl_bench.corpora import PROFILES, sitepackages_lengths, stdlib_lengths
+from bcl_bench.harness import RESULTS, bench_parser, write_result
+from bcl_bench.scores import ACCUM, score
+from bcl_stream.analysis.sim import Schedule, SimConfig, schedules, shard_table
 from bcl_stream.analysis.sim import score as sim_score
 from bcl_stream.cost import CostModel, get_preset
 
-RANKS, PACK, ACCUM, MAX_RECORD_TOKENS = 8, 8, 4, 8192
+RANKS, PACK, MAX_RECORD_TOKENS = 8, 8, 8192
 COST_MODEL = "llama3-8b"
 SHARD_RECORDS = 4096
 PEERS = ("nemo_mffd", "verl_kk", "hf_rebalance")
@@ -124,31 +112,6 @@ def corpora(
     out["stdlib"] = ("real", lambda: np.minimum(stdlib_lengths("cl100k"), cap))
     if not quick:
         out["sitepackages"] = ("real", lambda: np.minimum(sitepackages_lengths(), cap))
-    return out
-
-
-def score(s: Schedule, base: dict[str, Schedule]) -> dict[str, float]:
-    """Metrics of one schedule (both sync modes) and its gains over the baselines in ``base``."""
-    out: dict[str, float] = {}
-    for sync in ("microbatch", "step"):
-        m = metrics_from_costs(
-            s.pack_costs, s.records_used, s.records_left, microbatches_per_step=ACCUM,
-            sync=sync, step_sizes=s.step_sizes,
-        )  # fmt: skip
-        suffix = "" if sync == "microbatch" else "_step"
-        out |= {f"efficiency{suffix}": m.efficiency, f"cv_ranks{suffix}": m.cv_ranks}
-        if sync == "microbatch":
-            out |= {"cv_time": m.cv_time, "records_left": m.records_left}
-            if s.squared_lengths is not None:
-                out["imbalance_sq"] = imbalance_sq(s.squared_lengths)
-        for name, b in base.items():
-            bm = metrics_from_costs(
-                b.pack_costs, 0, 0, microbatches_per_step=ACCUM, sync=sync, step_sizes=b.step_sizes
-            )
-            per_cost = (bm.time / useful_cost(b)) / (m.time / useful_cost(s))
-            out[f"speedup_vs_{name}{suffix}"] = per_cost
-            if name == "sequential":
-                out[f"cv_reduction{suffix}"] = 1.0 - m.cv_ranks / bm.cv_ranks
     return out
 
 
@@ -341,8 +304,8 @@ def markdown(result: dict[str, Any]) -> str:
     """Tables for the README and docs/balance.md."""
     s = result["summary"]
     lines = [
-        f"Command: `{result['meta']['command']}` at {result['meta']['commit'][:10]} "
-        f"({result['meta']['utc']}). Corpora: {len(result['kinds'])} "
+        f"Command: `{result['meta']['command']}` at {str(result['machine']['git_commit'])[:10]} "
+        f"({result['machine']['date']}). Corpora: {len(result['kinds'])} "
         f"({sum(k != 'iid' for k in result['kinds'].values())} ordered or real, in write order).",
         "",
         "| figure | median | worst corpus | target |",
@@ -375,18 +338,22 @@ def markdown(result: dict[str, Any]) -> str:
             ">= 1.10 median",
         ),
         ("bcl-rank W=32 speedup vs hf_rebalance, packed", "packed_rank_w32_vs_hf_rebalance", ""),
-        (
-            "bcl-world+step W=16 speedup vs hf_rebalance, padded",
-            "padded_world_step_vs_hf_rebalance",
-            ">= 1.05 / >= 1.0",
+        *(
+            row
+            for scope, target in (("world", ">= 1.05 / >= 1.0"), ("rank", ""))
+            for row in (
+                (
+                    f"bcl-{scope}+step W=16 speedup vs hf_rebalance, padded",
+                    f"padded_{scope}_step_vs_hf_rebalance",
+                    target,
+                ),
+                (
+                    "  the same, exactly B per micro-batch",
+                    f"padded_{scope}_pack_vs_hf_rebalance",
+                    "",
+                ),
+            )
         ),
-        ("  the same, exactly B per micro-batch", "padded_world_pack_vs_hf_rebalance", ""),
-        (
-            "bcl-rank+step W=16 speedup vs hf_rebalance, padded",
-            "padded_rank_step_vs_hf_rebalance",
-            "",
-        ),
-        ("  the same, exactly B per micro-batch", "padded_rank_pack_vs_hf_rebalance", ""),
         ("verl_kk speedup vs hf_rebalance, padded", "padded_verl_kk_vs_hf_rebalance", ""),
         (
             "imbalance_sq, hf_rebalance, packed 1 node (lower is better; worst = max)",
@@ -496,7 +463,7 @@ def plots(result: dict[str, Any], out: Path) -> list[Path]:
         ax.set_title(f"Efficiency per corpus, {setting} (write order for ordered/real corpora)")
         ax.legend(fontsize=7, ncol=len(labels))
         fig.tight_layout()
-        path = out / f"bench_balance_{setting}.png"
+        path = out.with_name(f"{out.stem}_{setting}.png")
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)
@@ -504,20 +471,10 @@ def plots(result: dict[str, Any], out: Path) -> list[Path]:
 
 
 def provenance(argv: list[str], quick: bool) -> dict[str, Any]:
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], capture_output=True, text=True).stdout.strip()
-        except OSError:
-            return ""
-
+    """The command and the setting (where and when: the machine stamp beside it)."""
     return {
         "command": " ".join(["python tools/bench_balance.py", *argv]),
         "quick": quick,
-        "commit": git("rev-parse", "HEAD"),
-        "planner_uncommitted_changes": bool(git("status", "--porcelain", "bcl_stream/planner")),
-        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
         "setting": {"ranks_1node": RANKS, "ranks_4node": 4 * RANKS, "pack_size": PACK,
                     "grad_accum": ACCUM, "max_record_tokens": MAX_RECORD_TOKENS,
                     "cost_model": COST_MODEL, "shard_records": SHARD_RECORDS},
@@ -536,15 +493,14 @@ def _rounded(value: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer and smaller corpora")
-    parser.add_argument("--out", type=Path, default=Path("results"), help="output directory")
+    parser = bench_parser(
+        __doc__, RESULTS / "bench_balance.json", quick="fewer and smaller corpora"
+    )
     parser.add_argument(
         "--settings",
         default="1node,4node,padded,ablation",
         help="comma-separated subset (1node is always run: the summary needs it)",
     )
-    parser.add_argument("--name", default="bench_balance", help="output file stem")
     args = parser.parse_args(argv)
     settings = set(args.settings.split(",")) | {"1node"}
     n_ordered, n_iid = (200_000, 131_072) if args.quick else (1_000_000, 262_144)
@@ -570,12 +526,11 @@ def main(argv: list[str] | None = None) -> int:
         if kind != "iid" and "ablation" in settings:
             result["ablation"][name] = run_setting(tok, model, 4 * RANKS, RANKS, ABLATION)
     result["summary"] = summarize(result)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps(_rounded(result), indent=1))
-    text = markdown(result)
-    (args.out / f"{args.name}.md").write_text(text + "\n")
+    written = write_result(_rounded(result), args.out)
+    text = markdown(written)
+    args.out.with_suffix(".md").write_text(text + "\n")
     if "4node" in settings:
-        plots(result, args.out)
+        plots(written, args.out)
     print(text)
     return 0
 

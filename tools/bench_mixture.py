@@ -21,9 +21,7 @@ long-context source: its own cost model, as a mixture stream may have).
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -32,17 +30,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
-
-from corpora import PROFILES  # noqa: E402
-
-from bcl_stream.analysis.sim import SimConfig, plan_schedules, score  # noqa: E402
-from bcl_stream.cost import CostModel, get_preset  # noqa: E402
-from bcl_stream.epoch.mixture_index import SegmentArray  # noqa: E402
-from bcl_stream.planner import ShardTable, shard_weights  # noqa: E402
-from bcl_stream.planner.mixture import MixtureLayout, choose_counts  # noqa: E402
+from bcl_bench.corpora import PROFILES
+from bcl_bench.harness import RESULTS, bench_parser, write_result
+from bcl_stream.analysis.sim import SimConfig, plan_schedules, score
+from bcl_stream.cost import CostModel, get_preset
+from bcl_stream.epoch.mixture_index import SegmentArray
+from bcl_stream.planner import ShardTable, shard_weights
+from bcl_stream.planner.mixture import MixtureLayout, choose_counts
 
 MIXES = {  # name -> sources: (name, length profile, proportion, cost factor per record)
     # An image-text source: short captions/questions, each record carrying image tokens that
@@ -303,12 +297,10 @@ def plot(result: dict[str, Any], path: Path, title: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="60K records per source")
+    parser = bench_parser(__doc__, RESULTS / "bench_mixture.json", quick="60K records per source")
     parser.add_argument("--records", type=int, default=None, help="records per source")
     parser.add_argument("--window", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(ROOT / "results" / "bench_mixture"))
     args = parser.parse_args(argv)
     n = args.records or (60_000 if args.quick else 300_000)
     results = {}
@@ -319,12 +311,11 @@ def main(argv: list[str] | None = None) -> int:
         names = "/".join(
             f"{s}:{w}{'x' + format(f, 'g') if f != 1 else ''}" for s, _, w, f in sources
         )
-        plot(result, Path(f"{args.out}_{mix}.png"), f"mixture '{mix}' {names} (sorted sources)")
+        png = args.out.with_name(f"{args.out.stem}_{mix}.png")
+        plot(result, png, f"mixture '{mix}' {names} (sorted sources)")
         print(f"== {mix}: {names}")
         print(json.dumps(result["summary"], indent=1))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+    write_result(results, args.out)
     return 0
 
 

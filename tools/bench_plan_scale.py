@@ -26,142 +26,31 @@ Usage::
 
 from __future__ import annotations
 
-import os
-
-if __name__ == "__main__":
-    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[_var] = "1"
-
-import argparse
-import json
-import platform
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from one_core import run_on_one_core
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-RANKS, PER_NODE, PACK, WINDOW, SHARD = 64, 8, 8, 16, 4096
-BATCH_WINDOWS = 64
-
-
-def private_rss() -> int:
-    """Resident bytes that are not file-backed (the mapped cost array is file-backed)."""
-    import psutil
-
-    info = psutil.Process().memory_info()
-    return int(info.rss - info.shared)
-
-
-def write_costs(n: int, path: Path) -> None:
-    """Lognormal lengths (median ~450 tokens, capped at 8192) -> llama3-8b costs, float32."""
-    from bcl_stream.cost import get_preset
-
-    model = get_preset("llama3-8b")
-    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(n,))
-    rng = np.random.default_rng(0)
-    for lo in range(0, n, 1 << 22):
-        size = min(1 << 22, n - lo)
-        tok = np.minimum(rng.lognormal(6.1, 1.0, size).astype(np.int64) + 1, 8192)
-        out[lo : lo + size] = model.cost(tok)
-    out.flush()
-    del out
-
-
-def measure(
-    path: Path, scope: str, nodes: int = RANKS // PER_NODE, per_node: int = PER_NODE
-) -> dict[str, Any]:
-    """One process: map, set up, plan this process's windows; timings and private RSS."""
-    from bcl_stream.planner import PlanConfig, ShardTable, build_node_streams, plan_windows
-    from bcl_stream.planner.shard_table import shard_weights
-
-    base_rss = private_rss()
-    t0 = time.perf_counter()
-    costs = np.load(path, mmap_mode="r")
-    n = int(costs.shape[0])
-    counts = [SHARD] * (n // SHARD) + ([n % SHARD] if n % SHARD else [])
-    table = ShardTable.build(counts, weight=shard_weights(counts, costs))
-    config = PlanConfig(
-        world_size=nodes * per_node,
-        ranks_per_node=per_node,
-        pack_size=PACK,
-        window=WINDOW,
-        scope=scope,
-    )
-    streams = build_node_streams(costs, table, config, seed=0, epoch=0)
-    setup_s = time.perf_counter() - t0
-    rows = [0]  # what a reader of rank 0 plans: its own row
-    t1 = time.perf_counter()
-    first = plan_windows(streams, costs, None, rows, 0, 1)
-    first_pack_s = time.perf_counter() - t1
-    peak = private_rss()
-    carry = first.carry
-    t2 = time.perf_counter()
-    planned_packs = first.packs.shape[1]
-    for start in range(1, streams.n_windows, BATCH_WINDOWS):
-        stop = min(start + BATCH_WINDOWS, streams.n_windows)
-        batch = plan_windows(streams, costs, None, rows, start, stop, carry)
-        carry = batch.carry
-        planned_packs += batch.packs.shape[1]
-        peak = max(peak, private_rss())
-    steady_s = time.perf_counter() - t2
-    ranks_planned = streams.config.row_ranks
-    steady_records = (planned_packs - first.packs.shape[1]) * PACK * ranks_planned
-    final = private_rss()
-    own = planned_packs * PACK * ranks_planned
-    return {
-        "records": n,
-        "nodes": nodes,
-        "scope": scope,
-        "ranks_per_node": per_node,
-        "planning_us_per_own_record": 1e6 * (first_pack_s + steady_s) / own if own else 0.0,
-        "planning_us_per_rank_record": (
-            1e6 * (first_pack_s + steady_s) / (planned_packs * PACK) if planned_packs else 0.0
-        ),
-        "ranks_planned": ranks_planned,
-        "setup_s": setup_s,
-        "time_to_first_pack_s": setup_s + first_pack_s,
-        "first_window_s": first_pack_s,
-        "steady_s": steady_s,
-        "records_planned": int(planned_packs * PACK * ranks_planned),
-        "records_planned_per_s": steady_records / steady_s if steady_s > 0 else float("nan"),
-        "private_rss_base_mb": base_rss / 2**20,
-        "private_rss_peak_mb": peak / 2**20,
-        "private_rss_final_mb": final / 2**20,
-        "private_rss_growth_mb": (peak - base_rss) / 2**20,
-        "private_bytes_per_record": (peak - base_rss) / n,
-    }
+from bcl_bench import plan_scale
+from bcl_bench.harness import RESULTS, bench_parser, run_on_one_core, write_result
+from bcl_bench.plan_scale import BATCH_WINDOWS, PACK, PER_NODE, RANKS, SHARD, WINDOW
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__, RESULTS / "bench_plan_scale.json")
     parser.add_argument("--sizes", nargs="+", type=float, default=[1e6, 1e7, 1e8])
     parser.add_argument("--scopes", nargs="+", default=["rank", "node", "world"])
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_plan_scale.json")
     parser.add_argument("--nodes", nargs="+", type=int, default=[RANKS // PER_NODE])
     parser.add_argument("--ranks-per-node", type=int, default=PER_NODE)
-    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)  # PATH SCOPE NODES [P]
     args = parser.parse_args(argv)
-    if args.child:
-        path, scope, nodes, *rest = args.child
-        per_node = int(rest[0]) if rest else PER_NODE
-        print(json.dumps(measure(Path(path), scope, int(nodes), per_node)))
-        return 0
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bcl_scale_") as tmp:
         for size in args.sizes:
             n = int(size)
             path = Path(tmp) / f"costs_{n}.npy"
-            write_costs(n, path)
+            plan_scale.write_costs(n, path)
             for nodes, scope in [(k, s) for k in args.nodes for s in args.scopes]:
-                child = ["--child", str(path), scope, str(nodes), str(args.ranks_per_node)]
-                row = run_on_one_core(__file__, child, ROOT)
+                child = [str(path), scope, str(nodes), str(args.ranks_per_node)]
+                row = run_on_one_core(["-m", plan_scale.__name__, *child])
                 rows.append(row)
                 print(
                     f"{n:>11,} {nodes:>4} nodes {scope:<6} setup {row['setup_s']:6.2f}s  first pack "
@@ -171,7 +60,6 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
             path.unlink()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "setting": {
             "nodes": args.nodes,
@@ -181,13 +69,11 @@ def main(argv: list[str] | None = None) -> int:
             "shard_records": SHARD,
             "batch_windows": BATCH_WINDOWS,
             "cost_model": "llama3-8b",
-            "machine": platform.processor() or platform.machine(),
             "cores_used": 1,
         },
         "rows": rows,
     }
-    args.out.write_text(json.dumps(payload, indent=1))
-    print(f"wrote {args.out}")
+    write_result(payload, args.out)
     return 0
 
 

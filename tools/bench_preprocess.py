@@ -26,10 +26,8 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -38,19 +36,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
-
-from bench_write import (  # noqa: E402
-    bench_preprocess,
-    bench_writers,
-    corpus,
-    naive_pipeline,
-    tokenized,
-)
-
-from bcl_stream.preprocess.merge import merge  # noqa: E402
+from bcl_bench.harness import RESULTS, bench_parser, checkout_env, machine_stamp, write_result
+from bcl_bench.writing import bench_preprocess, bench_writers, corpus, naive_pipeline, tokenized
+from bcl_stream.preprocess import pipeline
+from bcl_stream.preprocess.annotate import annotate
+from bcl_stream.preprocess.distributed import preprocess_parts
+from bcl_stream.preprocess.merge import merge
+from bcl_stream.preprocess.sources import record_text
+from bcl_stream.preprocess.tokenizers import load_tokenizer
 
 SHARDS: dict[str, dict[str, Any]] = {
     "mds": {"format": "mds", "shard_size_limit": 2 << 20},
@@ -85,7 +78,7 @@ def _rate(records: int, size: int, seconds: float) -> dict[str, float]:
 
 def _processes(script: str, argv: list[list[str]]) -> tuple[float, list[str]]:
     """Run ``python -c script *args`` for each args at once; (wall seconds, stdouts)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = checkout_env()
     start = time.perf_counter()
     procs = [
         subprocess.Popen(
@@ -133,9 +126,6 @@ def _bench_ray(src: Path, work: Path, parts: int) -> dict[str, Any]:
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # every port on 127.0.0.1
     import ray
 
-    from bcl_stream.preprocess import pipeline
-    from bcl_stream.preprocess.distributed import preprocess_parts
-
     pipeline.SMALL_INPUT_BYTES = 0
     start = time.perf_counter()
     ray.init(num_cpus=parts, include_dashboard=False, log_to_driver=False)
@@ -165,9 +155,6 @@ _TOKENIZER: list[Any] = []
 def litdata_fn(chunk: tuple[str, int, int]) -> Any:
     """One LitData input: a byte range of the JSONL corpus -> its records' token ids."""
     import numpy as np
-
-    from bcl_stream.preprocess.sources import record_text
-    from bcl_stream.preprocess.tokenizers import load_tokenizer
 
     if not _TOKENIZER:
         _TOKENIZER.append(load_tokenizer("cl100k"))
@@ -210,8 +197,6 @@ def bench_litdata(src: Path, work: Path) -> list[dict[str, Any]] | str:
 
 
 def bench_annotate(work: Path, parts: int) -> list[dict[str, Any]]:
-    from bcl_stream.preprocess.annotate import annotate
-
     rows = []
     for fmt in ("mds", "wds"):
         root = work / f"pre_{fmt}_1"
@@ -245,16 +230,15 @@ def _efficiency(rows: list[dict[str, Any]], key: str, **match: Any) -> float | N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__, RESULTS / "bench_preprocess.json")
     parser.add_argument("--copies", type=int, default=4, help="concatenate the corpus N times")
     parser.add_argument("--records", type=int, default=None, help="cap on stdlib corpus records")
     parser.add_argument("--parts", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3, help="writer-overhead rounds")
     parser.add_argument("--no-ray", action="store_true")
     parser.add_argument("--no-litdata", action="store_true")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_preprocess.json")
     args = parser.parse_args(argv)
-    load_before = os.getloadavg()
+    machine = machine_stamp()  # the load the run starts under
     work = Path(tempfile.mkdtemp(prefix="bench_preprocess_"))
     try:
         src = work / "stdlib_chat.jsonl"
@@ -271,13 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result: dict[str, Any] = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_average_1_5_15_min": {"start": load_before, "end": os.getloadavg()},
-            "note": "2 cores shared with other engineers' jobs while measuring (see the load "
-            "averages); one run, every ratio from this run",
-        },
+        "note": "one run, every ratio from this run; machine.load_average is the load at its "
+        "start, load_average_at_end the load when it ended",
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
         "corpus": {"records": n, "bytes": size, "source": f"stdlib chat corpus x{args.copies}"},
         "preprocess": pre,
         "parts": parts,
@@ -298,8 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             "target": 0.8,
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(result, args.out, machine=machine)
     for row in pre:
         print(
             f"preprocess {row['format']} workers={row['workers']}: {row['records_per_s']:.0f} rec/s {row['mb_per_s']:.2f} MB/s stages {row['stages_s']}"
@@ -318,7 +297,6 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"writer overhead MDS {writers['ratio_mds']:.3f}; scaling {result['scaling_efficiency_2_workers']}"
     )
-    print(f"wrote {args.out}")
     return 0
 
 

@@ -1,7 +1,7 @@
 """Scale-out benchmark: balance with 1 to 8 data-parallel ranks per node on 1 to 128 nodes.
 
 Ten real corpora built offline from this machine's files, in their write order
-(``tools/text_corpora.py``): manual pages, changelogs (long documents), the code of three
+(``bcl_bench/text_corpora.py``): manual pages, changelogs (long documents), the code of three
 packages, sympy's docstrings (formulas), the standard library as chat records, man pages
 sorted by length, and two mixtures written source by source. Each is repeated end to end to
 ``--sizes`` records (its order kept), capped at 8192 tokens and cut into shards of 4096
@@ -31,9 +31,7 @@ drawn from the whole file.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -42,17 +40,14 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import text_corpora
-
-from bcl_stream.analysis.sim import Schedule, SimConfig, schedules, score, shard_table
+from bcl_bench import plan_scale, text_corpora
+from bcl_bench.harness import RESULTS, bench_parser, run_on_one_core, write_result
+from bcl_bench.plan_scale import PACK, SHARD, WINDOW
+from bcl_stream.analysis.sim import Schedule, schedules, score, shard_table
 from bcl_stream.cost import get_preset
 from bcl_stream.planner import PlanConfig
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "results" / "bench_scale_out.json"
-PACK, WINDOW, ACCUM, CAP, SHARD = 8, 16, 4, 8192, 4096
+ACCUM, CAP = 4, 8192
 LAYOUTS = ((1, 8), (8, 1), (16, 2), (64, 1), (4, 8), (16, 8), (64, 8), (128, 8))
 PEERS = ("verl_kk", "nemo_mffd", "hf_rebalance")
 HF_RANKS = 8
@@ -106,14 +101,7 @@ def run_corpus(
     peer_cache: dict[tuple[str, int], Schedule] = {}
     for nodes, per_node in layouts:
         t0 = time.perf_counter()
-        config = SimConfig(
-            ranks=nodes * per_node,
-            ranks_per_node=per_node,
-            pack_size=PACK,
-            window=WINDOW,
-            grad_accum=ACCUM,
-            shard_records=SHARD,
-        )
+        config = plan_scale.job(nodes, per_node, grad_accum=ACCUM)
         scheds = dict(schedules(tok, model, config, ("sequential", "bcl-node"), table))
         if peers:
             for p in PEERS:
@@ -209,18 +197,16 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def run_process(records: int) -> list[dict[str, Any]]:
     """Per-process planning cost (bench_plan_scale's measurement): scopes rank and world at 8
     ranks per node, scope world at 1 rank per node (a row of 8 nodes), 8 to 128 nodes."""
-    import bench_plan_scale
-    from one_core import run_on_one_core
-
     out: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bcl_scale_out_") as tmp:
         path = Path(tmp) / "costs.npy"
-        bench_plan_scale.write_costs(records, path)
+        plan_scale.write_costs(records, path)
         for nodes, per_node, scope in [
             (k, p, s) for k in (8, 32, 128) for p, s in ((8, "rank"), (8, "world"), (1, "world"))
         ]:
-            args = ["--child", str(path), scope, str(nodes), str(per_node)]
-            row = run_on_one_core(bench_plan_scale.__file__, args, ROOT)
+            row = run_on_one_core(
+                ["-m", plan_scale.__name__, str(path), scope, str(nodes), str(per_node)]
+            )
             out.append(row)
             print(
                 f"{nodes:>4}x{per_node} {scope:<5} first pack {row['time_to_first_pack_s']:.2f} s"
@@ -374,12 +360,11 @@ def write(path: Path, rows: list[dict[str, Any]], process: list[dict[str, Any]] 
         "balance": rows,
         "process": old.get("process", []) if process is None else process,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=1, default=float))
+    write_result(payload, path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__, RESULTS / "bench_scale_out.json")
     parser.add_argument("--sizes", nargs="+", type=float, default=[1e6])
     parser.add_argument("--layouts", nargs="+", default=[layout_name(*x) for x in LAYOUTS])
     parser.add_argument("--corpora", nargs="+", default=list(text_corpora.NAMES))
@@ -387,7 +372,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--process-records", type=float, default=1e8)
     parser.add_argument("--process-only", action="store_true")
-    parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--report", action="store_true", help="redraw .png and .md from --out")
     args = parser.parse_args(argv)
     if args.report:  # the rows as measured; the setting they were measured with stays

@@ -15,24 +15,20 @@ BPE trained on the spot, Llama-3-like special tokens), so token counts are not a
 the figure that carries over is the time per record of each way of finding the mask, relative
 to the unmasked rendering. Writes ``results/bench_sft_preprocess.json``.
 
-    python tools/bench_sft_preprocess.py [--records 3000]
+    python -m tools.bench_sft_preprocess [--records 3000]   # from the checkout's root
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from result_files import write_result  # noqa: E402
+from bcl_bench.harness import RESULTS, bench_parser, write_result
+from bcl_stream.preprocess import preprocess
 
 WORDS = [
     "the",
@@ -64,12 +60,17 @@ def corpus(path: Path, n: int, seed: int = 0) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = bench_parser(__doc__, RESULTS / "bench_sft_preprocess.json")
     parser.add_argument("--records", type=int, default=3000)
-    parser.add_argument("--out", default=str(ROOT / "results" / "bench_sft_preprocess.json"))
     args = parser.parse_args()
-    from bcl_stream.preprocess import preprocess
-    from tests.hf_tokenizers import LLAMA3, LLAMA3_GENERATION, build_tokenizer_dir
+    try:
+        from tests.hf_tokenizers import LLAMA3, LLAMA3_GENERATION, build_tokenizer_dir
+    except ImportError as exc:
+        raise SystemExit(
+            "bench_sft_preprocess builds its tokenizers with the test suite's "
+            "tests/hf_tokenizers.py: run it from the checkout's root as "
+            "`python -m tools.bench_sft_preprocess`"
+        ) from exc
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="bcl_bench_sft_") as tmp:
@@ -110,7 +111,7 @@ def main() -> None:
                 }
             )
             print(json.dumps(rows[-1]))
-    write_result({"records": args.records, "workers": 1, "runs": rows}, Path(args.out))
+    write_result({"records": args.records, "workers": 1, "runs": rows}, args.out)
 
 
 if __name__ == "__main__":

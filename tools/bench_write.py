@@ -3,7 +3,7 @@
 Three measurements, written to ``results/bench_write.json`` (+ ``results/bench_write.png``):
 
 1. ``preprocess``: end-to-end ``bcl_stream.preprocess.preprocess`` on a real chat corpus (the
-   stdlib corpus from ``tools/corpora.py``: docstrings and source code as chat records), MDS and
+   stdlib corpus from ``bcl_bench/corpora.py``: docstrings and source code as chat records), MDS and
    WDS, with 1 and 2 tokenizer workers: records/s and input MB/s.
 2. ``writer_overhead``: the same tokenized records written by stock ``MDSWriter`` and by
    ``CostedMDSWriter`` (and stock ``ShardWriter`` vs ``CostedWDSWriter``), tokenization
@@ -23,208 +23,29 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
 import shutil
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
-
-from result_files import write_result  # noqa: E402
-
-from bcl_stream.cost import resolve  # noqa: E402
-from bcl_stream.io.index import CostIndex, ShardEntry, read_index, write_index  # noqa: E402
-
-
-def corpus(path: Path, limit: int | None, copies: int) -> int:
-    """The stdlib chat corpus (the corpora tool's builder), concatenated ``copies`` times."""
-    from corpora import build_stdlib_corpus
-
-    once = path.with_suffix(".once.jsonl")
-    build_stdlib_corpus(once, limit=limit)
-    data = once.read_bytes()
-    with path.open("wb") as fh:
-        for _ in range(copies):
-            fh.write(data)
-    once.unlink()
-    return sum(1 for _ in path.open("rb"))
-
-
-def bench_preprocess(
-    src: Path, work: Path, options: dict[str, dict[str, Any]] | None = None, keep: bool = False
-) -> list[dict[str, Any]]:
-    """``preprocess`` MDS and WDS with 1 and 2 workers (``options[fmt]``: writer options);
-    ``keep``: leave the 1-worker outputs in ``work/pre_{fmt}_1`` (for annotate)."""
-    from bcl_stream.preprocess import pipeline, preprocess
-
-    pipeline.SMALL_INPUT_BYTES = 0  # measure the pool even on a small corpus
-    size = src.stat().st_size
-    rows = []
-    for fmt in ("mds", "wds"):
-        for workers in (1, 2):
-            out = work / f"pre_{fmt}_{workers}"
-            start = time.perf_counter()
-            report = preprocess(
-                [str(src)],
-                str(out),
-                workers=workers,
-                overwrite=True,
-                progress=False,
-                **(options or {}).get(fmt, {"format": fmt}),
-            )
-            wall = time.perf_counter() - start
-            rows.append(
-                {
-                    "format": fmt,
-                    "workers": workers,
-                    "records": report.records_written,
-                    "tokens": report.tokens_written,
-                    "seconds_wall": wall,
-                    "seconds_pipeline": report.seconds,
-                    "records_per_s": report.records_written / report.seconds,
-                    "mb_per_s": size / 1e6 / report.seconds,
-                    "tokens_per_s": report.tokens_written / report.seconds,
-                    "seconds_parse": report.seconds_parse,
-                    "seconds_tokenize": report.seconds_tokenize,
-                    "stages_s": {
-                        "read": report.seconds_read,
-                        "parse_workers": report.seconds_parse,
-                        "tokenize_workers": report.seconds_tokenize,
-                        "write": report.seconds_write,
-                        "finish": report.seconds_finish,
-                    },
-                }
-            )
-            if not keep or workers > 1:
-                shutil.rmtree(out, ignore_errors=True)
-    return rows
-
-
-def tokenized(src: Path) -> tuple[list[np.ndarray], list[str], float, float]:
-    """Records as the pipeline writes them; output: (ids, sources, parse s, tokenize s)."""
-    from bcl_stream.preprocess.sources import record_text
-    from bcl_stream.preprocess.tokenizers import load_tokenizer
-
-    tok = load_tokenizer("cl100k")
-    start = time.perf_counter()
-    texts, sources = [], []
-    with src.open("rb") as fh:
-        for i, line in enumerate(fh, start=1):
-            text = record_text(f"{src}:{i}", line, "text")
-            assert isinstance(text, str)
-            texts.append(text)
-            sources.append(f"{src}:{i}")
-    parse = time.perf_counter() - start
-    start = time.perf_counter()
-    ids = [tok.ids(t) for t in texts]
-    return ids, sources, parse, time.perf_counter() - start
-
-
-def naive_pipeline(src: Path, work: Path) -> dict[str, float]:
-    """The least a script could do: one loop, json.loads, template, tokenize, stock MDSWriter.
-
-    No error accounting, outlier policy, progress bar, worker pool or cost index: the
-    baseline our ``preprocess`` (1 worker) is compared with, tokenization timed the same way.
-    """
-    from streaming import MDSWriter
-
-    from bcl_stream.preprocess.chat import render_messages
-    from bcl_stream.preprocess.tokenizers import load_tokenizer
-
-    tok = load_tokenizer("cl100k")
-    cols = {"input_ids": "ndarray:uint32", "source": "str"}
-    out = work / "naive"
-    encode = 0.0
-    start = time.perf_counter()
-    with MDSWriter(out=str(out), columns=cols) as w, src.open("rb") as fh:
-        for i, line in enumerate(fh, start=1):
-            text = render_messages(json.loads(line)["messages"])
-            t0 = time.perf_counter()
-            ids = tok.ids(text)
-            encode += time.perf_counter() - t0
-            w.write({"input_ids": ids, "source": f"{src}:{i}"})
-    total = time.perf_counter() - start
-    shutil.rmtree(out)
-    return {"seconds": total, "seconds_tokenize": encode}
-
-
-def _timed(fn: Callable[[], None]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def bench_writers(
-    ids: list[np.ndarray], sources: list[str], work: Path, repeats: int
-) -> dict[str, Any]:
-    import webdataset as wds
-    from streaming import MDSWriter
-
-    from bcl_stream.formats.mds_writer import CostedMDSWriter
-    from bcl_stream.formats.npy import npy_bytes
-    from bcl_stream.formats.wds_writer import CostedWDSWriter
-
-    cols = {"input_ids": "ndarray:uint32", "source": "str"}
-
-    def plain_mds() -> None:
-        out = work / "plain_mds"
-        with MDSWriter(out=str(out), columns=cols, size_limit=1 << 26) as w:
-            for a, s in zip(ids, sources, strict=True):
-                w.write({"input_ids": a, "source": s})
-        shutil.rmtree(out)
-
-    def costed_mds() -> None:
-        out = work / "costed_mds"
-        with CostedMDSWriter(str(out), cost_model="llama3-8b", columns=cols) as w:
-            for a, s in zip(ids, sources, strict=True):
-                w.write({"input_ids": a, "source": s})
-        shutil.rmtree(out)
-
-    def plain_wds() -> None:
-        out = work / "plain_wds"
-        out.mkdir()
-        with wds.ShardWriter(str(out / "shard-%06d.tar"), maxcount=10_000, verbose=0) as w:
-            for i, (a, s) in enumerate(zip(ids, sources, strict=True)):
-                meta = json.dumps({"source": s, "tokens": len(a)}).encode()
-                w.write({"__key__": f"{i:010d}", "input_ids.npy": npy_bytes(a), "json": meta})
-        shutil.rmtree(out)
-
-    def costed_wds() -> None:
-        out = work / "costed_wds"
-        with CostedWDSWriter(str(out), cost_model="llama3-8b", maxcount=10_000) as w:
-            for a, s in zip(ids, sources, strict=True):
-                w.write({"input_ids": a, "source": s})
-        shutil.rmtree(out)
-
-    runs: dict[str, list[float]] = {k: [] for k in ("mds", "costed_mds", "wds", "costed_wds")}
-    for _ in tqdm(range(repeats), desc="writers", unit="round"):
-        runs["mds"].append(_timed(plain_mds))
-        runs["costed_mds"].append(_timed(costed_mds))
-        runs["wds"].append(_timed(plain_wds))
-        runs["costed_wds"].append(_timed(costed_wds))
-    med = {k: statistics.median(v) for k, v in runs.items()}
-    return {
-        "records": len(ids),
-        "repeats": repeats,
-        "seconds_median": med,
-        "seconds_all": runs,
-        "ratio_mds": med["costed_mds"] / med["mds"],
-        "ratio_wds": med["costed_wds"] / med["wds"],
-        "target_ratio": 1.10,
-    }
+from bcl_bench.harness import RESULTS, bench_parser, write_result
+from bcl_bench.writing import (
+    bench_preprocess,
+    bench_writers,
+    corpus,
+    naive_pipeline,
+    timed,
+    tokenized,
+)
+from bcl_stream.cost import resolve
+from bcl_stream.io.index import CostIndex, ShardEntry, read_index, write_index
+from bcl_stream.preprocess import preprocess
 
 
 def bench_index(sizes: list[int], work: Path, repeats: int) -> list[dict[str, Any]]:
@@ -244,8 +65,8 @@ def bench_index(sizes: list[int], work: Path, repeats: int) -> list[dict[str, An
         start = time.perf_counter()
         meta, npy = write_index(root, index)
         write = time.perf_counter() - start
-        verified = [_timed(lambda r=root: read_index(r, verify=True)) for _ in range(repeats)]
-        fast = [_timed(lambda r=root: read_index(r, verify=False)) for _ in range(repeats)]
+        verified = [timed(lambda r=root: read_index(r, verify=True)) for _ in range(repeats)]
+        fast = [timed(lambda r=root: read_index(r, verify=False)) for _ in range(repeats)]
         rows.append(
             {
                 "records": n,
@@ -292,8 +113,6 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def bench_pipeline(src: Path, work: Path, plain: float, args: Any) -> dict[str, Any]:
     """``preprocess`` (MDS, 1 worker) against the naive loop, alternating, medians kept."""
-    from bcl_stream.preprocess import preprocess
-
     ours: list[tuple[float, float, float]] = []
     naive: list[tuple[float, float]] = []
     for _ in tqdm(range(args.pipeline_repeats), desc="pipeline", unit="round"):
@@ -320,13 +139,12 @@ def bench_pipeline(src: Path, work: Path, plain: float, args: Any) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__, RESULTS / "bench_write.json")
     parser.add_argument("--records", type=int, default=None, help="cap on stdlib corpus records")
     parser.add_argument("--copies", type=int, default=6, help="concatenate the corpus N times")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--pipeline-repeats", type=int, default=3)
     parser.add_argument("--index-sizes", default="1000000,10000000")
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench_write.json")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench_write_"))
     try:
@@ -340,15 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         writers["pipeline"].update(standalone_parse_s=parse_s, standalone_tokenize_s=tok_s)
         sizes = [int(s) for s in args.index_sizes.split(",") if s]
         result = {
-            "machine": {
-                "cpus": os.cpu_count(),
-                "python": platform.python_version(),
-                "note": "shared 2-core machine; medians of alternating runs",
-            },
+            "note": "shared 2-core machine; medians of alternating runs",
             "corpus": {
                 "records": n,
                 "bytes": src.stat().st_size,
-                "source": f"stdlib chat corpus (tools/corpora.py) x{args.copies}",
+                "source": f"stdlib chat corpus (bcl_bench/corpora.py) x{args.copies}",
             },
             "preprocess": pre,
             "writer_overhead": writers,
@@ -376,7 +190,6 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['load_verified_s_median'] * 1e3:.1f} ms (verified), "
             f"{row['load_unverified_s_median'] * 1e3:.1f} ms"
         )
-    print(f"wrote {args.out}")
     return 0
 
 

@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,28 +30,22 @@ import numpy as np
 import yaml
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
+from bcl_bench import demos
+from bcl_bench.harness import ROOT, machine_stamp, write_result
+from bcl_stream.analysis.metrics import metrics_from_costs
+from bcl_stream.analysis.plots import plot_step_costs
+from bcl_stream.cost import ModelShape, from_shape
+from bcl_stream.io.index import read_index
+from bcl_stream.preprocess import preprocess
 
-from bcl_stream.analysis.metrics import metrics_from_costs  # noqa: E402
-from bcl_stream.analysis.plots import plot_step_costs  # noqa: E402
-from bcl_stream.cost import ModelShape, from_shape  # noqa: E402
-
-OUT = ROOT / "results" / "demo"
-WORK = OUT / "work"
+OUT, WORK = demos.demo_dirs("demo")
 BASE_CONFIG = ROOT / "configs" / "cpu_demo.yaml"
 WARMUP_STEPS = 3  # first steps include lazy initialisation; left out of measured figures
 
 
 def build_dataset(records: int, model_cfg: dict[str, Any]) -> dict[str, Any]:
     """Corpus -> costed MDS under WORK/mds; returns the preprocessing report."""
-    from corpora import build_stdlib_corpus
-
-    from bcl_stream.preprocess import preprocess
-
-    corpus = WORK / "stdlib.jsonl"
-    written = build_stdlib_corpus(corpus, limit=records)
+    corpus, written = demos.stdlib_corpus(WORK, records)
     shape = ModelShape(
         n_layers=model_cfg["n_layers"],
         d_model=model_cfg["d_model"],
@@ -94,6 +85,8 @@ def run_config(name: str, base: dict[str, Any], data: dict[str, Any]) -> Path:
         if cb["class_path"].endswith("ModelCheckpoint"):
             cb["init_args"]["dirpath"] = str(WORK / name / "ckpt")
     cfg["trainer"]["default_root_dir"] = str(WORK / name)
+    if "root" in cfg:  # relative to the config file: the copy lives elsewhere
+        cfg["root"] = str(ROOT)
     cfg["data"].update(data, data=str(WORK / "mds"))
     path = WORK / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -101,22 +94,12 @@ def run_config(name: str, base: dict[str, Any], data: dict[str, Any]) -> Path:
 
 
 def fit(name: str, config: Path, *extra: str) -> float:
-    """One training job in a fresh process; returns its wall seconds."""
-    log = WORK / f"{name}.log"
-    cmd = [sys.executable, "-m", "lightning_module", "fit", "--config", str(config), *extra]
-    start = time.perf_counter()
-    with open(log, "w") as fh:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, check=False)
-    if proc.returncode != 0:
-        tail = "".join(log.read_text().splitlines(keepends=True)[-40:])
-        raise SystemExit(f"demo: run {name!r} failed (exit {proc.returncode}); {log}:\n{tail}")
-    return time.perf_counter() - start
+    """Run ``name`` in a fresh process (its output in ``WORK/NAME.log``); its wall seconds."""
+    return demos.fit(config, WORK / f"{name}.log", *extra)
 
 
 def read_logs(name: str, world: int) -> list[list[dict[str, Any]]]:
-    from lightning_module.callbacks import read_pack_log
-
-    return [read_pack_log(WORK / name / "logs" / f"packs_rank{r}.jsonl") for r in range(world)]
+    return demos.rank_logs(WORK / name / "logs", world)
 
 
 def matrix(logs: list[list[dict[str, Any]]], key: str) -> np.ndarray:
@@ -183,7 +166,6 @@ def replay(
     token values do not change compute. Output: per strategy, C[r, t] in seconds."""
     import torch
 
-    from bcl_stream.io.index import read_index
     from bcl_stream.loading.collate import collate_packed
     from lightning_module.tinygpt import TinyGPT, TinyGPTConfig
 
@@ -231,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     for cb in base["trainer"]["callbacks"]:
         if cb["class_path"].endswith("ModelCheckpoint"):
             cb["init_args"].update(every, filename="{step}")
+    machine = machine_stamp()  # the load the runs start under
     timings: dict[str, float] = {}
     # bcl and sequential back to back: on a shared machine the load drifts between runs.
     stages = ["dataset", "bcl", "sequential", "bcl-first", "bcl-resumed", "replay"]
@@ -297,13 +280,8 @@ def main(argv: list[str] | None = None) -> int:
             "the same machine load); time_seconds = sum_t max_r, speedup = sequential / bcl."
         ),
         "timings_seconds": {**timings, "total": time.perf_counter() - t0},
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
     }
-    (OUT / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_result(report, OUT / "report.json", machine=machine)
     print(
         f"\n{'':12}{'est. eff.':>10}{'meas. eff.':>11}{'step s':>9}{'steps':>7}"
         f"{'fwd ms/1k tok (machine speed)':>31}"

@@ -16,33 +16,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
+from bcl_bench import demos
+from bcl_bench.harness import ROOT, write_result
+from bcl_stream.preprocess import preprocess
 
-OUT = ROOT / "results" / "demo_mixture"
-WORK = OUT / "work"
+OUT, WORK = demos.demo_dirs("demo_mixture")
 CONFIG = ROOT / "configs" / "mixture.yaml"
 SPLITS = {"a_h": ("a", "h"), "i_p": ("i", "p"), "q_z": ("q", "z")}
 
 
 def build_streams(records: int) -> dict[str, int]:
     """The stdlib corpus cut into the three streams by module name; records per stream."""
-    from corpora import build_stdlib_corpus
-
-    from bcl_stream.preprocess import preprocess
-
-    corpus = WORK / "stdlib.jsonl"
-    build_stdlib_corpus(corpus, limit=records)
+    corpus, _ = demos.stdlib_corpus(WORK, records)
     parts: dict[str, list[str]] = {name: [] for name in SPLITS}
     for line in corpus.read_text(encoding="utf-8").splitlines():
         first = json.loads(line)["source"][:1].lower()
@@ -62,21 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     WORK.mkdir(parents=True, exist_ok=True)
     sizes = build_streams(args.records)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     logs = WORK / "logs"
     for old in logs.glob("packs_rank*.jsonl"):
         old.unlink()
-    subprocess.run(
-        [sys.executable, "-m", "lightning_module", "fit", "--config", str(CONFIG),
-         "--trainer.enable_progress_bar", "false"],
-        cwd=ROOT, env=env, check=True,
-    )  # fmt: skip
-    from lightning_module.callbacks import read_pack_log
-
+    demos.fit(CONFIG, WORK / "fit.log", "--trainer.enable_progress_bar", "false", threads=1)
     cfg = yaml.safe_load(CONFIG.read_text())
     data = cfg["data"]
     world = int(cfg["trainer"]["devices"])
-    lines = [read_pack_log(logs / f"packs_rank{r}.jsonl") for r in range(world)]
+    lines = demos.rank_logs(logs, world)
     want = np.array([s["proportion"] for s in data["streams"]], dtype=np.float64)
     want /= want.sum()
     streams = np.array([[line["streams"] for line in rank] for rank in lines])  # (R, steps, B)
@@ -102,9 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         "estimated_efficiency": float(costs.mean(axis=0).sum() / costs.max(axis=0).sum()),
         "config": str(CONFIG.relative_to(ROOT)),
     }
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-    print(json.dumps(report, indent=1))
+    print(json.dumps(write_result(report, OUT / "report.json"), indent=1))
     return 0
 
 

@@ -2,15 +2,18 @@
 
 One command, one device, about 5 minutes on an H200 (``--budget-s``, default 300 s):
 
-    PYTHONPATH=. timeout 540 python3 tools/gpu_check.py --out results/gpu
-    PYTHONPATH=. python3 tools/gpu_check.py --cpu-tiny --out /tmp/gpu   # same code, CPU, < 3 min
+    timeout 540 python3 -m tools.gpu_check --out results/gpu
+    python3 -m tools.gpu_check --cpu-tiny --out /tmp/gpu   # same code, CPU, < 3 min
+
+from the checkout's root: ``-m`` puts the root on the import path, so the check runs from a
+bare copy of the working tree (the device machine's python has no bcl-stream installed).
 
 What it does, in order (a progress line per phase; the JSON is rewritten after every phase,
 so a run stopped by the budget, a signal or an error still leaves what it measured):
 
 1. Checks that the planner, cost and simulator modules import without streaming, webdataset,
    boto3 or lightning (the device image has none of the first three).
-2. Builds a Llama-3.2-1B-shaped model (``tools/gpu_llama.py``; random weights, bf16), probes
+2. Builds a Llama-3.2-1B-shaped model (``bcl_bench/gpu_llama.py``; random weights, bf16), probes
    the packed layout's attention (varlen flash attention, else one SDPA per record).
 3. Calibrates per layout: designed packs (``bcl_stream.analysis.calibrate.design_packs``, lengths drawn
    from the corpus) timed forward+backward; c(L) = a L + b L^2 + k fitted by
@@ -30,7 +33,7 @@ so a run stopped by the budget, a signal or an error still leaves what it measur
    are set beside the simulator's predictions.
 
 Writes ``<out>/gpu_check.json`` (``gpu_check_cpu_tiny.json`` with ``--cpu-tiny``) and a PNG of
-the same name (needs matplotlib; without it: ``python tools/gpu_check.py --plot FILE.json``
+the same name (needs matplotlib; without it: ``python -m tools.gpu_check --plot FILE.json``
 later, on any machine).
 """
 
@@ -47,14 +50,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
 # Packs of many shapes: expandable segments keep the caching allocator from fragmenting.
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
 
 # numpy, the planner, cost and simulator modules, nothing else (checked right below).
-from gpu_measure import (  # noqa: E402
+from bcl_bench.gpu_measure import (
     STARTED,
     Budget,
     Stop,
@@ -79,6 +79,7 @@ IMPORTS_LOADED = [m for m in HEAVY_MODULES if m in sys.modules]
 
 import numpy as np  # noqa: E402
 
+from bcl_bench.harness import RESULTS, ROOT, bench_parser, machine_stamp, write_result  # noqa: E402
 from bcl_stream.analysis import sim  # noqa: E402
 from bcl_stream.cost import CostModel, from_shape  # noqa: E402
 from bcl_stream.planner.padded import LAYOUTS  # noqa: E402
@@ -132,7 +133,8 @@ def strategies_to_run(requested: str | None) -> tuple[list[str], list[str]]:
 def build(args: argparse.Namespace, cfg: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     """Device, model, packed-attention backend and corpus: the context every phase uses."""
     import torch
-    from gpu_llama import (
+
+    from bcl_bench.gpu_llama import (
         LLAMA_1B,
         TINY,
         Llama,
@@ -153,7 +155,6 @@ def build(args: argparse.Namespace, cfg: dict[str, Any], result: dict[str, Any])
     cuda = device.type == "cuda"
     device_name = torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu"
     result["environment"] = {
-        "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "device": device_name,
@@ -170,7 +171,7 @@ def build(args: argparse.Namespace, cfg: dict[str, Any], result: dict[str, Any])
     torch.manual_seed(args.seed)
     with torch.device(device):
         model = Llama(shape, attention["backend"]).to_dtype(dtype)
-    flops = from_shape("flops", shape, f"{name} (tools/gpu_llama.py)")
+    flops = from_shape("flops", shape, f"{name} (bcl_bench/gpu_llama.py)")
     result["model"] = {
         "name": name,
         "shape": dataclasses.asdict(shape),
@@ -235,7 +236,7 @@ def measure(
     write: Any,
 ) -> None:
     """Plan every strategy in both layouts, time every distinct pack, score."""
-    from gpu_llama import make_batch
+    from bcl_bench.gpu_llama import make_batch
 
     names, missing = strategies_to_run(args.strategies)
     steps, plans, tokens, predicted = choose_steps(ctx["lengths"], models, names, cfg, budget)
@@ -354,8 +355,7 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=ROOT / "results" / "gpu")
+    p = bench_parser(__doc__, RESULTS / "gpu", out_help="output directory")
     p.add_argument("--cpu-tiny", action="store_true", help="tiny model on the CPU (CI smoke run)")
     p.add_argument(
         "--budget-s",
@@ -410,9 +410,11 @@ def main(argv: list[str] | None = None) -> int:
         "stopped": None,
     }
 
+    machine = machine_stamp()
+
     def write() -> None:
         result["elapsed_s"] = time.perf_counter() - STARTED
-        out.write_text(json.dumps(result, indent=1) + "\n")
+        write_result(result, out, machine=machine)
 
     def on_signal(signum: int, _frame: Any) -> None:
         raise Stop(f"signal {signal.Signals(signum).name}")

@@ -77,6 +77,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CLEANUP_MARKER = "shm_cleanup"
 SHARED_MARKER = "shared_process"
+TYPECHECKED = ("bcl_stream", "lightning_module", "bcl_bench")
+"""The packages mypy checks (``--mypy``; ``make typecheck`` names the same)."""
 LAST_SECONDS = ROOT / ".pytest_cache" / "bcl_group_seconds.json"
 KNOWN_SECONDS = ROOT / "tests" / "group_seconds.json"
 KEYS = ("tests", "failures", "errors", "skipped")
@@ -271,7 +273,7 @@ def start_typecheck(tmp: Path) -> tuple[subprocess.Popen[bytes], Path]:
     log = tmp / "mypy.out"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mypy", "bcl_stream", "lightning_module"],
+            [sys.executable, "-m", "mypy", *TYPECHECKED],
             cwd=ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -303,7 +305,7 @@ def main(argv: list[str]) -> int:
         if mypy is not None:
             proc, log = mypy
             mypy_failed = proc.wait() != 0
-            print(f"\n=== mypy bcl_stream lightning_module\n{log.read_text().rstrip()}", flush=True)
+            print(f"\n=== mypy {' '.join(TYPECHECKED)}\n{log.read_text().rstrip()}", flush=True)
     wall = time.monotonic() - started
     cpu_after = os.times()
     cpu = (cpu_after.children_user - cpu_before.children_user) + (

@@ -4,41 +4,43 @@ time resumed from the last complete checkpoint, compared with an uninterrupted r
 
 Kill moments cycle through: a random step mid-epoch, inside a checkpoint save, and a random
 moment of start-up or restore; every rank has a persistent DataLoader worker. The harness is the
-crash test's (``tests/integration/reliability_scripts/soak.py``); this script only adds more
-kills and writes the result JSON.
+crash test's (``bcl_bench/soak.py``); this script only adds more kills and writes the result
+JSON. The dataset is the test suite's (``tests/conftest.py``: record i holds i), so run it from
+the checkout's root:
 
-    python tools/soak.py --kills 10 --seed 1 --out results/soak.json
+    python -m tools.soak --kills 10 --seed 1 --out results/soak.json
 
 About 15 s of start-up per resumed process on 2 CPU cores, so 10 kills take ~3-4 minutes.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "tests" / "integration" / "reliability_scripts"))
-
-from conftest import write_mds  # noqa: E402
-from soak import reference_run, soak  # noqa: E402
+from bcl_bench.harness import RESULTS, bench_parser, write_result
+from bcl_bench.soak import reference_run, soak
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bench_parser(__doc__, RESULTS / "soak.json")
     parser.add_argument("--kills", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--workers", type=int, default=1, help="DataLoader workers per rank")
-    parser.add_argument("--out", default=str(ROOT / "results" / "soak.json"))
     args = parser.parse_args()
+    try:
+        from tests.conftest import write_mds
+    except ImportError as exc:
+        raise SystemExit(
+            "soak writes the test suite's dataset (tests/conftest.py): run it from the "
+            "checkout's root as `python -m tools.soak`"
+        ) from exc
     with tempfile.TemporaryDirectory(prefix="bcl_soak_") as tmp:
         work = Path(tmp)
+        for run in ("ref", "job"):  # the harness writes each run's config into its directory
+            (work / run).mkdir()
         data = work / "data"
         write_mds(data, 300)
         t0 = time.monotonic()
@@ -47,15 +49,12 @@ def main() -> None:
         report = soak(data, work / "job", reference, kills=args.kills, seed=args.seed,
                       workers=args.workers)  # fmt: skip
     report = {
-        "command": f"python tools/soak.py --kills {args.kills} --seed {args.seed} "
+        "command": f"python -m tools.soak --kills {args.kills} --seed {args.seed} "
         f"--workers {args.workers}",
-        "machine": f"{platform.machine()}, {len(__import__('os').sched_getaffinity(0))} CPUs",
         "seconds_reference_run": round(seconds_reference, 1),
         **report,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
+    write_result(report, args.out)
     keys = ("kills", "kills_by_kind", "kills_inside_a_save_before_its_file_was_written",
             "records_trained", "records_lost", "records_duplicated", "unreadable_checkpoints",
             "seconds_killed_and_resumed_job")  # fmt: skip

@@ -26,14 +26,10 @@ from typing import Any
 import lightning as L
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bcl_stream.io.streaming_compat import clean_stale_shared_memory_once  # noqa: E402
-from lightning_module.callbacks import PackLogWriter  # noqa: E402
-from lightning_module.datamodule import BCLDataModule  # noqa: E402
-from lightning_module.tinygpt import TinyGPT, TinyGPTConfig  # noqa: E402
+from bcl_stream.io.streaming_compat import clean_stale_shared_memory_once
+from lightning_module.callbacks import PackLogWriter
+from lightning_module.datamodule import BCLDataModule
+from lightning_module.tinygpt import TinyGPT, TinyGPTConfig
 
 
 def train(

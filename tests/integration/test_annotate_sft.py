@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pack_oracles import check_every_record_once
 
 from bcl_stream.cli import main
 from bcl_stream.epoch.plan import ReaderConfig
@@ -40,9 +41,9 @@ def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 def read_all(root: Path, fmt: str = "mds") -> dict[int, dict]:
     reader = MDSPackDataset if fmt == "mds" else WDSPackDataset
     config = ReaderConfig.build(world_size=1, pack_size=1, window=3)
-    out = {s["sample_id"]: s for pack in PackLoader(reader(root, config, 0)) for s in pack}
-    assert sorted(out) == list(range(len(read_index(root))))  # every record, once
-    return out
+    samples = [s for pack in PackLoader(reader(root, config, 0)) for s in pack]
+    check_every_record_once([s["sample_id"] for s in samples], len(read_index(root)))
+    return {s["sample_id"]: s for s in samples}
 
 
 def test_llm_foundry_text_prompt_response_mds(tmp_path: Path, tok_dir: str) -> None:

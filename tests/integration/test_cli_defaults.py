@@ -42,7 +42,7 @@ def ok_json(*args: str) -> dict:  # type: ignore[type-arg]
 
 
 @pytest.mark.parametrize("ranks_per_node", [None, "2"])
-def test_4_plan_and_simulate_dataset_plan_the_same_epoch(
+def test_plan_and_simulate_dataset_plan_the_same_epoch(
     many_shards: Path, ranks_per_node: str | None
 ) -> None:
     flags = ["--pack-size", "4", "--window", "4"]
@@ -68,7 +68,7 @@ def test_4_plan_and_simulate_dataset_plan_the_same_epoch(
         assert plan["remainder"]["count"] == bcl["records_left"]
 
 
-def test_4_every_summary_says_the_nodes_it_assumed(many_shards: Path) -> None:
+def test_every_summary_says_the_nodes_it_assumed(many_shards: Path) -> None:
     flags = ["--pack-size", "4", "--window", "4"]
     said = "node layout: 2 nodes x 2 ranks (world 4)"
     plan = bcl_stream_cli(
@@ -90,7 +90,7 @@ def test_4_every_summary_says_the_nodes_it_assumed(many_shards: Path) -> None:
     assert "node layout: 1 node x 4 ranks (world 4)" in default.stdout  # the default, said
 
 
-def test_5_simulate_refuses_a_set_up_with_no_pack(mds_dir: Path, tmp_path: Path) -> None:
+def test_simulate_refuses_a_set_up_with_no_pack(mds_dir: Path, tmp_path: Path) -> None:
     big = ["--pack-size", "400", "--window", "2"]
     for source in (["--dataset", str(mds_dir)], ["--lengths", str(mds_dir / "bcl_costs.npy")]):
         proc = bcl_stream_cli("simulate", *source, "--ranks", "2", *big)
@@ -100,7 +100,7 @@ def test_5_simulate_refuses_a_set_up_with_no_pack(mds_dir: Path, tmp_path: Path)
         assert "needs at least 800" in line and "nan" not in proc.stdout.lower()
 
 
-def test_9_plan_json_carries_every_figure_the_text_prints(many_shards: Path) -> None:
+def test_plan_json_carries_every_figure_the_text_prints(many_shards: Path) -> None:
     flags = ["--world-size", "4", "--ranks-per-node", "2", "--pack-size", "4", "--window", "4"]
     text = bcl_stream_cli("plan", str(many_shards), *flags)
     assert text.returncode == 0, text.stderr
@@ -125,7 +125,7 @@ def test_9_plan_json_carries_every_figure_the_text_prints(many_shards: Path) -> 
     assert out["records_used"] + out["remainder"]["count"] == out["records"] == RECORDS
 
 
-def test_9_carry_none_is_refused_auto_and_zero_are_spelled_out(mds_dir: Path) -> None:
+def test_carry_none_is_refused_auto_and_zero_are_spelled_out(mds_dir: Path) -> None:
     from bcl_stream.cli import build_parser
 
     flags = ["--world-size", "2", "--pack-size", "4", "--window", "4"]

@@ -100,7 +100,7 @@ def test_missing_dataset_on_s3_is_named(remote: str) -> None:
     assert "no such dataset (nothing is stored under it)" in proc.stderr
 
 
-def test_13_s3_preprocess_prints_no_staging_warning(remote: str, tmp_path: Path) -> None:
+def test_s3_preprocess_prints_no_staging_warning(remote: str, tmp_path: Path) -> None:
     args = commands(remote, tmp_path)["preprocess"]
     proc = cli(dict(os.environ), *args)
     assert proc.returncode == 0, proc.stderr[-3000:]

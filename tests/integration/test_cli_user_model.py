@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 from lightning_scripts.harness import lightning_cli
+from pack_oracles import check_every_record_once
+from resume_harness import check_resumed_log
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -109,14 +111,13 @@ def test_user_model_by_class_path(mds_dir: Path, tmp_path: Path) -> None:
     steps = seen(tmp_path)
     assert [s["step"] for s in steps] == list(range(5))
     assert all(len(s["ids"]) == PACK for s in steps)
-    ids = [i for s in steps for i in s["ids"]]
-    assert len(ids) == len(set(ids))
+    check_every_record_once([s["ids"] for s in steps])
     # Resume the user's model from a mid-epoch checkpoint: the next packs, exactly.
     (tmp_path / "seen.jsonl").rename(tmp_path / "first.jsonl")
     ckpt = tmp_path / "ckpt" / "step=3.ckpt"
     proc = fit(tmp_path, "fit", "--config", str(tmp_path / "config.yaml"), "--ckpt_path", str(ckpt))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert [s["ids"] for s in seen(tmp_path)] == [s["ids"] for s in steps[3:]]
+    check_resumed_log([s["ids"] for s in steps], 3, [s["ids"] for s in seen(tmp_path)])
 
 
 def test_model_flag_replaces_tinygpt_of_a_config(mds_dir: Path, tmp_path: Path) -> None:

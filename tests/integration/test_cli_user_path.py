@@ -58,7 +58,7 @@ def not_a_dataset(tmp_path: Path) -> Path:
         ["simulate", "--dataset"],
     ],
 )
-def test_3_not_a_dataset_says_so_without_a_wrong_hint(
+def test_not_a_dataset_says_so_without_a_wrong_hint(
     command: list[str], not_a_dataset: Path
 ) -> None:
     if command[0] == "simulate":
@@ -70,14 +70,14 @@ def test_3_not_a_dataset_says_so_without_a_wrong_hint(
     assert "annotate" not in line.split("error:", 1)[1]  # annotate cannot help here
 
 
-def test_3_inspect_gives_the_verdict_only(not_a_dataset: Path) -> None:
+def test_inspect_gives_the_verdict_only(not_a_dataset: Path) -> None:
     proc = cli("inspect", str(not_a_dataset))
     assert proc.returncode == 1
     assert "0 records" not in proc.stdout and "None" not in proc.stdout
     assert "integrity: PROBLEMS" in proc.stdout and "not a dataset" in proc.stdout
 
 
-def test_3_datamodule_on_a_directory_that_is_not_a_dataset(not_a_dataset: Path) -> None:
+def test_datamodule_on_a_directory_that_is_not_a_dataset(not_a_dataset: Path) -> None:
     from bcl_stream.errors import DatasetError
     from lightning_module import BCLDataModule
 
@@ -86,9 +86,7 @@ def test_3_datamodule_on_a_directory_that_is_not_a_dataset(not_a_dataset: Path) 
     assert "index.json" not in str(info.value).split("not a dataset")[0]
 
 
-def test_3_complete_mds_without_cost_index_is_told_to_annotate(
-    mds_dir: Path, tmp_path: Path
-) -> None:
+def test_complete_mds_without_cost_index_is_told_to_annotate(mds_dir: Path, tmp_path: Path) -> None:
     import shutil
 
     copy = tmp_path / "plain"
@@ -99,7 +97,7 @@ def test_3_complete_mds_without_cost_index_is_told_to_annotate(
     assert f"`bcl-stream annotate {copy}`" in line
 
 
-def test_5_simulate_lengths_takes_a_cost_array(mds_dir: Path, tmp_path: Path) -> None:
+def test_simulate_lengths_takes_a_cost_array(mds_dir: Path, tmp_path: Path) -> None:
     """``--lengths`` takes a dataset's ``bcl_costs.npy`` as it is, or a plain array of lengths
     (``simulate --dataset`` uses the real shards instead: ``test_cli_defaults.py``)."""
     common = ["--ranks", "2", "--pack-size", "4", "--window", "4", "--json"]
@@ -115,7 +113,7 @@ def test_5_simulate_lengths_takes_a_cost_array(mds_dir: Path, tmp_path: Path) ->
     assert "--lengths FILE.npy" in cli("simulate", "--help").stdout
 
 
-def test_6_and_10_preprocess_report_and_empty_inputs(tmp_path: Path) -> None:
+def test_preprocess_names_an_empty_input_and_reports_it_when_skipped(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
     lines = [json.dumps({"text": f"record {i} " * (5 + i % 40)}) for i in range(300)]
@@ -136,7 +134,7 @@ def test_6_and_10_preprocess_report_and_empty_inputs(tmp_path: Path) -> None:
     assert stored["extra"]["preprocess"]["shards"] == report["shards"]
 
 
-def test_7_wds_plans_and_reads_every_scope(wds_dir: Path) -> None:
+def test_wds_plans_and_reads_every_scope(wds_dir: Path) -> None:
     """WebDataset reads by byte range (a member index per tar), so every scope is served: the
     reader's packs at scope world are the plan's."""
     planned = cli("plan", str(wds_dir), *PLAN, "--scope", "world", "--json")
@@ -147,7 +145,7 @@ def test_7_wds_plans_and_reads_every_scope(wds_dir: Path) -> None:
     assert json.loads(read.stdout)["packs"] == want
 
 
-def test_8_pack_size_larger_than_the_data(mds_dir: Path) -> None:
+def test_pack_size_larger_than_the_data_is_one_error_line(mds_dir: Path) -> None:
     big = ["--world-size", "2", "--pack-size", "400", "--window", "2"]
     for command in (["plan"], ["read", "--rank", "0"]):
         line = one_error(cli(command[0], str(mds_dir), *big, *command[1:]))
@@ -155,7 +153,7 @@ def test_8_pack_size_larger_than_the_data(mds_dir: Path) -> None:
         assert "needs at least 800" in line
 
 
-def test_11_help_shows_every_option_with_its_default() -> None:
+def test_help_shows_every_option_with_its_default() -> None:
     from bcl_stream.cli import COMMANDS, build_parser
 
     parser = build_parser()
@@ -169,7 +167,7 @@ def test_11_help_shows_every_option_with_its_default() -> None:
     assert "usage: bcl-stream plan" in text
 
 
-def test_11_version_and_debug(tmp_path: Path) -> None:
+def test_version_and_debug_keeps_the_cause_chain(tmp_path: Path) -> None:
     from bcl_stream.cli import version
 
     proc = cli("--version")
@@ -184,9 +182,7 @@ def test_11_version_and_debug(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("broken", ["index.json", "cost model"])
-def test_11_debug_and_env_show_the_original_cause(
-    broken: str, mds_dir: Path, tmp_path: Path
-) -> None:
+def test_debug_and_env_show_the_original_cause(broken: str, mds_dir: Path, tmp_path: Path) -> None:
     """A corrupt file: one line by default; with ``--debug`` or ``BCL_STREAM_DEBUG=1`` the
     traceback names the JSON error our message was raised from, then the same line."""
     import shutil

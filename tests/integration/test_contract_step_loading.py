@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 from lightning_scripts.harness import cli_fit, cli_run_config
+from pack_oracles import check_every_record_once
+from resume_harness import DataModuleLoader, pack_key, run_test_save_load_state
 
 from bcl_stream.errors import StateError
 from lightning_module.callbacks import read_pack_log
@@ -46,7 +48,7 @@ def test_every_record_once_equal_counts_and_whole_steps(
     ranks = [epoch(root, contract, r, format=fmt, scope=scope) for r in range(2)]
     assert len(ranks[0]) == len(ranks[1]) > G  # equal micro-batch counts: no hang
     ids = [int(i) for rank in ranks for b in rank for i in b["sample_ids"]]
-    assert len(ids) == len(set(ids))
+    check_every_record_once(ids)
     dm = module(root, contract, format=fmt, scope=scope)
     dm.setup_for(0, 2, 2)
     assert len(ids) + sum(dm.remainder_counts().values()) == 300
@@ -64,10 +66,10 @@ def test_every_record_once_equal_counts_and_whole_steps(
     for k in range(0, len(ranks[0]), G):
         steps = [[int(i) for b in rank[k : k + G] for i in b["sample_ids"]] for rank in ranks]
         assert [len(s) for s in steps] == [plans[0][k : k + G].size] * 2  # G*B per rank
-        want = sorted(np.concatenate([p[k : k + G].ravel() for p in plans]).tolist())
-        assert sorted(steps[0] + steps[1]) == want  # the plan's records of the step
+        want = [p[k : k + G] for p in plans]  # the plan's records of the step
+        check_every_record_once(steps, want, what=f"step {k // G}")
         if scope == "rank":  # each rank keeps its own; node: dealt among the node's ranks
-            assert sorted(steps[0]) == sorted(plans[0][k : k + G].ravel().tolist())
+            check_every_record_once(steps[0], plans[0][k : k + G], what=f"step {k // G}, rank 0")
     for r, rank in enumerate(ranks):
         scale = [float(b["loss_scale"]) for b in rank]
         assert scale == pytest.approx([s / B for s in sizes[r]])
@@ -88,13 +90,14 @@ def test_resume_in_mid_step_and_with_workers_is_exact(mds_dir: Path, stop: int) 
     it = iter(first.train_dataloader())
     for _ in range(stop):
         next(it)
-    state = first.state_dict()
-    assert state["reader"]["packs_consumed"] == stop
-    second = module(mds_dir, "step", num_workers=2)
-    second.setup_for(1, 2, 2)
-    second.load_state_dict(state)
-    rest = [b["sample_ids"].tolist() for b in second.train_dataloader()]
-    assert rest == [b["sample_ids"].tolist() for b in full[stop:]]
+    assert first.state_dict()["reader"]["packs_consumed"] == stop
+    run_test_save_load_state(
+        lambda: DataModuleLoader(module(mds_dir, "step"), 1, 2, 2),
+        epochs=1,
+        positions=[stop],
+        make_resumed=lambda: DataModuleLoader(module(mds_dir, "step", num_workers=2), 1, 2, 2),
+        reference=[[pack_key(b) for b in full]],
+    )
 
 
 def test_a_changed_contract_is_refused_on_resume(mds_dir: Path) -> None:
@@ -123,8 +126,7 @@ def test_ddp_two_ranks_with_accumulation_under_both_contracts(
             read_pack_log(tmp_path / contract / "logs" / f"packs_rank{r}.jsonl") for r in (0, 1)
         ]
         assert len(logs[0]) == len(logs[1]) > stop
-        ids = [i for rank in logs for x in rank for i in x["sample_ids"]]
-        assert len(ids) == len(set(ids))
+        check_every_record_once([x["sample_ids"] for rank in logs for x in rank])
         steps = [[x["step"] for x in rank] for rank in logs]
         assert steps[0] == steps[1] == [k // G for k in range(len(logs[0]))]
         for rank in logs:

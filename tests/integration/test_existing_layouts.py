@@ -75,7 +75,7 @@ def true_counts(layout: str, n: int = 160) -> np.ndarray:
 
 
 @pytest.mark.parametrize("layout", stock_layouts.LAYOUTS)
-def test_1_annotate_counts_the_real_tokens_and_records_the_source(
+def test_annotate_counts_the_real_tokens_and_records_the_source(
     stock: dict[str, Path], layout: str, tmp_path: Path
 ) -> None:
     data = annotated(stock, layout, tmp_path)
@@ -101,7 +101,7 @@ def test_1_annotate_counts_the_real_tokens_and_records_the_source(
         ("foundry_text", ["--text-field", "text"], "--text-field and --tokenizer go together"),
     ],
 )  # fmt: skip
-def test_2_annotate_refuses_a_column_that_is_not_token_ids(
+def test_annotate_refuses_a_column_that_is_not_token_ids(
     stock: dict[str, Path], layout: str, args: list[str], says: str, tmp_path: Path
 ) -> None:
     data = fresh(stock, layout, tmp_path)
@@ -111,7 +111,7 @@ def test_2_annotate_refuses_a_column_that_is_not_token_ids(
     assert not (data / "bcl_index.json").exists()
 
 
-def test_2_a_length_field_is_checked_against_the_token_column(
+def test_a_length_field_is_checked_against_the_token_column(
     stock: dict[str, Path], tmp_path: Path
 ) -> None:
     good = fresh(stock, "foundry_tokens", tmp_path)
@@ -159,7 +159,7 @@ def fit_config(tmp: Path, data: Path, layout: str) -> Path:
 
 
 @pytest.mark.parametrize("layout", stock_layouts.LAYOUTS)
-def test_1_a_stock_dataset_trains_through_the_cli(
+def test_a_stock_dataset_trains_through_the_cli(
     stock: dict[str, Path], layout: str, tmp_path: Path
 ) -> None:
     from lightning_scripts.harness import lightning_cli
@@ -179,9 +179,7 @@ def test_1_a_stock_dataset_trains_through_the_cli(
         assert line["tokens"] == int(counts[line["sample_ids"]].sum())
 
 
-def test_1_a_reader_set_to_another_source_is_refused(
-    stock: dict[str, Path], tmp_path: Path
-) -> None:
+def test_a_reader_set_to_another_source_is_refused(stock: dict[str, Path], tmp_path: Path) -> None:
     from bcl_stream.errors import DatasetError
     from lightning_module import BCLDataModule
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pack_oracles import check_every_record_once
 
 from bcl_stream.epoch.plan import ReaderConfig, full_plan
 from bcl_stream.io.remote import open_cost_index
@@ -56,6 +57,7 @@ def check_ranks(ranks: list[dict[str, Any]], root: Path) -> None:
         plan = full_plan(index, config, epoch)
         for r in ranks:
             assert r["epochs"][epoch] == plan.rank_packs(r["rank"]).tolist()
-        used = [i for r in ranks for p in r["epochs"][epoch] for i in p]
-        left = [int(i) for ids in plan.plan.remainder.values() for i in ids]
-        assert sorted(used + left) == list(range(len(index)))
+        used = [r["epochs"][epoch] for r in ranks]
+        check_every_record_once(
+            used, len(index), left_out=plan.plan.remainder, what=f"epoch {epoch}"
+        )

@@ -1,4 +1,4 @@
-"""``tools/gpu_check.py --cpu-tiny`` runs the GPU check's own code end to end on the CPU and
+"""``python -m tools.gpu_check --cpu-tiny`` runs the GPU check's own code end to end on the CPU and
 writes a JSON whose figures hang together; a budget too small stops it cleanly."""
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_check(out: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # As on the device machine: from the checkout's root, nothing on PYTHONPATH.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(
-        [sys.executable, "tools/gpu_check.py", "--cpu-tiny", "--out", str(out), *extra],
+        [sys.executable, "-m", "tools.gpu_check", "--cpu-tiny", "--out", str(out), *extra],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -22,7 +22,7 @@ def shard(root: Path, i: int) -> Path:
 
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped byte"])
-def test_3_inspect_finds_what_read_refuses(mds_dir: Path, tmp_path: Path, damage: str) -> None:
+def test_inspect_finds_what_read_refuses(mds_dir: Path, tmp_path: Path, damage: str) -> None:
     copy = tmp_path / "ds"
     shutil.copytree(mds_dir, copy)
     ok = bcl_stream_cli("inspect", str(copy))

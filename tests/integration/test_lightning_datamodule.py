@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from lightning_scripts.harness import make_trainer, pack_log, packs_by_step, tail_from, tiny_config
-from pack_oracles import balance_efficiency, check_epoch, write_order_packs
+from lightning_scripts.harness import make_trainer, pack_log, packs_by_step, tiny_config
+from pack_oracles import balance_efficiency, check_epoch, check_every_record_once, write_order_packs
+from resume_harness import check_resumed_runs
 
 from bcl_stream.errors import StateError
 from bcl_stream.io.index import read_index
@@ -55,9 +56,11 @@ def test_estimated_stepping_batches_with_max_epochs_resumes_exactly(
     saved = torch.load(ckpt, weights_only=False)
     assert saved["BCLDataModule"]["reader"]["packs_consumed"] == 10
 
-    resumed = tmp_path / "resumed"
-    fit(resumed, dm(mds_dir), ckpt=ckpt)
-    assert packs_by_step(pack_log(resumed)) == tail_from(log, 10)
+    def resume(step: int) -> list[tuple[int, int, list[int]]]:
+        fit(tmp_path / "resumed", dm(mds_dir), ckpt=full / "ckpt" / f"step={step}.ckpt")
+        return packs_by_step(pack_log(tmp_path / "resumed"))
+
+    check_resumed_runs(packs_by_step(log), resume, [10])
 
     # Control: without the DataModule's copy of the cursor, the bug restarts the epoch.
     del saved["BCLDataModule"]
@@ -218,7 +221,8 @@ def test_remainder_is_reported(mds_dir: Path, packing: str) -> None:
     assert counts["longer_than_max_tokens"] == int(np.sum(tokens > 50)) > 0
     used = [int(i) for b in module.train_dataloader() for i in b["sample_ids"]]
     assert len(used) + sum(counts.values()) == 300
-    assert len(set(used)) == len(used) and max(int(tokens[i]) for i in used) <= 50
+    check_every_record_once(used)
+    assert max(int(tokens[i]) for i in used) <= 50
 
 
 def test_s3_dataset_under_trainer(moto_s3: Any, tmp_path: Path) -> None:

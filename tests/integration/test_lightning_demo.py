@@ -6,14 +6,15 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from tool_modules import load_tool
+
+from tools import demo as demo_tool
 
 pytestmark = pytest.mark.shared_process
 
 
 @pytest.fixture(scope="module")
 def demo() -> ModuleType:
-    return load_tool("demo", "demo_tool")
+    return demo_tool
 
 
 def logs(n: int, ranks: int = 2, offset: int = 0) -> list[list[dict[str, Any]]]:

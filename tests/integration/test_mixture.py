@@ -18,9 +18,9 @@ from lightning_scripts.harness import (
     cli_run_config,
     make_trainer,
     pack_log,
-    tail_from,
     tiny_config,
 )
+from resume_harness import check_resumed_log, check_resumed_runs, run_test_save_load_state, take
 
 from bcl_stream.epoch.plan import ReaderConfig, full_plan
 from bcl_stream.errors import StateError
@@ -105,18 +105,17 @@ def test_resume_equals_the_uninterrupted_run_and_a_changed_mixture_is_refused(
 ) -> None:
     config = ReaderConfig.build(world_size=2, pack_size=4, window=4)
 
-    def ids(loader: PackLoader) -> list[list[tuple[int, int]]]:
-        return [[(r["stream"], r["sample_id"]) for r in pack] for pack in loader]
+    def loader() -> PackLoader:
+        return PackLoader(MixturePackDataset(specs(streams), config, 1))
 
-    full = ids(PackLoader(MixturePackDataset(specs(streams), config, 1)))
-    first = PackLoader(MixturePackDataset(specs(streams), config, 1))
-    it = iter(first)
-    head = [[(r["stream"], r["sample_id"]) for r in next(it)] for _ in range(7)]
+    def key(pack: list[dict[str, Any]]) -> tuple[tuple[int, int], ...]:
+        return tuple((int(r["stream"]), int(r["sample_id"])) for r in pack)
+
+    run_test_save_load_state(loader, epochs=1, positions=[7], key=key)
+    first = loader()
+    take(first, 7, key)
     state = json.loads(json.dumps(first.state_dict()))
     assert [s["path"] for s in state["mixture"]] == [str(streams[n]) for n in SIZES]
-    again = PackLoader(MixturePackDataset(specs(streams), config, 1))
-    again.load_state_dict(state)
-    assert head + ids(again) == full
 
     reweighted = [specs(streams)[0], f"{streams['b']}:proportion=0.4", specs(streams)[2]]
     with pytest.raises(StateError, match=re.escape("proportion 0.3 -> 0.4")):
@@ -144,15 +143,17 @@ def test_lightning_fit_resumes_a_mixture_and_logs_streams(
     log = pack_log(full)
     assert all(len(line["streams"]) == 4 for line in log)
     assert {s for line in log for s in line["streams"]} == {0, 1, 2}
-    resumed = tmp_path / "resumed"
-    fit(resumed, full / "ckpt" / "step=6.ckpt")
-    got = pack_log(resumed)
-    assert [(g["step"], g["sample_ids"], g["streams"]) for g in got] == [
-        (line["step"], line["sample_ids"], line["streams"]) for line in log if line["step"] >= 6
-    ]
-    assert [(s, e, i) for s, e, i in tail_from(log, 6)] == [
-        (g["step"], g["epoch"], g["sample_ids"]) for g in got
-    ]
+
+    def resume(step: int) -> list[tuple[Any, ...]]:
+        fit(tmp_path / "resumed", full / "ckpt" / f"step={step}.ckpt")
+        return steps_and_streams(pack_log(tmp_path / "resumed"))
+
+    check_resumed_runs(steps_and_streams(log), resume, [6])
+
+
+def steps_and_streams(log: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """(step, epoch, record ids, their streams) per logged step."""
+    return [(x["step"], x["epoch"], x["sample_ids"], x["streams"]) for x in log]
 
 
 def test_simulate_and_inspect_take_streams(streams: dict[str, Path]) -> None:
@@ -231,9 +232,6 @@ def test_ddp_mixture_from_the_yaml_config_resumes_per_rank(
     assert all(len(rank) == len(full[0]) for rank in full)
     ckpt = tmp_path / "full" / "ckpt" / f"step={stop}.ckpt"
     lightning_fit(mixture_config(tmp_path, "resumed", streams, stop), "--ckpt_path", str(ckpt))
-    for rank in range(2):
-        want = [(x["step"], x["sample_ids"], x["streams"]) for x in full[rank][stop:]]
-        got = [
-            (x["step"], x["sample_ids"], x["streams"]) for x in pack_log(tmp_path / "resumed", rank)
-        ]
-        assert got == want, f"rank {rank}: the resumed mixture run differs"
+    for rank in range(2):  # one resumed DDP run, compared rank by rank
+        resumed = steps_and_streams(pack_log(tmp_path / "resumed", rank))
+        check_resumed_log(steps_and_streams(full[rank]), stop, resumed)

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import records, write_mds, write_wds
+from pack_oracles import check_every_record_once
+from resume_harness import run_test_save_load_state
 
 from bcl_stream.cli import main
 from bcl_stream.epoch.plan import ReaderConfig
@@ -43,12 +45,14 @@ def _open(fmt: str, root: Path | str, config: ReaderConfig, rank: int, **kw: Any
     return reader(root, config, rank, **kw)
 
 
+def _checked_key(pack: list[dict[str, Any]]) -> tuple[int, ...]:
+    """The pack's record ids; every record must hold its own id (the right bytes were read)."""
+    assert all(np.all(r["input_ids"] == r["sample_id"]) for r in pack)
+    return tuple(int(r["sample_id"]) for r in pack)
+
+
 def _ids(loader: PackLoader) -> list[list[int]]:
-    out = []
-    for pack in loader:
-        assert all(np.all(r["input_ids"] == r["sample_id"]) for r in pack)
-        out.append([int(r["sample_id"]) for r in pack])
-    return out
+    return [list(_checked_key(pack)) for pack in loader]
 
 
 @pytest.mark.parametrize("fmt", ["mds", "wds"])
@@ -59,16 +63,14 @@ def test_resume_under_another_worker_count_yields_the_rest_of_the_plan(
     root = mds_dir if fmt == "mds" else wds_dir
     dataset = _open(fmt, root, NODE, 1)
     plan = dataset.epoch_plan(0).rank_packs(1).tolist()
-    first = PackLoader(dataset, num_workers=before)
-    taken = []
-    for pack in first:
-        taken.append([int(r["sample_id"]) for r in pack])
-        if len(taken) == 5:
-            break
-    state = json.loads(json.dumps(first.state_dict()))
-    resumed = PackLoader(_open(fmt, root, NODE, 1), num_workers=after)
-    resumed.load_state_dict(state)
-    assert taken + _ids(resumed) == plan
+    run_test_save_load_state(
+        lambda: PackLoader(dataset, num_workers=before),
+        epochs=1,
+        positions=[5],
+        key=_checked_key,
+        make_resumed=lambda: PackLoader(_open(fmt, root, NODE, 1), num_workers=after),
+        reference=[[tuple(p) for p in plan]],
+    )
 
 
 def test_wds_node_scope_every_record_once_with_4_workers(wds_dir: Path) -> None:
@@ -77,7 +79,8 @@ def test_wds_node_scope_every_record_once_with_4_workers(wds_dir: Path) -> None:
         loader = PackLoader(_open("wds", wds_dir, NODE, rank), num_workers=4)
         seen += [i for p in _ids(loader) for i in p]
         left = loader.plan_dataset.remainder_counts()
-    assert len(seen) == len(set(seen)) == 300 - sum(left.values())
+    check_every_record_once(seen)
+    assert len(seen) == 300 - sum(left.values())
 
 
 def test_member_index_reads_every_record_like_a_scan(wds_dir: Path) -> None:
@@ -250,4 +253,5 @@ def test_compressed_tars_are_read_through_and_follow_the_plan(tmp_path: Path) ->
         packs = _ids(PackLoader(dataset, num_workers=2))
         assert packs == dataset.epoch_plan(0).rank_packs(rank).tolist()
         seen += [i for p in packs for i in p]
-    assert len(seen) == len(set(seen)) == 100 - sum(dataset.remainder_counts().values())
+    check_every_record_once(seen)
+    assert len(seen) == 100 - sum(dataset.remainder_counts().values())

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 CONFIG = ReaderConfig.build(world_size=1, pack_size=4, window=3, seed=1)
 
 
-def test_7_mds_knobs_reach_streaming(moto_s3, dataset_writers, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_mds_knobs_reach_streaming(moto_s3, dataset_writers, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     remote = moto_s3("bcl-knobs-mds") + "/train"
     dataset_writers[0](remote, 120)
     options = ReadOptions(cache_limit="64mb", download_timeout=7.5, prefetch=1)
@@ -38,7 +38,7 @@ def test_7_mds_knobs_reach_streaming(moto_s3, dataset_writers, tmp_path: Path) -
     assert got == dataset.epoch_plan(0).rank_packs(0).tolist()
 
 
-def test_7_wds_cache_limit_evicts_and_yields_the_plan(  # type: ignore[no-untyped-def]
+def test_wds_cache_limit_evicts_and_yields_the_plan(  # type: ignore[no-untyped-def]
     moto_s3, dataset_writers, tmp_path: Path
 ) -> None:
     remote = moto_s3("bcl-knobs-wds") + "/train"
@@ -65,7 +65,7 @@ def test_7_wds_cache_limit_evicts_and_yields_the_plan(  # type: ignore[no-untype
     assert len(list(cache.glob("*.tar"))) < 12
 
 
-def test_7_datamodule_passes_the_knobs(moto_s3, dataset_writers, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_datamodule_passes_the_knobs(moto_s3, dataset_writers, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from lightning_module import BCLDataModule
 
     remote = moto_s3("bcl-knobs-dm") + "/train"

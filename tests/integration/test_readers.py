@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pack_oracles import check_every_record_once
 
 from bcl_stream.cli import main
 from bcl_stream.epoch.plan import ReaderConfig, full_plan
@@ -80,8 +81,7 @@ def test_every_rank_yields_its_plan_and_records_are_used_once(
     assert len(lengths) == 1
     left = full_plan(dataset.index, config, 1).plan.remainder
     assert sum(dataset.remainder_counts().values()) == sum(ids.size for ids in left.values())
-    everything = seen + [int(i) for ids in left.values() for i in ids]
-    assert sorted(everything) == list(range(300))
+    check_every_record_once(seen, 300, left_out=left)
 
 
 @pytest.mark.parametrize("fmt", ["mds", "wds"])
@@ -178,8 +178,7 @@ def test_memory_cap_reports_long_records_and_caps_packs(mds_dir: Path) -> None:
     counts = dataset.remainder_counts()
     assert counts["longer_than_max_tokens"] == int((dataset.index.tokens > 60).sum()) > 0
     whole = full_plan(dataset.index, config, 0).plan
-    left = [int(i) for ids in whole.remainder.values() for i in ids]
-    assert sorted(seen + left) == list(range(300))
+    check_every_record_once(seen, 300, left_out=whole.remainder)
 
 
 def test_bcl_packs_stage_in_a_stock_webdataset_pipeline(wds_dir: Path) -> None:

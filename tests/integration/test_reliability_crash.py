@@ -2,7 +2,7 @@
 from the last complete checkpoint, and prove that the records trained over the whole job equal
 those of an uninterrupted run, per step and per rank.
 
-The harness is ``reliability_scripts/soak.py`` (also behind ``tools/soak.py``, 10 kills). Two
+The harness is ``bcl_bench/soak.py`` (also behind ``tools/soak.py``, 10 kills). Two
 jobs here: one kill at a random step (no DataLoader workers), and a soak killed three times in
 one job with a persistent DataLoader worker per rank: at a random step, inside a checkpoint save,
 and at a random moment of start-up or restore. The whole process group is killed each time, so
@@ -13,16 +13,14 @@ whose last line may be cut).
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.shared_process]
+from bcl_bench.soak import reference_run, soak
 
-sys.path.insert(0, str(Path(__file__).parent / "reliability_scripts"))
-from soak import reference_run, soak  # noqa: E402
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.shared_process]
 
 
 def seed() -> int:

@@ -1,20 +1,17 @@
 """Resume equals the uninterrupted run: at every position of a small epoch, at the epoch end,
 and into the next epoch; for MDS and WebDataset, workers 0 and 2, persistent workers; plus
-elastic resume under another world size.
-
-``run_test_save_load_state`` is the one harness every stateful loader uses (the habit of
-pytorch/data's test utils): a loader factory in, the comparison done here.
-"""
+elastic resume under another world size. The comparison is the shared harness's
+(``tests/resume_harness.py``)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import numpy as np
 import pytest
+from pack_oracles import check_every_record_once
+from resume_harness import pack_key, run_test_save_load_state, take
 
 from bcl_stream.epoch.plan import ReaderConfig, Segment, full_plan
 from bcl_stream.errors import StateError
@@ -24,72 +21,6 @@ from bcl_stream.formats.wds_reader import WDSPackDataset
 from bcl_stream.loading.loader import PackLoader
 
 pytestmark = pytest.mark.slow
-
-
-class StatefulLoader(Protocol):
-    def __iter__(self) -> Iterator[Any]: ...
-    def state_dict(self) -> dict[str, Any]: ...
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-def pack_key(pack: Any) -> tuple[int, ...]:
-    return tuple(int(s["sample_id"]) for s in pack)
-
-
-def _take(loader: StatefulLoader, count: int) -> list[list[tuple[int, ...]]]:
-    """``count`` packs as per-epoch chunks, without exhausting the last iterator (the way a
-    trainer checkpoints right after a batch, before it knows the epoch ended)."""
-    chunks: list[list[tuple[int, ...]]] = []
-    it: Iterator[Any] | None = None
-    while count > 0:
-        if it is None:
-            it, chunk = iter(loader), []
-            chunks.append(chunk)
-        try:
-            chunk.append(pack_key(next(it)))
-            count -= 1
-        except StopIteration:
-            it = None
-            if not chunk:
-                chunks.pop()
-    return chunks
-
-
-def run_test_save_load_state(
-    make_loader: Callable[[], StatefulLoader],
-    epochs: int = 2,
-    positions: Iterable[int] | None = None,
-) -> None:
-    """For each position k (default: every pack of the first epoch, its end, and a few into
-    the next), stop after k packs, save the state through JSON, resume a fresh loader, read to
-    the end of ``epochs`` epochs: packs and epoch boundaries equal the uninterrupted run.
-    """
-    reference_loader = make_loader()
-    reference = [[pack_key(p) for p in reference_loader] for _ in range(epochs)]
-    flat = [p for chunk in reference for p in chunk]
-    bounds = np.cumsum([len(c) for c in reference])
-    assert bounds[0] > 0, "the harness needs a non-empty first epoch"
-    if positions is None:
-        positions = [*range(int(bounds[0]) + 1), int(bounds[0]) + 1, int(bounds[0]) + 3]
-    for k in positions:
-        before: list[list[tuple[int, ...]]] = []
-        loader = make_loader()
-        if k:
-            first = make_loader()
-            before = _take(first, k)
-            state = json.loads(json.dumps(first.state_dict()))
-            del first
-            loader.load_state_dict(state)
-        done = sum(len(c) for c in before)
-        after: list[list[tuple[int, ...]]] = []
-        while done + sum(len(c) for c in after) < len(flat):
-            after.append([pack_key(p) for p in loader])
-            assert after[-1], f"resume after {k}: an empty epoch before the end"
-        got = [p for c in before + after for p in c]
-        assert got == flat, f"resume after {k} packs differs from the uninterrupted run"
-        # The resumed loader's epochs end where the reference's do.
-        ends = np.cumsum([len(c) for c in after]) + done
-        assert set(ends.tolist()) <= set(bounds.tolist()), f"resume after {k}: epoch bounds"
 
 
 _DATASETS: dict[tuple[str, Path, ReaderConfig, int], PlanDataset] = {}
@@ -141,7 +72,7 @@ def test_state_is_identical_on_every_rank(mds_dir: Path) -> None:
     states = []
     for rank in range(CONFIG.plan.world_size):
         loader = PackLoader(_dataset("mds", mds_dir, CONFIG, rank))
-        _take(loader, 6)
+        take(loader, 6)
         states.append(loader.state_dict())
     assert states[0] == states[1]
     assert states[0]["packs_consumed"] == 6
@@ -149,7 +80,7 @@ def test_state_is_identical_on_every_rank(mds_dir: Path) -> None:
 
 def test_state_from_other_data_or_config_is_refused(mds_dir: Path, wds_dir: Path) -> None:
     loader = PackLoader(MDSPackDataset(mds_dir, CONFIG, 0))
-    _take(loader, 2)
+    take(loader, 2)
     state = loader.state_dict()
     with pytest.raises(StateError, match="saved on other data"):
         PackLoader(WDSPackDataset(wds_dir, CONFIG, 0)).load_state_dict(state)
@@ -171,7 +102,7 @@ def test_elastic_resume_uses_every_record_once(
     state: dict[str, Any] = {}
     for rank in range(old):
         loader = PackLoader(_dataset("mds", mds_dir, config, rank))
-        consumed += [i for p in _take(loader, after) for pack in p for i in pack]
+        consumed += [i for p in take(loader, after) for pack in p for i in pack]
         state = json.loads(json.dumps(loader.state_dict()))
     resized = config.resized(new, 1)
     rest: list[int] = []
@@ -186,8 +117,7 @@ def test_elastic_resume_uses_every_record_once(
     assert len(lengths) == 1
     dataset = loader.plan_dataset
     left = full_plan(dataset.index, resized, 0, dataset.segments).plan.remainder
-    tail = [int(i) for ids in left.values() for i in ids]
-    assert sorted(consumed + rest + tail) == list(range(300))
+    check_every_record_once(consumed + rest, 300, left_out=left)
     with pytest.raises(StateError, match="elastic resume is disabled"):
         PackLoader(MDSPackDataset(mds_dir, resized, 0), allow_resize=False).load_state_dict(state)
 
@@ -195,7 +125,7 @@ def test_elastic_resume_uses_every_record_once(
 def test_elastic_state_reaches_live_persistent_workers(mds_dir: Path) -> None:
     old = ReaderConfig.build(world_size=2, pack_size=4, window=3, seed=2)
     saver = PackLoader(_dataset("mds", mds_dir, old, 0))
-    _take(saver, 4)
+    take(saver, 4)
     state = saver.state_dict()
     config = old.resized(3, 1)
     dataset = _dataset("mds", mds_dir, config, 1)

@@ -9,13 +9,11 @@ never twice by one node when the cache holds the working set.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from bench_downloads import run_benchmark
+from bcl_bench.downloads import run_benchmark
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

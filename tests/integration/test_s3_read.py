@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from resume_harness import run_test_save_load_state
 
 from bcl_stream.cli import main
 from bcl_stream.epoch.plan import ReaderConfig
@@ -40,14 +41,8 @@ def test_mds_from_s3_with_workers_and_resume(moto_s3, dataset_writers, tmp_path:
     assert ids(loader) == plan
     assert len(list((tmp_path / "cache").glob("shard.*.mds"))) > 1  # shards came from S3
     # Resume mid-epoch, from the same process's live dataset (one per cache dir).
-    first = PackLoader(dataset)
-    it = iter(first)
-    head = [[int(s["sample_id"]) for s in next(it)] for _ in range(5)]
-    state = json.loads(json.dumps(first.state_dict()))
-    del it
-    resumed = PackLoader(dataset)
-    resumed.load_state_dict(state)
-    assert head + ids(resumed) == plan
+    reference = [[tuple(p) for p in plan]]
+    run_test_save_load_state(lambda: PackLoader(dataset), 1, [5], reference=reference)
 
 
 def test_wds_from_s3_via_cli(  # type: ignore[no-untyped-def]

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from pack_oracles import check_every_record_once
 from sft_records import VOCAB, records, trained_positions, write_sft_mds
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -88,7 +89,8 @@ def test_ddp_accumulated_step_equals_one_process_on_the_whole_step(
     batches = [json.loads((tmp_path / f"batches_rank{r}.json").read_text()) for r in range(2)]
     assert [len(b) for b in batches] == [2, 2]  # accumulation 2, one optimizer step
     ids = [i for rank in batches for b in rank for i in b["sample_ids"]]
-    assert len(ids) == len(set(ids)) == 8
+    check_every_record_once(ids)
+    assert len(ids) == 8
     step = [recs[i] for i in ids]
     want_tokens = sum(trained_positions(r, max_seq_len).size for r in step)
     assert sum(b["loss_tokens"] for rank in batches for b in rank) == want_tokens

@@ -17,7 +17,7 @@ from lightning_scripts.harness import SaveAtSteps, tiny_config
 pytestmark = pytest.mark.slow
 
 
-def test_9_pack_log_has_each_step_once_after_a_resume(mds_dir: Path, tmp_path: Path) -> None:
+def test_pack_log_has_each_step_once_after_a_resume(mds_dir: Path, tmp_path: Path) -> None:
     """A run logs steps 0-5 and checkpoints at 3; resumed from there into the same log
     (``fresh=False``, the default), steps 3-5 are not there twice."""
     import lightning.pytorch as pl
@@ -45,7 +45,7 @@ def test_9_pack_log_has_each_step_once_after_a_resume(mds_dir: Path, tmp_path: P
     assert [x["sample_ids"] for x in after] == [x["sample_ids"] for x in first]
 
 
-def test_9_datamodule_and_plan_name_the_same_epoch(mds_dir: Path) -> None:
+def test_datamodule_and_plan_name_the_same_epoch(mds_dir: Path) -> None:
     from bcl_stream.errors import PlanError
     from lightning_module import BCLDataModule
 
@@ -61,7 +61,7 @@ def test_9_datamodule_and_plan_name_the_same_epoch(mds_dir: Path) -> None:
     assert said in plan.stderr  # the same words after the path (the fix names its options)
 
 
-def test_9_progress_bars_show_their_total(mds_dir: Path, tmp_path: Path) -> None:
+def test_progress_bars_show_their_total(mds_dir: Path, tmp_path: Path) -> None:
     data = tmp_path / "a.jsonl"
     data.write_text("".join(json.dumps({"text": f"record {i} " * 20}) + "\n" for i in range(50)))
     pre = bcl_stream_cli("preprocess", str(data), "--output", str(tmp_path / "out"))
@@ -77,7 +77,7 @@ def test_9_progress_bars_show_their_total(mds_dir: Path, tmp_path: Path) -> None
     assert "annotate: 100%" in ann.stderr and "300/300" in ann.stderr  # records, known
 
 
-def test_9_a_shard_file_given_as_dir_is_named_so(mds_dir: Path) -> None:
+def test_a_shard_file_given_as_dir_is_named_so(mds_dir: Path) -> None:
     entry = json.loads((mds_dir / "index.json").read_text())["shards"][0]
     shard = mds_dir / entry["raw_data"]["basename"]
     proc = bcl_stream_cli(

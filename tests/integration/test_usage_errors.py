@@ -133,7 +133,7 @@ def cases(data: Path, tmp: Path) -> dict[str, tuple[str, str, list[str], str]]:
         "fit_missing_model",
     ],
 )
-def test_8_usage_error_before_heavy_imports(name: str, mds_dir: Path, tmp_path: Path) -> None:
+def test_usage_error_before_heavy_imports(name: str, mds_dir: Path, tmp_path: Path) -> None:
     module, function, argv, expected = cases(mds_dir, tmp_path)[name]
     result = probe(module, function, argv)
     assert result["code"] == 2, result
@@ -143,13 +143,13 @@ def test_8_usage_error_before_heavy_imports(name: str, mds_dir: Path, tmp_path: 
     assert result["heavy"] == [], f"{name} imported {result['heavy']} before its error"
 
 
-def test_8_the_probe_sees_heavy_imports(mds_dir: Path) -> None:
+def test_the_probe_sees_heavy_imports(mds_dir: Path) -> None:
     """The probe can fail: a successful ``read`` does import torch and streaming."""
     result = probe("bcl_stream.cli", "main", ["read", str(mds_dir), *PLAN, "--rank", "0"])
     assert result["code"] == 0 and {"torch", "streaming"} <= set(result["heavy"])
 
 
-def test_9_failed_preprocess_leaves_no_empty_output(tmp_path: Path) -> None:
+def test_failed_preprocess_leaves_no_empty_output(tmp_path: Path) -> None:
     from cli_process import bcl_stream_cli
 
     bad = tmp_path / "bad.jsonl"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from lightning_scripts.harness import lightning_cli, tiny_config, tiny_fit_config
+from pack_oracles import check_every_record_once
 
 pytestmark = pytest.mark.slow
 
@@ -65,9 +66,7 @@ def seen(tmp: Path, rank: int) -> list[dict]:  # type: ignore[type-arg]
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_6_fit_with_validation_on_two_ddp_ranks(
-    mds_dir: Path, val_dir: Path, tmp_path: Path
-) -> None:
+def test_fit_with_validation_on_two_ddp_ranks(mds_dir: Path, val_dir: Path, tmp_path: Path) -> None:
     config = write_config(tmp_path, mds_dir, {"val_data": str(val_dir)})
     proc = lightning_cli(ROOT, "fit", "--config", str(config), cwd=tmp_path, path=[tmp_path])
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -77,15 +76,14 @@ def test_6_fit_with_validation_on_two_ddp_ranks(
     for p in passes:
         steps = [[line["ids"] for line in rank if line["pass"] == p] for rank in ranks]
         assert len(steps[0]) == len(steps[1]) > 0  # the same step count on both ranks
-        ids = [i for rank in steps for pack in rank for i in pack]
-        assert sorted(ids) == list(range(VAL_RECORDS))  # every record once across ranks
+        check_every_record_once(steps, VAL_RECORDS, what=f"validation pass {p}, both ranks")
         assert all(1 <= len(pack) <= PACK for rank in steps for pack in rank)
     for rank in range(2):  # training still gets exactly B records per step
         lines = (tmp_path / "logs" / f"packs_rank{rank}.jsonl").read_text().splitlines()
         assert [len(json.loads(x)["sample_ids"]) for x in lines] == [PACK] * 4
 
 
-def test_6_val_streams_give_one_loader_per_stream(
+def test_val_streams_give_one_loader_per_stream(
     mds_dir: Path, val_dir: Path, tmp_path: Path
 ) -> None:
     """In process, one rank: each stream is its own loader, read whole (weights ignored)."""
@@ -103,14 +101,15 @@ def test_6_val_streams_give_one_loader_per_stream(
     for loader, records in zip(loaders, (VAL_RECORDS, 300), strict=True):
         batches = list(loader)
         assert len(batches) == len(loader)
-        ids = sorted(int(i) for b in batches for i in b["sample_ids"])
-        assert ids == list(range(records))
+        check_every_record_once([b["sample_ids"] for b in batches], records)
     from lightning.pytorch.utilities.model_helpers import is_overridden
 
     assert not is_overridden("test_dataloader", module)  # no test data: no hook for Lightning
 
 
-def test_6_test_pass_with_balanced_packing(mds_dir: Path, val_dir: Path, tmp_path: Path) -> None:
+def test_a_test_pass_with_balanced_packing_reads_every_record_once(
+    mds_dir: Path, val_dir: Path, tmp_path: Path
+) -> None:
     import lightning.pytorch as pl
 
     from lightning_module import BCLDataModule
@@ -132,7 +131,7 @@ def test_6_test_pass_with_balanced_packing(mds_dir: Path, val_dir: Path, tmp_pat
         enable_model_summary=False, enable_checkpointing=False,
     )  # fmt: skip
     result = trainer.test(Recording(tiny_config()), module)
-    assert sorted(i for pack in got for i in pack) == list(range(VAL_RECORDS))
+    check_every_record_once(got, VAL_RECORDS)
     assert result and "test_loss" in result[0]
     costs = __import__("numpy").load(val_dir / "bcl_costs.npy")["cost"]
     firsts = [costs[pack].max() for pack in got]

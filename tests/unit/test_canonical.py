@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from pack_oracles import check_every_record_once
 
 from bcl_stream.cost import get_preset
 from bcl_stream.epoch.canonical import canonical_plan
@@ -67,7 +68,7 @@ def test_steps_are_the_plan_for_v_ranks_at_every_size(
         got = full_plan(INDEX, cfg, 0).plan.packs
         assert got.shape == (r, used.shape[1] * V // r, 4)
         assert steps_of(got, grad_accum * V // r) == want, f"R={r}"
-        assert sorted(got.ravel().tolist()) == sorted(used.ravel().tolist())
+        check_every_record_once(got, used, what=f"R={r}")
         plan = canonical_plan(INDEX, cfg, 0)
         assert plan.remainder_counts() == full_plan(INDEX, plain, 0).remainder_counts()
         for s in (0, plan.n_steps - 1):

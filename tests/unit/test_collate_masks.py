@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from sft_records import span_pack
 from transformers import DataCollatorWithFlattening
 
 from bcl_stream.epoch.loss_tokens import STEP_LOSS_TOKENS
@@ -25,14 +26,7 @@ RECORDS = [
 
 
 def make_pack(records: list[tuple[int, list[int] | None]], seed: int = 0) -> list[dict]:  # type: ignore[type-arg]
-    rng = np.random.default_rng(seed)
-    pack = []
-    for i, (n, spans) in enumerate(records):
-        record = {"input_ids": rng.integers(1, 5000, size=n).astype(np.uint32), "sample_id": i}
-        if spans is not None:
-            record["loss_spans"] = np.asarray(spans, dtype=np.uint32)
-        pack.append(record)
-    return pack
+    return span_pack(records, vocab=5000, low=1, seed=seed)
 
 
 def expected_targets(n: int, spans: list[int] | None) -> list[int]:

@@ -1,4 +1,4 @@
-"""tools/corpora.py: profiles are seeded, capped, positive int64; the stdlib builder writes valid
+"""bcl_bench/corpora.py: profiles are seeded, capped, positive int64; the stdlib builder writes valid
 chat records in a deterministic order and names the files it cannot parse."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tool_modules import load_tool
 
-corpora = load_tool("corpora")
+from bcl_bench import corpora
+from tools import corpora as corpora_cli
 
 
 def test_registry_has_at_least_13_documented_profiles() -> None:
@@ -119,6 +119,7 @@ def test_stdlib_lengths_counts_chat_tokens_and_caches(tmp_path: Path) -> None:
 def test_cli_writes_a_profile_npy(tmp_path: Path) -> None:
     out = tmp_path / "l.npy"
     assert (
-        corpora.main(["--profile", "alpaca", "--n", "100", "--seed", "1", "--out", str(out)]) == 0
+        corpora_cli.main(["--profile", "alpaca", "--n", "100", "--seed", "1", "--out", str(out)])
+        == 0
     )
     assert np.array_equal(np.load(out), corpora.PROFILES["alpaca"](100, 1))

@@ -14,7 +14,7 @@ import pytest
 from bcl_stream.errors import DEBUG_ENV, DatasetError, debug_requested, report
 
 ROOT = Path(__file__).resolve().parents[2]
-CHECKED = ("bcl_stream", "lightning_module", "tools")
+CHECKED = ("bcl_stream", "lightning_module", "bcl_bench", "tools")
 
 ALLOWED_FROM_NONE: dict[str, str] = {}
 """``"path:line" -> why`` for a ``from None`` that must stay. Empty: hiding a cause has never

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pack_oracles import check_every_record_once
 
 from bcl_stream.epoch.eval_plan import EvalPlan
 from bcl_stream.errors import PlanError
@@ -38,7 +39,7 @@ def test_every_record_once_equal_pack_counts(
         assert sum(b.shape[0] for _, b in batches) == plan.n_packs
         assert [p.tolist() for _, b in batches for p in b] == [p.tolist() for p in packs]
         ids += [int(i) for p in packs for i in p]
-    assert sorted(ids) == list(range(n))
+    check_every_record_once(ids, n)
     assert plan.remainder_counts() == {}
 
 

@@ -3,16 +3,11 @@ timings of the two layouts compare the same work, and its batches label the righ
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-
-from gpu_llama import TINY, Llama, make_batch
+from bcl_bench.gpu_llama import TINY, Llama, make_batch
 
 CPU = torch.device("cpu")
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from sft_records import span_pack
 
 from bcl_stream.loading.collate import collate_packed, collate_padded
 from lightning_module.hf_causal_lm import HFCausalLM, has_weights
@@ -23,14 +24,7 @@ def tiny_model_dir(root: Path) -> Path:
 
 
 def make_pack(seed: int = 0) -> list[dict]:  # type: ignore[type-arg]
-    rng = np.random.default_rng(seed)
-    pack = []
-    for i, (n, spans) in enumerate(RECORDS):
-        record = {"input_ids": rng.integers(0, 96, size=n).astype(np.uint32), "sample_id": i}
-        if spans is not None:
-            record["loss_spans"] = np.asarray(spans, dtype=np.uint32)
-        pack.append(record)
-    return pack
+    return span_pack(RECORDS, vocab=96, seed=seed)
 
 
 def alone(module: HFCausalLM, pack: list[dict]) -> tuple[float, int]:  # type: ignore[type-arg]

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pack_oracles import check_every_record_once
 
 from bcl_stream.peers import Pool, plan_pooled
 from bcl_stream.peers.hf import (
@@ -115,8 +116,7 @@ def test_every_step_holds_the_effective_batch_and_every_record_once(
     tok = np.minimum(rng.lognormal(5.0, 1.3, n).astype(np.int64) + 1, 8192)
     order = rng.permutation(n)
     bins, left = plan_pooled("hf_rebalance", Pool(order, tok, r, b, g), int(tok.max()))
-    emitted = [int(i) for rank in bins for mb in rank for i in mb]
-    assert sorted(emitted + left["epoch_tail"].tolist()) == list(range(n))
+    check_every_record_once(bins, n, left_out=left["epoch_tail"])
     assert all(len(rank) == g * steps for rank in bins)  # collectives never hang
     assert all(mb.size >= 1 for rank in bins for mb in rank)
     per_step = [

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pack_oracles import check_every_record_once
 from shard_tables import lognormal_lengths, table_for
 
 from bcl_stream.errors import PlanError
@@ -25,9 +26,7 @@ def plan(costs, config: PlanConfig, tokens=None, *, seed: int = 0, epoch: int = 
 
 
 def check_accounting(plan, n: int) -> None:
-    emitted = plan.packs.ravel()
-    left = np.concatenate([ids for ids in plan.remainder.values()] or [np.empty(0, np.int64)])
-    assert sorted(np.concatenate([emitted, left]).tolist()) == list(range(n))
+    check_every_record_once(plan.packs, n, left_out=plan.remainder)
 
 
 configs = st.builds(
@@ -121,7 +120,7 @@ def test_memory_cap_excludes_outliers_and_bounds_every_pack() -> None:
     cap = 12000
     config = PlanConfig(world_size=4, pack_size=4, window=8, max_tokens=25000, scope="rank")
     result = plan(tok, config, tok)
-    assert sorted(result.remainder[REASON_TOO_LONG].tolist()) == list(range(7))
+    check_every_record_once(result.remainder[REASON_TOO_LONG], 7)
     check_accounting(result, tok.size)
     tok[:7] = 100
     capped = PlanConfig(world_size=4, pack_size=4, window=8, max_tokens=cap)
@@ -186,11 +185,10 @@ def test_partition_is_a_permutation_of_each_window(
     costs = np.random.default_rng(seed).exponential(size=(windows, m * b))
     out = algorithm(costs, m)
     assert out.shape == (windows, m, b)
-    for w in range(windows):
-        assert sorted(out[w].ravel().tolist()) == list(range(m * b))
     refined = partition(costs, m, "lpt", refine=8)
     for w in range(windows):
-        assert sorted(refined[w].ravel().tolist()) == list(range(m * b))
+        check_every_record_once(out[w], m * b, what=f"window {w}")
+        check_every_record_once(refined[w], m * b, what=f"window {w}, refined")
 
 
 def test_refinement_never_worsens_the_spread() -> None:
@@ -210,7 +208,7 @@ def test_refinement_never_worsens_the_spread() -> None:
 def test_mffd_packs_every_item_once_within_capacity(sizes: list[int], capacity: int) -> None:
     arr = np.array(sizes, dtype=np.int64)
     bins = mffd(arr, capacity)
-    assert sorted(i for b in bins for i in b) == list(range(len(sizes)))
+    check_every_record_once(bins, len(sizes))
     assert all(arr[b].sum() <= capacity for b in bins)
     # MFFD's bound: at most 71/60 OPT + 1 bins, and OPT >= ceil(sum / capacity).
     assert len(bins) <= 71 / 60 * max(1, -(-arr.sum() // capacity)) * 2 + 1
@@ -222,8 +220,7 @@ def test_pooled_mffd_split_gives_every_rank_the_same_bin_count_and_loses_nothing
     pool = Pool(order, tok, 8, 8, 4)
     bins, left = pooled_mffd_split(pool, capacity=int(8 * tok.mean()) + 8192)
     assert len({len(b) for b in bins}) == 1
-    ids = np.concatenate([np.concatenate(b) for b in bins] + list(left.values()))
-    assert sorted(ids.tolist()) == list(range(tok.size))
+    check_every_record_once(bins, tok.size, left_out=left)
 
 
 @settings(max_examples=100, deadline=None)
@@ -241,7 +238,7 @@ def test_hold_back_emits_carry_in_and_new_records_exactly_once(
     windows, out = hold_back(new, carried, costs, hold, target=float(costs.mean() * m))
     assert windows.shape == (rows, n, carry_in + m - hold) and out.shape == (rows, hold)
     for r in range(rows):
-        assert sorted(np.concatenate([windows[r].ravel(), out[r]]).tolist()) == ids[r].tolist()
+        check_every_record_once(windows[r], ids[r], left_out=out[r])
 
 
 def test_carry_over_brings_rank_windows_closer_than_no_carry() -> None:
@@ -283,7 +280,7 @@ def test_step_fill_never_raises_the_sum_of_step_maxima(
 
     assert np.all(step_time(filled) <= step_time(first) + 1e-9)
     for w in range(3):
-        assert sorted(filled[w].ravel().tolist()) == list(range(group * steps * b))
+        check_every_record_once(filled[w], group * steps * b, what=f"window {w}")
 
 
 def test_step_fill_lowers_step_time_on_a_heavy_tail() -> None:

@@ -3,10 +3,13 @@ plans equal to the whole-epoch plan, the sync-step rank order and the end-of-epo
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pack_oracles import check_every_record_once
 from shard_tables import table_for
 
 from bcl_stream.planner import (
@@ -45,7 +48,7 @@ def test_every_shard_goes_to_exactly_one_node(
     table = ShardTable.build(counts, weight=np.random.default_rng(seed).exponential(size=shards))
     dealt = deal_shards(table, nodes, seed, 0, shuffle=shuffle)
     assert len(dealt) == nodes
-    assert sorted(np.concatenate(dealt).tolist()) == list(range(shards))
+    check_every_record_once(dealt, shards)  # every shard to one node
     if shuffle and shards:
         sizes = [d.size for d in dealt]
         assert max(sizes) - min(sizes) <= 1  # one shard per node per row
@@ -67,7 +70,7 @@ def test_stratified_permutation_is_a_permutation(n: int, unit: int, seed: int) -
     ids = np.arange(n, dtype=np.int64) * 3 + 7
     costs = np.random.default_rng(seed).pareto(1.2, n)
     out = stratified_permutation(ids, costs, unit, np.random.default_rng(seed))
-    assert sorted(out.tolist()) == ids.tolist()
+    check_every_record_once(out, ids)
 
 
 def test_stratified_units_carry_equal_cost() -> None:
@@ -147,6 +150,11 @@ def test_a_node_with_no_shard_of_its_own_still_gets_records() -> None:
     assert plan.n_packs == 4
 
 
+def nodes_of_three(nodes: int, scope: str, **knobs: Any) -> PlanConfig:
+    """``nodes`` nodes of 3 ranks each, packs of 4 records, planned at ``scope``."""
+    return PlanConfig(world_size=3 * nodes, ranks_per_node=3, pack_size=4, scope=scope, **knobs)
+
+
 @pytest.mark.parametrize("scope", ["rank", "node", "world"])
 @pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize("split", [0.0, 0.05, 0.2])
@@ -156,17 +164,10 @@ def test_each_shard_is_read_by_one_node_but_for_the_cut_budget(
     tok = corpus(48_000, ordered=True)
     costs = tok.astype(float) ** 2  # sorted and quadratic: the last shards are lumps
     table = table_for(costs, 1500)  # 32 shards, 8 per node
-    config = PlanConfig(
-        world_size=12,
-        ranks_per_node=3,
-        pack_size=4,
-        window=4,
-        scope=scope,
-        shuffle=shuffle,
-        split_shards=split,
-        shard_group=4,  # 8 shards per node: two groups, so locality is kept
-        world_row=3,  # rows of one node (rows of several: tests/unit/test_world_rows.py)
-    )
+    # 8 shards per node in groups of 4: two groups, so locality is kept; rows of one node
+    # (rows of several: tests/unit/test_world_rows.py).
+    config = nodes_of_three(4, scope, window=4, shuffle=shuffle, split_shards=split,
+                            shard_group=4, world_row=3)  # fmt: skip
     plan = plan_epoch(costs, table, config, seed=5)
     shard_of = np.searchsorted(np.cumsum(table.counts), plan.packs, side="right")
     nodes_per_shard: dict[int, set[int]] = {}
@@ -211,16 +212,8 @@ def test_windowed_plan_equals_the_whole_epoch_plan(
 ) -> None:
     tok = corpus(6000, seed)
     costs = tok.astype(float) ** 1.3
-    config = PlanConfig(
-        world_size=6,
-        ranks_per_node=3,
-        pack_size=4,
-        window=6,
-        scope=scope,
-        carry=carry,
-        max_tokens=max_tokens,
-        grad_accum=2,
-        carry_span=span,
+    config = nodes_of_three(
+        2, scope, window=6, carry=carry, max_tokens=max_tokens, grad_accum=2, carry_span=span
     )
     table = table_for(costs, 700)
     whole = plan_epoch(costs, table, config, seed=seed, tokens=tok).packs
@@ -255,7 +248,7 @@ def test_group_order_is_a_pure_function_of_seed_and_epoch() -> None:
     every = np.arange(len(a))
     assert np.array_equal(a.take(every), b.take(every))
     assert not np.array_equal(a.take(every), c.take(every))
-    assert sorted(a.take(every).tolist()) == list(range(20_000))
+    check_every_record_once(a.take(every), 20_000)
 
 
 def test_grad_accum_balances_per_step_sums_without_changing_microbatches() -> None:

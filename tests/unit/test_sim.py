@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from shard_tables import lognormal_lengths
-from tool_modules import load_tool
 
+from bcl_bench import scores as balance_scores
 from bcl_stream.analysis.metrics import Metrics, imbalance_sq, metrics_from_costs
 from bcl_stream.analysis.sim import (
     STRATEGIES,
@@ -311,7 +311,7 @@ def test_cli_bad_lengths_as_a_real_process_has_no_traceback(tmp_path: Path) -> N
 def test_bench_speedup_is_time_per_unit_cost_and_cv_reduction_is_vs_sequential() -> None:
     from bcl_stream.analysis.sim import Schedule
 
-    bench = load_tool("bench_balance")
+    bench = balance_scores
     assert bench.ACCUM == 4
     # sequential: per micro-batch T = 3+2+3+2 = 10 for 16 cost units; per step rank sums [6, 10].
     seq = Schedule(np.array([[1.0, 2, 1, 2], [3, 2, 3, 2]]), 8, 0)

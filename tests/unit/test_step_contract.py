@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pack_oracles import check_every_record_once
 
 from bcl_stream.analysis.sim import SimConfig, schedules, simulate
 from bcl_stream.cost import get_preset
@@ -29,7 +30,7 @@ def test_a_step_is_re_cut_into_g_micro_batches_of_its_own_records(
     rng = np.random.default_rng(seed)
     costs = np.round(rng.lognormal(3, 1.2, g * b), 1)
     positions, sizes = recut_step(costs, g, layout)
-    assert sorted(positions.tolist()) == list(range(g * b))  # every record once
+    check_every_record_once(positions, g * b)
     assert sizes.size == g and sizes.min() >= 1 and sizes.sum() == g * b
     parts = np.split(costs[positions], np.cumsum(sizes)[:-1])
     cut = [float(pack_cost(p, layout)) for p in parts]
@@ -67,8 +68,8 @@ def test_a_short_last_step_keeps_its_pack_count() -> None:
     costs = np.linspace(1, 3, 15)
     out = node_micro_batches(packs[None], costs, 2, "padded", 1)[0]
     assert len(out) == 5
-    assert sorted(np.concatenate(out[4:]).tolist()) == [12, 13, 14]
-    assert sorted(np.concatenate(out[:2]).tolist()) == list(range(6))
+    check_every_record_once(out[4:], [12, 13, 14])
+    check_every_record_once(out[:2], 6)
 
 
 def test_a_node_step_is_dealt_in_snake_order_of_cost() -> None:
@@ -105,10 +106,10 @@ def test_simulated_step_contract_keeps_g_times_b_per_rank_and_step() -> None:
                 step = np.concatenate(rank[k : k + 4]).tolist()
                 assert len(step) == min(4, len(rank) - k) * 4  # G*B records per step
                 if name == "bcl-rank":  # its own records; node/world: dealt within the node
-                    assert sorted(step) == sorted(base[r, k : k + 4].ravel().tolist())
+                    check_every_record_once(step, base[r, k : k + 4], what=f"{name} r{r}")
         for k in range(0, base.shape[1], 4):  # the node's step holds the plan's records
             step = [i for rank in s.packs for mb in rank[k : k + 4] for i in mb.tolist()]
-            assert sorted(step) == sorted(base[:, k : k + 4].ravel().tolist())
+            check_every_record_once(step, base[:, k : k + 4], what=f"{name} step {k // 4}")
     scored, before = simulate(tok, model, config), simulate(tok, model, _pack(config))
     for name in ("bcl-rank", "bcl-world"):  # the padded layout gains from varying sizes
         assert scored[name].time < before[name].time

@@ -35,7 +35,7 @@ import pytest
 from bcl_stream.io import streaming_compat as compat
 
 ROOT = Path(__file__).resolve().parents[2]
-FOLDERS = ("bcl_stream", "lightning_module", "tools")
+FOLDERS = ("bcl_stream", "lightning_module", "bcl_bench", "tools")
 COMPAT = "bcl_stream/io/streaming_compat.py"
 LIBRARIES = ("streaming", "webdataset")
 KNOWN_PRIVATE = frozenset(

@@ -1,4 +1,4 @@
-"""tools/text_corpora.py: the benchmark's real corpora keep their write order, mixtures are
+"""bcl_bench/text_corpora.py: the benchmark's real corpora keep their write order, mixtures are
 written source by source, the tuning and held-out sets are disjoint, and the text builders
 count tokens of the files they are given (on small planted files, not the machine's)."""
 
@@ -9,10 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tool_modules import load_tool
 
-load_tool("corpora")
-text_corpora = load_tool("text_corpora")
+from bcl_bench import text_corpora
 
 
 @pytest.fixture

@@ -4,6 +4,8 @@ under test: hand-worked row widths, plain set and count checks (``pack_oracles``
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from pack_oracles import balance_efficiency, check_epoch
@@ -11,6 +13,13 @@ from shard_tables import table_for
 
 from bcl_stream.analysis.displacement import displacement_steps
 from bcl_stream.planner import PlanConfig, build_node_streams, plan_epoch, plan_windows
+
+
+def layout(nodes: int, per_node: int, scope: str = "world", **knobs: Any) -> PlanConfig:
+    """``nodes`` x ``per_node`` ranks, packs of 4 records, ``scope`` world unless said."""
+    return PlanConfig(
+        world_size=nodes * per_node, ranks_per_node=per_node, pack_size=4, scope=scope, **knobs
+    )
 
 
 def ordered_heavy(n: int, seed: int = 0) -> np.ndarray:
@@ -39,15 +48,7 @@ def ordered_heavy(n: int, seed: int = 0) -> np.ndarray:
 def test_row_width(
     nodes: int, per_node: int, world_row: int, budget: float, scope: str, row_nodes: int
 ) -> None:
-    config = PlanConfig(
-        world_size=nodes * per_node,
-        ranks_per_node=per_node,
-        pack_size=4,
-        window=2,
-        scope=scope,
-        world_row=world_row,
-        max_amplification=budget,
-    )
+    config = layout(nodes, per_node, scope, window=2, world_row=world_row, max_amplification=budget)
     assert config.row_nodes == row_nodes
     assert config.n_rows * config.row_ranks == config.world_size
     if scope == "world":
@@ -68,14 +69,7 @@ def test_row_width(
 def test_rows_widen_where_nodes_hold_little_data(
     nodes: int, per_node: int, shards: int, budget: float, row_nodes: int
 ) -> None:
-    config = PlanConfig(
-        world_size=nodes * per_node,
-        ranks_per_node=per_node,
-        pack_size=4,
-        window=2,
-        scope="world",
-        max_amplification=budget,
-    )
+    config = layout(nodes, per_node, window=2, max_amplification=budget)
     planned = config.rows_for(shards)
     assert planned.row_nodes == row_nodes
     assert planned.rows_for(shards) == planned  # resolving twice changes nothing
@@ -96,15 +90,7 @@ def test_world_rows_yield_every_record_once_in_exact_packs(
 ) -> None:
     costs = ordered_heavy(40_000, seed=nodes)
     table = table_for(costs, 400)
-    config = PlanConfig(
-        world_size=nodes * per_node,
-        ranks_per_node=per_node,
-        pack_size=4,
-        window=4,
-        scope="world",
-        lane=lane,
-        shard_group=8,
-    )
+    config = layout(nodes, per_node, window=4, lane=lane, shard_group=8)
     plan = plan_epoch(costs, table, config, seed=3)
     left = sum(ids.size for ids in plan.remainder.values())
     check_epoch(plan.packs.tolist(), costs.size, 4, left)
@@ -119,15 +105,7 @@ def test_a_row_reads_only_its_own_shards(nodes: int, per_node: int) -> None:
     read disjoint shards (no cut here: every stream holds two groups or more)."""
     costs = ordered_heavy(48_000, seed=1)
     table = table_for(costs, 250)  # 192 shards
-    config = PlanConfig(
-        world_size=nodes * per_node,
-        ranks_per_node=per_node,
-        pack_size=4,
-        window=4,
-        scope="world",
-        shard_group=4,
-        split_shards=0.0,
-    )
+    config = layout(nodes, per_node, window=4, shard_group=4, split_shards=0.0)
     plan = plan_epoch(costs, table, config, seed=2)
     config = build_node_streams(costs, table, config, seed=2, epoch=0).config  # rows planned
     shard_of = np.searchsorted(np.cumsum(table.counts), plan.packs, side="right")
@@ -154,18 +132,10 @@ def test_a_reader_plans_its_row_alone_and_resumes_anywhere(
     any window, gets the uninterrupted packs."""
     costs = ordered_heavy(36_000, seed=7)
     table = table_for(costs, 300)
-    config = PlanConfig(
-        world_size=nodes * per_node,
-        ranks_per_node=per_node,
-        pack_size=4,
-        window=3,
-        scope="world",
-        carry=carry,
-        carry_span=4,
-        lane=4,
-        world_row=4,
+    config = layout(
+        nodes, per_node, window=3, carry=carry, carry_span=4, lane=4, world_row=4,
         shard_group=4,  # 120 shards: every row of 4 ranks holds two groups
-    )
+    )  # fmt: skip
     whole = plan_epoch(costs, table, config)
     streams = build_node_streams(costs, table, config, seed=0, epoch=0)
     config = streams.config  # the rows planned

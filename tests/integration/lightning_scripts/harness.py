@@ -1,5 +1,6 @@
 """Shared by the Lightning/Fabric/DDP tests and their subprocess scripts: a tiny TinyGPT, a
-Trainer factory, and the comparison of pack logs (resumed output == uninterrupted output).
+Trainer factory, and the pack logs as (step, epoch, record ids) per step, which the tests
+compare through ``tests/resume_harness.py`` (resumed output == uninterrupted output).
 
 Kept free of pytest so subprocess scripts can import it.
 """
@@ -90,11 +91,6 @@ def pack_log(workdir: Path, rank: int = 0, log_dir: str = "logs") -> list[dict[s
 def packs_by_step(log: list[dict[str, Any]]) -> list[tuple[int, int, list[int]]]:
     """(step, epoch, sample_ids) per logged batch, in order."""
     return [(line["step"], line["epoch"], line["sample_ids"]) for line in log]
-
-
-def tail_from(log: list[dict[str, Any]], step: int) -> list[tuple[int, int, list[int]]]:
-    """The uninterrupted run's batches from ``step`` on (what a resume at ``step`` must yield)."""
-    return [entry for entry in packs_by_step(log) if entry[0] >= step]
 
 
 def cli_run_config(base: Path, tmp: Path, name: str, every: int, data: dict[str, Any]) -> Path:

@@ -32,7 +32,14 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-from corpora import CACHE_DIR, TOKENIZERS, _functions, sitepackages_lengths, stdlib_lengths
+
+from bcl_bench.corpora import (
+    CACHE_DIR,
+    TOKENIZERS,
+    _functions,
+    sitepackages_lengths,
+    stdlib_lengths,
+)
 
 Lengths = npt.NDArray[np.int64]
 MAN_ROOT = Path("/usr/share/man")

@@ -1,7 +1,7 @@
 """What canonical ranks cost in balance: a plan for V canonical ranks run on R = V, V/2, V/4
 physical ranks, against planning for R directly (``tools/bench_elastic.py --canonical``).
 
-Per corpus (``tools/text_corpora.py``: real corpora in write order, the five the defaults were
+Per corpus (``bcl_bench/text_corpora.py``: real corpora in write order, the five the defaults were
 chosen on and the five held out) and per canonical layout, scope ``world``, B=8, W=16, a
 canonical rank's accumulation G_c=4 (so R ranks accumulate G_c*V/R: the global batch is the
 same V*G_c packs at every R), llama3-8b costs, shards of 4096 records:
@@ -23,15 +23,21 @@ once per optimizer step (DDP ``no_sync``). At R = V canonical and direct are the
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bcl_bench import text_corpora
+from bcl_bench.harness import write_result
+from bcl_stream.analysis.metrics import metrics_from_costs
+from bcl_stream.analysis.sim import locality, shard_table
+from bcl_stream.cost import get_preset
+from bcl_stream.planner import PlanConfig
+from bcl_stream.planner.bcl import plan_epoch
+from bcl_stream.planner.canonical import deal_step, physical_packs
+from bcl_stream.planner.padded import ragged_pack_costs
 
 PACK, WINDOW, G_C, CAP, SHARD = 8, 16, 4, 8192, 4096
 LAYOUTS = ((4, 8), (16, 1))
@@ -45,10 +51,6 @@ def efficiencies(
 ) -> dict[str, float]:
     """(R, n, B) packs -> efficiency synchronizing every micro-batch and every step, and the
     download amplification of the physical nodes (``analysis.sim.locality``)."""
-    from bcl_stream.analysis.metrics import metrics_from_costs
-    from bcl_stream.analysis.sim import locality
-    from bcl_stream.planner.padded import ragged_pack_costs
-
     c = ragged_pack_costs(packs, costs, "packed")
     used = int(packs.size)
     micro = metrics_from_costs(c, used, 0).efficiency
@@ -63,8 +65,6 @@ def efficiencies(
 
 def global_deal(packs: np.ndarray, costs: np.ndarray, ranks: int, accum: int) -> np.ndarray:
     """``bound_no_locality``: (V, n, B) -> (R, n*V/R, B), each step's packs over all ranks."""
-    from bcl_stream.planner.canonical import deal_step
-
     v, n, size = packs.shape
     out = np.empty((ranks, n * (v // ranks), size), dtype=np.int64)
     for s in range(0, n, accum):
@@ -77,18 +77,10 @@ def run_corpus(
     name: str, n: int, layouts: tuple[tuple[int, int], ...] = LAYOUTS
 ) -> list[dict[str, Any]]:
     """One row per (canonical layout, physical size) of corpus ``name`` at ``n`` records."""
-    import text_corpora
-
-    from bcl_stream.analysis.sim import shard_table
-    from bcl_stream.cost import get_preset
-    from bcl_stream.planner import PlanConfig
-    from bcl_stream.planner.bcl import plan_epoch
-    from bcl_stream.planner.canonical import physical_packs
-
     tokens = text_corpora.build(name, n, CAP)
     costs = get_preset("llama3-8b").cost(tokens).astype(np.float64)
     table = shard_table(tokens, costs, SHARD)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for nodes, per_node in layouts:
         v = nodes * per_node
 
@@ -199,21 +191,16 @@ def plot(result: dict[str, Any], out: Path) -> None:
     fig.savefig(out, dpi=110)
 
 
-def main(
+def run(
     records: int,
     corpora: list[str] | None,
     out: Path,
     layouts: tuple[tuple[int, int], ...] = LAYOUTS,
 ) -> int:
-    import platform
-
-    import text_corpora
-    from result_files import write_result
-
     rows: list[dict[str, Any]] = []
     for name in corpora or list(text_corpora.NAMES):
         rows.extend(run_corpus(name, records, layouts))
-    result = {
+    result: dict[str, Any] = {
         "setting": {
             "pack_size": PACK,
             "window": WINDOW,
@@ -223,7 +210,6 @@ def main(
             "shard_records": SHARD,
             "record_cap": CAP,
             "layouts": [f"{a}x{b}" for a, b in layouts],
-            "machine": platform.processor() or platform.machine(),
         },
         "target": "canonical within 1 point of direct at R = V, V/2, V/4",
         "summary": summarize(rows),
@@ -239,5 +225,4 @@ def main(
               f"median {s['median']:+.2f} worst {s['worst']:+.2f}; amplification canonical "
               f"{a['median']:.2f} (max {a['max']:.2f}), direct {d['median']:.2f} "
               f"(max {d['max']:.2f})")  # fmt: skip
-    print(f"wrote {out}")
     return 0

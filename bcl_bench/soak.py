@@ -2,7 +2,8 @@
 again in one job, each time resumed from the last complete checkpoint.
 
 Used by ``tests/integration/test_reliability_crash.py`` (one kill, and a 3-kill soak) and by
-``tools/soak.py`` (10 kills, results JSON). Kill moments, drawn from a seed:
+``tools/soak.py`` (10 kills, results JSON); the job's config is ``soak_config``, its slow-down
+callbacks ``soak_callbacks``. Kill moments, drawn from a seed:
 
 - ``step``: once rank 0 has logged a random step after the resume point (mid-epoch, DataLoader
   workers mid-prefetch when the run has workers);
@@ -32,12 +33,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from run_config import write_config
-
+from bcl_bench.harness import ROOT, checkout_env
+from bcl_bench.soak_config import write_config
 from lightning_module.checkpoints import last_complete_checkpoint
 
-REPO = Path(__file__).resolve().parents[3]
-SCRIPTS = Path(__file__).resolve().parent
 KINDS = ("step", "save", "startup")
 
 
@@ -56,17 +55,12 @@ def private_tmpdir() -> Path:
 
 
 def launch(config: Path, tmpdir: Path, *extra: str) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), str(SCRIPTS)]),
-        "OMP_NUM_THREADS": "1",
-        "TMPDIR": str(tmpdir),
-    }
+    env = checkout_env(OMP_NUM_THREADS="1", TMPDIR=str(tmpdir))
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK"):
         env.pop(key, None)
     return subprocess.Popen(
         [sys.executable, "-m", "lightning_module", "fit", "--config", str(config), *extra],
-        cwd=REPO,
+        cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -169,7 +163,12 @@ def soak(
 
     rng = random.Random(seed)
     tmpdir = private_tmpdir()
-    common = {"data": data, "every": every, "workers": workers, "persistent": workers > 0}
+    common: dict[str, Any] = {
+        "data": data,
+        "every": every,
+        "workers": workers,
+        "persistent": workers > 0,
+    }
     steps = len(reference[0])
 
     ckpt_dir = work / "ckpt"

@@ -1,6 +1,7 @@
-"""The LightningCLI config the crash test runs (2 DDP ranks on CPU, tiny TinyGPT), as YAML text.
+"""The LightningCLI config the kill-and-resume soak runs (2 DDP ranks on CPU, tiny TinyGPT),
+as YAML text.
 
-Kept here, not in configs/, because it points at a test's temporary directories.
+Kept here, not in configs/, because it points at the run's temporary directories.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ trainer:
         filename: "{{step}}"
         every_n_train_steps: {every}
         save_top_k: -1
-    - class_path: slow_steps.SlowSteps
+    - class_path: bcl_bench.soak_callbacks.SlowSteps
       init_args:
         seconds: {sleep}
-    - class_path: slow_steps.SlowSave
+    - class_path: bcl_bench.soak_callbacks.SlowSave
       init_args:
         marker_dir: "{markers}"
         seconds: {save_sleep}

@@ -76,7 +76,8 @@ def time_rounds(
     import gc
 
     import torch
-    from gpu_llama import time_step
+
+    from bcl_bench.gpu_llama import time_step
 
     out = Timings({k: [] for k in keys})
     last = time.perf_counter()
@@ -116,7 +117,7 @@ def calibrate_layout(
     layout: str, ctx: dict[str, Any], cfg: dict[str, Any], budget: Budget
 ) -> dict[str, Any]:
     """Time designed packs in one layout and fit c(L); see the module docstring (step 3)."""
-    from gpu_llama import make_batch
+    from bcl_bench.gpu_llama import make_batch
 
     lengths, b = ctx["lengths"], cfg["pack_size"]
     design = CalibrationConfig(
@@ -131,7 +132,9 @@ def calibrate_layout(
     probe = np.full(b, 16, dtype=np.int64)
     rng = np.random.default_rng(cfg["seed"] + 1)
     vocab, device = ctx["shape"].vocab_size, ctx["device"]
-    batches = {i: make_batch(p.tolist(), layout, vocab, device, rng) for i, p in enumerate(packs)}
+    batches: dict[int | str, Any] = {
+        i: make_batch(p.tolist(), layout, vocab, device, rng) for i, p in enumerate(packs)
+    }
     batches["overhead"] = make_batch(probe.tolist(), layout, vocab, device, rng)
     warm_up(list(batches), batches, ctx["step"], 4)
     timings = time_rounds(

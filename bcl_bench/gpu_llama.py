@@ -63,7 +63,7 @@ TINY = LlamaShape(
 """The CPU smoke-test shape: same code, a few milliseconds per pack."""
 
 
-def _varlen() -> Callable[..., torch.Tensor] | None:
+def _varlen() -> Callable[..., Any] | None:
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
@@ -113,8 +113,8 @@ def segments_causal(
     """One causal SDPA per record of a packed (T, heads, hd) batch: cost sum L_i^2."""
     parts = []
     for start, end in bounds:
-        seg = [t[start:end].transpose(0, 1)[None] for t in (q, k, v)]
-        parts.append(F.scaled_dot_product_attention(*seg, is_causal=True)[0].transpose(0, 1))
+        qs, ks, vs = (t[start:end].transpose(0, 1)[None] for t in (q, k, v))
+        parts.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)[0].transpose(0, 1))
     return torch.cat(parts)
 
 
@@ -168,6 +168,10 @@ class Block(nn.Module):
 
 class Llama(nn.Module):
     """Decoder with tied input/output embeddings; ``loss(batch)`` takes either layout."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    """Rotary tables (buffers, float32 whatever the weights' dtype)."""
 
     def __init__(self, shape: LlamaShape, packed_backend: str = "segments") -> None:
         super().__init__()
