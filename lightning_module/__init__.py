@@ -17,17 +17,18 @@ if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ loads them
     from bcl_stream.io.streaming_compat import clean_stale_shared_memory_once
     from bcl_stream.loading.collate import PackCollate
     from lightning_module.callbacks import PackLogger, PackLogWriter, read_pack_log
-    from lightning_module.datamodule import BCLDataModule, TrainerPackLoader
+    from lightning_module.datamodule import BCLDataModule
     from lightning_module.hf_causal_lm import HFCausalLM
     from lightning_module.parallel import parallelize
     from lightning_module.trainer_layout import TrainerLayout
+    from lightning_module.trainer_loader import TrainerPackLoader
 
 _EXPORTS = {
     "BCLDataModule": "lightning_module.datamodule",
     "HFCausalLM": "lightning_module.hf_causal_lm",
     "PackCollate": "bcl_stream.loading.collate",
     "TrainerLayout": "lightning_module.trainer_layout",
-    "TrainerPackLoader": "lightning_module.datamodule",
+    "TrainerPackLoader": "lightning_module.trainer_loader",
     "PackLogWriter": "lightning_module.callbacks",
     "PackLogger": "lightning_module.callbacks",
     "read_pack_log": "lightning_module.callbacks",

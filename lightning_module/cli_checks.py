@@ -18,9 +18,11 @@ from typing import Any
 from bcl_stream.errors import DatasetError
 
 DATA_KEYS = ("data", "val_data", "test_data")
-"""DataModule arguments that name one dataset (a directory, or a URL)."""
+"""DataModule keys that name one dataset (a directory, or a URL); the last two in ``eval``."""
 STREAM_KEYS = ("streams", "val_streams", "test_streams")
 """DataModule arguments that name a mixture's streams (``PATH[:options]`` or dicts)."""
+EVAL_GROUP = "eval"
+"""The DataModule's group of validation and test data (``data.eval.val_data``)."""
 HF_MODEL = "HFCausalLM"
 """The model class whose ``model`` argument is a local directory checked here."""
 
@@ -39,11 +41,15 @@ def _options(argv: Sequence[str]) -> Iterator[tuple[str, str]]:
 
 
 def _data_section(config: Any) -> dict[str, Any]:
+    """The DataModule's arguments, with its ``eval`` group's keys beside ``data`` (the flat
+    ``val_data`` of earlier releases is read too)."""
     data = config.get("data") if isinstance(config, dict) else None
     if not isinstance(data, dict):
         return {}
     init = data.get("init_args")
-    return {**data, **init} if isinstance(init, dict) else data
+    section = {**data, **init} if isinstance(init, dict) else data
+    evaluation = section.get(EVAL_GROUP)
+    return {**section, **evaluation} if isinstance(evaluation, dict) else section
 
 
 def _model_dir(config: Any) -> Any:
@@ -78,6 +84,7 @@ def given_paths(argv: Sequence[str]) -> dict[str, Any]:
             found["model"] = value
         else:
             key = name.removeprefix("--data.").removeprefix("init_args.")
+            key = key.removeprefix(f"{EVAL_GROUP}.")
             if name.startswith("--data.") and key in DATA_KEYS:
                 found[key] = value
             elif name.startswith("--data.") and key in STREAM_KEYS:
@@ -112,10 +119,11 @@ def check_paths(argv: Sequence[str]) -> None:
     for key, value in named:
         path = _local(value)
         if path is not None and not os.path.exists(path):
+            where = key if key.startswith(("data", "streams")) else f"{EVAL_GROUP}.{key}"
             raise DatasetError(
-                f"data.{key}: {path}: no such dataset directory (from the config or "
-                f"--data.{key.split('[')[0]}); give the directory `bcl-stream preprocess` wrote, "
-                "or an s3:// URL"
+                f"data.{where}: {path}: no such dataset directory (from the config or "
+                f"--data.{where.split('[')[0]}); give the directory `bcl-stream preprocess` "
+                "wrote, or an s3:// URL"
             )
     model = _local(found.get("model"))
     if model is not None and not os.path.isfile(os.path.join(model, "config.json")):

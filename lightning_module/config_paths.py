@@ -41,13 +41,21 @@ SUBCOMMANDS = ("fit", "validate", "test", "predict")
 PATH_KEYS = (
     "trainer.default_root_dir",
     "data.data",
-    "data.val_data",
+    "data.eval.val_data",
+    "data.eval.test_data",
+    "data.val_data",  # the flat keys of earlier releases (lightning_module/options.py)
     "data.test_data",
     "data.cache_dir",
     "ckpt_path",
 )
 """Dotted config keys whose value is one local path (or a URL, left alone)."""
-STREAM_KEYS = ("data.streams", "data.val_streams", "data.test_streams")
+STREAM_KEYS = (
+    "data.streams",
+    "data.eval.val_streams",
+    "data.eval.test_streams",
+    "data.val_streams",  # earlier flat keys
+    "data.test_streams",
+)
 """Dotted config keys holding a mixture's streams (``PATH[:options]`` strings or dicts)."""
 CALLBACK_PATH_ARGS = ("directory", "dirpath")
 """``init_args`` of ``trainer.callbacks`` entries that are paths (``PackLogger``,

@@ -9,11 +9,15 @@ exported by ``bcl_stream.io.streaming_compat.set_streaming_env``. What is left:
 - **The trainer decides the layout.** :meth:`setup` takes the data-parallel rank and size,
   the data-parallel ranks per node (``lightning_module.trainer_layout``: a tensor-parallel
   group yields identical packs) and the gradient accumulation from the trainer, and the
-  planner's layout from the collate layout (a padded batch costs B x its costliest record, a
-  packed one the sum: the plan must balance the cost the batch will have). A value given
-  explicitly (``ranks_per_node``, ``plan={"grad_accum": ...}``, ``plan={"layout": ...}``)
-  that contradicts them is refused with one line saying which setting wins. Fabric scripts call :meth:`setup_fabric` or
+  planner's cost layout from ``batch.collate`` (a padded batch costs B x its costliest
+  record, a packed one the sum: the plan must balance the cost the batch will have); none of
+  them is an argument. The flat ``ranks_per_node`` and ``plan={"grad_accum": ...}`` of
+  earlier releases are still checked: one that contradicts the trainer is refused with one
+  line saying which setting wins. Fabric scripts call :meth:`setup_fabric` or
   :meth:`setup_for` with the same values.
+- **Arguments in groups** (``lightning_module/options.py``): ``plan``, ``batch``, ``loader``,
+  ``read``, ``tokens``, ``eval``, ``elastic``, each a dataclass declaring its keys once;
+  docs/config.md lists every YAML key and why the nesting is what it is.
 - **One cursor, saved twice.** The loader owns the cursor. Lightning saves the loader's
   ``state_dict()`` and restores it before ``iter()``, except under bug #20550
   (``configure_optimizers`` reading ``trainer.estimated_stepping_batches`` with ``max_epochs``
@@ -30,7 +34,8 @@ exported by ``bcl_stream.io.streaming_compat.set_streaming_env``. What is left:
 
 from __future__ import annotations
 
-from dataclasses import replace
+import inspect
+from dataclasses import asdict, replace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -40,107 +45,49 @@ from torch.utils.data import DataLoader
 from bcl_stream.cost import resolve
 from bcl_stream.epoch.checks import layout_text, require_packs
 from bcl_stream.epoch.cursor import MIXTURE_CHANGES
-from bcl_stream.epoch.eval_plan import EVAL_PACKINGS
 from bcl_stream.epoch.loss_tokens import normalization
-from bcl_stream.epoch.plan import PACKINGS, PLAN_FIELDS, ReaderConfig
+from bcl_stream.epoch.mixture_index import StreamSpec
+from bcl_stream.epoch.plan import PACKINGS, ReaderConfig
 from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.epoch.truncation import truncation
 from bcl_stream.errors import StateError
 from bcl_stream.formats.open_dataset import open_dataset
-from bcl_stream.formats.read_options import DEFAULT_DOWNLOAD_TIMEOUT, DEFAULT_PREFETCH, ReadOptions
+from bcl_stream.formats.read_options import ReadOptions
 from bcl_stream.formats.reader_base import PlanDataset
 from bcl_stream.io.streaming_compat import set_streaming_env
-from bcl_stream.loading.collate import LABELS, PackCollate
+from bcl_stream.loading.collate import PackCollate
 from bcl_stream.loading.evaluation import evaluation_sources
 from bcl_stream.loading.loader import PackLoader
-from bcl_stream.planner import PlanConfig
-from bcl_stream.planner.padded import LAYOUTS
+from bcl_stream.planner.config import PlanKnobs
 from lightning_module.canonical import check_accumulation, shift_progress
-from lightning_module.evaluation import EvaluationLoaders
+from lightning_module.evaluation import Evaluation, EvaluationHook
+from lightning_module.options import (
+    BatchOptions,
+    ConfigError,
+    ElasticOptions,
+    EvalOptions,
+    LoaderOptions,
+    apply_moved,
+    group,
+    moved_keys,
+    plan_layout_keys,
+    warn_moved,
+)
 from lightning_module.trainer_layout import TrainerLayout
+from lightning_module.trainer_loader import TrainerPackLoader, explain_len_warning
 
 KEY_READER = "reader"
 KEY_PACKING = "packing"
 
 
-class TrainerPackLoader(PackLoader):
-    """``PackLoader`` whose ``len()`` counts the epoch the way Lightning's fit loop does.
-
-    After an elastic resume (checkpoint from another world size) the reader re-plans the rest
-    of the epoch: its cursor restarts at pack 0 of the new plan, while Lightning restores its
-    own batch counter (k batches done) and ends the epoch when that counter reaches ``len()``.
-    With the plain plan length Lightning would stop k packs early and the next epoch would
-    start inside this one. Here ``len()`` = packs consumed under earlier world sizes + packs
-    of the new plan, so both counters agree; iteration and the saved cursor are unchanged.
-    """
-
-    progress_shift = 0
-    """Under ``canonical_ranks``, after a resume on another size: micro-batches to add to
-    Lightning's restored batch counter (``lightning_module/canonical.py``); 0 once applied."""
-
-    def __len__(self) -> int:
-        return sum(s.packs_consumed for s in self._segments) + self.plan_len()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        if self.plan_dataset.config.canonical_ranks is not None and not self._shifted:
-            saved = state.get("packs_consumed")
-            self.progress_shift = self._consumed - saved if isinstance(saved, int) else 0
-
-    _shifted = False
-
-
-LEN_WARNING = r"Your `IterableDataset` has `__len__` defined"
-
-
-def _explain_len_warning() -> None:
-    """Silence Lightning's "IterableDataset has __len__" warning, which does not apply here.
-
-    Lightning warns because a ``__len__`` can be wrong when DataLoader workers each yield the
-    whole dataset. Ours is exact by construction: worker w of K yields packs w, w+K, ... of
-    this rank's plan, and ``len()`` is the plan's pack count (tests check it for 0, 1 and 2
-    workers). The filter matches that one message only.
-    """
-    import warnings
-
-    warnings.filterwarnings("ignore", message=LEN_WARNING)
-
-
-OWN_ARGUMENTS = (
-    "world_size",
-    "ranks_per_node",
-    "pack_size",
-    "window",
-    "scope",
-    "max_tokens",
-    "shuffle",
-)
-"""PlanConfig fields with an argument of their own (or set from the trainer): not in ``plan``."""
-
-
-def check_plan_knobs(
-    plan: dict[str, Any] | None, *, pack_size: int, window: int, scope: str
-) -> dict[str, Any]:
-    """``BCLDataModule(plan=...)`` checked now (not in a worker): known PlanConfig fields, none
-    that has its own argument, values PlanConfig accepts. Returns a copy."""
-    knobs = dict(plan or {})
-    unknown = sorted(set(knobs) - PLAN_FIELDS)
-    if unknown:
-        raise ValueError(
-            f"plan has unknown keys {unknown}; planner knobs are {sorted(PLAN_FIELDS)}"
-        )
-    own = sorted(set(knobs) & set(OWN_ARGUMENTS))
-    if own:
-        raise ValueError(
-            f"plan sets {own}: give them as BCLDataModule arguments (world_size comes from the "
-            "trainer), not inside plan"
-        )
-    PlanConfig(world_size=1, pack_size=pack_size, window=window, scope=scope, **knobs)
-    return knobs
-
-
-class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
+class BCLDataModule(pl.LightningDataModule):
     """Balanced, resumable training packs from a costed MDS or WebDataset dataset.
+
+    The arguments come in groups, each a dataclass whose fields (defaults and docstrings) are
+    the one declaration of its keys (``lightning_module/options.py``; docs/config.md lists
+    every YAML key). A group is given as its dataclass or a dict (YAML:
+    ``data.plan.window: 8``). What the trainer decides (data-parallel size and rank, ranks per
+    node, gradient accumulation) is taken from it at :meth:`setup`, never given here.
 
     Args:
         data: dataset root, a local directory or ``s3://bucket/prefix`` (what preprocess wrote).
@@ -154,58 +101,35 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
             (start the checkpoint's epoch over with the new mixture).
         format: ``mds`` or ``wds`` to check the dataset's format; None (default) takes it from
             the cost index (both formats serve every scope).
-        pack_size: records per pack B (the trainer's batch size: the record-count contract).
-        window: packs per rank planned together W (buffer W*B records per rank).
-        scope: ``rank`` | ``node`` (default) | ``world``: which ranks are balanced jointly
-            (``PlanConfig.scope`` says why ``node`` is the default).
         packing: ``bcl`` (balanced) or ``sequential`` (the plain-loader baseline).
         cost_model: preset name or cost-model JSON to recompute costs from the stored token
             counts; None uses the costs written at preprocessing.
-        max_tokens: memory cap M per pack (records longer than M are reported, not yielded).
-        layout: ``padded`` or ``packed`` (varlen with ``cu_seqlens``): the batch layout, and so
-            the cost the planner balances (``PlanConfig.layout`` follows it).
-        max_seq_len: truncate records to this many tokens in collate (reported per batch, and
-            at set-up); the plan costs them as truncated. A model that states a lower limit
-            (``HFCausalLM.max_seq_len``) lowers it.
-        labels: ``shifted`` (targets already shifted; a loss must not shift again) or
-            ``unshifted`` (Hugging Face convention: the model shifts). See docs/lightning.md.
-        num_workers, persistent_workers: DataLoader workers (any count gives the same packs).
         seed: shuffle seed; the epoch order is a pure function of (seed, epoch).
-        shuffle: False keeps write order.
         cache_dir: local cache for a remote dataset (required for ``s3://``).
-        ranks_per_node: None (default) takes the trainer's data-parallel ranks per node (devices
-            per node without tensor parallelism); a value that differs is refused.
-        allow_resize: resume a state saved under another world size (elastic) or refuse it.
-        canonical_ranks: plan for V canonical data-parallel ranks (docs/elastic.md): the
-            optimizer steps are the same at every data-parallel size R dividing V, and a
-            checkpoint resumes at any such R. ``plan.grad_accum`` is then a canonical rank's
-            accumulation G_c; the trainer's ``accumulate_grad_batches`` must be G_c*V/R (a
-            mismatch is refused, naming the value).
-        canonical_ranks_per_node: canonical ranks per node (None: the trainer's ranks per
-            node); set it when the ranks per node change between runs.
-        tokens_field, tokens_dtype: the column of token ids when it is not ``input_ids``
-            (any name; raw integer bytes need their dtype: ``int64`` for llm-foundry's
-            ``tokens``). None: the column the cost index was counted from (``annotate``).
-        text_field, tokenizer: read a text column and tokenize it on the fly (``cl100k`` or a
-            local ``tokenizer.json``), as ``annotate --text-field --tokenizer`` counted it; a
-            source other than the one the cost index was counted from is refused.
-        val_data, val_streams, test_data, test_streams: validation / test data (one dataset,
-            or streams: one loader per stream, each read whole). Every record is evaluated
-            once across ranks, in the same number of packs of at most ``pack_size`` records
-            on every rank (docs/lightning.md, "Validation and test").
-        eval_packing: ``sequential`` (write order) or ``bcl`` (packs of similar cost, steps
-            balanced across ranks) for validation and test; None: ``packing``.
-        cache_limit, download_timeout, prefetch: how readers fetch remote shards (MDS: passed
-            to Mosaic Streaming, which owns its cache; ``bcl_stream.formats.read_options``).
-        plan: any other planner knob, by ``PlanConfig`` field name (``algorithm``, ``refine``,
-            ``pack_order``, ``step_fill``, ``carry``, ``carry_span``, ``stratify``,
-            ``split_shards``, ``max_amplification``, ``lane``, ``lane_threshold``,
-            ``shard_group``); unset ones keep PlanConfig's defaults. YAML:
-            ``data.init_args.plan: {carry_span: 32}``. The knobs above with their own argument
-            and ``world_size`` are refused here; ``grad_accum`` (the trainer's
-            ``accumulate_grad_batches``) and ``layout`` (the collate's) may be given only
-            equal to what they follow.
+        plan: the planner's knobs (``bcl_stream.planner.config.PlanKnobs``): ``pack_size``
+            (the record-count contract B), ``window``, ``scope``, ``max_tokens``, ``shuffle``
+            and the rest, each with PlanKnobs' default; not ``layout``, which follows
+            ``batch.collate`` (a PlanKnobs instance's ``layout`` is ignored).
+        batch: the collate's ``collate`` (``padded`` or ``packed`` tensors), ``max_seq_len``
+            and ``labels`` (``BatchOptions``).
+        loader: DataLoader ``num_workers`` and ``persistent_workers`` (``LoaderOptions``).
+        read: how readers fetch remote shards: ``cache_limit``, ``download_timeout``,
+            ``prefetch`` (``bcl_stream.formats.read_options.ReadOptions``; MDS: passed to
+            Mosaic Streaming, which owns its cache).
+        tokens: the column of token ids when it is not the one the cost index was counted
+            from, or a text column and its tokenizer (``bcl_stream.epoch.token_source``); a
+            source other than the cost index's is refused.
+        eval: validation and test data and their packing (``EvalOptions``).
+        elastic: resuming on another data-parallel size (``ElasticOptions``, docs/elastic.md).
+        **moved: the flat arguments of earlier releases (``window``, ``num_workers``, ...):
+            read with a warning naming the new key (``lightning_module.options.moved_keys``).
     """
+
+    val_dataloader = EvaluationHook("val")
+    """One loader of every validation record, once across ranks (``eval.val_data``: one;
+    ``eval.val_streams``: one per stream); no such hook without validation data."""
+    test_dataloader = EvaluationHook("test")
+    """One loader of every test record, once across ranks (see ``val_dataloader``)."""
 
     def __init__(
         self,
@@ -215,107 +139,101 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
         epoch_size: int | None = None,
         on_mixture_change: str = "refuse",
         format: str | None = None,
-        pack_size: int = 8,
-        window: int = 16,
-        scope: str = "node",
         packing: str = "bcl",
         cost_model: str | None = None,
-        max_tokens: int | None = None,
-        layout: str = "padded",
-        max_seq_len: int | None = None,
-        labels: str = "shifted",
-        num_workers: int = 0,
-        persistent_workers: bool = False,
         seed: int = 0,
-        shuffle: bool = True,
         cache_dir: str | None = None,
-        ranks_per_node: int | None = None,
-        allow_resize: bool = True,
-        canonical_ranks: int | None = None,
-        canonical_ranks_per_node: int | None = None,
-        tokens_field: str | None = None,
-        tokens_dtype: str | None = None,
-        text_field: str | None = None,
-        tokenizer: str | None = None,
-        val_data: str | None = None,
-        val_streams: list[Any] | None = None,
-        test_data: str | None = None,
-        test_streams: list[Any] | None = None,
-        eval_packing: str | None = None,
-        cache_limit: int | str | None = None,
-        download_timeout: float = DEFAULT_DOWNLOAD_TIMEOUT,
-        prefetch: int = DEFAULT_PREFETCH,
-        plan: dict[str, Any] | None = None,
+        plan: dict[str, Any] | PlanKnobs | None = None,
+        batch: BatchOptions | dict[str, Any] | None = None,
+        loader: LoaderOptions | dict[str, Any] | None = None,
+        read: ReadOptions | dict[str, Any] | None = None,
+        tokens: TokenSource | dict[str, Any] | None = None,
+        eval: EvalOptions | dict[str, Any] | None = None,
+        elastic: ElasticOptions | dict[str, Any] | None = None,
+        **moved: Any,
     ) -> None:
         super().__init__()
-        given = {"tokens_field": tokens_field, "tokens_dtype": tokens_dtype}
-        given.update(text_field=text_field, tokenizer=tokenizer)
-        self.tokens = TokenSource.of({k: v for k, v in given.items() if v is not None})
-        self.options = ReadOptions(
-            cache_limit=cache_limit, download_timeout=download_timeout, prefetch=prefetch
+        unknown = sorted(set(moved) - set(inspect.signature(moved_keys).parameters))
+        if unknown:
+            raise TypeError(
+                f"BCLDataModule got unknown arguments {unknown}; docs/config.md lists every key"
+            )
+        old = moved_keys(**moved)
+        plan, old = plan_layout_keys(plan, elastic, old)
+        warn_moved(old)
+        groups = apply_moved(
+            {
+                "plan": group(plan, PlanKnobs, "plan"),
+                "batch": group(batch, BatchOptions, "batch"),
+                "loader": group(loader, LoaderOptions, "loader"),
+                "read": group(read, ReadOptions, "read"),
+                "tokens": group(tokens, TokenSource, "tokens"),
+                "eval": group(eval, EvalOptions, "eval"),
+                "elastic": group(elastic, ElasticOptions, "elastic"),
+            },
+            old,
         )
-        self.evaluation = {
-            "val": evaluation_sources("val", val_data, val_streams),
-            "test": evaluation_sources("test", test_data, test_streams),
-        }
-        self.eval_packing = packing if eval_packing is None else eval_packing
-        if self.eval_packing not in EVAL_PACKINGS:
-            raise ValueError(f"eval_packing must be one of {EVAL_PACKINGS}, got {eval_packing!r}")
-        self._eval_loaders: dict[str, list[DataLoader[Any]]] = {}
-        self.plan = check_plan_knobs(plan, pack_size=pack_size, window=window, scope=scope)
+        self.plan: PlanKnobs = groups["plan"]
+        self.batch: BatchOptions = groups["batch"]
+        followed = old.get("plan_layout", self.batch.collate)
+        if followed != self.batch.collate:
+            raise ConfigError(
+                f"plan.layout={followed!r} contradicts layout={self.batch.collate!r} "
+                "(batch.collate): the planner balances the cost of the batches the collate "
+                "makes, so the collate's layout wins; drop plan.layout"
+            )
+        self.loader_options: LoaderOptions = groups["loader"]
+        self.options: ReadOptions = groups["read"]
+        self.tokens = TokenSource.of(groups["tokens"])
+        self.elastic: ElasticOptions = groups["elastic"]
+        self.ranks_per_node: int | None = old.get("ranks_per_node")
+        """Only from an earlier release's flat argument: checked against the trainer."""
+        self._old_grad_accum: int | None = old.get("grad_accum")
+        """Only from an earlier release's ``plan.grad_accum``: checked against the trainer."""
+        evaluation: EvalOptions = groups["eval"]
         if (data is None) == (streams is None):
-            raise ValueError("give BCLDataModule either data (one dataset) or streams (a mixture)")
+            raise ConfigError("give BCLDataModule either data (one dataset) or streams (a mixture)")
         if streams is not None:
-            from bcl_stream.epoch.mixture_index import StreamSpec
-
             if not isinstance(streams, list | tuple) or not streams:
-                raise ValueError(f"streams must be a non-empty list, got {streams!r}")
+                raise ConfigError(f"streams must be a non-empty list, got {streams!r}")
             streams = [StreamSpec.of(x).to_dict() for x in streams]  # refuse bad specs now
         elif epoch_size is not None:
-            raise ValueError("epoch_size applies to a mixture (streams) only")
+            raise ConfigError("epoch_size applies to a mixture (streams) only")
         if on_mixture_change not in MIXTURE_CHANGES:
-            raise ValueError(
+            raise ConfigError(
                 f"on_mixture_change must be one of {MIXTURE_CHANGES}, got {on_mixture_change!r}"
             )
-        self.streams, self.epoch_size = streams, epoch_size
-        self.on_mixture_change = on_mixture_change
         if format not in (None, "mds", "wds"):
-            raise ValueError(f"format must be 'mds', 'wds' or None, got {format!r}")
+            raise ConfigError(f"format must be 'mds', 'wds' or None, got {format!r}")
         if packing not in PACKINGS:
-            raise ValueError(f"packing must be one of {PACKINGS}, got {packing!r}")
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        if self.plan.get("layout", layout) != layout:
-            raise ValueError(
-                f"plan.layout={self.plan['layout']!r} contradicts layout={layout!r}: the planner "
-                "balances the cost of the batches the collate makes, so the collate layout wins; "
-                "drop plan.layout"
-            )
-        if labels not in LABELS:
-            raise ValueError(f"labels must be one of {LABELS}, got {labels!r}")
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        if persistent_workers and num_workers == 0:
-            raise ValueError("persistent_workers=True needs num_workers >= 1")
+            raise ConfigError(f"packing must be one of {PACKINGS}, got {packing!r}")
         if cost_model is not None:
             resolve(cost_model)  # fail now, with the preset list, not inside a worker
-        self.data, self.format, self.packing, self.layout = data, format, packing, layout
-        self.pack_size, self.window, self.scope = pack_size, window, scope
-        self.cost_model, self.max_tokens, self.max_seq_len = cost_model, max_tokens, max_seq_len
-        self.labels = labels
-        self.num_workers, self.persistent_workers = num_workers, persistent_workers
-        self.seed, self.shuffle, self.cache_dir = seed, shuffle, cache_dir
-        self.ranks_per_node, self.allow_resize = ranks_per_node, allow_resize
-        self.canonical_ranks, self.canonical_ranks_per_node = (
-            canonical_ranks,
-            canonical_ranks_per_node,
+        self.data, self.streams, self.epoch_size = data, streams, epoch_size
+        self.on_mixture_change, self.format = on_mixture_change, format
+        self.packing, self.cost_model, self.seed, self.cache_dir = (
+            packing,
+            cost_model,
+            seed,
+            cache_dir,
+        )
+        self.evaluation = Evaluation(
+            sources={
+                "val": evaluation_sources("val", evaluation.val_data, evaluation.val_streams),
+                "test": evaluation_sources("test", evaluation.test_data, evaluation.test_streams),
+            },
+            packing=packing if evaluation.packing is None else evaluation.packing,
+            options=self.options,
+            cache_dir=cache_dir,
+            num_workers=self.loader_options.num_workers,
+            collate_for=self.collate_for,
         )
         self.dataset: PlanDataset | None = None
         self.layout_used: TrainerLayout | None = None
         """The trainer's layout the plan follows (set by ``setup``)."""
         self._loader: TrainerPackLoader | None = None
         self._announced = False
-        self.fed_max_seq_len: int | None = max_seq_len
+        self.fed_max_seq_len: int | None = self.batch.max_seq_len
         """Tokens a record is fed at most: ``max_seq_len``, or the model's limit where it states
         one (``HFCausalLM.max_seq_len``) and it is lower (set by ``setup``)."""
         self.normalization: str | None = None
@@ -323,6 +241,12 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
         ``step_loss_tokens``), ``all_reduce`` (``rank_step_loss_tokens``) or ``rescale`` (set by
         ``setup``; ``bcl_stream/epoch/loss_tokens.py``, docs/sft.md)."""
         self._setup_notes: list[str] = []
+
+    @property
+    def layout(self) -> str:
+        """The batch's tensors, ``padded`` or ``packed`` (``batch.collate``), which the plan's
+        cost layout follows."""
+        return self.batch.collate
 
     # -- building -------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
@@ -360,7 +284,7 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
         or this DataModule's ``max_seq_len`` where that is lower. Call before setting up."""
         limit = getattr(model, "max_seq_len", None)
         if isinstance(limit, int) and limit >= 1:
-            own = self.max_seq_len
+            own = self.batch.max_seq_len
             self.fed_max_seq_len = limit if own is None else min(own, limit)
 
     def setup_layout(self, layout: TrainerLayout) -> None:
@@ -400,37 +324,34 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
         """The readers' configuration under the trainer's ``layout``: the arguments, ``plan``'s
         knobs, the trainer's world size, ranks per node and accumulation, and the collate's
         layout. An explicit value that contradicts the trainer is refused, saying which wins."""
-        canonical = self.canonical_ranks is not None
+        canonical = self.elastic.canonical_ranks is not None
+        old_accum = self._old_grad_accum
         for name, given, wins, source in (
             ("ranks_per_node", self.ranks_per_node, layout.ranks_per_node,
              "data-parallel ranks per node"),
-            ("plan.grad_accum", None if canonical else self.plan.get("grad_accum"),
-             layout.grad_accum, "accumulate_grad_batches"),
+            ("plan.grad_accum", old_accum, layout.grad_accum, "accumulate_grad_batches"),
         ):  # fmt: skip
             if given is not None and wins is not None and given != wins:
                 raise ValueError(
                     f"BCLDataModule {name}={given} contradicts the trainer's {source} ({wins}); "
                     f"the trainer's setting wins: remove {name} (or change the trainer)"
                 )
-        knobs = {**self.plan, "layout": self.layout}
-        if layout.grad_accum is not None and not canonical:
-            knobs["grad_accum"] = layout.grad_accum
+        if canonical:
+            accum = self.elastic.canonical_grad_accum or 1
+        else:
+            accum = layout.grad_accum or old_accum or 1
         config = ReaderConfig.build(
+            **{**asdict(self.plan), "layout": self.batch.collate},
             world_size=layout.world_size,
-            pack_size=self.pack_size,
-            window=self.window,
             ranks_per_node=layout.ranks_per_node,
-            scope=self.scope,
+            grad_accum=accum,
             seed=self.seed,
-            shuffle=self.shuffle,
-            max_tokens=self.max_tokens,
             cost_model=self.cost_model,
             max_seq_len=self.fed_max_seq_len,
             packing=self.packing,
             tokens=self.tokens,  # None: the cost index's own source (the readers resolve it)
-            canonical_ranks=self.canonical_ranks,
-            canonical_ranks_per_node=self.canonical_ranks_per_node,
-            **knobs,
+            canonical_ranks=self.elastic.canonical_ranks,
+            canonical_ranks_per_node=self.elastic.canonical_ranks_per_node,
         )
         check_accumulation(config, layout.grad_accum)
         return config
@@ -449,10 +370,10 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
         return PackCollate.for_dataset(
             dataset.index,
             self.cost_model,
-            self.layout,
+            self.batch.collate,
             self.fed_max_seq_len,
-            self.labels,
-            step_records=self.pack_size if self.plan.get("contract") == "step" else None,
+            self.batch.labels,
+            step_records=self.plan.pack_size if self.plan.contract == "step" else None,
         )
 
     def train_dataloader(self) -> PackLoader:
@@ -483,7 +404,7 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
             groups = f" (data-parallel ranks of {group} processes each)" if group > 1 else ""
             rank_zero_info(
                 f"BCLDataModule: {self.packing} packing, {plan.n_packs} packs of "
-                f"{self.pack_size} records per rank in epoch {plan.epoch} on "
+                f"{self.plan.pack_size} records per rank in epoch {plan.epoch} on "
                 f"{layout_text(ds.config.plan.world_size, ds.config.plan.ranks_per_node)}"
                 f"{groups}; "
                 f"records of that epoch not yielded, by reason: {counts or 'none'}; "
@@ -491,16 +412,23 @@ class BCLDataModule(EvaluationLoaders, pl.LightningDataModule):
             )
         return loader
 
+    def evaluation_loaders(self, kind: str) -> list[DataLoader[Any]]:
+        """The ``kind`` (``val``/``test``) loaders under the trainer's layout (after setup)."""
+        self._require_dataset()
+        assert self.layout_used is not None
+        config = self.reader_config(self.layout_used)
+        return self.evaluation.loaders(kind, config, self.layout_used.rank)
+
     def _make_loader(self) -> TrainerPackLoader:
         """The one loader (built once, after setup): the owner of the cursor."""
         if self._loader is None:
-            _explain_len_warning()
+            explain_len_warning()
             self._loader = TrainerPackLoader(
                 self._require_dataset(),
-                num_workers=self.num_workers,
-                persistent_workers=self.persistent_workers,
+                num_workers=self.loader_options.num_workers,
+                persistent_workers=self.loader_options.persistent_workers,
                 collate_fn=self.collate(),
-                allow_resize=self.allow_resize,
+                allow_resize=self.elastic.allow_resize,
                 on_mixture_change=self.on_mixture_change,
             )
         return self._loader

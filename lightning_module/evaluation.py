@@ -1,74 +1,82 @@
 """Validation and test loaders of :class:`~lightning_module.datamodule.BCLDataModule`.
 
-A mixin, so the DataModule's file keeps to training: the evaluation readers and their plan are
-in the core (``bcl_stream.loading.evaluation``, ``bcl_stream.epoch.eval_plan``: every record
-once across ranks, equal pack counts, packs of at most B); this wires them to the trainer's
-layout and the DataModule's collate. Lightning calls ``val_dataloader`` / ``test_dataloader``
-after ``setup``; without validation (test) data they return no loader.
+:class:`Evaluation` is an object the DataModule builds from what it needs and nothing else
+(the datasets, the packing, the read options, the cache directory, the workers and the
+collate); the DataModule's ``val_dataloader`` / ``test_dataloader`` hand it the reader
+configuration under the trainer's layout. The readers and their plan are in the core
+(``bcl_stream.loading.evaluation``, ``bcl_stream.epoch.eval_plan``: every record once across
+ranks, equal pack counts, packs of at most B); this wires them to Lightning.
+
+Without validation (test) data the DataModule offers no ``val_dataloader``
+(``test_dataloader``) hook at all (:class:`EvaluationHook`). Returning an empty list instead,
+as this module once did, made Lightning's evaluation loop flatten ``[]`` into one "loader" of
+length zero and print "Total length of `list` across ranks is zero" on every run; a hook that
+is not there is Lightning's own way of saying "no validation", so the loop is skipped. (A
+model that defines ``validation_step``, as TinyGPT does, still gets Lightning's one line "You
+defined a `validation_step` but have no `val_dataloader`. Skipping val loop.": which is so.)
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
 
+import lightning.pytorch as pl
 from torch.utils.data import DataLoader
 
+from bcl_stream.epoch.eval_plan import EVAL_PACKINGS
+from bcl_stream.epoch.plan import ReaderConfig
+from bcl_stream.formats.read_options import ReadOptions
+from bcl_stream.formats.reader_base import PlanDataset
+from bcl_stream.loading.collate import PackCollate
 from bcl_stream.loading.evaluation import evaluation_dataset, evaluation_loader
+from lightning_module.trainer_loader import explain_len_warning
 
-if TYPE_CHECKING:
-    from bcl_stream.epoch.plan import ReaderConfig
-    from bcl_stream.formats.read_options import ReadOptions
-    from bcl_stream.formats.reader_base import PlanDataset
-    from bcl_stream.loading.collate import PackCollate
+KINDS = ("val", "test")
 
 
-class EvaluationLoaders:
-    """``val_dataloader`` / ``test_dataloader`` for a DataModule that has ``evaluation``
-    (kind -> dataset locations), ``eval_packing``, ``options``, ``cache_dir``, ``num_workers``,
-    ``layout_used`` (set by its ``setup``), ``reader_config(layout)`` and ``collate_for``."""
+@dataclass
+class Evaluation:
+    """The validation and test passes: one loader per dataset of each kind, built once (the
+    trainer's layout decides the packs, so the first call after set-up builds them)."""
 
-    evaluation: dict[str, list[str]]
-    eval_packing: str
+    sources: dict[str, list[str]]
+    """Kind (``val``, ``test``) -> dataset locations (``bcl_stream.loading.evaluation``)."""
+    packing: str
+    """``sequential`` (write order) or ``bcl`` (packs of similar cost, balanced steps)."""
     options: ReadOptions
     cache_dir: str | None
+    """The DataModule's cache; each evaluation dataset gets its own ``{kind}-{i}`` below it."""
     num_workers: int
-    layout_used: Any
-    _eval_loaders: dict[str, list[DataLoader[Any]]]
+    collate_for: Callable[[PlanDataset], PackCollate]
+    """The collate of a reader (each evaluation dataset has its own index)."""
+    _loaders: dict[str, list[DataLoader[Any]]] = field(default_factory=dict)
 
-    if TYPE_CHECKING:  # the DataModule's own, which this mixin calls
+    def __post_init__(self) -> None:
+        if self.packing not in EVAL_PACKINGS:
+            raise ValueError(f"eval packing must be one of {EVAL_PACKINGS}, got {self.packing!r}")
+        unknown = sorted(set(self.sources) - set(KINDS))
+        if unknown:
+            raise ValueError(f"evaluation kinds are {KINDS}, got {unknown}")
 
-        def reader_config(self, layout: Any) -> ReaderConfig: ...
+    def has(self, kind: str) -> bool:
+        """Whether there is data of ``kind`` to evaluate."""
+        return bool(self.sources.get(kind))
 
-        def collate_for(self, dataset: PlanDataset) -> PackCollate: ...
-
-        def _require_dataset(self) -> PlanDataset: ...
-
-    def val_dataloader(self) -> list[DataLoader[Any]]:
-        """One loader of every validation record, once across ranks (``val_data``: one;
-        ``val_streams``: one per stream); none without validation data."""
-        return self._evaluation_loaders("val")
-
-    def test_dataloader(self) -> list[DataLoader[Any]]:
-        """One loader of every test record, once across ranks (see :meth:`val_dataloader`)."""
-        return self._evaluation_loaders("test")
-
-    def _evaluation_loaders(self, kind: str) -> list[DataLoader[Any]]:
-        """Built once per DataModule and kind, after setup (the trainer's layout decides the
-        packs; ``bcl_stream.loading.evaluation``)."""
-        if kind not in self._eval_loaders:
-            self._require_dataset()
-            assert self.layout_used is not None
-            from lightning_module.datamodule import _explain_len_warning
-
-            _explain_len_warning()  # exact here too: worker w of K reads packs w, w+K, ...
-            config = self.reader_config(self.layout_used)
+    def loaders(self, kind: str, config: ReaderConfig, rank: int) -> list[DataLoader[Any]]:
+        """One loader of every ``kind`` record, once across ranks, for ``rank`` under
+        ``config`` (the training reader's configuration: world size, B, cost model)."""
+        if kind not in self._loaders:
+            explain_len_warning()  # exact here too: worker w of K reads packs w, w+K, ...
             loaders = []
-            for i, location in enumerate(self.evaluation[kind]):
+            for i, location in enumerate(self.sources.get(kind, [])):
                 dataset = evaluation_dataset(
                     location,
                     config,
-                    self.layout_used.rank,
-                    packing=self.eval_packing,
+                    rank,
+                    packing=self.packing,
                     cache_dir=None if self.cache_dir is None else f"{self.cache_dir}/{kind}-{i}",
                     options=self.options,
                 )
@@ -76,5 +84,29 @@ class EvaluationLoaders:
                 loaders.append(
                     evaluation_loader(dataset, collate_fn=collate, num_workers=self.num_workers)
                 )
-            self._eval_loaders[kind] = loaders
-        return self._eval_loaders[kind]
+            self._loaders[kind] = loaders
+        return self._loaders[kind]
+
+
+class EvaluationHook:
+    """A DataModule's ``val_dataloader`` / ``test_dataloader``, present only where the module
+    has data of that kind (see the module docstring).
+
+    Lightning decides whether a DataModule has a hook by comparing it with
+    ``LightningDataModule``'s own (``is_overridden``): where there is no data this returns
+    Lightning's own method, so Lightning skips the loop (and ``trainer.validate`` says there is
+    no ``val_dataloader``); otherwise the module's ``evaluation_loaders`` for the kind. A descriptor,
+    not an attribute set per instance, so a pickled DataModule (``ddp_spawn``) keeps it.
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.name = f"{kind}_dataloader"
+
+    def __get__(self, module: Any, owner: type | None = None) -> Any:
+        if module is None:
+            return self
+        if not module.evaluation.has(self.kind):
+            hook = getattr(pl.LightningDataModule, self.name)
+            return hook.__get__(module, owner)
+        return partial(module.evaluation_loaders, self.kind)

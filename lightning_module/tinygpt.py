@@ -45,6 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_module.parallel import parallelize
+
 IGNORE_INDEX = -100
 PACKED_ATTENTION = ("segments", "mask")
 
@@ -195,8 +197,6 @@ class TinyGPT(L.LightningModule):
         parallelism on the MLPs, FSDP2 across data-parallel ranks (``lightning_module.parallel``;
         the fused ``qkv`` attention stays replicated). Any other strategy: nothing to do."""
         if self.device_mesh is not None:
-            from lightning_module.parallel import parallelize
-
             parallelize(self, self.device_mesh)
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:

@@ -25,8 +25,7 @@ refinement or step fill).
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -43,9 +42,10 @@ from bcl_stream.peers import (
     plan_pooled,
     rename_hint,
 )
-from bcl_stream.planner.bcl import build_node_streams, plan_epoch, plan_streams, validate_costs
+from bcl_stream.planner.bcl import build_node_streams, plan_streams, validate_costs
 from bcl_stream.planner.canonical import physical_packs
-from bcl_stream.planner.config import PlanConfig
+from bcl_stream.planner.config import PlanConfig, PlanKnobs
+from bcl_stream.planner.node_streams import NodeStreams
 from bcl_stream.planner.padded import Packs, check_layout, ragged_pack_costs
 from bcl_stream.planner.shard_table import Draw, ShardTable, shard_weights
 from bcl_stream.planner.step_contract import node_micro_batches
@@ -53,66 +53,44 @@ from bcl_stream.planner.step_contract import node_micro_batches
 STRATEGIES = ("sequential", *PEERS, "bcl-rank", "bcl-node", "bcl-world")
 
 
-_PLAN_DEFAULTS: dict[str, Any] = {
-    f.name: f.default for f in fields(PlanConfig) if f.default is not MISSING
-}
-SIM_PLAN_FIELDS = tuple(f.name for f in fields(PlanConfig) if f.name not in ("world_size", "scope"))
-"""PlanConfig fields a SimConfig holds under the same name (``plan_config`` copies them)."""
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SimConfig:
+class SimConfig(PlanKnobs):
     """One simulated setting (the ``bcl-stream simulate`` flags).
 
-    Every PlanConfig field but ``world_size`` (here ``ranks``) and ``scope`` (set by the
-    strategy: ``bcl-rank``/``bcl-node``/``bcl-world``) is a field of the same name; those
-    without a scenario default of their own take PlanConfig's (``_PLAN_DEFAULTS``), so a
-    planner default lives in one place. The scenario defaults (8 ranks on one node, B=8, W=16,
-    G=4) describe the simulated job, not the planner.
+    The planner's knobs are :class:`~bcl_stream.planner.config.PlanKnobs`'s own fields,
+    inherited with their defaults and docstrings (one declaration), except ``scope``: each BCL
+    strategy names its own (``bcl-rank``/``bcl-node``/``bcl-world``), so a ``scope`` other than
+    the default is refused. Below: the simulated job's layout (8 ranks on one node, G=4: the
+    trainer's in a real run, :data:`~bcl_stream.planner.config.LAYOUT_FIELDS`) and the
+    simulator's own settings. ``max_tokens`` is also the bin capacity of ``nemo_mffd`` /
+    ``pooled_mffd_split`` and the token budget of ``verl_dynbsz``; None there:
+    max(longest, B*mean).
     """
 
     ranks: int = 8
+    """Data-parallel ranks (``PlanConfig.world_size``)."""
     ranks_per_node: int = 8
-    pack_size: int = 8
-    window: int = 16
     grad_accum: int = 4
-    max_tokens: int | None = _PLAN_DEFAULTS["max_tokens"]
-    """Memory cap for BCL, bin capacity for ``nemo_mffd``/``pooled_mffd_split``, token budget
-    for ``verl_dynbsz``; None: max(longest, B*mean)."""
     sync: str = "microbatch"
     seed: int = 0
     epoch: int = 0
     overhead: float = 0.0
-    algorithm: str = _PLAN_DEFAULTS["algorithm"]
-    pack_order: str = _PLAN_DEFAULTS["pack_order"]
-    refine: int = _PLAN_DEFAULTS["refine"]
     shard_records: int = 4096
     """The dataset in write order is cut into shards of this many records."""
-    shuffle: bool = _PLAN_DEFAULTS["shuffle"]
-    """False streams in write order (``--no-shuffle``)."""
-    shard_group: int = _PLAN_DEFAULTS["shard_group"]
-    carry: int | None = _PLAN_DEFAULTS["carry"]
-    carry_span: int = _PLAN_DEFAULTS["carry_span"]
-    step_fill: bool = _PLAN_DEFAULTS["step_fill"]
-    split_shards: float = _PLAN_DEFAULTS["split_shards"]
-    max_amplification: float = _PLAN_DEFAULTS["max_amplification"]
-    lane: int = _PLAN_DEFAULTS["lane"]
-    lane_threshold: float = _PLAN_DEFAULTS["lane_threshold"]
-    world_row: int = _PLAN_DEFAULTS["world_row"]
-    stratify: bool = _PLAN_DEFAULTS["stratify"]
-    layout: str = "packed"
-    """``packed`` (pack cost = sum of record costs) or ``padded`` (B x the costliest record)."""
     canonical_ranks: int | None = None
     """BCL strategies plan for this many canonical ranks and run them on ``ranks`` physical
     ranks (``epoch/canonical.py``); ``grad_accum`` stays the physical accumulation, so a
     canonical rank's is ``grad_accum * ranks / canonical_ranks``. None: plan for ``ranks``."""
     canonical_ranks_per_node: int | None = None
     """Canonical ranks per node (None: ``ranks_per_node``)."""
-    contract: str = _PLAN_DEFAULTS["contract"]
-    """``pack`` (exactly B per micro-batch) or ``step`` (G*B per rank and step, BCL's steps
-    re-cut into micro-batches of varying size: ``planner/step_contract.py``)."""
 
     def __post_init__(self) -> None:
+        PlanKnobs.__post_init__(self)  # explicit: slotted dataclasses break a bare super()
+        if self.scope != SIM_SCOPE:
+            raise ValueError(
+                f"SimConfig.scope={self.scope!r}: the simulator sets the scope per strategy "
+                "(bcl-rank, bcl-node, bcl-world); leave scope unset"
+            )
         if self.shard_records < 1:
             raise ValueError(f"shard_records must be >= 1, got {self.shard_records}")
         v = self.canonical_ranks
@@ -122,6 +100,12 @@ class SimConfig:
                 f"of it (a canonical rank's accumulation), got ranks={self.ranks}, "
                 f"grad_accum={self.grad_accum}"
             )
+
+
+SIM_SCOPE = next(f.default for f in fields(PlanKnobs) if f.name == "scope")
+"""The one ``scope`` a SimConfig holds: PlanKnobs' default (the strategies set their own)."""
+SIM_PLAN_FIELDS = tuple(f.name for f in fields(PlanConfig) if f.name not in ("world_size", "scope"))
+"""PlanConfig fields a SimConfig holds under the same name (``plan_config`` copies them)."""
 
 
 def default_capacity(tokens: npt.NDArray[np.integer], pack_size: int) -> int:
@@ -244,19 +228,16 @@ def plan_schedules(
             ragged_pack_costs(packs, squares, "packed"),
         )
 
+    def streams_for(planner: PlanConfig, balanced: bool) -> NodeStreams:
+        """The node streams BCL (``balanced``) or ``sequential`` reads (``plan_epoch``'s)."""
+        return build_node_streams(
+            costs, table, planner, seed=seed, epoch=epoch, tokens=tok, draw=draw, balanced=balanced
+        )
+
     out: dict[str, Schedule] = {}
     for name in strategies:
         if name == "sequential":
-            plan = plan_epoch(
-                costs,
-                table,
-                plan_config(config, "rank"),
-                seed=seed,
-                epoch=epoch,
-                tokens=tok,
-                draw=draw,
-                balanced=False,
-            )
+            plan = plan_streams(streams_for(plan_config(config, "rank"), False), costs, tok)
             out[name] = schedule(plan.packs, plan.records_used, plan.records_left)
         elif name in PEERS:
             capacity = config.max_tokens or default_capacity(tok, config.pack_size)
@@ -271,9 +252,7 @@ def plan_schedules(
             out[name] = schedule(bins, used, left_count, steps)
         elif name.startswith("bcl-"):
             planner = plan_config(config, name.removeprefix("bcl-"))
-            streams = build_node_streams(
-                costs, table, planner, seed=seed, epoch=epoch, tokens=tok, draw=draw
-            )
+            streams = streams_for(planner, True)
             plan = plan_streams(streams, costs, tok)
             packs: Packs = plan.packs
             if config.canonical_ranks is not None:

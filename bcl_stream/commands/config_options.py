@@ -15,11 +15,11 @@ import argparse
 import ast
 import inspect
 import itertools
+import sys
 from dataclasses import MISSING, fields
 from functools import cache
 from typing import Any
 
-from bcl_stream.planner import config as plan_config_module
 from bcl_stream.planner.config import PACK_ORDERS, SCOPES, PlanConfig
 from bcl_stream.planner.padded import LAYOUTS
 from bcl_stream.planner.partition import ALGORITHMS
@@ -45,23 +45,29 @@ PLAN_DEFAULTS: dict[str, Any] = {
 
 
 @cache
-def field_docs() -> dict[str, str]:
-    """PlanConfig's attribute docstrings (the string literal after each field), by name."""
-    tree = ast.parse(inspect.getsource(plan_config_module))
+def attribute_docs(cls: type) -> dict[str, str]:
+    """A dataclass's attribute docstrings (the string literal after each field), by field
+    name, its bases' included (a subclass's own win), whitespace folded."""
     docs: dict[str, str] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef) and node.name == "PlanConfig":
-            body = node.body
-            for stmt, after in itertools.pairwise(body):
-                if (
-                    isinstance(stmt, ast.AnnAssign)
-                    and isinstance(stmt.target, ast.Name)
-                    and isinstance(after, ast.Expr)
-                    and isinstance(after.value, ast.Constant)
-                    and isinstance(after.value.value, str)
-                ):
-                    docs[stmt.target.id] = " ".join(after.value.value.split())
+    for klass in reversed(cls.__mro__[:-1]):
+        tree = ast.parse(inspect.getsource(sys.modules[klass.__module__]))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and node.name == klass.__name__:
+                for stmt, after in itertools.pairwise(node.body):
+                    if (
+                        isinstance(stmt, ast.AnnAssign)
+                        and isinstance(stmt.target, ast.Name)
+                        and isinstance(after, ast.Expr)
+                        and isinstance(after.value, ast.Constant)
+                        and isinstance(after.value.value, str)
+                    ):
+                        docs[stmt.target.id] = " ".join(after.value.value.split())
     return docs
+
+
+def field_docs() -> dict[str, str]:
+    """PlanConfig's attribute docstrings (its knobs' are PlanKnobs'), by name."""
+    return attribute_docs(PlanConfig)
 
 
 def _first_sentence(text: str) -> str:

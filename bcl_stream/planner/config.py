@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -30,18 +31,27 @@ MAX_SIZE = 1 << 31
 """Largest pack size, window, group or iteration count accepted."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PlanConfig:
-    """Everything besides data and (seed, epoch) that decides a plan."""
+@dataclass(frozen=True, kw_only=True)
+class PlanKnobs:
+    """Every planning knob: what a user chooses, each declared here once with its default.
 
-    world_size: int
-    """Number of data-parallel ranks R."""
-    pack_size: int
+    The DataModule takes them as ``plan`` (YAML ``data.plan.window``), the ``plan``, ``read``
+    and ``simulate`` commands as options of the same names (``commands/config_options.py``),
+    the simulator as :class:`~bcl_stream.analysis.sim.SimConfig`'s inherited fields;
+    docs/config.md lists them (a test checks it against these docstrings). The layout the
+    trainer decides (world size, ranks per node, accumulation) is :class:`PlanConfig`'s.
+
+    Not slotted, so that its slotted subclasses (``PlanConfig``, ``SimConfig``) list every
+    field, inherited ones included, in their own ``__slots__``.
+    """
+
+    if TYPE_CHECKING:  # made by the subclasses' dataclass(slots=True), unseen by type checkers
+        __slots__: ClassVar[tuple[str, ...]]
+
+    pack_size: int = 8
     """Records per pack B: the trainer's record-count contract."""
-    window: int
+    window: int = 16
     """Packs per rank planned together W: a rank buffers W*B records (times P for wider scopes)."""
-    ranks_per_node: int = 1
-    """Ranks per node P; must divide ``world_size``. A node reads only its own shards."""
     scope: str = "node"
     """``rank`` | ``node`` | ``world``: which ranks are balanced jointly. ``node`` (default):
     a node's ranks are partitioned jointly from the node's one stream, which balances better
@@ -71,9 +81,6 @@ class PlanConfig:
     """Windows per carry chain: the carry drains and restarts every ``carry_span`` windows, so
     a reader resuming at any window replays at most ``carry_span - 1`` hold-backs and the
     cursor holds no carry (0: one chain per epoch)."""
-    grad_accum: int = 1
-    """Micro-batches per optimizer step G. Above 1 (scopes node/world) the packs of each step
-    are handed to ranks so that every rank's per-step sum is balanced too (DDP ``no_sync``)."""
     shuffle: bool = True
     """False streams in write order (nodes still take disjoint spans of shards)."""
     stratify: bool = True
@@ -125,24 +132,12 @@ class PlanConfig:
     into G micro-batches of varying size (beyond the paper; suits the padded layout)."""
 
     def __post_init__(self) -> None:
-        """Check every field's type and range; a ValueError names the field and the value."""
-        for name in ("world_size", "ranks_per_node"):
-            checks.integer(getattr(self, name), name, 1, MAX_RANKS)
+        """Check every knob's type and range; a ValueError names the field and the value."""
         checks.integer(self.lane, "lane", 0, MAX_SIZE)
-        bar = self.lane_threshold
-        if (
-            isinstance(bar, bool | np.bool_)
-            or not isinstance(bar, int | float | np.integer | np.floating)
-            or not 0.0 <= bar < float("inf")
-        ):
-            raise ValueError(f"lane_threshold must be a number >= 0, got {bar!r}")
-        for name in ("pack_size", "window", "grad_accum", "shard_group", "world_row"):
+        _number(self.lane_threshold, "lane_threshold", 0.0, float("inf"), ">= 0", upper=False)
+        for name in ("pack_size", "window", "shard_group", "world_row"):
             checks.integer(getattr(self, name), name, 1, MAX_SIZE)
         checks.integer(self.refine, "refine", 0, MAX_SIZE)
-        if self.world_size % self.ranks_per_node:
-            raise ValueError(
-                f"ranks_per_node={self.ranks_per_node} does not divide world_size={self.world_size}"
-            )
         for name, allowed in (
             ("scope", SCOPES),
             ("algorithm", tuple(sorted(ALGORITHMS))),
@@ -163,21 +158,9 @@ class PlanConfig:
                 raise ValueError(
                     f"carry must be in [0, window*pack_size={top}) or None, got {self.carry!r}"
                 )
-        split = self.split_shards
-        if (
-            isinstance(split, bool | np.bool_)
-            or not isinstance(split, int | float | np.integer | np.floating)
-            or not 0.0 <= split <= 1.0
-        ):
-            raise ValueError(f"split_shards must be a number in [0, 1], got {split!r}")
+        _number(self.split_shards, "split_shards", 0.0, 1.0, "in [0, 1]")
         checks.integer(self.carry_span, "carry_span", 0, MAX_SIZE)
-        amp = self.max_amplification
-        if (
-            isinstance(amp, bool | np.bool_)
-            or not isinstance(amp, int | float | np.integer | np.floating)
-            or not 1.0 <= amp <= MAX_RANKS
-        ):
-            raise ValueError(f"max_amplification must be a number >= 1, got {amp!r}")
+        _number(self.max_amplification, "max_amplification", 1.0, MAX_RANKS, ">= 1")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.contract not in CONTRACTS:
@@ -195,6 +178,47 @@ class PlanConfig:
     def carry_records(self) -> int:
         """Records per rank of lookahead actually used (None: W*B/4)."""
         return self.window * self.pack_size // 4 if self.carry is None else self.carry
+
+
+def _number(value: object, name: str, lo: float, hi: float, what: str, upper: bool = True) -> None:
+    """A real number (not a bool) in [lo, hi] (``upper=False``: [lo, hi)), or a ValueError
+    saying ``name must be a number {what}``."""
+    if (
+        isinstance(value, bool | np.bool_)
+        or not isinstance(value, int | float | np.integer | np.floating)
+        or not (lo <= value <= hi if upper else lo <= value < hi)
+    ):
+        raise ValueError(f"{name} must be a number {what}, got {value!r}")
+
+
+LAYOUT_FIELDS = ("world_size", "ranks_per_node", "grad_accum")
+""":class:`PlanConfig`'s fields that the trainer decides (its data-parallel size, the
+data-parallel ranks per node, its gradient accumulation), apart from the knobs."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanConfig(PlanKnobs):
+    """Everything besides data and (seed, epoch) that decides a plan: the knobs, and the layout
+    the trainer decides (:data:`LAYOUT_FIELDS`)."""
+
+    world_size: int
+    """Number of data-parallel ranks R."""
+    ranks_per_node: int = 1
+    """Ranks per node P; must divide ``world_size``. A node reads only its own shards."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step G. Above 1 (scopes node/world) the packs of each step
+    are handed to ranks so that every rank's per-step sum is balanced too (DDP ``no_sync``)."""
+
+    def __post_init__(self) -> None:
+        """Check the layout, then the knobs (:meth:`PlanKnobs.__post_init__`)."""
+        for name in ("world_size", "ranks_per_node"):
+            checks.integer(getattr(self, name), name, 1, MAX_RANKS)
+        checks.integer(self.grad_accum, "grad_accum", 1, MAX_SIZE)
+        if self.world_size % self.ranks_per_node:
+            raise ValueError(
+                f"ranks_per_node={self.ranks_per_node} does not divide world_size={self.world_size}"
+            )
+        PlanKnobs.__post_init__(self)  # explicit: slotted dataclasses break a bare super()
 
     @property
     def n_nodes(self) -> int:

@@ -106,7 +106,7 @@ def test_every_shipped_config_plans_what_its_trainer_runs(
     layout = module.layout_used
     assert layout is not None and (layout.group_size, layout.local_processes) == (tp, devices)
     assert plan.grad_accum == accumulate == trainer.accumulate_grad_batches
-    assert plan.layout == shipped["data"].get("layout", "padded") == module.layout
+    assert plan.layout == shipped["data"].get("batch", {}).get("collate", "padded") == module.layout
     if tp > 1:  # the model's configure_model can split it at that size
         assert tensor_parallel_plan(cli.model, tp)
 
@@ -128,7 +128,7 @@ def test_the_gpu_configs_train_a_hugging_face_model_with_fsdp_in_bf16() -> None:
         assert LlamaDecoderLayer in policy._module_classes
         assert cfg["trainer"]["precision"] == "bf16-mixed"
         data = cfg["data"]
-        assert (data["layout"], data["labels"]) == ("packed", "unshifted"), path.name
+        assert (data["batch"]["collate"], data["batch"]["labels"]) == ("packed", "unshifted")
         assert "--loss-on assistant" in path.read_text(), path.name
 
 

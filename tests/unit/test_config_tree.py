@@ -21,8 +21,9 @@ from bcl_stream.epoch.cursor import Cursor, parse_state
 from bcl_stream.epoch.plan import PLAN_FIELDS, ReaderConfig
 from bcl_stream.errors import StateError
 from bcl_stream.planner import PlanConfig
+from bcl_stream.planner.config import LAYOUT_FIELDS
 from bcl_stream.planner.partition import ALGORITHMS
-from lightning_module.datamodule import OWN_ARGUMENTS, BCLDataModule
+from lightning_module.datamodule import BCLDataModule
 from lightning_module.trainer_layout import TrainerLayout
 
 BASE = {"world_size": 4, "pack_size": 3, "window": 5}
@@ -113,21 +114,19 @@ def test_simulate_has_no_scope_option_and_keeps_plan_defaults() -> None:
 
 @pytest.mark.parametrize("name", sorted(PLAN_FIELDS))
 def test_every_field_through_the_datamodule(name: str) -> None:
+    """Every knob through ``plan``; the layout from the trainer, never a knob; the plan's
+    cost layout from the batch's (``batch.collate``)."""
     value = VALUES[name]
     layout = {"world_size": BASE["world_size"], "ranks_per_node": 1, "grad_accum": 1}
-    if name in layout:  # the trainer's, never a knob
+    knobs = {"pack_size": BASE["pack_size"], "window": BASE["window"]}
+    batch = {}
+    if name in LAYOUT_FIELDS:
         layout[name] = value
-        module = BCLDataModule("DIR", pack_size=BASE["pack_size"], window=BASE["window"])
-    elif name == "layout":  # the collate's
-        kwargs = {"pack_size": BASE["pack_size"], "window": BASE["window"], "layout": value}
-        module = BCLDataModule("DIR", **kwargs)
-    elif name in OWN_ARGUMENTS:
-        kwargs = {"pack_size": BASE["pack_size"], "window": BASE["window"], name: value}
-        module = BCLDataModule("DIR", **kwargs)
+    elif name == "layout":
+        batch["collate"] = value
     else:
-        module = BCLDataModule(
-            "DIR", pack_size=BASE["pack_size"], window=BASE["window"], plan={name: value}
-        )
+        knobs[name] = value
+    module = BCLDataModule("DIR", plan=knobs, batch=batch)
     config = module.reader_config(TrainerLayout(rank=0, **layout))
     assert getattr(config.plan, name) == value
 
@@ -136,7 +135,7 @@ def test_every_field_through_the_datamodule(name: str) -> None:
     ("plan", "match"),
     [
         ({"bogus": 1}, r"unknown keys \['bogus'\]"),
-        ({"pack_size": 4}, r"plan sets \['pack_size'\]: give them as BCLDataModule arguments"),
+        ({"world_size": 4}, r"plan.world_size: the trainer decides the data-parallel size"),
         ({"carry_span": -1}, "carry_span"),
     ],
 )
@@ -205,7 +204,19 @@ def test_datamodule_plan_from_yaml_as_lightning_cli_reads_it() -> None:
 
     parser = ArgumentParser()
     parser.add_class_arguments(BCLDataModule, "data")
-    text = "data:\n  data: DIR\n  window: 4\n  plan: {carry_span: 32, stratify: false}\n"
+    text = "data:\n  data: DIR\n  plan: {window: 4, carry_span: 32, stratify: false}\n"
     module = BCLDataModule(**parser.parse_string(text).data.as_dict())
     plan = module.reader_config(TrainerLayout(rank=0, world_size=2, ranks_per_node=1)).plan
     assert (plan.window, plan.carry_span, plan.stratify) == (4, 32, False)
+
+
+def test_sim_config_inherits_the_knobs_and_refuses_a_scope_of_its_own() -> None:
+    """SimConfig's knobs are PlanKnobs' fields (one declaration); its strategies set the scope."""
+    from bcl_stream.planner.config import PlanKnobs
+
+    knobs = {f.name: f.default for f in fields(PlanKnobs)}
+    assert issubclass(SimConfig, PlanKnobs)
+    assert {f.name: f.default for f in fields(SimConfig) if f.name in knobs} == knobs
+    assert set(SimConfig.__slots__) >= set(knobs)  # inherited fields listed as its own
+    with pytest.raises(ValueError, match=r"SimConfig.scope='world': the simulator sets the scope"):
+        SimConfig(scope="world")

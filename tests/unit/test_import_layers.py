@@ -1,4 +1,4 @@
-"""The first-party import graph of ``bcl_stream`` and ``lightning_module``, read with ``ast``
+"""The first-party import graph of ``bcl_stream``, ``lightning_module`` and ``bcl_bench``, read with ``ast``
 (nothing is imported): no import circle, no arrow from a lower layer to a higher one, and a
 first-party import inside a function only where it defers a heavy library.
 
@@ -18,7 +18,8 @@ Layers, lowest first (:data:`LAYERS`; a module may import its own layer and thos
 9. ``analysis``: simulator, metrics, calibration, inspection;
 10. ``bcl_stream`` itself (the public face, ``bcl_stream/__init__.py``), then ``commands``,
     then ``cli``;
-11. ``lightning_module``, above everything.
+11. ``lightning_module``, above the core;
+12. ``bcl_bench``, what the benchmarks and scripts under ``tools/`` share, above everything.
 
 Rules, each reported per file with its line:
 
@@ -45,7 +46,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("bcl_stream", "lightning_module")
+PACKAGES = ("bcl_stream", "lightning_module", "bcl_bench")
 HEAVY = frozenset(
     {
         "torch",
@@ -82,20 +83,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("bcl_stream.commands.*",),
     ("bcl_stream.cli",),
     ("lightning_module.*",),
+    ("bcl_bench.*",),
 )
 """Lowest first. ``pkg.*``: the package and every module under it; ``pkg.mod``: that module."""
 
 ALLOWED_DEFERRALS: Mapping[tuple[str, str], str] = {}
 """(importing module, imported module) -> why a light module is imported inside a function."""
-
-TEMPORARY: Mapping[str, str] = {
-    # TEMPORARY: files of other areas not yet clean of the rules above; each goes when its
-    # area's cleanup is merged (the test below fails on an entry that is already clean).
-    "lightning_module/datamodule.py": "lightning_module",
-    "lightning_module/evaluation.py": "lightning_module",
-    "lightning_module/tinygpt.py": "lightning_module",
-}
-"""File (relative to the repository) -> the area that owns its cleanup."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,14 +341,7 @@ def _lines(found: Mapping[str, Iterable[str]]) -> str:
 
 def test_the_tree_keeps_its_layers() -> None:
     found = violations(ROOT)
-    open_ = {name: lines for name, lines in found.items() if name not in TEMPORARY}
-    assert not open_, "import rules broken (see this module's docstring):\n" + _lines(open_)
-
-
-def test_temporary_entries_are_still_needed() -> None:
-    found = violations(ROOT)
-    clean = sorted(name for name in TEMPORARY if name not in found)
-    assert not clean, f"clean now, remove from TEMPORARY: {clean}"
+    assert not found, "import rules broken (see this module's docstring):\n" + _lines(found)
 
 
 def test_allowed_deferrals_are_still_imports() -> None:
