@@ -71,3 +71,16 @@ def trained_positions(record: dict[str, np.ndarray], max_seq_len: int | None = N
     if max_seq_len is not None:
         mask[max_seq_len:] = False
     return np.flatnonzero(mask)
+
+
+BAD_SPANS: list[tuple[list[int], str]] = [
+    ([1, 3, 5], "odd length"),
+    ([3, 3], "interval 0 .* is empty"),
+    ([4, 2], "is empty"),
+    ([0, 4, 3, 6], "overlap or are unsorted"),
+    ([5, 6, 0, 2], "overlap or are unsorted"),
+    ([0, 11], "outside the record's 10 tokens"),
+]
+"""Loss spans a record of 10 tokens cannot have, and the words of the refusal: the stored
+form's check (``text/loss_spans.py``) and the collate that meets them in a read record
+(``loading/loss_mask.py``) are tested on the same cases."""

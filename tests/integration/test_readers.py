@@ -43,20 +43,10 @@ def read_ids(loader: PackLoader) -> list[list[int]]:
     return packs
 
 
-CASES = [
-    ("mds", "rank", 0),
-    ("mds", "rank", 2),
-    ("mds", "node", 0),
-    ("mds", "node", 2),
-    ("mds", "node", 4),
-    ("mds", "world", 0),
-    ("wds", "rank", 0),
-    ("wds", "rank", 2),
-    ("wds", "node", 0),
-    ("wds", "node", 2),
-    ("wds", "node", 4),
-    ("wds", "world", 2),
-]
+SCOPE_WORKERS = [("rank", 0), ("rank", 2), ("node", 0), ("node", 2), ("node", 4)]
+"""(scope, DataLoader workers) both formats are read under, plus scope world once each."""
+CASES = [(fmt, scope, workers) for fmt in ("mds", "wds") for scope, workers in SCOPE_WORKERS]
+CASES += [("mds", "world", 0), ("wds", "world", 2)]
 
 
 @pytest.mark.parametrize(("fmt", "scope", "workers"), CASES)

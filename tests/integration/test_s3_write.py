@@ -42,13 +42,14 @@ def _corpus(path: Path, n: int = 80) -> str:
 
 
 def _record_uploads(
-    monkeypatch: pytest.MonkeyPatch, module: object, marker: str, seen: list[tuple[str, set[str]]]
-) -> None:
+    monkeypatch: pytest.MonkeyPatch, module: object, marker: str
+) -> list[tuple[str, set[str]]]:
     """Wrap ``upload`` in the writer module and in ``bcl_stream.io.remote`` (whose
     ``upload_index`` uploads the cost index for both writers): note each name and what the
-    bucket held when the marker went up."""
+    bucket held when the marker went up; the list they are noted in is returned."""
     from bcl_stream.io import remote
 
+    seen: list[tuple[str, set[str]]] = []
     for target in (module, remote):
         real: Callable[..., None] = target.upload  # type: ignore[attr-defined]
 
@@ -59,14 +60,14 @@ def _record_uploads(
             real(local, remote_dir, name, **kw)
 
         monkeypatch.setattr(target, "upload", spy)
+    return seen
 
 
 def test_mds_to_s3_uploads_costs_before_index_json(
     moto_s3: Callable[[str], str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     remote = moto_s3("bcl-w-mds") + "/ds"
-    seen: list[tuple[str, set[str]]] = []
-    _record_uploads(monkeypatch, mds_writer, "index.json", seen)
+    seen = _record_uploads(monkeypatch, mds_writer, "index.json")
     report = preprocess(
         [_corpus(tmp_path / "c.jsonl")], remote, progress=False, shard_size_limit=2048
     )
@@ -91,8 +92,7 @@ def test_wds_to_s3_uploads_index_last(
     import webdataset as wds
 
     remote = moto_s3("bcl-w-wds") + "/ds"
-    seen: list[tuple[str, set[str]]] = []
-    _record_uploads(monkeypatch, wds_writer, "bcl_index.json", seen)
+    seen = _record_uploads(monkeypatch, wds_writer, "bcl_index.json")
     preprocess([_corpus(tmp_path / "c.jsonl")], remote, format="wds", maxcount=30, progress=False)
     names = [name for name, _ in seen]
     shards = ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from sft_records import span_pack
+from sft_records import BAD_SPANS, span_pack
 from transformers import DataCollatorWithFlattening
 
 from bcl_stream.epoch.loss_tokens import STEP_LOSS_TOKENS
@@ -109,19 +109,9 @@ def test_truncation_cuts_the_mask_with_the_tokens() -> None:
     assert batch["truncated_tokens"].tolist() == [4, 0]
 
 
-@pytest.mark.parametrize(
-    ("spans", "problem"),
-    [
-        ([1, 2, 3], "odd length"),
-        ([3, 3], "is empty"),
-        ([4, 2], "is empty"),
-        ([4, 6, 1, 3], "overlap or are unsorted"),
-        ([1, 4, 3, 6], "overlap or are unsorted"),
-        ([2, 12], "outside the record"),
-    ],
-)
+@pytest.mark.parametrize(("spans", "problem"), BAD_SPANS)
 def test_malformed_mask_names_the_record(spans: list[int], problem: str) -> None:
-    pack = make_pack([(5, None), (8, spans)])
+    pack = make_pack([(5, None), (10, spans)])
     pack[1]["sample_id"] = 4242
     with pytest.raises(DatasetError, match=f"sample 4242: loss_spans .*{problem}.*preprocessing"):
         collate_packed(pack)

@@ -8,8 +8,6 @@ sampler drew and the reproduction is given it.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pack_oracles import check_every_record_once
+from upstream_fixtures import upstream
 
 from bcl_stream.peers import Pool, plan_pooled
 from bcl_stream.peers.hf import (
@@ -28,9 +27,7 @@ from bcl_stream.peers.hf import (
     rebalance_global_batch,
 )
 
-UPSTREAM: dict[str, Any] = json.loads(
-    (Path(__file__).parent / "fixtures" / "hf_rebalance_upstream.json").read_text()
-)
+UPSTREAM = upstream("hf_rebalance")
 
 
 def test_fixtures_come_from_the_version_the_module_follows() -> None:

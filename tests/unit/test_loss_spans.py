@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from sft_records import BAD_SPANS
 
 from bcl_stream.cost import get_preset
 from bcl_stream.errors import CostIndexError, DatasetError
@@ -51,12 +52,7 @@ def test_spans_and_masks_round_trip_and_count_positions_after_the_first(seed: in
 @pytest.mark.parametrize(
     ("spans", "match"),
     [
-        ([1, 3, 5], "odd length"),
-        ([3, 3], "interval 0 .* is empty"),
-        ([4, 2], "is empty"),
-        ([0, 4, 3, 6], "overlap or are unsorted"),
-        ([5, 6, 0, 2], "overlap or are unsorted"),
-        ([0, 11], "outside the record's 10 tokens"),
+        *BAD_SPANS,
         ([[0, 2]], "flat integer array"),
         ([0.0, 2.0], "flat integer array"),
     ],

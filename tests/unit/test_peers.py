@@ -11,8 +11,6 @@ the upstream code.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pack_oracles import check_every_record_once
+from upstream_fixtures import upstream
 
 from bcl_stream.peers import PEERS as POOLED
 from bcl_stream.peers import Pool, plan_pooled
@@ -36,9 +35,7 @@ from bcl_stream.peers.verl import (
     verl_workload,
 )
 
-UPSTREAM: dict[str, Any] = json.loads(
-    (Path(__file__).parent / "fixtures" / "peers_upstream.json").read_text()
-)
+UPSTREAM = upstream("peers")
 
 
 def whole_stream(case: dict[str, Any]) -> Pool:
