@@ -1,7 +1,7 @@
 """``BCLDataModule``: balanced packs for Lightning (Trainer and Fabric), resumable exactly.
 
 Only Lightning's concerns live here; the layers below do the rest: the reader is opened by
-``bcl_stream.formats.open_reader.open_dataset`` (one dataset or a mixture, as ``bcl-stream
+``bcl_stream.formats.open_dataset.open_dataset`` (one dataset or a mixture, as ``bcl-stream
 read`` opens it), batches are made by ``bcl_stream.loading.collate.PackCollate``, the cursor
 is kept by ``bcl_stream.loading.loader.PackLoader``, and Mosaic Streaming's process layout is
 exported by ``bcl_stream.io.streaming_compat.set_streaming_env``. What is left:

@@ -1,6 +1,6 @@
 """``bcl-stream plan``: every rank's packs of one epoch, computed from the cost index alone.
 
-This is exactly the plan the readers follow (``bcl_stream.epoch.plan.full_plan``), so it
+This is exactly the plan the readers follow (``bcl_stream.epoch.full_plan.full_plan``), so it
 can be diffed against ``bcl-stream read`` and inspected without touching any shard.
 """
 
