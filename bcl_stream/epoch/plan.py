@@ -26,7 +26,7 @@ from bcl_stream.cost import resolve
 from bcl_stream.epoch.cache import cached
 from bcl_stream.epoch.canonical_config import check_canonical
 from bcl_stream.epoch.mixture_index import MixtureIndex
-from bcl_stream.epoch.process_group import process_group
+from bcl_stream.epoch.process_group import launcher_ranks_per_node, process_group
 from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.epoch.truncation import fed_costs, fed_tokens
 from bcl_stream.errors import StateError
@@ -135,7 +135,10 @@ class ReaderConfig:
         ``world_size`` left out: the initialised torch process group's size (one process a
         data-parallel rank); without a process group it is required. A ``world_size`` given
         wins (with tensor or context parallelism it is the data-parallel size, which divides
-        the group; the reader refuses one that contradicts the group).
+        the group; the reader refuses one that contradicts the group). With the world size
+        taken from the group, ``ranks_per_node`` left out is the launcher's
+        ``LOCAL_WORLD_SIZE`` where it sets one (torchrun does), not 1: one 8-GPU node is one
+        node of 8 ranks, as the job runs.
         """
         unknown = set(plan_fields) - PLAN_FIELDS
         if unknown:
@@ -151,6 +154,10 @@ class ReaderConfig:
                     "from (give world_size=..., or build the config after init_process_group)"
                 )
             plan_fields["world_size"] = group.world_size
+            if "ranks_per_node" not in plan_fields:
+                local = launcher_ranks_per_node(group.world_size)
+                if local is not None:
+                    plan_fields["ranks_per_node"] = local
         return cls(
             plan=PlanConfig(**plan_fields),
             seed=seed,

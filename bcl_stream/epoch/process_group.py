@@ -8,6 +8,7 @@ planner side of the package stays free of torch.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 
@@ -27,3 +28,28 @@ def process_group() -> GroupLayout | None:
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
     return GroupLayout(int(dist.get_world_size()), int(dist.get_rank()))
+
+
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+"""What torchrun (and Lightning's launchers) set to the number of processes on this node."""
+
+
+def launcher_ranks_per_node(world_size: int) -> int | None:
+    """Ranks per node as the launcher says it (``LOCAL_WORLD_SIZE``), or None where it says
+    nothing. Why: a world size taken from the group with ranks per node left at 1 would plan
+    an 8-GPU node as 8 nodes of one rank (packs unlike what a node's reads assume), the habit
+    trap of a torchrun user who gave neither. One that does not divide the world size is
+    refused naming both (a launcher's value, so the user must give ``ranks_per_node``)."""
+    text = os.environ.get(LOCAL_WORLD_SIZE)
+    if text is None:
+        return None
+    try:
+        local = int(text)
+    except ValueError:
+        local = 0
+    if local < 1 or world_size % local:
+        raise ValueError(
+            f"{LOCAL_WORLD_SIZE}={text!r} does not divide the process group's world size "
+            f"{world_size}: give ranks_per_node=... explicitly"
+        )
+    return local
