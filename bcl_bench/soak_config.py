@@ -50,11 +50,13 @@ model:
 data:
   data: {data}
   format: mds
-  pack_size: {pack}
-  window: 4
   seed: 3
-  num_workers: {workers}
-  persistent_workers: {persistent}
+  plan:
+    pack_size: {pack}
+    window: 4
+  loader:
+    num_workers: {workers}
+    persistent_workers: {persistent}
 """
 
 

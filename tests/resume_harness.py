@@ -140,9 +140,16 @@ class DataModuleLoader:
     ``load_state_dict`` on the DataModule, then ``train_dataloader()`` (built at the first
     ``iter``) and its epochs; the state saved is the DataModule's."""
 
-    def __init__(self, module: Any, rank: int = 0, world: int = 1, per_node: int = 1) -> None:
+    def __init__(
+        self,
+        module: Any,
+        rank: int = 0,
+        world: int = 1,
+        per_node: int = 1,
+        grad_accum: int | None = None,
+    ) -> None:
         self.module = module
-        module.setup_for(rank, world, per_node)
+        module.setup_for(rank, world, per_node, grad_accum)
         self._loader: Any = None
 
     def __iter__(self) -> Iterator[Any]:

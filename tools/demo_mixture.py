@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     want /= want.sum()
     streams = np.array([[line["streams"] for line in rank] for rank in lines])  # (R, steps, B)
     costs = np.array([[line["est_cost"] for line in rank] for rank in lines])
-    window = int(data["window"])
+    window = int(data["plan"]["window"])
     worst = 0.0
     for k in range(streams.shape[1] // window):
         got = np.bincount(streams[:, k * window : (k + 1) * window].ravel(), minlength=3)

@@ -131,14 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         accelerator=args.accelerator,
         strategy=args.strategy,
         seed=args.seed,
-        pack_size=args.pack_size,
-        window=args.window,
-        scope=args.scope,
+        plan={"pack_size": args.pack_size, "window": args.window, "scope": args.scope},
         packing=args.packing,
-        layout=args.layout,
-        num_workers=args.num_workers,
+        batch={"collate": args.layout, "max_seq_len": config.max_seq_len},
+        loader={"num_workers": args.num_workers},
         cache_dir=args.cache_dir,
-        max_seq_len=config.max_seq_len,
     )
     print(f"done: step {out['step']}, model {asdict(config)}", file=sys.stderr)
     return 0

@@ -31,9 +31,10 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 PACK, WINDOW, G_C, V, STOP = 8, 4, 2, 2, 3
-DATA = {
-    "pack_size": PACK, "window": WINDOW, "seed": 5, "num_workers": 1, "scope": "node",
-    "canonical_ranks": V, "canonical_ranks_per_node": V, "plan": {"grad_accum": G_C},
+DATA: dict[str, Any] = {
+    "seed": 5, "plan": {"pack_size": PACK, "window": WINDOW, "scope": "node"},
+    "loader": {"num_workers": 1},
+    "elastic": {"canonical_ranks": V, "canonical_ranks_per_node": V, "canonical_grad_accum": G_C},
 }  # fmt: skip
 
 
@@ -89,10 +90,13 @@ def test_two_ranks_resumed_on_one_train_the_same_steps(mds_dir: Path, tmp_path: 
     assert not all(torch.equal(a[k], weights(ckpt)[k]) for k in a)  # the tail trained
 
 
-def module(mds_dir: Path, **changes: Any) -> BCLDataModule:
-    args: dict[str, Any] = {**DATA, "num_workers": 0, "layout": "packed", "max_seq_len": 1024}
-    args.update(changes)
-    return BCLDataModule(str(mds_dir), **args)
+def module(mds_dir: Path, workers: int = 0, **elastic: Any) -> BCLDataModule:
+    """The DataModule of DATA with ``workers`` DataLoader workers and ``elastic`` changed."""
+    return BCLDataModule(
+        str(mds_dir),
+        **{**DATA, "loader": {"num_workers": workers}, "elastic": {**DATA["elastic"], **elastic}},
+        batch={"collate": "packed", "max_seq_len": 1024},
+    )
 
 
 def test_accumulation_mismatch_is_refused_in_one_line(mds_dir: Path, tmp_path: Path) -> None:
@@ -110,7 +114,7 @@ def test_datamodule_steps_equal_at_every_size(mds_dir: Path) -> None:
     for r, workers in ((4, 0), (2, 2), (1, 0)):
         per_rank = []
         for rank in range(r):
-            dm = module(mds_dir, canonical_ranks=4, canonical_ranks_per_node=2, num_workers=workers)
+            dm = module(mds_dir, workers, canonical_ranks=4, canonical_ranks_per_node=2)
             dm.setup_for(rank, r, min(r, 2), grad_accum=G_C * 4 // r)
             loader = PackLoader(dm._require_dataset(), num_workers=workers)
             per_rank.append([[x["sample_id"] for x in p] for p in loader])

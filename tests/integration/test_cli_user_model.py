@@ -84,7 +84,11 @@ def config(tmp: Path, data: Path, model: dict) -> Path:
             "default_root_dir": str(tmp / "run"),
         },
         "model": model,
-        "data": {"data": str(data), "pack_size": PACK, "window": 4, "layout": "padded"},
+        "data": {
+            "data": str(data),
+            "plan": {"pack_size": PACK, "window": 4},
+            "batch": {"collate": "padded"},
+        },
     }
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -135,13 +139,13 @@ def test_model_flag_replaces_tinygpt_of_a_config(mds_dir: Path, tmp_path: Path) 
 def test_no_pack_is_one_line_and_exit_2(mds_dir: Path, tmp_path: Path) -> None:
     model = {"class_path": "mymodel.PoolLM"}
     path = config(tmp_path, mds_dir, model)
-    proc = fit(tmp_path, "fit", "--config", str(path), "--data.pack_size", "400")
+    proc = fit(tmp_path, "fit", "--config", str(path), "--data.plan.pack_size", "400")
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "no pack for any rank" in errors[0] and "300 records" in errors[0]
     assert "pack_size" in errors[0]
-    debug = fit(tmp_path, "--debug", "fit", "--config", str(path), "--data.pack_size", "400")
+    debug = fit(tmp_path, "--debug", "fit", "--config", str(path), "--data.plan.pack_size", "400")
     assert debug.returncode == 2, debug.stderr[-3000:]
     assert "Traceback" in debug.stderr and "PlanError" in debug.stderr  # the type, not only text
     assert debug.stderr.strip().splitlines()[-1] == errors[0]

@@ -82,7 +82,7 @@ def test_datamodule_on_a_directory_that_is_not_a_dataset(not_a_dataset: Path) ->
     from lightning_module import BCLDataModule
 
     with pytest.raises(DatasetError, match="not a dataset") as info:
-        BCLDataModule(str(not_a_dataset), pack_size=2, window=2).setup()
+        BCLDataModule(str(not_a_dataset), plan={"pack_size": 2, "window": 2}).setup()
     assert "index.json" not in str(info.value).split("not a dataset")[0]
 
 

@@ -27,15 +27,20 @@ pytestmark = pytest.mark.slow
 B, G, W = 4, 3, 4
 
 
-def module(root: Path, contract: str, **kwargs: Any) -> BCLDataModule:
-    plan = {"grad_accum": G, "contract": contract}
-    options = {"pack_size": B, "window": W, "seed": 2, "layout": "padded", "scope": "node"}
-    return BCLDataModule(str(root), plan=plan, **{**options, **kwargs})
+def module(
+    root: Path, contract: str, scope: str = "node", workers: int = 0, **kwargs: Any
+) -> BCLDataModule:
+    """Padded batches of B records under ``contract`` (set up with ``grad_accum=G``)."""
+    plan = {"pack_size": B, "window": W, "scope": scope, "contract": contract}
+    loader = {"num_workers": workers}
+    return BCLDataModule(
+        str(root), plan=plan, seed=2, batch={"collate": "padded"}, loader=loader, **kwargs
+    )
 
 
 def epoch(root: Path, contract: str, rank: int, **kwargs: Any) -> list[dict[str, Any]]:
     dm = module(root, contract, **kwargs)
-    dm.setup_for(rank, 2, 2)
+    dm.setup_for(rank, 2, 2, grad_accum=G)
     return list(dm.train_dataloader())
 
 
@@ -50,7 +55,7 @@ def test_every_record_once_equal_counts_and_whole_steps(
     ids = [int(i) for rank in ranks for b in rank for i in b["sample_ids"]]
     check_every_record_once(ids)
     dm = module(root, contract, format=fmt, scope=scope)
-    dm.setup_for(0, 2, 2)
+    dm.setup_for(0, 2, 2, grad_accum=G)
     assert len(ids) + sum(dm.remainder_counts().values()) == 300
     sizes = [[int(b["sample_ids"].numel()) for b in rank] for rank in ranks]
     if contract == "pack":
@@ -61,7 +66,7 @@ def test_every_record_once_equal_counts_and_whole_steps(
     plans = []
     for r in range(2):
         plan = module(root, contract, format=fmt, scope=scope)
-        plan.setup_for(r, 2, 2)
+        plan.setup_for(r, 2, 2, grad_accum=G)
         plans.append(plan.dataset.rank_packs())  # type: ignore[union-attr]
     for k in range(0, len(ranks[0]), G):
         steps = [[int(i) for b in rank[k : k + G] for i in b["sample_ids"]] for rank in ranks]
@@ -81,31 +86,33 @@ def test_every_record_once_equal_counts_and_whole_steps(
 @pytest.mark.parametrize("stop", [G + 1, 2 * G])
 def test_resume_in_mid_step_and_with_workers_is_exact(mds_dir: Path, stop: int) -> None:
     full = epoch(mds_dir, "step", 1)
-    with_workers = epoch(mds_dir, "step", 1, num_workers=2)
+    with_workers = epoch(mds_dir, "step", 1, workers=2)
     assert [b["sample_ids"].tolist() for b in with_workers] == [
         b["sample_ids"].tolist() for b in full
     ]
     first = module(mds_dir, "step")
-    first.setup_for(1, 2, 2)
+    first.setup_for(1, 2, 2, grad_accum=G)
     it = iter(first.train_dataloader())
     for _ in range(stop):
         next(it)
     assert first.state_dict()["reader"]["packs_consumed"] == stop
     run_test_save_load_state(
-        lambda: DataModuleLoader(module(mds_dir, "step"), 1, 2, 2),
+        lambda: DataModuleLoader(module(mds_dir, "step"), 1, 2, 2, grad_accum=G),
         epochs=1,
         positions=[stop],
-        make_resumed=lambda: DataModuleLoader(module(mds_dir, "step", num_workers=2), 1, 2, 2),
+        make_resumed=lambda: DataModuleLoader(
+            module(mds_dir, "step", workers=2), 1, 2, 2, grad_accum=G
+        ),
         reference=[[pack_key(b) for b in full]],
     )
 
 
 def test_a_changed_contract_is_refused_on_resume(mds_dir: Path) -> None:
     first = module(mds_dir, "step")
-    first.setup_for(0, 1, 1)
+    first.setup_for(0, 1, 1, grad_accum=G)
     next(iter(first.train_dataloader()))
     other = module(mds_dir, "pack")
-    other.setup_for(0, 1, 1)
+    other.setup_for(0, 1, 1, grad_accum=G)
     with pytest.raises(StateError, match=r"contract|layout"):  # step plans for the layout
         other.load_state_dict(first.state_dict())
 
@@ -118,8 +125,8 @@ def test_ddp_two_ranks_with_accumulation_under_both_contracts(
     replays exactly the uninterrupted run's micro-batches on both ranks."""
     stop = 2 * G
     for contract in ("pack", "step"):
-        data = {"data": str(mds_dir), "pack_size": B, "window": W, "seed": 2, "scope": "node",
-                "layout": "padded", "plan": {"grad_accum": G, "contract": contract}}  # fmt: skip
+        plan = {"pack_size": B, "window": W, "scope": "node", "contract": contract}
+        data = {"data": str(mds_dir), "seed": 2, "plan": plan, "batch": {"collate": "padded"}}
         full = cli_run_config(ROOT / "configs" / "cpu_demo.yaml", tmp_path, contract, 2, data)
         cli_fit(ROOT, full, "--trainer.accumulate_grad_batches", str(G))
         logs = [

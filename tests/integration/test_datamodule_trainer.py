@@ -140,7 +140,7 @@ def test_accumulation_and_layout_reach_the_plan_and_the_cursor(
         accelerator="cpu", devices=1, accumulate_grad_batches=3, logger=False,
         default_root_dir=str(tmp_path),
     )  # fmt: skip
-    module = BCLDataModule(str(mds_dir), pack_size=4, window=3)
+    module = BCLDataModule(str(mds_dir), plan={"pack_size": 4, "window": 3})
     module.trainer = trainer
     module.setup("fit")
     assert module.dataset is not None
@@ -155,12 +155,12 @@ def test_accumulation_and_layout_reach_the_plan_and_the_cursor(
     ("kwargs", "match"),
     [
         (
-            {"plan": {"grad_accum": 2}},
+            {"plan": {"pack_size": 4, "window": 3, "grad_accum": 2}},
             r"plan\.grad_accum=2 contradicts the trainer's accumulate_grad_batches \(3\); the "
             r"trainer's setting wins",
         ),
         (
-            {"ranks_per_node": 4},
+            {"plan": {"pack_size": 4, "window": 3}, "ranks_per_node": 4},
             r"ranks_per_node=4 contradicts the trainer's data-parallel ranks per node \(1\); "
             r"the trainer's setting wins",
         ),
@@ -169,20 +169,30 @@ def test_accumulation_and_layout_reach_the_plan_and_the_cursor(
 def test_a_value_that_contradicts_the_trainer_is_refused(
     mds_dir: Path, tmp_path: Path, kwargs: dict[str, Any], match: str
 ) -> None:
+    """Keys of an earlier release that the trainer decides: still read (with the flat-key
+    warning) and checked against the trainer."""
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, accumulate_grad_batches=3, logger=False,
         default_root_dir=str(tmp_path),
     )  # fmt: skip
-    module = BCLDataModule(str(mds_dir), pack_size=4, window=3, **kwargs)
+    with pytest.warns(FutureWarning, match="flat keys"):
+        module = BCLDataModule(str(mds_dir), **kwargs)
     module.trainer = trainer
     with pytest.raises(ValueError, match=match):
         module.setup("fit")
-    agreeing = BCLDataModule(str(mds_dir), pack_size=4, window=3, plan={"grad_accum": 3})
+    with pytest.warns(FutureWarning, match=r"plan\.grad_accum \(drop it"):
+        agreeing = BCLDataModule(str(mds_dir), plan={"pack_size": 4, "window": 3, "grad_accum": 3})
     agreeing.trainer = trainer
     agreeing.setup("fit")  # equal to the trainer's: accepted
 
 
 def test_a_planner_layout_that_contradicts_the_collate_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"plan\.layout='packed' contradicts layout='padded'"):
+    """``plan.layout`` of an earlier release: read with the flat-key warning, and it must agree
+    with the collate."""
+    with (
+        pytest.warns(FutureWarning, match=r"plan\.layout \(drop it"),
+        pytest.raises(ValueError, match=r"plan\.layout='packed' contradicts layout='padded'"),
+    ):
         BCLDataModule("DIR", plan={"layout": "packed"})
-    BCLDataModule("DIR", layout="packed", plan={"layout": "packed"})
+    with pytest.warns(FutureWarning, match="flat keys"):
+        BCLDataModule("DIR", batch={"collate": "packed"}, plan={"layout": "packed"})

@@ -38,7 +38,12 @@ def write_config(tmp: Path, name: str, data: Path) -> Path:
         tmp,
         name,
         STOP,
-        {"data": str(data), "pack_size": PACK, "window": WINDOW, "num_workers": 1, "seed": 5},
+        {
+            "data": str(data),
+            "plan": {"pack_size": PACK, "window": WINDOW},
+            "loader": {"num_workers": 1},
+            "seed": 5,
+        },
     )
 
 
@@ -76,8 +81,9 @@ def test_ddp_two_ranks_balanced_disjoint_and_resumable(mds_dir: Path, tmp_path: 
 
     # Elastic resume: the 2-rank checkpoint on 1 rank re-plans the records not yet consumed.
     module = BCLDataModule(
-        str(mds_dir), pack_size=PACK, window=WINDOW, seed=5, layout="packed", max_seq_len=1024
-    )
+        str(mds_dir), plan={"pack_size": PACK, "window": WINDOW}, seed=5,
+        batch={"collate": "packed", "max_seq_len": 1024},
+    )  # fmt: skip
     trainer = make_trainer(tmp_path / "elastic", max_epochs=1)
     trainer.fit(TinyGPT(tiny_config()), module, ckpt_path=ckpt)
     consumed = {i for rank in full for x in rank[:STOP] for i in x["sample_ids"]}
@@ -95,7 +101,8 @@ def test_ddp_accumulation_reaches_the_plan(mds_dir: Path, tmp_path: Path) -> Non
     deals each optimizer step's packs for per-step balance (grad_accum=2, from the trainer),
     which on this data gives other packs than the per-micro-batch plan, and the checkpoint's
     cursor records it."""
-    data = {"data": str(mds_dir), "pack_size": PACK, "window": WINDOW, "seed": 5, "scope": "node"}
+    plan = {"pack_size": PACK, "window": WINDOW, "scope": "node"}
+    data = {"data": str(mds_dir), "plan": plan, "seed": 5}
     config = cli_run_config(ROOT / "configs" / "cpu_demo.yaml", tmp_path, "accum", STOP, data)
     fit(config, "--trainer.accumulate_grad_batches", "2")
     trained = logs(tmp_path, "accum")

@@ -19,7 +19,7 @@ PACK, WINDOW, TAKEN = 4, 4, 3
 
 
 def module(data: Path) -> BCLDataModule:
-    return BCLDataModule(str(data), pack_size=PACK, window=WINDOW, seed=2)
+    return BCLDataModule(str(data), plan={"pack_size": PACK, "window": WINDOW}, seed=2)
 
 
 def test_elastic_resume_is_announced_with_the_new_plan(

@@ -44,7 +44,9 @@ def fit(data: Path, **eval_data: str) -> tuple[list[str], list[str]]:
     from lightning_module import BCLDataModule
 
     calls: list[str] = []
-    module = BCLDataModule(str(data), pack_size=4, window=2, max_seq_len=128, **eval_data)
+    module = BCLDataModule(
+        str(data), plan={"pack_size": 4, "window": 2}, batch={"max_seq_len": 128}, eval=eval_data
+    )
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, max_steps=2, val_check_interval=1,
         num_sanity_val_steps=0, logger=False, enable_progress_bar=False,

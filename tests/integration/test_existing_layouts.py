@@ -135,8 +135,8 @@ def test_a_length_field_is_checked_against_the_token_column(
 
 
 FIT = {
-    # how each layout names its token source in the YAML: explicitly, or not at all (the
-    # cost index recorded it at annotate time and the reader takes it from there)
+    # how each layout names its token source in the YAML (data.tokens): explicitly, or not at
+    # all (the cost index recorded it at annotate time and the reader takes it from there)
     "foundry_tokens": {"tokens_field": "tokens", "tokens_dtype": "int64"},
     "foundry_text": {"text_field": "text", "tokenizer": "cl100k"},
     "wds_tokens": {},
@@ -150,10 +150,9 @@ def fit_config(tmp: Path, data: Path, layout: str) -> Path:
     fields = {
         "data": str(data),
         "format": "wds" if layout.startswith("wds") else "mds",
-        "pack_size": 4,
-        "window": 4,
-        "layout": "packed",
-        **FIT[layout],
+        "plan": {"pack_size": 4, "window": 4},
+        "batch": {"collate": "packed"},
+        "tokens": FIT[layout],
     }
     return tiny_fit_config(tmp, fields, trainer={"max_steps": 3}, max_seq_len=1024)
 
@@ -184,14 +183,15 @@ def test_a_reader_set_to_another_source_is_refused(stock: dict[str, Path], tmp_p
     from lightning_module import BCLDataModule
 
     data = annotated(stock, "foundry_tokens", tmp_path)
-    module = BCLDataModule(str(data), pack_size=4, window=4, tokens_field="n")
+    plan = {"pack_size": 4, "window": 4}
+    module = BCLDataModule(str(data), plan=plan, tokens={"tokens_field": "n"})
     with pytest.raises(DatasetError, match="counted the token column 'tokens' \\(raw int64"):
         module.setup_for(0, 1, 1)
     text = annotated(stock, "foundry_text", tmp_path)
     tokenizer = tmp_path / "tokenizer.json"
     write_word_tokenizer(tokenizer)
     module = BCLDataModule(
-        str(text), pack_size=4, window=4, text_field="text", tokenizer=str(tokenizer)
+        str(text), plan=plan, tokens={"text_field": "text", "tokenizer": str(tokenizer)}
     )
     with pytest.raises(DatasetError, match="tokenized with"):
         module.setup_for(0, 1, 1)

@@ -22,7 +22,12 @@ PACKS_PER_EPOCH = 300 // 8
 
 def run(tool: ModuleType, data: Path, workdir: Path, steps: int, **kw: Any) -> dict[str, Any]:
     return tool.train(
-        str(data), workdir, steps=steps, model_config=tiny_config(), pack_size=8, window=4, **kw
+        str(data),
+        workdir,
+        steps=steps,
+        model_config=tiny_config(),
+        plan={"pack_size": 8, "window": 4},
+        **kw,
     )
 
 

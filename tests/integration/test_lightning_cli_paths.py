@@ -48,7 +48,8 @@ def project(
     tiny = tiny_config()
     keys = ("vocab_size", "d_model", "n_layers", "n_heads", "ffn_hidden", "max_seq_len")
     cfg["model"]["init_args"]["config"].update({k: getattr(tiny, k) for k in keys})
-    cfg["data"].update(data="data/mds", pack_size=2, window=2)
+    cfg["data"]["data"] = "data/mds"
+    cfg["data"]["plan"].update(pack_size=2, window=2)
     (proj / "configs").mkdir()
     (proj / "configs" / "demo.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     return proj

@@ -36,8 +36,10 @@ class ScheduledGPT(TinyGPT):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-def dm(root: Path, **kwargs: Any) -> BCLDataModule:
-    return BCLDataModule(str(root), **{"pack_size": 8, "window": 4, "seed": 1, **kwargs})
+def dm(root: Path, plan: dict[str, Any] | None = None, **kwargs: Any) -> BCLDataModule:
+    """B=8, W=4, seed 1; ``plan`` changes planner knobs, ``kwargs`` other arguments."""
+    knobs = {"pack_size": 8, "window": 4, **(plan or {})}
+    return BCLDataModule(str(root), plan=knobs, **{"seed": 1, **kwargs})
 
 
 def fit(workdir: Path, module: BCLDataModule, ckpt: Path | None = None, **kw: Any) -> None:
@@ -89,10 +91,10 @@ def epoch_packs(root: Path, ranks: int = 2, epochs: int = 1, **kwargs: Any) -> l
 def test_sequential_packing_in_write_order_is_consecutive_slices(mds_dir: Path) -> None:
     """Unshuffled, the node's stream is the write order: each rank's packs are consecutive
     B-record slices of its share of every chunk of W packs per rank (computed by hand)."""
-    (got,) = epoch_packs(mds_dir, packing="sequential", shuffle=False)
+    (got,) = epoch_packs(mds_dir, packing="sequential", plan={"shuffle": False})
     want, tail = write_order_packs(300, ranks=2, pack_size=8, window=4)
     assert got == want
-    module = dm(mds_dir, packing="sequential", shuffle=False)
+    module = dm(mds_dir, packing="sequential", plan={"shuffle": False})
     module.setup_for(1, 2, 2)
     assert module.remainder_counts() == {"epoch_tail": tail} == {"epoch_tail": 12}
 
@@ -115,16 +117,17 @@ def test_bcl_packs_balance_better_than_sequential(scope: str, mds_dir: Path) -> 
     # Summed record costs are what the packed layout balances (padded: B x the longest record,
     # where scope node packs records of neighbouring length and the sum is not its aim).
     costs = np.asarray(read_index(mds_dir).costs())
-    bcl = balance_efficiency(epoch_packs(mds_dir, scope=scope, layout="packed")[0], costs)
+    plan, batch = {"scope": scope}, {"collate": "packed"}
+    bcl = balance_efficiency(epoch_packs(mds_dir, plan=plan, batch=batch)[0], costs)
     sequential = balance_efficiency(
-        epoch_packs(mds_dir, packing="sequential", scope=scope, layout="packed")[0], costs
+        epoch_packs(mds_dir, packing="sequential", plan=plan, batch=batch)[0], costs
     )
     # Measured here: node 1.000, rank 0.955, against 0.888 (300 tiny records, 2 ranks, B=8, W=4).
     assert bcl > sequential + 0.03, (bcl, sequential)
 
 
 def test_est_cost_is_the_pack_cost(mds_dir: Path) -> None:
-    module = dm(mds_dir, layout="packed")
+    module = dm(mds_dir, batch={"collate": "packed"})
     module.setup_for(0, 1, 1)
     costs = read_index(mds_dir).costs()
     for batch in module.train_dataloader():
@@ -159,7 +162,7 @@ def test_state_round_trip_and_refusals(mds_dir: Path, wds_dir: Path) -> None:
     other.train_dataloader()
     with pytest.raises(StateError, match="other data"):
         other.load_state_dict(state)
-    changed = dm(mds_dir, pack_size=4)
+    changed = dm(mds_dir, plan={"pack_size": 4})
     changed.setup_for(0, 1, 1)
     changed.train_dataloader()
     with pytest.raises(StateError, match="pack_size=8"):
@@ -202,8 +205,8 @@ def dm_loader(root: Path) -> Any:
     [
         ({"format": "parquet"}, "format must be"),
         ({"packing": "random"}, "packing must be"),
-        ({"layout": "ragged"}, "layout must be"),
-        ({"num_workers": 0, "persistent_workers": True}, "persistent_workers"),
+        ({"batch": {"collate": "ragged"}}, "layout must be"),
+        ({"loader": {"num_workers": 0, "persistent_workers": True}}, "persistent_workers"),
         ({"cost_model": "gpt-17"}, "unknown cost model"),
     ],
 )
@@ -214,7 +217,7 @@ def test_bad_arguments_are_value_errors(kwargs: dict[str, Any], match: str) -> N
 
 @pytest.mark.parametrize("packing", ["bcl", "sequential"])
 def test_remainder_is_reported(mds_dir: Path, packing: str) -> None:
-    module = dm(mds_dir, pack_size=1, max_tokens=50, packing=packing)
+    module = dm(mds_dir, plan={"pack_size": 1, "max_tokens": 50}, packing=packing)
     module.setup_for(0, 1, 1)
     tokens = read_index(mds_dir).tokens
     counts = module.remainder_counts()
@@ -232,7 +235,8 @@ def test_s3_dataset_under_trainer(moto_s3: Any, tmp_path: Path) -> None:
 
     remote = moto_s3("bcl-lightning") + "/train"
     write_mds(remote, 120)
-    module = BCLDataModule(remote, pack_size=4, window=3, cache_dir=str(tmp_path / "cache"))
+    plan = {"pack_size": 4, "window": 3}
+    module = BCLDataModule(remote, plan=plan, cache_dir=str(tmp_path / "cache"))
     trainer = make_trainer(tmp_path, max_epochs=1)
     trainer.fit(TinyGPT(tiny_config()), module)
     trained = [x["sample_ids"] for x in pack_log(tmp_path)]

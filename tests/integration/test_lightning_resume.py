@@ -44,8 +44,10 @@ def data(request: pytest.FixtureRequest, mds_dir: Path) -> Path:
     return request.getfixturevalue("wds_dir") if fmt == "wds" else mds_dir
 
 
-def datamodule(root: Path, **kwargs: Any) -> BCLDataModule:
-    return BCLDataModule(str(root), pack_size=PACK, window=4, seed=3, **kwargs)
+def datamodule(root: Path, layout: str, **kwargs: Any) -> BCLDataModule:
+    """B=PACK, W=4, batches in ``layout``; ``kwargs`` more DataModule arguments."""
+    plan = {"pack_size": PACK, "window": 4}
+    return BCLDataModule(str(root), plan=plan, seed=3, batch={"collate": layout}, **kwargs)
 
 
 def fit(workdir: Path, dm: BCLDataModule, ckpt: Path | None = None, **kwargs: Any) -> None:
@@ -55,21 +57,21 @@ def fit(workdir: Path, dm: BCLDataModule, ckpt: Path | None = None, **kwargs: An
 
 
 @pytest.mark.parametrize(
-    ("loader", "layout", "data"),
+    ("args", "layout", "data"),
     [
-        ({"num_workers": 0}, "padded", "mds"),
-        ({"num_workers": 2}, "packed", "mds"),
-        ({"num_workers": 2, "persistent_workers": True}, "padded", "mds"),
-        ({"num_workers": 2, "format": "wds"}, "packed", "wds"),
+        ({"loader": {"num_workers": 0}}, "padded", "mds"),
+        ({"loader": {"num_workers": 2}}, "packed", "mds"),
+        ({"loader": {"num_workers": 2, "persistent_workers": True}}, "padded", "mds"),
+        ({"loader": {"num_workers": 2}, "format": "wds"}, "packed", "wds"),
     ],
     ids=["workers0", "workers2", "persistent2", "wds-workers2"],
     indirect=["data"],
 )
 def test_datamodule_resume_equals_uninterrupted(
-    data: Path, tmp_path: Path, loader: dict[str, Any], layout: str
+    data: Path, tmp_path: Path, args: dict[str, Any], layout: str
 ) -> None:
     full = tmp_path / "full"
-    dm = datamodule(data, layout=layout, **loader)
+    dm = datamodule(data, layout, **args)
     n_packs = 300 // PACK  # 300 records, world size 1
     steps = resume_positions(n_packs, mid=5)
     fit(full, dm, save_at=steps)
@@ -86,7 +88,7 @@ def test_datamodule_resume_equals_uninterrupted(
 
     def resume(step: int) -> list[tuple[int, int, list[int]]]:
         resumed = tmp_path / f"resumed{step}"
-        dm = datamodule(data, layout=layout, **loader)
+        dm = datamodule(data, layout, **args)
         fit(resumed, dm, ckpt=full / "ckpt" / f"step={step}.ckpt")
         return packs_by_step(pack_log(resumed))
 

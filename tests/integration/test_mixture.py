@@ -132,7 +132,7 @@ def test_lightning_fit_resumes_a_mixture_and_logs_streams(
     streams: dict[str, Path], tmp_path: Path
 ) -> None:
     def module() -> BCLDataModule:
-        return BCLDataModule(streams=specs(streams), pack_size=4, window=4, seed=1)
+        return BCLDataModule(streams=specs(streams), plan={"pack_size": 4, "window": 4}, seed=1)
 
     def fit(workdir: Path, ckpt: Path | None = None) -> None:
         torch.manual_seed(0)
@@ -207,9 +207,8 @@ def mixture_config(tmp: Path, name: str, streams: dict[str, Path], stop: int) ->
     weights = dict(zip(SIZES, (0.5, 0.3, 0.2), strict=True))
     data = {
         "streams": [{"path": str(streams[n]), "proportion": w} for n, w in weights.items()],
-        "pack_size": 4,
-        "window": 4,
-        "num_workers": 1,
+        "plan": {"pack_size": 4, "window": 4},
+        "loader": {"num_workers": 1},
         "seed": 5,
     }
     return cli_run_config(ROOT / "configs" / "mixture.yaml", tmp, name, stop, data)

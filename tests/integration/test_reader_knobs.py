@@ -71,8 +71,8 @@ def test_datamodule_passes_the_knobs(moto_s3, dataset_writers, tmp_path: Path) -
     remote = moto_s3("bcl-knobs-dm") + "/train"
     dataset_writers[0](remote, 60)
     module = BCLDataModule(
-        remote, cache_dir=str(tmp_path / "c"), pack_size=4, window=2, cache_limit="1gb",
-        download_timeout=9.0, prefetch=3,
+        remote, cache_dir=str(tmp_path / "c"), plan={"pack_size": 4, "window": 2},
+        read={"cache_limit": "1gb", "download_timeout": 9.0, "prefetch": 3},
     )  # fmt: skip
     module.setup_for(0, 1, 1)
     dataset = module.dataset
@@ -83,6 +83,6 @@ def test_datamodule_passes_the_knobs(moto_s3, dataset_writers, tmp_path: Path) -
     )
     assert dataset.prefetch == 3
     with pytest.raises(ValueError, match="cache_limit must be a byte count"):
-        BCLDataModule(remote, cache_limit="lots")
+        BCLDataModule(remote, read={"cache_limit": "lots"})
     with pytest.raises(ValueError, match="prefetch must be an integer >= 0"):
-        BCLDataModule(remote, prefetch=-1)
+        BCLDataModule(remote, read={"prefetch": -1})

@@ -32,8 +32,8 @@ def batches(dm: BCLDataModule) -> list[dict]:  # type: ignore[type-arg]
 @pytest.mark.parametrize("workers", [0, 2])
 def test_every_batch_carries_its_steps_trained_tokens(sft_dir: Path, workers: int) -> None:
     dm = BCLDataModule(
-        str(sft_dir), pack_size=2, window=2, layout="packed", labels="unshifted",
-        num_workers=workers,
+        str(sft_dir), plan={"pack_size": 2, "window": 2}, batch={"collate": "packed", "labels": "unshifted"},
+        loader={"num_workers": workers},
     )  # fmt: skip
     dm.setup_for(rank=0, world_size=1, ranks_per_node=1, grad_accum=3)
     assert dm.normalization == "plan"
@@ -50,7 +50,9 @@ def test_the_models_limit_truncates_plans_and_is_reported(
     sft_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     dm = BCLDataModule(
-        str(sft_dir), pack_size=2, window=2, layout="packed", labels="unshifted", max_seq_len=30
+        str(sft_dir),
+        plan={"pack_size": 2, "window": 2},
+        batch={"collate": "packed", "labels": "unshifted", "max_seq_len": 30},
     )
     dm.model_max_seq_len(SimpleNamespace(max_seq_len=20))  # what HFCausalLM states
     dm.setup_for(rank=0, world_size=1, ranks_per_node=1, grad_accum=2)
@@ -75,7 +77,8 @@ def test_the_models_limit_truncates_plans_and_is_reported(
 def test_max_seq_len_that_cuts_nothing_leaves_the_plan_and_cursor_as_they_were(
     sft_dir: Path,
 ) -> None:
-    dm = BCLDataModule(str(sft_dir), pack_size=2, window=2, layout="packed", max_seq_len=4096)
+    batch = {"collate": "packed", "max_seq_len": 4096}
+    dm = BCLDataModule(str(sft_dir), plan={"pack_size": 2, "window": 2}, batch=batch)
     dm.setup_for(rank=0, world_size=1, ranks_per_node=1)
     assert dm.dataset is not None and dm.dataset.config.max_seq_len is None
     assert "max_seq_len" not in dm.train_dataloader().state_dict()["config"]
@@ -92,8 +95,8 @@ def test_a_trainer_fit_feeds_hf_causal_lm_at_most_its_stated_limit(
     tiny_llama_dir(tmp_path / "model", max_position_embeddings=24, width=16, layers=1)
     model = HFCausalLM(str(tmp_path / "model"), attention="sdpa")
     dm = BCLDataModule(
-        str(sft_dir), pack_size=2, window=2, layout="packed", labels="unshifted",
-        val_data=str(sft_dir),
+        str(sft_dir), plan={"pack_size": 2, "window": 2}, batch={"collate": "packed", "labels": "unshifted"},
+        eval={"val_data": str(sft_dir)},
     )  # fmt: skip
     seen: list[int] = []
 
@@ -123,8 +126,8 @@ def test_under_the_step_contract_each_rank_counts_the_records_it_was_dealt(
     root = write_sft_mds(tmp_path / "mds", recs)
     for rank in range(4):
         dm = BCLDataModule(
-            str(root), pack_size=2, window=2, layout="padded", scope="node",
-            plan={"contract": "step"},
+            str(root), plan={"pack_size": 2, "window": 2, "scope": "node", "contract": "step"},
+            batch={"collate": "padded"},
         )  # fmt: skip
         dm.setup_for(rank=rank, world_size=4, ranks_per_node=2, grad_accum=2)
         assert dm.normalization == "all_reduce"

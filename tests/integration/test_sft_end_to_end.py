@@ -89,8 +89,8 @@ def test_preprocess_then_ddp_fit_of_a_hugging_face_model_on_assistant_tokens(
             "init_args": {"model": str(model_dir), "attention": "sdpa", "lr": 1e-3},
         },
         "data": {
-            "data": str(out), "pack_size": 2, "window": 4, "scope": "node", "layout": "packed",
-            "labels": "unshifted",
+            "data": str(out), "plan": {"pack_size": 2, "window": 4, "scope": "node"},
+            "batch": {"collate": "packed", "labels": "unshifted"},
         },
     }  # fmt: skip
     path = tmp_path / "sft.yaml"

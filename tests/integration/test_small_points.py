@@ -33,7 +33,8 @@ def test_pack_log_has_each_step_once_after_a_resume(mds_dir: Path, tmp_path: Pat
         )  # fmt: skip
 
     def module() -> BCLDataModule:
-        return BCLDataModule(str(mds_dir), pack_size=4, window=4, layout="packed", max_seq_len=128)
+        plan, batch = {"pack_size": 4, "window": 4}, {"collate": "packed", "max_seq_len": 128}
+        return BCLDataModule(str(mds_dir), plan=plan, batch=batch)
 
     trainer(SaveAtSteps(tmp_path / "ckpt", [3])).fit(TinyGPT(tiny_config()), module())
     log = tmp_path / "logs" / "packs_rank0.jsonl"
@@ -49,7 +50,7 @@ def test_datamodule_and_plan_name_the_same_epoch(mds_dir: Path) -> None:
     from bcl_stream.errors import PlanError
     from lightning_module import BCLDataModule
 
-    module = BCLDataModule(str(mds_dir), pack_size=400, window=2)
+    module = BCLDataModule(str(mds_dir), plan={"pack_size": 400, "window": 2})
     module.setup_for(0, 1, 1)
     with pytest.raises(PlanError, match="no pack for any rank in epoch 0") as info:
         module.train_dataloader()

@@ -1,11 +1,12 @@
 """Validation and test through BCLDataModule (issue "the user's path, second pass", point 6).
 
-- ``fit`` with ``val_data`` on 2 real DDP ranks (gloo) through ``python -m lightning_module``:
+- ``fit`` with ``eval.val_data`` on 2 real DDP ranks (gloo) through ``python -m lightning_module``:
   every validation pass yields every validation record exactly once across the ranks, both
   ranks run the same number of validation steps (``sync_dist`` would hang otherwise), packs
-  hold at most B records, and training is unaffected (exactly B records per step);
-- ``val_streams``: one loader per stream, each stream read whole;
-- ``Trainer.test`` with ``test_data`` and balanced packing, in process; no validation data: no
+  hold at most B records, and training is unaffected (exactly B records per step); the config
+  uses the grouped keys only, so the run gives no flat-key warning;
+- ``eval.val_streams``: one loader per stream, each stream read whole;
+- ``Trainer.test`` with ``eval.test_data`` and balanced packing, in process; no validation data: no
   validation loader.
 """
 
@@ -55,7 +56,10 @@ def write_config(tmp: Path, data: Path, validation: dict) -> Path:  # type: igno
     (tmp / "recording.py").write_text(RECORDING_MODEL)
     trainer = {"devices": 2, "strategy": "ddp", "max_steps": 4, "val_check_interval": 2}
     trainer["num_sanity_val_steps"] = 0
-    fields = {"data": str(data), "pack_size": PACK, "window": 4, "layout": "packed", **validation}
+    fields = {
+        "data": str(data), "plan": {"pack_size": PACK, "window": 4}, "batch": {"collate": "packed"},
+        "eval": validation,
+    }  # fmt: skip
     return tiny_fit_config(
         tmp, fields, trainer=trainer, model="recording.RecordingGPT", model_args={"out": str(tmp)}
     )
@@ -70,6 +74,7 @@ def test_fit_with_validation_on_two_ddp_ranks(mds_dir: Path, val_dir: Path, tmp_
     config = write_config(tmp_path, mds_dir, {"val_data": str(val_dir)})
     proc = lightning_cli(ROOT, "fit", "--config", str(config), cwd=tmp_path, path=[tmp_path])
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "BCLDataModule: flat keys" not in proc.stderr  # our configs are new-style
     ranks = [seen(tmp_path, r) for r in range(2)]
     passes = sorted({line["pass"] for line in ranks[0]})
     assert passes == [2, 4]  # val_check_interval=2, max_steps=4
@@ -91,9 +96,8 @@ def test_val_streams_give_one_loader_per_stream(
 
     module = BCLDataModule(
         str(mds_dir),
-        pack_size=PACK,
-        window=4,
-        val_streams=[f"{val_dir}:proportion=0.2", str(mds_dir)],
+        plan={"pack_size": PACK, "window": 4},
+        eval={"val_streams": [f"{val_dir}:proportion=0.2", str(mds_dir)]},
     )
     module.setup_for(0, 1, 1)
     loaders = module.val_dataloader()
@@ -123,8 +127,9 @@ def test_a_test_pass_with_balanced_packing_reads_every_record_once(
             return super().test_step(batch, batch_idx)
 
     module = BCLDataModule(
-        str(mds_dir), pack_size=PACK, window=4, test_data=str(val_dir), eval_packing="bcl",
-        layout="packed", max_seq_len=128,
+        str(mds_dir), plan={"pack_size": PACK, "window": 4},
+        eval={"test_data": str(val_dir), "packing": "bcl"},
+        batch={"collate": "packed", "max_seq_len": 128},
     )  # fmt: skip
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,

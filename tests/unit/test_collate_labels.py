@@ -55,7 +55,7 @@ def test_unknown_labels_convention_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="labels must be one of"):
         collate_padded(make_pack([3]), labels="hf")
     with pytest.raises(ValueError, match="labels must be one of"):
-        BCLDataModule(str(tmp_path), labels="hf")
+        BCLDataModule(str(tmp_path), batch={"labels": "hf"})
 
 
 def table(section: str) -> list[list[str]]:

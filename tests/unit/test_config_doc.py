@@ -123,7 +123,10 @@ def test_unknown_keys_are_refused_naming_where_they_go() -> None:
         BCLDataModule("DIR", plan={"num_workers": 2})
     with pytest.raises(TypeError, match=r"unknown arguments \['windwo'\]"):
         BCLDataModule("DIR", windwo=3)
-    with pytest.raises(ValueError, match=r"plan\.layout='padded' contradicts layout='packed'"):
+    with (
+        pytest.warns(FutureWarning, match="flat keys of an earlier release: layout"),
+        pytest.raises(ValueError, match=r"plan\.layout='padded' contradicts layout='packed'"),
+    ):
         BCLDataModule("DIR", layout="packed", plan={"layout": "padded"})
 
 

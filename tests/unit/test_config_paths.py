@@ -29,8 +29,10 @@ CONFIG: dict[str, Any] = {
     "data": {
         "data": "data/mds",
         "cache_dir": "s3://bucket/cache",
-        "val_streams": ["data/a:proportion=0.5", "s3://bucket/b:proportion=0.5"],
-        "test_streams": [{"path": "data/c", "repeat": 2}],
+        "eval": {
+            "val_streams": ["data/a:proportion=0.5", "s3://bucket/b:proportion=0.5"],
+            "test_streams": [{"path": "data/c", "repeat": 2}],
+        },
     },
     "ckpt_path": "last",
 }
@@ -65,12 +67,23 @@ def test_relative_paths_resolve_against_the_config_files_root(
     callbacks = got["trainer.callbacks"]
     assert callbacks[0]["init_args"] == {"directory": f"{proj}/runs/work/logs"}
     assert callbacks[1] == CONFIG["trainer"]["callbacks"][1]  # absolute: untouched
-    assert got["data.val_streams"] == [
+    assert got["data.eval.val_streams"] == [
         f"{proj}/data/a:proportion=0.5",
         "s3://bucket/b:proportion=0.5",
     ]
-    assert got["data.test_streams"] == [{"path": f"{proj}/data/c", "repeat": 2}]
+    assert got["data.eval.test_streams"] == [{"path": f"{proj}/data/c", "repeat": 2}]
     assert "data.cache_dir" not in got and "ckpt_path" not in got  # a URL, Lightning's "last"
+
+
+def test_the_flat_keys_of_an_earlier_release_resolve_too(tmp_path: Path) -> None:
+    """An older config (``data.val_data``, ``data.test_streams``) still runs, with the
+    DataModule's warning: its paths resolve as the nested keys' do."""
+    data = {"data": "data/mds", "val_data": "data/v", "test_streams": ["data/c:repeat=2"]}
+    config = write(tmp_path / "proj" / "run.yaml", {"root": ".", "data": data})
+    got = options(resolve_config_paths(["fit", "--config", str(config)], env={}))
+    proj = tmp_path / "proj"
+    assert got["data.val_data"] == f"{proj}/data/v"
+    assert got["data.test_streams"] == [f"{proj}/data/c:repeat=2"]
 
 
 def test_without_a_root_key_the_files_own_directory_is_the_root(tmp_path: Path) -> None:
@@ -146,7 +159,7 @@ def test_the_early_path_check_sees_the_resolved_paths(
         (proj / "data" / name).mkdir(parents=True)
     config = {
         "root": "..",
-        "data": {"data": "data/mds", "val_streams": ["data/a", {"path": "data/b"}]},
+        "data": {"data": "data/mds", "eval": {"val_streams": ["data/a", {"path": "data/b"}]}},
     }
     argv = ["fit", "--config", str(write(proj / "configs" / "run.yaml", config))]
     (tmp_path / "elsewhere").mkdir()

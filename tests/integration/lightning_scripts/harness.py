@@ -96,7 +96,8 @@ def packs_by_step(log: list[dict[str, Any]]) -> list[tuple[int, int, list[int]]]
 def cli_run_config(base: Path, tmp: Path, name: str, every: int, data: dict[str, Any]) -> Path:
     """A LightningCLI config for one test run: ``base`` (a file of configs/) with this run's
     logs and checkpoints (``{step}`` every ``every`` steps) under ``tmp/name``, the tiny model,
-    and ``data`` merged into its data section."""
+    and ``data`` merged into its data section (a group such as ``plan`` key by key, so a run
+    changes one knob and keeps the base's others)."""
     import yaml
 
     cfg = yaml.safe_load(base.read_text())
@@ -115,7 +116,10 @@ def cli_run_config(base: Path, tmp: Path, name: str, every: int, data: dict[str,
         key: getattr(tiny, key)
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "ffn_hidden", "max_seq_len")
     }
-    cfg["data"].update(data)
+    for key, value in data.items():
+        shipped = cfg["data"].get(key)
+        both = isinstance(shipped, dict) and isinstance(value, dict)
+        cfg["data"][key] = {**shipped, **value} if both else value
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path

@@ -34,8 +34,8 @@ from lightning_scripts.harness import make_trainer, tiny_config  # noqa: E402
 PACK, WINDOW, SEED, DP, TP = 8, 4, 5, 2, 2
 SAVE_AT = 7
 DATAMODULE: dict[str, Any] = {
-    "pack_size": PACK, "window": WINDOW, "seed": SEED, "layout": "packed", "max_seq_len": 128,
-    "num_workers": 1, "scope": "node",
+    "plan": {"pack_size": PACK, "window": WINDOW, "scope": "node"}, "seed": SEED,
+    "batch": {"collate": "packed", "max_seq_len": 128}, "loader": {"num_workers": 1},
 }  # fmt: skip
 
 

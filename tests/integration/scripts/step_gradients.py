@@ -57,13 +57,9 @@ def main(data: str, model: str, out: str, scope: str, max_seq_len: str) -> None:
     torch.save(module.model.state_dict(), out_dir / "init.pt")
     dm = BCLDataModule(
         data,
-        pack_size=2,
-        window=2,
-        scope=scope,
-        layout="packed",
-        labels="unshifted",
+        plan={"pack_size": 2, "window": 2, "scope": scope},
+        batch={"collate": "packed", "labels": "unshifted", "max_seq_len": int(max_seq_len) or None},
         seed=3,
-        max_seq_len=int(max_seq_len) or None,
     )
     trainer = pl.Trainer(
         accelerator="cpu",
