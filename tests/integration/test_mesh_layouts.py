@@ -51,7 +51,7 @@ def run(mode: str, data: Path, out: Path, *resume: str) -> Run:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "BCL_STREAM_KEEP_SHM": "1"}
     for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK"):
         env.pop(key, None)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(HERE), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), mode, str(data), str(out), *resume],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
@@ -143,7 +143,7 @@ def test_parallelize_splits_tinygpt_and_llama_without_changing_what_they_compute
         port = sock.getsockname()[1]
     out = tmp_path / "tp.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(HERE), env.get("PYTHONPATH", "")])
     script = HERE / "lightning_scripts" / "tp_equivalence.py"
     proc = subprocess.run(
         [sys.executable, str(script), str(port), str(out)],

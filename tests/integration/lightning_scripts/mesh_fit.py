@@ -18,18 +18,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE.parents[2])]  # lightning_scripts, the checkout
+import lightning as L
+import lightning.pytorch as pl
+import torch
 
-import lightning as L  # noqa: E402
-import lightning.pytorch as pl  # noqa: E402
-import torch  # noqa: E402
-
-from lightning_module.callbacks import PackLogWriter  # noqa: E402
-from lightning_module.datamodule import BCLDataModule  # noqa: E402
-from lightning_module.parallel import parallelize  # noqa: E402
-from lightning_module.tinygpt import TinyGPT  # noqa: E402
-from lightning_scripts.harness import make_trainer, tiny_config  # noqa: E402
+from lightning_module.callbacks import PackLogWriter
+from lightning_module.datamodule import BCLDataModule
+from lightning_module.parallel import parallelize
+from lightning_module.tinygpt import TinyGPT
+from lightning_scripts.harness import make_trainer, tiny_config
 
 PACK, WINDOW, SEED, DP, TP = 8, 4, 5, 2, 2
 SAVE_AT = 7

@@ -18,16 +18,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE.parents[2])]
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-from torch import nn  # noqa: E402
-
-from lightning_module.parallel import parallelize, tensor_parallel_plan  # noqa: E402
-from lightning_module.tinygpt import TinyGPT, TinyGPTConfig  # noqa: E402
+from lightning_module.parallel import parallelize, tensor_parallel_plan
+from lightning_module.tinygpt import TinyGPT, TinyGPTConfig
 
 TP = 2
 
