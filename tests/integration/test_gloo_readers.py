@@ -54,11 +54,13 @@ def test_two_gloo_ranks_follow_the_plan(mds_dir: Path, wds_dir: Path, tmp_path: 
 
 def check_defaults(ranks: list[dict[str, Any]], root: Path) -> None:
     index, _ = open_cost_index(str(root))
-    plan = full_plan(index, ReaderConfig.build(world_size=2, pack_size=4, window=3, seed=9), 0)
+    # the group's 2 processes on one node (LOCAL_WORLD_SIZE=2): one node of 2 ranks
+    one_node = ReaderConfig.build(world_size=2, ranks_per_node=2, pack_size=4, window=3, seed=9)
+    plan = full_plan(index, one_node, 0)
     for got in ranks:
         r = got["rank"]
         assert got["before_group"].startswith("world_size is required: no torch process group")
-        assert got["world_size"] == 2
+        assert (got["world_size"], got["ranks_per_node"]) == (2, 2)
         assert got["default_rank"] == got["mixture_rank"] == r
         assert got["default_first"] == plan.rank_packs(r)[0].tolist()
         assert got["explicit_rank"] == 1 - r  # the caller's rank wins over the group's

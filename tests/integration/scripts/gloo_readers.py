@@ -103,6 +103,7 @@ def defaults(root: str, before_group: str) -> list[object]:
         "rank": dist.get_rank(),
         "before_group": before_group,
         "world_size": config.plan.world_size,
+        "ranks_per_node": config.plan.ranks_per_node,  # LOCAL_WORLD_SIZE, as torchrun sets it
         "default_rank": default.rank,
         "default_first": first_pack(default),
         "explicit_rank": explicit.rank,
