@@ -23,7 +23,7 @@ divides by the step's trained tokens:
   all-reduce of the counts in the labels rescales the gradients. Each way DDP with
   accumulation G gives the gradient of one process on the whole step (tests check all three).
 - **Labels.** Both collate conventions work; ``labels=None`` follows the DataModule's
-  (``BCLDataModule.labels``) and an explicit value that contradicts it is refused.
+  (``batch.labels`` of ``BCLDataModule``) and an explicit value that contradicts it is refused.
 
 The model directory needs ``config.json``; with weights (``model.safetensors``,
 ``pytorch_model.bin`` or their sharded indexes) they are loaded, without them the model is
@@ -44,6 +44,7 @@ from torch import Tensor
 
 from bcl_stream.epoch.loss_tokens import RANK_STEP_LOSS_TOKENS, STEP_LOSS_TOKENS
 from bcl_stream.loading.collate import IGNORE_INDEX, LABELS
+from lightning_module.datamodule import BCLDataModule
 from lightning_module.tinygpt import block_causal_mask
 from lightning_module.trainer_layout import data_parallel_dim, strategy_mesh
 
@@ -168,9 +169,10 @@ class HFCausalLM(L.LightningModule):
 
     # -- set-up ---------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
-        data_labels = getattr(getattr(self.trainer, "datamodule", None), "labels", None)
-        if data_labels is None:
-            return
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if not isinstance(datamodule, BCLDataModule):
+            return  # another DataModule: its batches follow this module's ``labels``
+        data_labels = datamodule.batch.labels
         if self.labels is not None and self.labels != data_labels:
             raise ValueError(
                 f"HFCausalLM labels={self.labels!r} contradicts the DataModule's "

@@ -111,10 +111,38 @@ def test_a_trainer_fit_feeds_hf_causal_lm_at_most_its_stated_limit(
         num_sanity_val_steps=0,
     )  # fmt: skip
     trainer.fit(model, dm)
+    assert model.labels == "unshifted"  # the DataModule's batch.labels, taken at setup
     assert torch.isfinite(trainer.callback_metrics["val_loss"])
     assert dm.fed_max_seq_len == 24
     assert dm.dataset is not None and dm.dataset.config.max_seq_len == 24
     assert len(seen) == 6 and max(seen) <= 24
+
+
+@pytest.mark.parametrize("given", [None, "shifted", "unshifted"])
+def test_hf_causal_lm_follows_or_refuses_the_datamodule_label_convention(
+    sft_dir: Path, tmp_path: Path, given: str | None
+) -> None:
+    """The DataModule's default, shifted labels, must reach the model: a model that took them
+    for unshifted would shift them again and train every record to predict two tokens ahead."""
+    import lightning.pytorch as pl
+
+    from lightning_module.hf_causal_lm import HFCausalLM
+
+    tiny_llama_dir(tmp_path / "model", max_position_embeddings=64, width=16, layers=1)
+    model = HFCausalLM(str(tmp_path / "model"), attention="sdpa", labels=given)
+    dm = BCLDataModule(str(sft_dir), plan={"pack_size": 2, "window": 2})  # labels: shifted
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
+    )  # fmt: skip
+    if given == "unshifted":
+        with pytest.raises(
+            ValueError, match="labels='unshifted' contradicts the DataModule's labels='shifted'"
+        ):
+            trainer.fit(model, dm)
+        return
+    trainer.fit(model, dm)
+    assert model.labels == "shifted"
 
 
 def test_under_the_step_contract_each_rank_counts_the_records_it_was_dealt(
