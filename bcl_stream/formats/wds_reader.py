@@ -294,16 +294,15 @@ class WDSPackDataset(DatasetReader):
 
     def shard_order(self, packs: npt.NDArray[np.int64]) -> list[int]:
         """Shards holding the packs' records, in the order the packs first need them."""
-        shard_of = self.shards.shard_of(packs.ravel())
-        first = np.unique(shard_of, return_index=True)[1]
-        return [int(s) for s in shard_of[np.sort(first)]]
+        return _first_needed(self.shards.shard_of(packs.ravel()))
 
     def _read_packs(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
         shards = self.shards
         hashes = self.index.record_hashes
         starts = shards.starts
-        shard_rows = shards.shard_of(packs.ravel()).reshape(packs.shape)
-        order = self.shard_order(packs)
+        shard_of = shards.shard_of(packs.ravel())  # one lookup per record, for both uses
+        shard_rows = shard_of.reshape(packs.shape)
+        order = _first_needed(shard_of)
         position = {s: i for i, s in enumerate(order)}
         where = f"{self.location}: record"
         reached = -1
@@ -325,6 +324,13 @@ class WDSPackDataset(DatasetReader):
                     check_record_spans(record, self.index.trained_of(sid), f"{where} {sid}")
                 pack.append(record)
             yield pack
+
+
+def _first_needed(shard_of: npt.NDArray[np.int64]) -> list[int]:
+    """The distinct shards of ``shard_of`` (each record's shard, in pack order), in the order
+    of their first record."""
+    first = np.unique(shard_of, return_index=True)[1]
+    return [int(s) for s in shard_of[np.sort(first)]]
 
 
 @dataclass(frozen=True, slots=True)
