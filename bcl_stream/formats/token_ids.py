@@ -51,10 +51,12 @@ def _tokenizer(spec: str) -> Any:
 
 
 @functools.cache
-def _encoder(spec: str) -> Any:
-    """The encoder ``preprocess`` uses (``text/templates.py``): a text prompt/response
-    read here is encoded exactly as ``preprocess`` writes one."""
-    return Encoder(spec)
+def _encoder(spec: str, loss_on: str) -> Any:
+    """The encoder ``preprocess`` uses (``text/templates.py``), one per (tokenizer, loss_on)
+    and process: a prompt/response or conversation read here is encoded exactly as
+    ``preprocess`` writes one, and a tokenizer directory is loaded once, whichever layout
+    asks first."""
+    return Encoder(spec, loss_on)
 
 
 def _kind(value: Any) -> str:
@@ -234,7 +236,7 @@ def prompt_response_ids(
             _as_text(v, f, source, where)
             for v, f in ((prompt, source.field), (response, source.response_field))
         ]
-        encoded = _encoder(str(source.tokenizer)).prompt_response(
+        encoded = _encoder(str(source.tokenizer), "assistant").prompt_response(
             PromptResponse(texts[0], texts[1])
         )
         assert encoded.spans is not None
@@ -265,11 +267,6 @@ def _as_text(value: Any, field: str | None, source: TokenSource, where: str, hin
     return value
 
 
-@functools.cache
-def _chat_encoder(spec: str, loss_on: str) -> Any:
-    return Encoder(spec, loss_on)
-
-
 def conversation_ids(
     value: Any, source: TokenSource, where: str
 ) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32] | None]:
@@ -286,7 +283,7 @@ def conversation_ids(
                 f"messages ({exc})"
             ) from exc
     layout = read_layout(where, {source.field: value}, LayoutOptions(messages_field=source.field))
-    encoder = _chat_encoder(str(source.tokenizer), source.loss_on or "assistant")
+    encoder = _encoder(str(source.tokenizer), source.loss_on or "assistant")
     encoded = layout if isinstance(layout, Bad) else encode_layout(where, layout, encoder)
     if isinstance(encoded, Bad):
         raise DatasetError(
