@@ -98,6 +98,36 @@ def test_docs_import_only_the_public_face() -> None:
     assert not found, "\n".join(found)
 
 
+def imported_names(text: str) -> set[tuple[str, str]]:
+    """``(package, name)`` of every ``from bcl_stream import name`` (or ``lightning_module``)
+    in the python blocks of ``text``."""
+    found: set[tuple[str, str]] = set()
+    for _, code in python_blocks(text):
+        try:
+            tree = ast.parse(code)
+        except SyntaxError:
+            continue  # reported by the test above
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module in PUBLIC:
+                found.update((node.module, alias.name) for alias in node.names)
+    return found
+
+
+def test_every_name_the_docs_import_exists_at_the_top_level() -> None:
+    """An example that imports a name the face does not export fails for the first user who
+    runs it: each one resolves on its package."""
+    import importlib
+
+    wanted = set().union(*(imported_names(p.read_text(encoding="utf-8")) for p in doc_files()))
+    assert wanted, "no top-level imports found in the docs"
+    missing = sorted(
+        f"from {package} import {name}"
+        for package, name in wanted
+        if not hasattr(importlib.import_module(package), name)
+    )
+    assert not missing, missing
+
+
 def test_the_docs_have_python_examples() -> None:
     """The check above reads something: the README and the reader and writer pages hold
     examples (a fence the parser stopped seeing would pass vacuously)."""
