@@ -28,7 +28,9 @@ divides by the step's trained tokens:
 The model directory needs ``config.json``; with weights (``model.safetensors``,
 ``pytorch_model.bin`` or their sharded indexes) they are loaded, without them the model is
 initialised at random from the config (tests, from-scratch runs). Every rank loads the model on
-the CPU before the strategy places or shards it.
+the CPU before the strategy places or shards it. The loaded model is put in training mode
+(``from_pretrained`` leaves it in eval mode and Lightning keeps submodule modes as it finds
+them), so dropout runs and ``gradient_checkpointing`` recomputes each layer in backward.
 """
 
 from __future__ import annotations
@@ -152,6 +154,11 @@ class HFCausalLM(L.LightningModule):
             self.model = AutoModelForCausalLM.from_pretrained(model, config=config, **options)
         else:
             self.model = AutoModelForCausalLM.from_config(config, **options)
+        # from_pretrained returns the model in eval mode, and Lightning (since 2.2) keeps each
+        # submodule's mode as it finds it at fit: without this the whole fit would run without
+        # dropout, and transformers, which checkpoints only while ``self.training``, would not
+        # recompute a layer under gradient_checkpointing (the memory plan would be wrong).
+        self.model.train()
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         limit = getattr(config, "max_position_embeddings", None)

@@ -166,3 +166,59 @@ def test_under_the_step_contract_each_rank_counts_the_records_it_was_dealt(
             own = sum(trained_positions(recs[i]).size for b in step for i in b["sample_ids"])
             assert sum(int(b["loss_tokens"]) for b in step) == own
             assert {int(b["rank_step_loss_tokens"]) for b in step} == {own}
+
+
+def test_a_fit_trains_the_hf_model_in_training_mode_with_checkpointing_and_dropout(
+    sft_dir: Path, tmp_path: Path
+) -> None:
+    """A model with weights (``from_pretrained``, which returns it in eval mode) is trained in
+    training mode on every batch of a real fit: under gradient checkpointing each decoder layer
+    runs twice per step (forward, then the recompute in backward), and attention dropout makes
+    two forwards of one batch differ while an eval-mode forward is deterministic."""
+    import lightning.pytorch as pl
+    import torch
+
+    from lightning_module.hf_causal_lm import HFCausalLM
+
+    directory = tiny_llama_dir(
+        tmp_path / "model", max_position_embeddings=64, width=16, layers=2, attention_dropout=0.5
+    )
+    HFCausalLM(str(directory), attention="sdpa").model.save_pretrained(directory)
+    model = HFCausalLM(str(directory), attention="sdpa", gradient_checkpointing=True)
+    layers = list(model.model.model.layers)
+    calls = [0] * len(layers)
+    for k, layer in enumerate(layers):
+        layer.register_forward_hook(lambda *_, k=k: calls.__setitem__(k, calls[k] + 1))
+    seen: list[dict] = []  # type: ignore[type-arg]
+
+    class Watch(pl.Callback):
+        def on_train_batch_start(self, trainer, module, batch, i) -> None:  # type: ignore[no-untyped-def]
+            self.start = list(calls)
+            seen.append({"modes": {m.training for m in module.modules()}})
+
+        def on_before_optimizer_step(self, trainer, module, optimizer) -> None:  # type: ignore[no-untyped-def]
+            # the recomputed layers pass gradients back (not None: checkpointed inputs need grad)
+            seen[-1]["grads"] = {p.grad is not None for p in module.parameters()}
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, i) -> None:  # type: ignore[no-untyped-def]
+            row = seen[-1]
+            row["calls"] = [b - a for a, b in zip(self.start, calls, strict=True)]
+            with torch.no_grad():
+                row["dropout_varies"] = not torch.equal(module(batch), module(batch))
+                module.eval()
+                row["eval_same"] = torch.equal(module(batch), module(batch))
+                module.train()
+
+    dm = BCLDataModule(str(sft_dir), plan={"pack_size": 2, "window": 2})
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_steps=3, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[Watch()],
+        default_root_dir=str(tmp_path),
+    )  # fmt: skip
+    trainer.fit(model, dm)
+    assert len(seen) == 3
+    for row in seen:
+        assert row["modes"] == {True}  # every module, the HF model's included
+        assert row["calls"] == [2] * len(layers)  # forward + recompute
+        assert row["grads"] == {True}
+        assert row["dropout_varies"] and row["eval_same"]
