@@ -69,10 +69,17 @@ CORPUS = [
 
 
 def build_tokenizer_dir(
-    root: str | Path, template: str | None = LLAMA3_GENERATION, *, vocab_size: int = 400
+    root: str | Path,
+    template: str | None = LLAMA3_GENERATION,
+    *,
+    vocab_size: int = 400,
+    extra_special: list[str] | None = None,
+    bos: str | None = BOS,
+    eos: str = EOS,
 ) -> Path:
-    """Save a trained byte-level BPE tokenizer (special tokens above, ``chat_template``
-    ``template``, None for none) into ``root``; output: ``root``."""
+    """Save a trained byte-level BPE tokenizer (special tokens above and ``extra_special``,
+    ``chat_template`` ``template``, None for none; ``bos`` None: no BOS token) into ``root``;
+    output: ``root``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -81,12 +88,12 @@ def build_tokenizer_dir(
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=SPECIAL_TOKENS + [t for t in extra_special or [] if t not in SPECIAL_TOKENS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(CORPUS, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos)
     if template is not None:
         fast.chat_template = template
     root = Path(root)

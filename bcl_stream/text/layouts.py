@@ -21,6 +21,7 @@ prompt/response, else it is refused naming the fields it has. Malformed values a
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,8 +46,11 @@ SHAREGPT_ROLES = {
     "tool": "tool",
     "function": "tool",
     "observation": "tool",
+    "function_call": "assistant",
 }
-"""ShareGPT ``from`` values -> chat-template roles."""
+"""ShareGPT ``from`` values -> chat-template roles (``function_call``: an assistant turn whose
+``value`` is the call's JSON ``{"name", "arguments"}``, given to the template as its
+``tool_calls``; ``observation``: the tool's answer)."""
 RESPONSE_FIELDS = ("response", "completion")
 """llm-foundry's and TRL's names for what follows the prompt."""
 
@@ -70,9 +74,14 @@ class Conversation:
     messages: list[dict[str, Any]]
     """Normalized: every message has a string ``role`` and its other keys as given."""
     tools: list[Any] | None = None
+    """The record's ``tools`` as given (an empty list too: templates render ``[]`` otherwise
+    than no tools); None: the record has none."""
     completion_from: int | None = None
     """TRL conversational prompt-completion: messages from this index on are the completion
     (what is trained); None: a conversation whose assistant turns are trained."""
+    template_kwargs: dict[str, Any] | None = None
+    """The record's ``chat_template_kwargs`` (TRL's and verl's key: ``enable_thinking``,
+    ``date_string``, ...), given to the template as extra variables."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +121,14 @@ def _message(i: int, message: Any, where: str) -> dict[str, Any] | str:
                 f"{where}[{i}] has ShareGPT role {spoken!r}; known roles: {sorted(SHAREGPT_ROLES)}"
             )
         rest = {k: v for k, v in message.items() if k not in ("from", "value")}
-        message = {"role": role, "content": message.get("value"), **rest}
+        if isinstance(spoken, str) and spoken.lower() == "function_call":
+            call = _function_call(message.get("value"))
+            if isinstance(call, str):
+                return f"{where}[{i}] (ShareGPT function_call) {call}"
+            rest = {**rest, "tool_calls": [{"type": "function", "function": call}]}
+            message = {"role": role, "content": "", **rest}
+        else:
+            message = {"role": role, "content": message.get("value"), **rest}
     role, content = message.get("role"), message.get("content")
     if not isinstance(role, str) or not role:
         return f"{where}[{i}] needs a string 'role' (or ShareGPT 'from'), got {type(role).__name__}"
@@ -134,6 +150,21 @@ def _message(i: int, message: Any, where: str) -> dict[str, Any] | str:
             "string or a list of text parts"
         )
     return message
+
+
+def _function_call(value: Any) -> dict[str, Any] | str:
+    """A ShareGPT ``function_call`` value (the call's JSON text, or the object) as
+    ``{"name", "arguments"}``, or what is wrong with it."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            return (
+                f'is not JSON ({exc.msg} at column {exc.colno}); expected {{"name", "arguments"}}'
+            )
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return 'needs {"name": str, "arguments": ...} as its value'
+    return {"name": value["name"], "arguments": value.get("arguments", {})}
 
 
 def _messages(value: Any, where: str) -> list[dict[str, Any]] | str:
@@ -183,7 +214,10 @@ def read_layout(source: str, record: dict[str, Any], options: LayoutOptions) -> 
             messages = _messages(record[name], name)
             if isinstance(messages, str):
                 return Bad(source, "bad_messages", messages)
-            return Conversation(messages, _tools(record))
+            extra = _tools_and_kwargs(record)
+            if isinstance(extra, str):
+                return Bad(source, "bad_field", extra)
+            return Conversation(messages, extra[0], template_kwargs=extra[1])
     if options.messages_field is not None:
         return Bad(
             source,
@@ -201,9 +235,27 @@ def read_layout(source: str, record: dict[str, Any], options: LayoutOptions) -> 
     )
 
 
-def _tools(record: dict[str, Any]) -> list[Any] | None:
+KWARGS_FIELD = "chat_template_kwargs"
+"""A record's extra template variables (TRL's and verl's name for them)."""
+
+
+def _tools_and_kwargs(
+    record: dict[str, Any],
+) -> tuple[list[Any] | None, dict[str, Any] | None] | str:
+    """A record's ``tools`` (a list as given, an empty one too; LLaMA-Factory's JSON text of
+    one is parsed; absent or null: None) and its ``chat_template_kwargs``, or what is wrong."""
     tools = record.get("tools")
-    return tools if isinstance(tools, list) and tools else None
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools) if tools.strip() else None
+        except json.JSONDecodeError as exc:
+            return f"'tools' is a string that is not JSON ({exc.msg} at column {exc.colno})"
+    if tools is not None and not isinstance(tools, list):
+        return f"'tools' is a {type(tools).__name__}, expected a list of tool schemas"
+    kwargs = record.get(KWARGS_FIELD)
+    if kwargs is not None and not isinstance(kwargs, dict):
+        return f"{KWARGS_FIELD!r} is a {type(kwargs).__name__}, expected an object"
+    return tools, kwargs
 
 
 def _prompt_response(source: str, record: dict[str, Any]) -> Layout | Bad:
@@ -214,7 +266,10 @@ def _prompt_response(source: str, record: dict[str, Any]) -> Layout | Bad:
         rest = _messages(response, second)
         if isinstance(first, str) or isinstance(rest, str):
             return Bad(source, "bad_messages", first if isinstance(first, str) else str(rest))
-        return Conversation(first + rest, _tools(record), completion_from=len(first))
+        extra = _tools_and_kwargs(record)
+        if isinstance(extra, str):
+            return Bad(source, "bad_field", extra)
+        return Conversation(first + rest, extra[0], len(first), extra[1])
     p, r = _text_or_ids(prompt, "prompt"), _text_or_ids(response, second)
     for name, value, got in (("prompt", prompt, p), (second, response, r)):
         if got is None:
@@ -226,4 +281,11 @@ def _prompt_response(source: str, record: dict[str, Any]) -> Layout | Bad:
     assert p is not None and r is not None
     if type(p) is not type(r):
         return Bad(source, "bad_field", f"'prompt' and {second!r} must both be text or both ids")
+    if not r:
+        return Bad(
+            source,
+            "no_trained_tokens",
+            f"the {second!r} is empty: nothing to train but the EOS; fill it in or drop the "
+            "record (--skip-bad skips and counts such records)",
+        )
     return PromptResponse(p, r, ("prompt", second))

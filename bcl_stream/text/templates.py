@@ -36,11 +36,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
 
+from bcl_stream.errors import DatasetError
 from bcl_stream.text.chat import TEMPLATE, render_turns
 from bcl_stream.text.layouts import (
     Bad,
@@ -104,16 +105,34 @@ class Encoder:
     conversations (stored in the cost index as ``chat_template``).
     """
 
-    def __init__(self, tokenizer: str, loss_on: str = "assistant") -> None:
+    def __init__(
+        self,
+        tokenizer: str,
+        loss_on: str = "assistant",
+        *,
+        chat_template: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         if loss_on not in LOSS_ON:
             raise ValueError(f"--loss-on must be one of {LOSS_ON}, got {loss_on!r}")
         self.loss_on = loss_on
         self.tokenizer: Tokenizer = load_tokenizer(tokenizer)
         self.hf: Any = None
         self.template: str | None = None
+        self.template_kwargs = dict(template_kwargs or {})
+        """Extra template variables for every record (a record's own take precedence)."""
+        if chat_template is not None and self.tokenizer.hf_dir is None:
+            raise ValueError(
+                f"--chat-template {chat_template}: needs --tokenizer DIR, a Hugging Face "
+                f"tokenizer directory (got {tokenizer!r}, which renders the built-in ChatML)"
+            )
         if self.tokenizer.hf_dir is not None:
             self.hf = load_hf_tokenizer(self.tokenizer.hf_dir)
-            self.template = chat_template_of(self.tokenizer.hf_dir)
+            self.template = (
+                read_chat_template(chat_template)
+                if chat_template is not None
+                else chat_template_of(self.tokenizer.hf_dir)
+            )
         self.generation = self.template is not None and bool(GENERATION_TAG.search(self.template))
 
     @property
@@ -135,6 +154,13 @@ class Encoder:
         if isinstance(layout, PromptResponse):
             return self.prompt_response(layout)
         if self.template is None:
+            if self.hf is not None:
+                raise MissingTemplateError(
+                    f"the tokenizer directory {self.tokenizer.hf_dir} has no chat_template, so "
+                    "it cannot render a conversation as the model was trained; pass "
+                    "--chat-template FILE (the model's Jinja template), or train text records "
+                    "with --loss-on all"
+                )
             return self._chatml(layout)
         return self._hf(layout)
 
@@ -199,15 +225,22 @@ class Encoder:
         )
         return Encoded(ids, spans_from_mask(mask_from_spans(spans, ids.size) & inside))
 
+    def _options(self, conv: Conversation) -> dict[str, Any]:
+        """What ``apply_chat_template`` gets besides the messages: the template, the record's
+        tools as given, and the template variables (global, then the record's)."""
+        kwargs = {**self.template_kwargs, **(conv.template_kwargs or {})}
+        return {**kwargs, "chat_template": self.template, "tools": conv.tools}
+
     def _render(self, conv: Conversation, messages: list[dict[str, Any]], prompt: bool) -> str:
         try:
             text = self.hf.apply_chat_template(
-                messages, tools=conv.tools, tokenize=False, add_generation_prompt=prompt
+                messages, tokenize=False, add_generation_prompt=prompt, **self._options(conv)
             )
         except Exception as exc:  # jinja2 errors, and whatever a template raises
             raise TemplateError(
                 f"the chat template failed to render it ({type(exc).__name__}: {exc})"
             ) from exc
+        _check_parts(messages, str(text))
         return str(text)
 
     def _generation_mask(
@@ -216,15 +249,17 @@ class Encoder:
         try:
             out = self.hf.apply_chat_template(
                 conv.messages,
-                tools=conv.tools,
                 tokenize=True,
                 return_dict=True,
                 return_assistant_tokens_mask=True,
+                **self._options(conv),
             )
         except Exception as exc:
             raise TemplateError(
                 f"the chat template failed to render it ({type(exc).__name__}: {exc})"
             ) from exc
+        if any(isinstance(m.get("content"), list) for m in conv.messages):
+            _check_parts(conv.messages, self._render(conv, conv.messages, False))
         ids = np.asarray(out["input_ids"], dtype=np.uint32)
         return ids, spans_from_mask(np.asarray(out["assistant_masks"], dtype=bool))
 
@@ -237,7 +272,7 @@ class Encoder:
 
     def _ranges(self, conv: Conversation, full: str) -> list[tuple[int, int]]:
         """Character ranges, in the full rendering, of what is trained (see the module
-        docstring), each checked to be where the prefix renderings put it."""
+        docstring), each checked against the renderings that locate it."""
         if conv.completion_from is not None:
             prompt = self._render(conv, conv.messages[: conv.completion_from], True)
             _check_prefix(prompt, full, conv.completion_from)
@@ -246,10 +281,51 @@ class Encoder:
         for i in self.turns(conv):
             before = self._render(conv, conv.messages[:i], True) if i else self._opening(conv)
             through = self._render(conv, conv.messages[: i + 1], False)
-            _check_prefix(before, through, i)
-            _check_prefix(through, full, i)
-            ranges.append((len(before), len(through)))
+            if through.startswith(before) and full.startswith(through):
+                ranges.append((len(before), len(through)))  # prefix-stable: the common case
+            else:
+                ranges.append(self._located(conv, full, i, before, through))
         return ranges
+
+    def _located(
+        self, conv: Conversation, full: str, i: int, before: str, through: str
+    ) -> tuple[int, int]:
+        """Turn ``i``'s range in a template that renders a turn differently once later turns
+        follow it (Qwen3 renders an empty ``<think>`` block only after the last user turn, so
+        ``messages[:i+1]`` is no prefix of the full rendering).
+
+        The turn's content is found by rendering twice more with a marker appended to it: the
+        full rendering and ``messages[:i+1]`` each differ from their marked copy only inside
+        the turn, and the copies' common suffix starts where the turn's content ends. What the
+        template writes after the content (tool calls, the end-of-turn tokens) is taken from
+        ``messages[:i+1]`` and must be found at that point of the full rendering. The turn
+        starts after its header: where ``messages[:i]`` with the generation prompt ends when
+        that is a prefix of the full rendering, else after the generation prompt's text found
+        last before the content (the header of turn ``i``). Any check that fails refuses the
+        record, naming the turn."""
+        marked = [*conv.messages[:i], _marked(conv.messages[i]), *conv.messages[i + 1 :]]
+        first, end = _changed(full, self._render(conv, marked, False))
+        _, tail_at = _changed(through, self._render(conv, marked[: i + 1], False))
+        tail = through[tail_at:]
+        if full[end : end + len(tail)] != tail:
+            _refuse_prefix(i)
+        bare = self._render(conv, conv.messages[:i], False) if i else None
+        if bare is not None and before.startswith(bare) and full.startswith(bare):
+            # the generation prompt as far as the full rendering repeats it (Qwen3 without
+            # thinking adds an empty <think> block to it that only the last turn renders)
+            prompt, at = before[len(bare) :], len(bare)
+            start = at + _common_prefix(prompt, full[at:first])
+            if prompt and start == at:
+                _refuse_prefix(i)
+        elif full.startswith(before) and len(before) <= first:
+            start = len(before)
+        else:  # earlier turns render otherwise in the full conversation: the last header
+            prompt = before[len(bare) :] if bare is not None and before.startswith(bare) else ""
+            at = full.rfind(prompt, 0, first) if prompt else -1
+            if at < 0:
+                _refuse_prefix(i)
+            start = at + len(prompt)
+        return start, end + len(tail)
 
     def _opening(self, conv: Conversation) -> str:
         """What precedes the content of a conversation's first message, when that message is
@@ -268,13 +344,89 @@ class Encoder:
         return text[: text.index(marker)]
 
 
+def _check_parts(messages: list[dict[str, Any]], text: str) -> None:
+    """Refuse a rendering that holds a Python repr of content given as parts: the template
+    expects strings and printed the list (it would be trained as such, without a word)."""
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if not isinstance(content, list) or not content:
+            continue
+        if str(content) in text or any(str(part) in text for part in content):
+            raise TemplateError(
+                f"messages[{i}] gives its content as a list of parts, which this chat template "
+                "does not iterate (it renders the Python list); give the content as a string"
+            )
+
+
+class MissingTemplateError(DatasetError):
+    """A Hugging Face tokenizer directory without a chat template, asked to render a
+    conversation: a configuration error, not a bad record (every conversation would fail, so
+    ``--skip-bad`` does not skip it). ``transformers`` refuses the same case."""
+
+
+def read_chat_template(path: str) -> str:
+    """A chat template file (Jinja text, or a ``tokenizer_config.json`` / ``.json`` holding
+    ``chat_template``), as ``--chat-template`` names it."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ValueError(f"--chat-template {path}: cannot read it ({exc})") from exc
+    if path.endswith(".json"):
+        try:
+            value = json.loads(text).get("chat_template")
+        except (ValueError, AttributeError) as exc:
+            raise ValueError(f"--chat-template {path}: not a JSON object ({exc})") from exc
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"--chat-template {path}: no string 'chat_template' in it")
+        text = value
+    if not text.strip():
+        raise ValueError(f"--chat-template {path}: the file is empty")
+    return text
+
+
+MARK = "\x00bcl-turn-end\x00"
+"""Appended to a turn's content to find where the content ends in a rendering."""
+
+
+def _marked(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` with :data:`MARK` after its content (text parts: after the last part)."""
+    content = message.get("content")
+    if isinstance(content, list):
+        return {**message, "content": [*content, {"type": "text", "text": MARK}]}
+    return {**message, "content": (content or "") + MARK}
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """How many leading characters ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    return next((k for k in range(n) if a[k] != b[k]), n)
+
+
+def _changed(text: str, marked: str) -> tuple[int, int]:
+    """(first character where ``text`` and ``marked`` differ, start in ``text`` of their
+    common suffix), the second at least the first."""
+    n = min(len(text), len(marked))
+    first = _common_prefix(text, marked)
+    suffix = 0
+    while suffix < n - first and text[-1 - suffix] == marked[-1 - suffix]:
+        suffix += 1
+    return first, len(text) - suffix
+
+
 def _check_prefix(prefix: str, text: str, turn: int) -> None:
     if not text.startswith(prefix):
-        raise TemplateError(
-            f"the chat template does not render the conversation prefix by prefix at message "
-            f"{turn}, so its assistant turns cannot be located; use a template that marks them "
-            "with {% generation %} (or --loss-on all)"
-        )
+        _refuse_prefix(turn)
+
+
+def _refuse_prefix(turn: int) -> NoReturn:
+    raise TemplateError(
+        f"the chat template does not render the conversation prefix by prefix at message "
+        f"{turn}, and the turn cannot be located on the full rendering either; use a template "
+        "that marks assistant turns with {% generation %} (or --loss-on all)"
+    )
 
 
 def encode_layout(source: str, layout: Layout, encoder: Encoder) -> Encoded | Bad:
@@ -287,6 +439,8 @@ def encode_layout(source: str, layout: Layout, encoder: Encoder) -> Encoded | Ba
         encoded = encoder.encode(layout)
     except TemplateError as exc:
         return Bad(source, "template_error", str(exc))
+    except MissingTemplateError as exc:
+        raise MissingTemplateError(f"{source}: {exc}") from exc
     if encoded.spans is not None and encoded.trained == 0:
         return Bad(
             source, "no_trained_tokens", "the record has no token to train (its mask is empty)"
