@@ -41,6 +41,21 @@ def add_parser(sub: Any) -> None:
         "(its chat template renders conversations)",
     )
     p.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE",
+        help="a chat template (Jinja file, or JSON with 'chat_template') that renders "
+        "conversations instead of the --tokenizer directory's own; needed where it has none",
+    )
+    p.add_argument(
+        "--chat-template-kwargs",
+        default=None,
+        type=_json_object,
+        metavar="JSON",
+        help="template variables for every record, e.g. '{\"enable_thinking\": false}' "
+        "(a record's own chat_template_kwargs take precedence)",
+    )
+    p.add_argument(
         "--loss-on",
         choices=LOSS_ON,
         default="assistant",
@@ -99,6 +114,16 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc.msg} at column {exc.colno})") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "format": args.format,
@@ -106,6 +131,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "messages_field": args.messages_field,
         "tokenizer": args.tokenizer,
         "loss_on": args.loss_on,
+        "chat_template": args.chat_template,
+        "chat_template_kwargs": args.chat_template_kwargs,
         "cost_model": args.cost_model,
         "max_record_tokens": args.max_record_tokens,
         "outliers": args.outliers,

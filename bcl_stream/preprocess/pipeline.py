@@ -40,7 +40,7 @@ from bcl_stream.preprocess.sources import InputSlice, check_inputs, read_records
 from bcl_stream.preprocess.work import EncodeOptions, tokenize_stream
 from bcl_stream.text.layouts import Bad, LayoutOptions
 from bcl_stream.text.loss_spans import trained_count
-from bcl_stream.text.templates import LOSS_ON, Encoded, Encoder
+from bcl_stream.text.templates import LOSS_ON, Encoded
 
 T = TypeVar("T")
 FORMATS = ("mds", "wds")
@@ -227,6 +227,8 @@ def preprocess(
     messages_field: str | None = None,
     tokenizer: str = "cl100k",
     loss_on: str = "assistant",
+    chat_template: str | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
     cost_model: str | CostModel = "llama3-8b",
     max_record_tokens: int | None = None,
     outliers: str = "error",
@@ -246,7 +248,10 @@ def preprocess(
     a ``tokenizer.json``, or a Hugging Face tokenizer directory, whose chat template then
     renders conversations (``text/templates.py``). ``loss_on`` (``assistant``, ``last``,
     ``all``) decides each conversation's stored loss mask; prompt/response records train the
-    response unless ``all``.
+    response unless ``all``. ``chat_template``: a file whose template renders conversations
+    instead of the tokenizer directory's own (Jinja text, or a JSON file with
+    ``chat_template``); ``chat_template_kwargs``: template variables for every record (a
+    record's own ``chat_template_kwargs`` take precedence).
 
     ``part`` (``Part`` or ``"I/N"``): write only the I-th of N shares of the inputs, as a
     complete dataset under ``output/part-I-of-N`` (``preprocess/parts.py``); join the parts
@@ -271,7 +276,13 @@ def preprocess(
             target,
             part,
             format=format,
-            options=EncodeOptions(tokenizer, LayoutOptions(text_field, messages_field), loss_on),
+            options=EncodeOptions(
+                tokenizer,
+                LayoutOptions(text_field, messages_field),
+                loss_on,
+                chat_template,
+                chat_template_kwargs,
+            ),
             cost_model=cost_model,
             max_record_tokens=max_record_tokens,
             outliers=outliers,
@@ -311,7 +322,7 @@ def _preprocess(
     pieces: list[str | InputSlice] = list(inputs if part is None else input_slices(inputs, part))
     if sum(_bytes(p) for p in pieces) < SMALL_INPUT_BYTES:
         workers = 1  # starting a worker (spawn, imports, tokenizer) costs more than it saves
-    encoder = Encoder(options.tokenizer, options.loss_on)  # fail fast, before any output exists
+    encoder = options.encoder()  # fail fast, before any output exists
     tok_name = encoder.tokenizer.name
     created = not os.path.exists(output.removeprefix("file://"))
     prepare_output(output, overwrite=overwrite, replace_incomplete=replace)

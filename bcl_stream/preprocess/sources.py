@@ -72,6 +72,10 @@ def _line_number(fh: BinaryIO, offset: int) -> int:
     return lines
 
 
+BOM = b"\xef\xbb\xbf"
+"""The UTF-8 byte order mark: read past at the start of a JSONL file, not part of line 1."""
+
+
 def _jsonl(piece: InputSlice, counts: dict[str, int]) -> Iterator[Raw]:
     path = piece.path
     with open(path, "rb") as fh:
@@ -90,6 +94,8 @@ def _jsonl(piece: InputSlice, counts: dict[str, int]) -> Iterator[Raw]:
                 break
             position += len(line)
             counts["bytes_read"] += len(line)
+            if number == 1 and line.startswith(BOM):  # written by some Windows tools
+                line = line[len(BOM) :]
             if line.strip():
                 if number == 1 and line.lstrip().startswith(b"["):
                     raise DatasetError(

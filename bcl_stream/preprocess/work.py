@@ -31,13 +31,25 @@ class EncodeOptions:
     tokenizer: str = "cl100k"
     layout: LayoutOptions = field(default_factory=LayoutOptions)
     loss_on: str = "assistant"
+    chat_template: str | None = None
+    """``--chat-template FILE``: renders conversations instead of the tokenizer's own."""
+    template_kwargs: dict[str, Any] | None = None
+    """``--chat-template-kwargs``: template variables for every record."""
+
+    def encoder(self) -> Encoder:
+        return Encoder(
+            self.tokenizer,
+            self.loss_on,
+            chat_template=self.chat_template,
+            template_kwargs=self.template_kwargs,
+        )
 
 
 _STATE: dict[str, Any] = {}
 
 
 def _init(options: EncodeOptions) -> None:
-    _STATE["encoder"] = Encoder(options.tokenizer, options.loss_on)
+    _STATE["encoder"] = options.encoder()
     _STATE["layout"] = options.layout
 
 

@@ -57,6 +57,44 @@ def test_parts_tool_calls_and_tools_reach_the_template() -> None:
     assert shape == Conversation(messages, tools)
 
 
+def test_sharegpt_function_call_becomes_tool_calls_and_tools_text_is_parsed() -> None:
+    """LLaMA-Factory's glaive layout: a ``function_call`` turn holds the call's JSON, the
+    record's ``tools`` the schemas' JSON text; an empty list and kwargs are kept as given."""
+    record = {
+        "conversations": [
+            {"from": "human", "value": "weather?"},
+            {"from": "function_call", "value": '{"name": "get", "arguments": {"city": "Oslo"}}'},
+            {"from": "observation", "value": '{"t": 3}'},
+            {"from": "gpt", "value": "3 degrees"},
+        ],
+        "tools": '[{"name": "get", "parameters": {}}]',
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    shape = read_layout("f:1", record, LayoutOptions())
+    call = {"type": "function", "function": {"name": "get", "arguments": {"city": "Oslo"}}}
+    assert shape == Conversation(
+        [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": '{"t": 3}'},
+            {"role": "assistant", "content": "3 degrees"},
+        ],
+        [{"name": "get", "parameters": {}}],
+        template_kwargs={"enable_thinking": False},
+    )
+    empty = read_layout("f:1", {"messages": HI, "tools": []}, LayoutOptions())
+    assert isinstance(empty, Conversation) and empty.tools == []
+    for bad_record, match in [
+        ({"conversations": [{"from": "function_call", "value": "get("}]}, "is not JSON"),
+        ({"conversations": [{"from": "function_call", "value": "{}"}]}, '{"name": str'),
+        ({"messages": HI, "tools": "[oops"}, "'tools' is a string that is not JSON"),
+        ({"messages": HI, "tools": {"a": 1}}, "'tools' is a dict"),
+        ({"messages": HI, "chat_template_kwargs": [1]}, "'chat_template_kwargs' is a list"),
+    ]:
+        bad = read_layout("f:4", bad_record, LayoutOptions())
+        assert isinstance(bad, Bad) and match in bad.message, bad
+
+
 @pytest.mark.parametrize(
     ("messages", "match"),
     [
@@ -93,6 +131,11 @@ def test_prompt_response_and_prompt_completion() -> None:
     assert isinstance(mixed, Bad) and "both be text or both ids" in mixed.message
     wrong = read_layout("f:2", {"prompt": 5, "response": "r"}, LayoutOptions())
     assert isinstance(wrong, Bad) and "field 'prompt' is a int" in wrong.message
+    for empty in ("", []):  # nothing to train but the EOS: refused, as an empty completion is
+        bad = read_layout("f:3", {"prompt": "p" if empty == "" else [1], "completion": empty},
+                          LayoutOptions())  # fmt: skip
+        assert isinstance(bad, Bad) and bad.reason == "no_trained_tokens"
+        assert "the 'completion' is empty" in bad.message
 
 
 def test_a_text_field_wins_and_a_record_without_any_layout_is_named() -> None:
