@@ -60,9 +60,9 @@ def generation_variant(family: str) -> str:
     """The official template with its assistant turns in ``{% generation %}`` tags."""
     t = official(family)
     if family == "qwen3":
-        # Each branch's output is kept in variables, then written as header, generation
-        # prompt (the empty think block Qwen3 puts in the prompt without thinking: not
-        # generated, so not trained), and the generated rest inside the tags.
+        # Each branch's output is kept in variables, then written as header, what repeats the
+        # generation prompt (not generated, so not trained), and the generated rest inside
+        # the tags.
         t = _edit(
             t,
             "{{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n')"
@@ -76,17 +76,20 @@ def generation_variant(family: str) -> str:
             "{%- set think = '' %}{%- set body = content %}",
             2,
         )
-        prompted = (
-            "enable_thinking is defined and enable_thinking is false"
-            " and think == '<think>\\n\\n</think>\\n\\n'"
-        )
+        # Without thinking the prompt ends in '<think>\n\n</think>\n\n': the part of a think
+        # block that repeats it is prompt (all of an empty block, '<think>\n' of another).
         t = _edit(
             t,
             "        {%- if message.tool_calls %}",
             "        {{- '<|im_start|>' + message.role + '\\n' }}\n"
-            f"        {{%- if {prompted} %}}{{{{- think }}}}{{%- endif %}}\n"
+            "        {%- set rest = think %}\n"
+            "        {%- if enable_thinking is defined and enable_thinking is false and think %}\n"
+            "            {%- if think == '<think>\\n\\n</think>\\n\\n' %}{%- set rest = '' %}\n"
+            "            {%- else %}{%- set rest = think[8:] %}{%- endif %}\n"
+            "            {{- think[: think|length - rest|length] }}\n"
+            "        {%- endif %}\n"
             "        {%- generation %}\n"
-            f"        {{%- if not ({prompted}) %}}{{{{- think }}}}{{%- endif %}}\n"
+            "        {{- rest }}\n"
             "        {{- body }}\n"
             "        {%- if message.tool_calls %}",
         )

@@ -5,12 +5,16 @@
 - :class:`Conversation`: a list of messages under ``messages`` or ``conversations`` (or the
   field ``--messages-field`` names). Messages are ``{"role", "content", ...}`` (OpenAI / Hugging
   Face) or ShareGPT's ``{"from", "value"}`` with roles ``human``/``gpt``/``system`` (also
-  ``tool``, ``function``, ``observation``) mapped to ``user``/``assistant``/``system``/``tool``.
-  ``content`` may be a string, a list of parts (``{"type": "text", "text": ...}``), or null
-  beside ``tool_calls``. Every other key of a message (``tool_calls``, ``name``, ...) and a
-  record's top-level ``tools`` are kept and handed to the chat template, never dropped.
+  ``tool``, ``function``, ``observation``) mapped to ``user``/``assistant``/``system``/``tool``;
+  a ShareGPT ``function_call`` turn (its value the call's JSON) is an assistant turn with that
+  call as its ``tool_calls``. ``content`` may be a string, a list of parts (``{"type": "text",
+  "text": ...}``), or null beside ``tool_calls``. Every other key of a message (``tool_calls``,
+  ``name``, ...), a record's top-level ``tools`` (an empty list too; JSON text, as
+  LLaMA-Factory stores it, is parsed) and its ``chat_template_kwargs`` are kept and handed to
+  the chat template, never dropped.
 - :class:`PromptResponse`: llm-foundry's finetuning layout (``prompt`` + ``response``) or TRL's
-  prompt-completion (``prompt`` + ``completion``), each text or token ids; a TRL
+  prompt-completion (``prompt`` + ``completion``), each text or token ids (an empty response
+  is refused: it would train only the EOS); a TRL
   *conversational* prompt-completion (both lists of messages) is a :class:`Conversation` whose
   completion is what is trained.
 

@@ -2,13 +2,19 @@
 
 Which template renders a conversation:
 
-- a Hugging Face tokenizer directory with a ``chat_template``: that template, through
-  ``transformers`` (``tokenizer.apply_chat_template``; no Jinja of ours). The stored ids are
-  exactly ``apply_chat_template(messages, tools=tools, tokenize=True)``: special tokens as their
-  ids, BOS where the template puts it. Message keys besides role/content (``tool_calls``,
-  ``name``) and the record's ``tools`` reach the template as given;
-- otherwise (cl100k, a bare ``tokenizer.json``, a directory without a template): the built-in
-  plain-text ChatML of ``text/chat.py``, tokenized with no special tokens.
+- a Hugging Face tokenizer directory with a ``chat_template`` (or ``--chat-template FILE``):
+  that template, through ``transformers`` (``tokenizer.apply_chat_template``; no Jinja of
+  ours). The stored ids are exactly ``apply_chat_template(messages, tools=tools,
+  tokenize=True, **kwargs)``: special tokens as their ids, BOS where the template puts it.
+  Message keys besides role/content (``tool_calls``, ``name``, ``reasoning_content``), the
+  record's ``tools`` (an empty list too) and its ``chat_template_kwargs`` (over
+  ``--chat-template-kwargs``) reach the template as given. Content given as parts that the
+  template prints as a Python list is refused for the record;
+- a directory without a template: conversations are refused (:class:`MissingTemplateError`,
+  naming ``--chat-template FILE`` and ``--loss-on all`` with text records), as
+  ``transformers`` refuses them; it renders no ChatML of its own;
+- cl100k or a bare ``tokenizer.json``: the built-in plain-text ChatML of ``text/chat.py``,
+  tokenized with no special tokens.
 
 Which tokens are trained (``loss_on``, stored as ``loss_spans``):
 
@@ -17,12 +23,17 @@ Which tokens are trained (``loss_on``, stored as ``loss_spans``):
   turn is found by rendering: the turn's text is what ``messages[:i+1]`` adds to
   ``messages[:i]`` rendered with the generation prompt (its content and end-of-turn tokens),
   located on the *full* rendering and tokenized there (a prefix tokenized on its own can split
-  ``"\\n\\n"`` differently at the cut). An assistant turn that opens the conversation starts
-  where the template puts the first message's content. A token is trained from the one holding
-  the turn's first character to the one holding its last, the rule ``transformers`` applies to
-  ``{% generation %}`` blocks (so a token that also holds the next character, cl100k's ``">\\n"``,
-  is trained). A template that does not render conversations prefix by prefix is refused for
-  that record, naming the turn: use one with ``{% generation %}``.
+  ``"\\n\\n"`` differently at the cut). A template that renders a turn otherwise once later
+  turns follow it (Qwen3: the empty ``<think>`` block only after the last user turn) is not
+  prefix-stable; its turns are located on the full rendering by rendering it again with a
+  marker after the turn's content (:meth:`Encoder._located`). What repeats the generation
+  prompt is not trained (Qwen3 without thinking puts an empty ``<think>`` block there). An
+  assistant turn that opens the conversation starts where the template puts the first
+  message's content. A token is trained from the one holding the turn's first character to
+  the one holding its last, the rule ``transformers`` applies to ``{% generation %}`` blocks
+  (so a token that also holds the next character, cl100k's ``">\\n"``, is trained). A record
+  whose turn neither way locates is refused, naming the turn: use a template with
+  ``{% generation %}``.
 - ``last``: the final assistant turn only; ``all``: every token (no mask stored).
 - prompt/response records train the response and the EOS appended after it; a TRL
   conversational prompt-completion trains its completion (all that the full rendering adds
@@ -319,12 +330,11 @@ class Encoder:
                 _refuse_prefix(i)
         elif full.startswith(before) and len(before) <= first:
             start = len(before)
-        else:  # earlier turns render otherwise in the full conversation: the last header
+        else:  # earlier turns render otherwise in the full conversation: the turn's header
             prompt = before[len(bare) :] if bare is not None and before.startswith(bare) else ""
-            at = full.rfind(prompt, 0, first) if prompt else -1
-            if at < 0:
+            start = _header_end(prompt, full, first)
+            if start < 0:
                 _refuse_prefix(i)
-            start = at + len(prompt)
         return start, end + len(tail)
 
     def _opening(self, conv: Conversation) -> str:
@@ -397,6 +407,19 @@ def _marked(message: dict[str, Any]) -> dict[str, Any]:
     if isinstance(content, list):
         return {**message, "content": [*content, {"type": "text", "text": MARK}]}
     return {**message, "content": (content or "") + MARK}
+
+
+def _header_end(prompt: str, full: str, first: int) -> int:
+    """Where the generation prompt ends in ``full`` before character ``first`` (the turn's
+    content): its last occurrence there, or that of its longest part ending a line (Qwen3's
+    prompt without thinking ends in an empty <think> block a non-final turn does not have);
+    -1: none found."""
+    cuts = [len(prompt)] + [k + 1 for k in range(len(prompt) - 2, -1, -1) if prompt[k] == "\n"]
+    for cut in cuts if prompt else []:
+        at = full.rfind(prompt[:cut], 0, first)
+        if at >= 0:
+            return at + cut
+    return -1
 
 
 def _common_prefix(a: str, b: str) -> int:

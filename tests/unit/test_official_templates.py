@@ -104,12 +104,6 @@ def test_ids_and_masks_are_exact_on_public_multi_turn_data(
     for kwargs in KWARGS[family]:
         encoder = Encoder(str(dirs[family]), template_kwargs=kwargs)
         for source, shape in CONVERSATIONS:
-            if (
-                family == "qwen3"
-                and kwargs
-                and any("reasoning_content" in m for m in shape.messages)
-            ):
-                continue  # reasoning under enable_thinking=False: see the docs' limits
             try:
                 want = _hf(tok, shape, official(family), tokenize=True, **kwargs)
             except Exception:
@@ -123,10 +117,10 @@ def test_ids_and_masks_are_exact_on_public_multi_turn_data(
             mask = mask_from_spans(got.spans, got.ids.size).astype(int).tolist()
             assert mask == list(oracle["assistant_masks"]), source
             rendered += 1
-    # every record Hugging Face renders (22 records; Qwen3 twice less the 6 with reasoning
-    # without thinking; Llama-3.1 twice less the 1 with two parallel calls, which its
+    # every record Hugging Face renders (22 records; Qwen3 twice, with and without thinking;
+    # Llama-3.1 twice less the 1 with two parallel calls, which its
     # template refuses; Gemma-3 the 13 whose roles alternate)
-    assert rendered == {"qwen3": 38, "llama3_1": 42, "llama3": 22, "gemma3": 13}[family]
+    assert rendered == {"qwen3": 44, "llama3_1": 42, "llama3": 22, "gemma3": 13}[family]
 
 
 def test_qwen3_multi_turn_needs_the_full_rendering(dirs: dict[str, Path]) -> None:
