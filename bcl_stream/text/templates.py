@@ -69,6 +69,7 @@ from bcl_stream.text.tokenizers import (
     load_hf_tokenizer,
     load_tokenizer,
 )
+from bcl_stream.text.turn_search import MARK, changed, common_prefix, header_end, marked
 
 LOSS_ON = ("assistant", "last", "all")
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -310,13 +311,18 @@ class Encoder:
         the turn, and the copies' common suffix starts where the turn's content ends. What the
         template writes after the content (tool calls, the end-of-turn tokens) is taken from
         ``messages[:i+1]`` and must be found at that point of the full rendering. The turn
-        starts after its header: where ``messages[:i]`` with the generation prompt ends when
-        that is a prefix of the full rendering, else after the generation prompt's text found
-        last before the content (the header of turn ``i``). Any check that fails refuses the
-        record, naming the turn."""
-        marked = [*conv.messages[:i], _marked(conv.messages[i]), *conv.messages[i + 1 :]]
-        first, end = _changed(full, self._render(conv, marked, False))
-        _, tail_at = _changed(through, self._render(conv, marked[: i + 1], False))
+        starts after the generation prompt as far as the full rendering repeats it after
+        ``messages[:i]`` (where that is a prefix of it), else after the last occurrence before
+        the content of the prompt or of its longest line-ending part (earlier turns render
+        otherwise in the full conversation). Any check that fails refuses the record, naming
+        the turn."""
+        messages = [*conv.messages[:i], marked(conv.messages[i]), *conv.messages[i + 1 :]]
+        full_marked = self._render(conv, messages, False)
+        through_marked = self._render(conv, messages[: i + 1], False)
+        if MARK not in full_marked or MARK not in through_marked:
+            _refuse_prefix(i)  # the template does not write the content as given
+        first, end = changed(full, full_marked)
+        _, tail_at = changed(through, through_marked)
         tail = through[tail_at:]
         if full[end : end + len(tail)] != tail:
             _refuse_prefix(i)
@@ -325,14 +331,14 @@ class Encoder:
             # the generation prompt as far as the full rendering repeats it (Qwen3 without
             # thinking adds an empty <think> block to it that only the last turn renders)
             prompt, at = before[len(bare) :], len(bare)
-            start = at + _common_prefix(prompt, full[at:first])
+            start = at + common_prefix(prompt, full[at:first])
             if prompt and start == at:
                 _refuse_prefix(i)
         elif full.startswith(before) and len(before) <= first:
             start = len(before)
         else:  # earlier turns render otherwise in the full conversation: the turn's header
             prompt = before[len(bare) :] if bare is not None and before.startswith(bare) else ""
-            start = _header_end(prompt, full, first)
+            start = header_end(prompt, full, first)
             if start < 0:
                 _refuse_prefix(i)
         return start, end + len(tail)
@@ -395,48 +401,6 @@ def read_chat_template(path: str) -> str:
     if not text.strip():
         raise ValueError(f"--chat-template {path}: the file is empty")
     return text
-
-
-MARK = "\x00bcl-turn-end\x00"
-"""Appended to a turn's content to find where the content ends in a rendering."""
-
-
-def _marked(message: dict[str, Any]) -> dict[str, Any]:
-    """``message`` with :data:`MARK` after its content (text parts: after the last part)."""
-    content = message.get("content")
-    if isinstance(content, list):
-        return {**message, "content": [*content, {"type": "text", "text": MARK}]}
-    return {**message, "content": (content or "") + MARK}
-
-
-def _header_end(prompt: str, full: str, first: int) -> int:
-    """Where the generation prompt ends in ``full`` before character ``first`` (the turn's
-    content): its last occurrence there, or that of its longest part ending a line (Qwen3's
-    prompt without thinking ends in an empty <think> block a non-final turn does not have);
-    -1: none found."""
-    cuts = [len(prompt)] + [k + 1 for k in range(len(prompt) - 2, -1, -1) if prompt[k] == "\n"]
-    for cut in cuts if prompt else []:
-        at = full.rfind(prompt[:cut], 0, first)
-        if at >= 0:
-            return at + cut
-    return -1
-
-
-def _common_prefix(a: str, b: str) -> int:
-    """How many leading characters ``a`` and ``b`` share."""
-    n = min(len(a), len(b))
-    return next((k for k in range(n) if a[k] != b[k]), n)
-
-
-def _changed(text: str, marked: str) -> tuple[int, int]:
-    """(first character where ``text`` and ``marked`` differ, start in ``text`` of their
-    common suffix), the second at least the first."""
-    n = min(len(text), len(marked))
-    first = _common_prefix(text, marked)
-    suffix = 0
-    while suffix < n - first and text[-1 - suffix] == marked[-1 - suffix]:
-        suffix += 1
-    return first, len(text) - suffix
 
 
 def _check_prefix(prefix: str, text: str, turn: int) -> None:
