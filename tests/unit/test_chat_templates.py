@@ -281,3 +281,15 @@ def test_a_records_tools_reach_the_template(tmp_path: Path) -> None:
     want = tok.apply_chat_template(CONVERSATIONS[0], tools=tools, tokenize=True)
     assert encoded.ids.tolist() == list(want)
     assert tok.decode(encoded.ids.tolist()).startswith("TOOLS lookup |")
+
+
+def test_a_template_that_drops_earlier_contents_is_refused_not_guessed(tmp_path: Path) -> None:
+    # Not prefix-stable, and the full rendering holds no earlier turn's content to locate.
+    dropping = (
+        "{% for m in messages %}{% if loop.last %}[{{ m['content'] }}]"
+        "{% else %}{{ m['role'] }}|{% endif %}{% endfor %}"
+    )
+    spec = str(build_tokenizer_dir(tmp_path / "dropping", dropping))
+    bad = encode_layout("d.jsonl:3", conv(CONVERSATIONS[1]), Encoder(spec))
+    assert isinstance(bad, Bad) and bad.reason == "template_error"
+    assert "message 2" in bad.message and "{% generation %}" in bad.message
