@@ -19,6 +19,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bcl_stream.text.generation_variants import generation_variant as package_variant
+
 FIXTURES = Path(__file__).parent / "unit" / "fixtures" / "chat_templates"
 PUBLIC_DATA = Path(__file__).parent / "unit" / "fixtures" / "sft_public"
 FAMILIES = ("qwen3", "llama3_1", "llama3", "gemma3")
@@ -49,103 +51,13 @@ def official(family: str) -> str:
     return (FIXTURES / f"{family}.jinja").read_text(encoding="utf-8")
 
 
-def _edit(text: str, old: str, new: str, count: int = 1) -> str:
-    found = text.count(old)
-    if found != count:
-        raise ValueError(f"template edit expects {count} occurrence(s) of {old!r}, found {found}")
-    return text.replace(old, new)
-
-
 def generation_variant(family: str) -> str:
-    """The official template with its assistant turns in ``{% generation %}`` tags."""
-    t = official(family)
-    if family == "qwen3":
-        # Each branch's output is kept in variables, then written as header, what repeats the
-        # generation prompt (not generated, so not trained), and the generated rest inside
-        # the tags.
-        t = _edit(
-            t,
-            "{{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n')"
-            " + '\\n</think>\\n\\n' + content.lstrip('\\n') }}",
-            "{%- set think = '<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' %}"
-            "{%- set body = content.lstrip('\\n') %}",
-        )
-        t = _edit(
-            t,
-            "{{- '<|im_start|>' + message.role + '\\n' + content }}",
-            "{%- set think = '' %}{%- set body = content %}",
-            2,
-        )
-        # Without thinking the prompt ends in '<think>\n\n</think>\n\n': the part of a think
-        # block that repeats it is prompt (all of an empty block, '<think>\n' of another).
-        t = _edit(
-            t,
-            "        {%- if message.tool_calls %}",
-            "        {{- '<|im_start|>' + message.role + '\\n' }}\n"
-            "        {%- set rest = think %}\n"
-            "        {%- if enable_thinking is defined and enable_thinking is false and think %}\n"
-            "            {%- if think == '<think>\\n\\n</think>\\n\\n' %}{%- set rest = '' %}\n"
-            "            {%- else %}{%- set rest = think[8:] %}{%- endif %}\n"
-            "            {{- think[: think|length - rest|length] }}\n"
-            "        {%- endif %}\n"
-            "        {%- generation %}\n"
-            "        {{- rest }}\n"
-            "        {{- body }}\n"
-            "        {%- if message.tool_calls %}",
-        )
-        return _edit(
-            t,
-            "{{- '<|im_end|>\\n' }}\n    {%- elif message.role == \"tool\" %}",
-            "{{- '<|im_end|>\\n' }}\n        {%- endgeneration %}\n"
-            '    {%- elif message.role == "tool" %}',
-        )
-    if family == "llama3_1":
-        t = _edit(
-            t,
-            "        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ "
-            "message['content'] | trim + '<|eot_id|>' }}",
-            "        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}\n"
-            "        {%- if message['role'] == 'assistant' %}{% generation %}"
-            "{{- message['content'] | trim + '<|eot_id|>' }}{% endgeneration %}"
-            "{%- else %}{{- message['content'] | trim + '<|eot_id|>' }}{%- endif %}",
-        )
-        t = _edit(
-            t,
-            "        {%- set tool_call = message.tool_calls[0].function %}\n",
-            "        {%- set tool_call = message.tool_calls[0].function %}\n"
-            "        {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}\n"
-            "        {%- generation %}\n",
-        )
-        t = _edit(
-            t, "            {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}\n", "", 2
-        )
-        return _edit(
-            t,
-            '            {{- "<|eot_id|>" }}\n        {%- endif %}\n',
-            '            {{- "<|eot_id|>" }}\n        {%- endif %}\n        {%- endgeneration %}\n',
-        )
-    if family == "llama3":
-        return _edit(
-            t,
-            "{{ content }}",
-            "{% if message['role'] == 'assistant' %}{{ content.split('<|end_header_id|>\n\n', 1)[0]"
-            " + '<|end_header_id|>\n\n' }}{% generation %}"
-            "{{ content.split('<|end_header_id|>\n\n', 1)[1] }}{% endgeneration %}"
-            "{% else %}{{ content }}{% endif %}",
-        )
-    if family == "gemma3":
-        old_body = t[
-            t.index("    {%- if message['content'] is string -%}") : t.index(
-                "{%- endfor -%}\n{%- if add_generation_prompt -%}"
-            )
-        ]
-        return _edit(
-            t,
-            old_body,
-            "    {%- if role == 'model' -%}{%- generation -%}\n" + old_body
-            + "    {%- endgeneration -%}{%- else -%}\n" + old_body + "    {%- endif -%}\n",
-        )  # fmt: skip
-    raise ValueError(f"no variant for {family!r}; known: {FAMILIES}")
+    """The official template with its assistant turns in ``{% generation %}`` tags (the
+    package's variant, ``text/generation_variants.py``)."""
+    variant = package_variant(official(family))
+    if variant is None:
+        raise ValueError(f"{family}: the fixture's template is not recognised by its hash")
+    return variant
 
 
 def tokenizer_dir(root: Path, family: str, template: str | None = None) -> Path:

