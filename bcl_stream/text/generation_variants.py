@@ -4,8 +4,9 @@ A template that marks assistant turns with ``{% generation %}`` gives its masks 
 rendering (``apply_chat_template(..., return_assistant_tokens_mask=True)``), where locating the
 turns by rendering costs several renderings per turn (``text/templates.py``), more where the
 template is not prefix-stable (Qwen3). The official templates of Qwen3, Llama-3.1, Llama-3
-and Gemma-3 carry no tags, so this module holds, for each, the edits that wrap what an assistant turn writes after its header (reasoning, content,
-tool calls, end-of-turn tokens) in the tags. The edits only move output into the tags: the
+and Gemma-3 carry no tags, so this module holds, for each, the edits that wrap what an
+assistant turn writes after its header (reasoning, content, tool calls, end-of-turn tokens)
+in the tags. The edits only move output into the tags: the
 variant renders byte for byte what the official template renders, which the tests check on
 public multi-turn data, along with masks equal to those found by rendering.
 
