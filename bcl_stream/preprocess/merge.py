@@ -17,8 +17,8 @@ completion marker is removed first and written last, so a reader never sees a me
 over a different cost index. Refused, naming the part and what to do: a part missing, one
 incomplete (killed mid-write), one whose recorded identity differs from its directory name (a
 copy of another part), parts of two different splits (``of-3`` beside ``of-4``), and parts
-that differ in format, tokenizer, chat template, loss mask (``--loss-on``), cost model, inputs
-or token source.
+that differ in format, tokenizer, chat template, template variables
+(``--chat-template-kwargs``), loss mask (``--loss-on``), cost model, inputs or token source.
 """
 
 from __future__ import annotations
@@ -59,7 +59,16 @@ from bcl_stream.preprocess.lock import output_lock
 from bcl_stream.preprocess.output import delete_remote, is_complete
 from bcl_stream.preprocess.parts import Part
 
-SAME = ("format", "tokenizer", "chat_template", "loss_on", "kind", "inputs", "annotate")
+SAME = (
+    "format",
+    "tokenizer",
+    "chat_template",
+    "chat_template_kwargs",
+    "loss_on",
+    "kind",
+    "inputs",
+    "annotate",
+)
 """What every part must share with part 0 (besides the cost model and record hashes)."""
 
 
@@ -134,6 +143,7 @@ def _identity(index: CostIndex, record: dict[str, Any]) -> dict[str, Any]:
         "tokenizer": index.extra.get("tokenizer"),
         "chat_template": index.extra.get("chat_template"),
         "loss_on": (index.extra.get("preprocess") or {}).get("loss_on"),
+        "chat_template_kwargs": (index.extra.get("preprocess") or {}).get("chat_template_kwargs"),
         "kind": record.get("kind"),
         "inputs": record.get("inputs"),
         "annotate": index.extra.get("annotate"),

@@ -69,6 +69,8 @@ class PreprocessReport:
     masked_records: int = 0
     """Records written with a loss mask (the rest train every token)."""
     loss_on: str = "assistant"
+    chat_template_kwargs: dict[str, Any] | None = None
+    """``--chat-template-kwargs``: template variables given to every record."""
     bytes_read: int = 0
     blank_lines: int = 0
     skipped_bad: dict[str, int] = field(default_factory=dict)
@@ -328,6 +330,7 @@ def _preprocess(
     prepare_output(output, overwrite=overwrite, replace_incomplete=replace)
     report = PreprocessReport(output, format, list(inputs), tok_name, model.name)
     report.loss_on = options.loss_on
+    report.chat_template_kwargs = options.template_kwargs
     counts: Counter[str] = Counter()
     skipped: Counter[str] = Counter()
     skip_list = _SkipList()

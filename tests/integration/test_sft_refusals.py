@@ -222,3 +222,21 @@ def test_a_bom_is_read_past_and_not_part_of_line_1(
     bad.write_bytes(b'{"text": "one"}\n\xef\xbb\xbf{"text": "two"}\n')
     assert run(bad, "--output", tmp_path / "x") == 2
     assert f"{bad}:2: malformed JSON" in error_line(capsys)
+
+
+def test_parts_with_other_template_kwargs_are_not_merged(
+    tmp_path: Path, dirs: dict[str, Path]
+) -> None:
+    from bcl_stream.errors import DatasetError
+    from bcl_stream.preprocess import preprocess
+    from bcl_stream.preprocess.merge import merge
+
+    src = write_jsonl(tmp_path / "chat.jsonl", [{"messages": CHAT}] * 8)
+    out, tok = tmp_path / "out", str(dirs["llama3_1"])
+    given = {"date_string": "01 Jan 2025"}
+    preprocess([str(src)], str(out), tokenizer=tok, part="0/2", progress=False)
+    preprocess([str(src)], str(out), tokenizer=tok, part="1/2", progress=False,
+               chat_template_kwargs=given)  # fmt: skip
+    with pytest.raises(DatasetError, match=r"part-1-of-2: its chat_template_kwargs is \{'date"):
+        merge(out)
+    assert read_index(out / "part-1-of-2").extra["preprocess"]["chat_template_kwargs"] == given
