@@ -252,9 +252,11 @@ def annotate(
             extra["length_check"] = {"records": checked}
         if part is not None:
             extra["part"] = part_record(part, "annotate", _shard_identity(everything))
+        model = resolve(cost_model)
+        _check_costs(model, counts, shards, location)
         index = CostIndex.build(
             counts,
-            resolve(cost_model),
+            model,
             shards,
             fmt,
             extra,
@@ -263,6 +265,25 @@ def annotate(
         )
         _write(index, root, location, target, part, Path(tmp) / "out")
         return index
+
+
+def _check_costs(
+    model: CostModel, counts: list[int], shards: list[ShardEntry], location: str
+) -> None:
+    """Refuse a cost model that cannot cost some record (a cost past what the index stores),
+    naming the shard and record: written, it would fail every later plan with no file named."""
+    first = model.first_overflow(counts)
+    if first is None:
+        return
+    start = 0
+    for shard in shards:
+        if first < start + shard.samples:
+            break
+        start += shard.samples
+    raise DatasetError(
+        f"{location}: shard {shard.name}, record {first - start} (record {first} of the "
+        f"dataset): {model.overflow_message(counts[first])}"
+    )
 
 
 def _stored_name(raw: str, mds: list[dict[str, Any]] | None, i: int, names: set[str] | None) -> str:
