@@ -100,7 +100,7 @@ def test_remote_workers_and_parts(
         write_wds(remote, 200, seed=5, maxcount=40)
     written, _ = open_cost_index(remote, tmp_path / "written")
     annotate(remote, cost_model="tokens", overwrite=True, progress=False)
-    names = [COSTS_NPY, INDEX_JSON] + ([HASHES_NPY] if fmt == "wds" else [])
+    names = [COSTS_NPY, INDEX_JSON, HASHES_NPY]  # record hashes for both formats
     serial = {n: download(f"{remote}/{n}", tmp_path / "serial" / n).read_bytes() for n in names}
     annotate(remote, cost_model="tokens", overwrite=True, progress=False, workers=2)
     parallel = {n: download(f"{remote}/{n}", tmp_path / "par" / n).read_bytes() for n in serial}

@@ -121,3 +121,31 @@ def test_inspect_says_what_it_could_not_check(tmp_path: Path) -> None:
     assert f"bcl-stream annotate --overwrite {root}" in proc.stdout
     report = json.loads(bcl_stream_cli("inspect", str(root), "--json").stdout)
     assert report["checks"]["content_hash"] is None and report["checks"]["not_detectable"]
+
+
+def test_stock_mds_on_s3_annotated_then_flipped_is_caught(moto_s3, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The same on S3 (moto on 127.0.0.1): ``annotate s3://...`` stores the record hashes, and
+    the reader names the damaged record of a shard replaced on the store after that."""
+    from bcl_stream.epoch.plan import ReaderConfig
+    from bcl_stream.errors import DatasetError
+    from bcl_stream.formats.mds_reader import MDSPackDataset
+    from bcl_stream.io.remote import upload
+    from bcl_stream.loading.loader import PackLoader
+    from bcl_stream.preprocess.annotate import annotate
+
+    local = _stock_mds(tmp_path / "ds")
+    remote = moto_s3("bcl-stock-hashes") + "/ds"
+    for path in sorted(local.iterdir()):
+        upload(path, remote, path.name)
+    index = annotate(remote, cost_model="tokens", progress=False)
+    assert index.record_hashes is not None and len(index.record_hashes) == len(index)
+    target = sorted(local.glob("*.mds"))[-1]
+    data = bytearray(target.read_bytes())
+    data[-3] ^= 0x01
+    target.write_bytes(bytes(data))
+    upload(target, remote, target.name)
+    config = ReaderConfig.build(world_size=1, pack_size=4, window=2, seed=0)
+    dataset = MDSPackDataset(remote, config, 0, cache_dir=tmp_path / "cache")
+    with pytest.raises(DatasetError, match=rf"{remote}: damaged shard: {target.name}: record \d+ "):
+        for _ in PackLoader(dataset):
+            pass
