@@ -122,3 +122,29 @@ def test_a_link_member_is_refused_naming_shard_and_member(
     ):
         annotate(root, tokens_field="tokens", cost_model="tokens", progress=False)
     assert not (root / "bcl_index.json").exists()
+
+
+@pytest.mark.parametrize("bad", [5_000_000_000, -1])
+def test_token_ids_no_vocabulary_holds_are_refused(tmp_path: Path, bad: int) -> None:
+    """Ids outside [0, 2**32) in a stock token column (int64 .npy members; llm-foundry's raw
+    int64 bytes): before, annotate counted them and training met them as an out-of-range
+    embedding lookup; now one line names the record, the id and its position."""
+    import webdataset as wds
+    from streaming import MDSWriter
+
+    ids = np.array([7, 8, bad, 9], dtype=np.int64)
+    wroot = tmp_path / "wds"
+    wroot.mkdir()
+    with wds.TarWriter(str(wroot / "shard-000000.tar")) as sink:
+        for i in range(3):
+            sink.write({"__key__": f"{i:06d}", "tokens.npy": ids if i == 1 else ids[:2]})
+    with pytest.raises(DatasetError, match=rf"sample 000001: .*token id {bad} at position 2"):
+        annotate(wroot, tokens_field="tokens", cost_model="tokens", progress=False)
+    mroot = tmp_path / "mds"
+    with MDSWriter(out=str(mroot), columns={"tokens": "bytes"}) as writer:
+        for i in range(3):
+            writer.write({"tokens": (ids if i == 2 else ids[:2]).tobytes()})
+    with pytest.raises(DatasetError, match=rf"sample 2: .*token id {bad} at position 2"):
+        annotate(
+            mroot, tokens_field="tokens", tokens_dtype="int64", cost_model="tokens", progress=False
+        )
