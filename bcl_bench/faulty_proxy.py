@@ -5,7 +5,9 @@ endpoint), and cannot fail *some* requests. The proxy forwards every request unc
 
 - ``fail_next(n, status)``: the next ``n`` requests get an HTTP error (S3 ``SlowDown``-style);
 - ``set_down(True)``: every request gets 503 until ``set_down(False)`` (the server "stops");
-- ``fail_path(substring, n)``: the next ``n`` requests whose path contains ``substring`` fail.
+- ``fail_path(substring, n)``: the next ``n`` requests whose path contains ``substring`` fail;
+- ``stall(substring)``: every request whose path contains ``substring`` is read and never
+  answered (a store that accepts connections and hangs) until ``stall(None)`` or ``close()``.
 
 It counts what it saw (``requests``, ``failed``), so a test can assert that retries are
 bounded, and logs each request's method and path (``log``), so a benchmark can count which
@@ -24,6 +26,8 @@ ERROR_BODY = (
     b"<Message>injected fault</Message></Error>"
 )
 HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "proxy-connection"}
+STALL = -1
+"""What ``_decide`` returns for a request to hold unanswered."""
 
 
 class FaultyProxy:
@@ -40,6 +44,10 @@ class FaultyProxy:
         self._fail_status = 503
         self._fail_substring: str | None = None
         self._down = False
+        self._stall: str | None = None
+        self._release = threading.Event()
+        self.stalled = 0
+        """Requests held without an answer so far."""
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -52,6 +60,10 @@ class FaultyProxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 status = proxy._decide(self.path, self.command)
+                if status == STALL:
+                    proxy._release.wait()  # never answered; the client's timeout decides
+                    self.close_connection = True
+                    return
                 if status is not None:
                     self.send_response(status)
                     self.send_header("Content-Type", "application/xml")
@@ -95,6 +107,9 @@ class FaultyProxy:
         with self._lock:
             self.requests += 1
             self.log.append((method, path))
+            if self._stall is not None and self._stall in path:
+                self.stalled += 1
+                return STALL
             if self._down:
                 self.failed += 1
                 return 503
@@ -110,6 +125,15 @@ class FaultyProxy:
             self._fail_budget, self._fail_status = n, status
             self._fail_substring = path_contains
 
+    def stall(self, path_contains: str | None) -> None:
+        """Hold every request whose path contains ``path_contains`` unanswered (None: stop
+        stalling; the requests held so far are let go, answered with nothing)."""
+        with self._lock:
+            self._stall = path_contains
+            if path_contains is None:
+                self._release.set()
+                self._release = threading.Event()
+
     def set_down(self, down: bool) -> None:
         with self._lock:
             self._down = down
@@ -120,5 +144,6 @@ class FaultyProxy:
             return self.requests, self.failed
 
     def close(self) -> None:
+        self._release.set()
         self._server.shutdown()
         self._server.server_close()

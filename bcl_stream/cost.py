@@ -22,6 +22,9 @@ import numpy as np
 import numpy.typing as npt
 
 FLOPS_PER_PARAM_PER_TOKEN = 6.0  # 2 (forward) + 4 (backward)
+COST_MAX = float(np.finfo(np.float32).max)
+"""The largest cost a cost index can store: costs are kept as float32 (``bcl_costs.npy``), so
+a model whose cost of a record passes this stores ``inf`` and every plan over it fails."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,6 +82,24 @@ class CostModel:
         length = np.asarray(tokens, dtype=np.float64)
         return self.a * length + self.b * length * length + self.k
 
+    def first_overflow(self, tokens: npt.ArrayLike) -> int | None:
+        """Index of the first token count whose cost is not a finite float32 (what the cost
+        index stores: :data:`COST_MAX`), or None when every cost fits."""
+        with np.errstate(over="ignore"):
+            costs = self.cost(tokens)
+        bad = ~(np.abs(costs) <= COST_MAX)  # NaN compares False: counted as bad
+        return int(np.flatnonzero(bad)[0]) if bad.any() else None
+
+    def overflow_message(self, tokens: int) -> str:
+        """Why a record of ``tokens`` tokens cannot be costed under this model (one clause)."""
+        with np.errstate(over="ignore"):
+            value = float(self.cost(tokens))
+        return (
+            f"cost model {self.name!r} gives a record of {tokens} tokens a cost of {value:.4g}, "
+            f"beyond the largest storable cost ({COST_MAX:.4g}, float32): every plan over it "
+            "would fail; use a cost model with smaller coefficients (another unit)"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form, stored in ``bcl_index.json`` and in cost-model files."""
         return asdict(self)
@@ -107,7 +128,17 @@ class CostModel:
             data = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"cannot read cost model {path}: {exc}") from exc
-        return cls.from_dict(data)
+        if not isinstance(data, dict):
+            raise ValueError(
+                f"cost model {path}: expected a JSON object, got {type(data).__name__}"
+            )
+        try:
+            model = cls.from_dict(data)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"cost model {path}: {exc}") from exc
+        if model.first_overflow([1]) is not None:
+            raise ValueError(f"cost model {path}: {model.overflow_message(1)}")
+        return model
 
 
 def from_shape(name: str, shape: ModelShape, source: str) -> CostModel:

@@ -25,7 +25,7 @@ import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from bcl_stream.errors import BCLStreamError
+from bcl_stream.errors import BCLStreamError, StateError
 from lightning_module.config_paths import ROOT_ENV
 
 INDEXED = re.compile(r"^--trainer\.callbacks\.(?P<index>\d+)\.(?P<key>[A-Za-z_][\w.]*)$")
@@ -116,3 +116,31 @@ class BCLCLI(LightningCLI):
         self.config = parser.parse_args(
             [*plain, "--trainer.callbacks=" + json.dumps(items, default=str)]
         )
+
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI's read of ``--ckpt_path`` (``torch.load(weights_only=True)``, which
+        refuses a file holding anything but tensors and plain containers, such as a pickle that
+        would run code): a refusal or an unreadable file is one line naming the file and what
+        to do (exit 2), not torch's 24-line traceback; the cause is chained for ``--debug``."""
+        try:
+            super()._parse_ckpt_path()
+        except Exception as exc:
+            subcommand = self.config.get("subcommand")
+            path = self.config[subcommand].get("ckpt_path") if subcommand else None
+            raise StateError(
+                f"--ckpt_path {path}: refused: torch cannot load it as a checkpoint "
+                f"({type(exc).__name__}: {_gist(exc)}). Resume from a checkpoint this training "
+                "wrote (lightning_module.checkpoints.last_complete_checkpoint finds the last "
+                "complete one); a file from elsewhere may carry code to run, so load and "
+                "re-save it yourself only if you trust where it came from"
+            ) from exc
+
+
+def _gist(exc: BaseException) -> str:
+    """The telling line of a (multi-line) exception message: torch's safe loader explains
+    itself over several paragraphs, the line naming what it refused is the one that matters."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith(("Trying to load", "Unsupported")):
+            return line
+    return lines[0] if lines else "no message"

@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.errors import BCLStreamError, RemoteAccessError
-from bcl_stream.formats.dataset_files import check_integrity, open_layout
+from bcl_stream.formats.dataset_files import check_integrity, integrity_checks, open_layout
 from bcl_stream.io.dataset_dir import detect_format
 from bcl_stream.io.index import CostIndex
 from bcl_stream.io.remote import is_remote
@@ -105,6 +105,7 @@ def inspect_dataset(
     )
     started = time.perf_counter()
     report["problems"] = check_integrity(root, index)
+    report["checks"] = integrity_checks(root, index)
     report["integrity_seconds"] = time.perf_counter() - started
     report["ok"] = not report["problems"]
     if plot is not None and len(index):

@@ -68,15 +68,17 @@ def _text(report: dict[str, Any]) -> list[str]:
     pre = report.get("preprocess") or {}
     if pre.get("skipped_bad"):
         lines.append(f"skipped at preprocessing: {pre['skipped_bad']}")
-    checked = (
-        "every shard's size, header and content hash"
-        if report["format"] == "mds"
-        else "each tar's record count and every record's hash the index holds"
-    )
+    checks = report.get("checks") or {}
     took = f"{report.get('integrity_seconds', 0.0):.2f} s"
     verdict = "ok" if report["ok"] else "PROBLEMS"
-    lines.append(f"integrity: {verdict} ({checked} checked in {took})")
+    hashed = checks.get("content_hash")
+    lines.append(
+        f"integrity: {verdict} (checked in {took}: {', '.join(checks.get('checked', []))}; "
+        f"content hash: {hashed or 'none'})"
+    )
     lines += [f"  - {p}" for p in report["problems"]]
+    if checks.get("not_detectable"):
+        lines.append(f"integrity: not checked: {checks['not_detectable']}")
     if "planned_for" in report:
         lines.append(f"planned for node layout: {report['planned_for']['node_layout']}")
     lines += [f"warning: {w}" for w in report.get("warnings", [])]

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from bcl_stream.errors import CostIndexError, DatasetError
-from bcl_stream.formats.integrity import mds_shard_problem
+from bcl_stream.formats.integrity import mds_record_problem, mds_shard_problem
 from bcl_stream.formats.tar_scan import TAR_ERRORS, split_member, tar_members, tar_records
 from bcl_stream.io.dataset_dir import (
     POINTER_KEY,
@@ -68,13 +68,20 @@ def _mds_problems(root: Path, index: CostIndex) -> list[str]:
                 f"{INDEX_JSON} says {want.samples}"
             )
     # Every shard checked as the MDS reader checks it before its first read: present, its size
-    # as index.json records it (a truncated copy), its header, and its content hash.
+    # as index.json records it (a truncated copy), its header, its content hash, and each
+    # record's hash when the cost index holds them (annotate).
+    hashes = index.record_hashes
+    layout_ok = [s.samples for s in actual] == index.shard_counts
+    first = 0
     for shard in data["shards"]:
+        first += int(shard.get("samples", 0))
         names = [shard.get(k, {}).get("basename") for k in ("raw_data", "zip_data") if shard.get(k)]
         if not any((root / n).is_file() for n in names if n):
             problems.append(f"shard file missing: {' or '.join(str(n) for n in names)}")
             continue
         problem = mds_shard_problem(root, shard)
+        if problem is None and hashes is not None and layout_ok:
+            problem = mds_record_problem(root, shard, first - int(shard["samples"]), hashes)
         if problem:
             problems.append(f"damaged shard: {problem}")
     if data.get(POINTER_KEY) not in (None, INDEX_JSON):
@@ -155,6 +162,65 @@ def check_integrity(local_dir: str | os.PathLike[str], index: CostIndex) -> list
             )
     problems += _mds_problems(root, index) if fmt == "mds" else _wds_problems(root, index)
     return problems
+
+
+def integrity_checks(local_dir: str | os.PathLike[str], index: CostIndex) -> dict[str, Any]:
+    """Which checks :func:`check_integrity` runs on this dataset, said plainly (``inspect``
+    reports it): ``checked`` (what is compared), ``content_hash`` (which hash covers the
+    payload bytes, or None) and, when none does, ``not_detectable``: what damage would pass
+    unseen and how to add hashes. Nothing is claimed that did not run."""
+    root = Path(local_dir)
+    if index.format == "wds":
+        checked = ["each tar's headers", "record count per shard"]
+        if index.record_hashes is not None:
+            return {
+                "checked": checked,
+                "content_hash": "xxh64 of every record's members (bcl_hashes.npy)",
+                "not_detectable": None,
+            }
+        return {
+            "checked": checked,
+            "content_hash": None,
+            "not_detectable": _NO_HASH.format(root=root, what="a WebDataset record"),
+        }
+    checked = ["every shard's size", "header and offset table", "record count per shard"]
+    if index.record_hashes is not None:
+        return {
+            "checked": checked,
+            "content_hash": "xxh64 of every record's bytes (bcl_hashes.npy, from annotate)",
+            "not_detectable": None,
+        }
+    try:
+        entries = read_mds_index(root)["shards"]
+    except DatasetError:
+        entries = []
+    algos = sorted({a for e in entries for a in (_info(e).get("hashes") or {})})
+    hashed = sum(1 for e in entries if _info(e).get("hashes"))
+    if entries and hashed == len(entries):
+        return {
+            "checked": checked,
+            "content_hash": f"{'/'.join(algos)} of every shard (index.json)",
+            "not_detectable": None,
+        }
+    return {
+        "checked": checked,
+        "content_hash": None
+        if not hashed
+        else f"{'/'.join(algos)} of {hashed} of {len(entries)} shards (index.json)",
+        "not_detectable": _NO_HASH.format(root=root, what="an MDS record"),
+    }
+
+
+_NO_HASH = (
+    "no content hash covers every record: a flipped payload byte in {what} is not detectable "
+    "(it would be trained silently); add record hashes with `bcl-stream annotate --overwrite "
+    "{root}` (with the options the cost index was made with), shards untouched"
+)
+
+
+def _info(entry: dict[str, Any]) -> dict[str, Any]:
+    info: dict[str, Any] = entry.get("zip_data") or entry.get("raw_data") or {}
+    return info
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,10 @@ inside ``streaming/base/format``; none names the problem. Three cheap layers fix
 1. :func:`mds_shard_problem` checks a shard file against its ``index.json`` entry before the
    first read: present, size equal to the recorded ``bytes`` (truncation), header sample count
    and offset table consistent (structural damage), and the content hash when the writer
-   recorded one (``hashes=["xxh64"]``; the only layer that sees a flipped payload byte).
-   Cost: one read of the shard (a few ms per 64 MB with xxh64), once per shard per process.
+   recorded one (``hashes=["xxh64"]``), and each record's xxh64 when ``annotate`` stored
+   record hashes in the cost index (stock ``MDSWriter`` records no shard hash by default); a
+   hash is the only layer that sees a flipped payload byte. Cost: one read of the shard (a few
+   ms per 64 MB with xxh64), once per shard per process.
 2. :meth:`ShardVerifier.check_record` compares a decoded record's token count with the cost
    index: a different length means the shard and the index disagree (an index from another
    dataset, or damage that slipped past 1 in a hash-less shard).
@@ -27,17 +29,20 @@ and what to do. Nothing here imports streaming; content hashes come from :mod:`b
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from tqdm import tqdm
 
 from bcl_stream.errors import DatasetError
+from bcl_stream.io import streaming_compat
 from bcl_stream.io.dataset_dir import read_mds_index
-from bcl_stream.io.hashing import digest
+from bcl_stream.io.hashing import digest, sample_digest
 from bcl_stream.io.index import CostIndex
 from bcl_stream.text.loss_spans import LOSS_SPANS, check_record_spans
 
@@ -99,6 +104,56 @@ def mds_shard_problem(
     return None
 
 
+def raw_shard_bytes(root: str | os.PathLike[str], entry: Mapping[str, Any]) -> bytes:
+    """The raw (decompressed) bytes of one MDS shard: its raw file, or its compressed file
+    decompressed in memory when only that is stored."""
+    raw = (entry.get("raw_data") or {}).get("basename")
+    path = Path(root) / str(raw)
+    if path.is_file():
+        return path.read_bytes()
+    zipped = entry.get("zip_data") or {}
+    zpath = Path(root) / str(zipped.get("basename"))
+    if not zipped or not zpath.is_file():
+        raise DatasetError(f"{root}: shard file {raw} is missing")
+    return streaming_compat.decompress(str(entry.get("compression")), zpath.read_bytes())
+
+
+def mds_record_hashes(data: bytes, name: str, samples: int) -> npt.NDArray[np.uint64]:
+    """:func:`~bcl_stream.io.hashing.sample_digest` of each record of a raw MDS shard, from
+    its offset table (checked first: a damaged header is a :class:`DatasetError`)."""
+    problem = _header_problem(data, samples)
+    if problem:
+        raise DatasetError(f"{name}: {problem}")
+    offsets = np.frombuffer(data[4 : 4 + 4 * (samples + 1)], dtype="<u4").tolist()
+    view = memoryview(data)
+    return np.fromiter(
+        (sample_digest(view[a:b]) for a, b in itertools.pairwise(offsets)),
+        dtype=np.uint64,
+        count=samples,
+    )
+
+
+def mds_record_problem(
+    root: str | os.PathLike[str], entry: Mapping[str, Any], first: int, hashes: npt.NDArray[Any]
+) -> str | None:
+    """The first record of one MDS shard whose bytes differ from its hash in the cost index
+    (``hashes``: the dataset's, the shard's records from ``first``), or None."""
+    name = str((entry.get("raw_data") or {}).get("basename"))
+    samples = int(entry.get("samples", -1))
+    try:
+        got = mds_record_hashes(raw_shard_bytes(root, entry), name, samples)
+    except DatasetError as exc:
+        return str(exc)
+    bad = np.flatnonzero(got != hashes[first : first + samples])
+    if not bad.size:
+        return None
+    k = int(bad[0])
+    return (
+        f"{name}: record {k} (record {first + k} of the dataset): xxh64 content hash differs "
+        "from the cost index (corrupted bytes)"
+    )
+
+
 def _error(location: str | os.PathLike[str], problem: str) -> DatasetError:
     return DatasetError(f"{location}: damaged shard: {problem}. {FIX}")
 
@@ -142,6 +197,11 @@ class ShardVerifier:
         if shard in self._verified:
             return
         problem = self.problem(shard)
+        if problem is None and self.check_hash and self.index.record_hashes is not None:
+            first = sum(s.samples for s in self.index.shards[:shard])
+            problem = mds_record_problem(
+                self.root, self.entries()[shard], first, self.index.record_hashes
+            )
         if problem:
             raise _error(self.location, problem)
         self._verified.add(shard)

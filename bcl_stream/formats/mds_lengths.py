@@ -89,6 +89,25 @@ def column_bytes(path: Path, shard: dict[str, Any], field: str) -> list[bytes] |
     return [data[b : b + w] for b, w in zip(begin.tolist(), nbytes.tolist(), strict=True)]
 
 
+def _ids_out_of_range(
+    buf: npt.NDArray[np.uint8],
+    begin: npt.NDArray[np.int64],
+    nbytes: npt.NDArray[np.int64],
+    dtype: np.dtype[Any],
+) -> bool:
+    """Whether some raw id of the column lies outside ``[0, 2**32)`` (only a signed or wider
+    dtype can hold one): one gather of the column's bytes, no decoding."""
+    if not nbytes.size or (dtype.kind == "u" and dtype.itemsize <= 4):
+        return False
+    total = int(nbytes.sum())
+    if not total:
+        return False
+    first = np.cumsum(nbytes) - nbytes  # where each sample's bytes start in the gather
+    idx = np.repeat(begin - first, nbytes) + np.arange(total, dtype=np.int64)
+    ids = buf[idx].view(dtype)
+    return bool(int(ids.min()) < 0 or int(ids.max()) >= 2**32)
+
+
 def shard_counts(
     path: Path, shard: dict[str, Any], field: str, as_length: bool, raw_dtype: str | None = None
 ) -> list[int] | None:
@@ -116,6 +135,8 @@ def shard_counts(
         size = np.dtype(raw_dtype).itemsize
         if (nbytes % size).any():
             return None  # the decoding path names the record
+        if _ids_out_of_range(buf, begin, nbytes, np.dtype(raw_dtype)):
+            return None  # the decoding path names the record and the id
         return [int(c) for c in nbytes // size]
     if parts[0] != "ndarray":
         return None

@@ -32,6 +32,7 @@ from bcl_stream.formats.integrity import ShardVerifier
 from bcl_stream.formats.reader_base import DatasetReader, Pack
 from bcl_stream.formats.token_ids import with_ids
 from bcl_stream.io.dataset_dir import read_mds_index
+from bcl_stream.io.deadline import DownloadStalled
 from bcl_stream.io.index import CostIndex
 from bcl_stream.io.remote import is_remote, open_cost_index
 from bcl_stream.io.streaming_compat import guard_downloads
@@ -108,7 +109,9 @@ class MDSPackDataset(DatasetReader):
                 "shared memory: call streaming.base.util.clean_stale_shared_memory() once at job "
                 "start) holds this cache_dir."
             ) from exc
-        guard_downloads(self.streaming)  # a failed download must not hang later reads
+        # a failed download must not hang later reads, nor a stalled one hold them past the
+        # deadline (download_attempts x download_timeout)
+        guard_downloads(self.streaming, self.options.download_deadline if self.remote else None)
         self._check_layout()
         self.verifier = ShardVerifier(self.root, self.index, location=location)
         offsets = np.asarray(self.streaming.sample_offset_per_shard, dtype=np.int64)
@@ -119,7 +122,7 @@ class MDSPackDataset(DatasetReader):
         self, location: str, cache_dir: str | os.PathLike[str] | None
     ) -> tuple[CostIndex, Path]:
         try:
-            return open_cost_index(location, cache_dir)
+            return open_cost_index(location, cache_dir, **self.options.download_limits())
         except CostIndexError:
             if not is_remote(location):  # shards without index.json: an interrupted write
                 read_mds_index(Path(location.removeprefix("file://")))
@@ -158,6 +161,11 @@ class MDSPackDataset(DatasetReader):
             name = self.index.shards[shard].name
             local = self.verifier.root / name
             problem = self.verifier.problem(shard) if self.remote and local.is_file() else None
+            if isinstance(exc, DownloadStalled):
+                problem = (
+                    f"download stalled: not done within the deadline of "
+                    f"{self.options.deadline_text()}"
+                )
             raise DatasetError(
                 f"{self.location}: cannot read record {sample_id} (shard {shard}, {name}): "
                 f"{problem or f'{type(exc).__name__}: {exc}'}. "

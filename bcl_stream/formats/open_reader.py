@@ -30,7 +30,8 @@ def open_reader(
 ) -> DatasetReader:
     """``MDSPackDataset`` or ``WDSPackDataset`` for ``location`` (both serve every scope),
     refusing a dataset of another format than ``format`` (None: whatever the cost index says)."""
-    index, _ = open_cost_index(location, cache_dir)
+    limits = (options or ReadOptions()).download_limits()
+    index, _ = open_cost_index(location, cache_dir, **limits)
     if format is not None and index.format != format:
         raise DatasetError(
             f"{location}: a {index.format} dataset (its cost index says so), but format="

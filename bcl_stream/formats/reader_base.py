@@ -347,6 +347,7 @@ class DatasetReader(PlanDataset):
         if options is not None and not isinstance(options, ReadOptions):
             raise ValueError(f"options must be a ReadOptions, got {type(options).__name__}")
         self.location = str(location)
+        self.options = options or ReadOptions()  # before the index: its download's limits
         index, self.root = self._open_index(self.location, cache_dir)
         if index.format != self.format:
             other = {"mds": "MDSPackDataset", "wds": "WDSPackDataset"}.get(index.format, "")
@@ -356,14 +357,13 @@ class DatasetReader(PlanDataset):
             )
         PlanDataset.__init__(self, index, config, rank)
         self._resolve_tokens(self.location)
-        self.options = options or ReadOptions()
         self.remote = is_remote(self.location)
         return index
 
     def _open_index(
         self, location: str, cache_dir: str | os.PathLike[str] | None
     ) -> tuple[CostIndex, Path]:
-        return open_cost_index(location, cache_dir)
+        return open_cost_index(location, cache_dir, **self.options.download_limits())
 
     @property
     def prefetch(self) -> int:

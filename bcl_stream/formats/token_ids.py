@@ -89,7 +89,7 @@ def token_ids(value: Any, source: TokenSource, where: str) -> npt.NDArray[np.int
                 f"{where}: token column {source.tokens_field!r} holds {len(value)} bytes, not a "
                 f"whole number of {source.tokens_dtype} ids; is tokens_dtype right?"
             )
-        return np.frombuffer(value, dtype=dtype)
+        return _in_range(np.frombuffer(value, dtype=dtype), source, where)
     if isinstance(value, str):
         raise DatasetError(
             f"{where}: token column {source.tokens_field!r} holds text ({quote(value)}), not "
@@ -107,7 +107,34 @@ def token_ids(value: Any, source: TokenSource, where: str) -> npt.NDArray[np.int
             f"{where}: token column {source.tokens_field!r} holds {_kind(value)} of shape "
             f"{arr.shape}, not a 1-D array of integer token ids"
         )
-    return arr
+    return _in_range(arr, source, where)
+
+
+ID_LIMIT = 2**32
+"""No vocabulary holds this many ids: a token id outside ``[0, ID_LIMIT)`` is damage (or a
+label column such as ``-100`` padding read as ids), and would be an out-of-range embedding
+lookup at training time (a device assert on a GPU, far from the record)."""
+
+
+def _in_range(
+    ids: npt.NDArray[np.integer[Any]], source: TokenSource, where: str
+) -> npt.NDArray[np.integer[Any]]:
+    """``ids`` if every id lies in ``[0, ID_LIMIT)`` (checked only where the dtype allows
+    anything else), else a :class:`DatasetError` naming the record, the id and its position."""
+    kind, size = ids.dtype.kind, ids.dtype.itemsize
+    if not ids.size or (kind == "u" and size <= 4):
+        return ids
+    low, high = int(ids.min()), int(ids.max())
+    if low >= 0 and high < ID_LIMIT:
+        return ids
+    bad = low if low < 0 else high
+    at = int(np.flatnonzero(ids == bad)[0])
+    raise DatasetError(
+        f"{where}: token column {source.tokens_field!r} holds token id {bad} at position {at}, "
+        f"outside [0, {ID_LIMIT}): no vocabulary is that large (a label column, padding or "
+        "damaged bytes?); it would be an out-of-range embedding lookup in training. Fix the "
+        "column or name the right one (tokens_field / --tokens-field)"
+    )
 
 
 def token_count(value: Any, source: TokenSource, where: str) -> int:
@@ -115,6 +142,7 @@ def token_count(value: Any, source: TokenSource, where: str) -> int:
     if isinstance(value, bytes) and not source.is_text and source.tokens_dtype is not None:
         size = np.dtype(source.tokens_dtype).itemsize
         if len(value) % size == 0:
+            _in_range(np.frombuffer(value, dtype=source.tokens_dtype), source, where)
             return len(value) // size
     return int(token_ids(value, source, where).size)
 

@@ -152,7 +152,9 @@ def _check_key(shard: str, key: str, sample_id: int, firsts: Sequence[int]) -> N
     if stands_for is not None and stands_for != sample_id:
         raise DatasetError(
             f"{shard}: record key {base!r} is not the expected global record id {sample_id}; "
-            "the shard order differs from the cost index (shards renamed or reordered?)."
+            "the shard order differs from the cost index (shards renamed or reordered?). If "
+            "the keys are numbered names from another tool (a filtered corpus keeps its gaps), "
+            "re-run `bcl-stream annotate --overwrite`: it records that the keys are not ids."
         )
 
 
@@ -232,6 +234,13 @@ def bcl_packs(
     segments: tuple[Segment, ...] = (),
 ) -> Iterator[Pack]:
     """Pipeline stage: rank ``rank``'s balanced packs of ``epoch`` (packs start, start+step, ...)."""
+    if index.extra.get("record_keys") == "names":
+        raise DatasetError(
+            "the cost index says this WebDataset's record keys are names, not record ids (a "
+            "stock corpus whose numbered keys have gaps): a webdataset pipeline stage cannot tell "
+            "which record a sample is. Read it with WDSPackDataset (or the DataModule), which "
+            "counts records in shard order"
+        )
     packs = reader_plan(index, config, epoch, segments).rank_packs(rank)
     return follow_plan(src, packs[start::step], part_firsts(index))
 
@@ -279,6 +288,7 @@ class WDSPackDataset(DatasetReader):
         if index.record_hashes is None:
             _warn_unhashed(self.location)
         firsts = part_firsts(index)
+        names = index.extra.get("record_keys") == "names"  # annotate: keys are not record ids
         self.shards = ShardCache(
             self.location,
             self.root,
@@ -286,7 +296,7 @@ class WDSPackDataset(DatasetReader):
             self.options,
             remote=self.remote,
             keep=self.config.plan.shard_group + self.options.prefetch + 1,
-            check_key=_KeyCheck(tuple(firsts)),
+            check_key=_KeyCheck(tuple(firsts), names),
             index_dir=member_index_dir(self.location, self.root, cache_dir),
         )
         if self.remote and self.options.cache_bytes is not None:
@@ -338,6 +348,10 @@ class _KeyCheck:
     """:func:`_check_key` with a dataset's part offsets (picklable, for worker processes)."""
 
     firsts: tuple[int, ...]
+    names: bool = False
+    """The cost index says the keys are names, not record ids (``annotate`` of a stock
+    WebDataset whose numbered keys have gaps): nothing to check them against."""
 
     def __call__(self, shard: str, key: str, sample_id: int) -> None:
-        _check_key(shard, key, sample_id, self.firsts)
+        if not self.names:
+            _check_key(shard, key, sample_id, self.firsts)

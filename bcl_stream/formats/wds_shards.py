@@ -378,7 +378,12 @@ class ShardCache:
             if target.is_file():
                 return
             try:
-                download(join(self.location, name), target, timeout=self.options.download_timeout)
+                download(
+                    join(self.location, name),
+                    target,
+                    timeout=self.options.download_timeout,
+                    retries=self.options.download_attempts - 1,
+                )
             except DatasetError as exc:
                 raise DatasetError(
                     f"{self.location}: cannot read shard {shard} ({name}): {exc}"

@@ -181,6 +181,9 @@ class CostIndex:
                 f"record {i}: {int(got[i])} trained tokens of {int(tok[i])}; a record trains at "
                 "most max(tokens - 1, 0) (position 0 is never a target)"
             )
+        first = cost_model.first_overflow(tok)
+        if first is not None:
+            raise ValueError(f"record {first}: {cost_model.overflow_message(int(tok[first]))}")
         records = np.empty(tok.size, dtype=COST_DTYPE)
         records["tokens"] = tok
         records["cost"] = cost_model.cost(tok)
@@ -262,6 +265,10 @@ class CostIndex:
                 yield start, part["cost"].astype(np.float64)
             else:
                 assert model is not None
+                first = model.first_overflow(part["tokens"])
+                if first is not None:
+                    n = int(part["tokens"][first])
+                    raise CostIndexError(f"record {start + first}: {model.overflow_message(n)}")
                 yield start, model.cost(part["tokens"])
 
     def content_hash(self) -> str:

@@ -25,6 +25,7 @@ from bcl_stream.io.dataset_dir import (
     not_a_directory,
     read_mds_index,
 )
+from bcl_stream.io.deadline import DownloadStalled, within
 from bcl_stream.io.index import (
     COSTS_NPY,
     HASHES_NPY,
@@ -209,21 +210,43 @@ def download(
     backoff: float = 0.2,
     timeout: float = 60.0,
 ) -> Path:
-    """Download one file (replacing any local copy) with bounded retries."""
+    """Download one file (replacing any local copy) with bounded retries: ``retries + 1``
+    attempts, each given up after ``timeout`` seconds of wall-clock time, so the whole download
+    ends within ``timeout x (retries + 1)`` seconds plus the back-off between attempts (the
+    deadline the readers' ``download_timeout`` x ``download_attempts`` names)."""
     target = Path(local)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=target.name + ".")
-    os.close(fd)
-    os.unlink(tmp_name)
+    partials: list[str] = []
 
-    def fetch() -> None:
-        download_file(remote, tmp_name, timeout)
+    def fetch() -> str:
+        fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=target.name + ".")
+        os.close(fd)
+        os.unlink(tmp_name)
+        partials.append(tmp_name)  # one file per attempt: an abandoned one writes only its own
+        within(timeout, lambda: download_file(remote, tmp_name, timeout), remote)
+        return tmp_name
 
+    done: str | None = None
     try:
-        _with_retries(f"download of {remote}", remote, fetch, retries, backoff)
+        done = _with_retries(f"download of {remote}", remote, fetch, retries, backoff)
     except FileNotFoundError as exc:
         raise DatasetError(f"{remote}: not found on the remote store") from exc
-    os.replace(tmp_name, target)
+    except DatasetError as exc:
+        if isinstance(exc.__cause__, DownloadStalled):
+            raise DatasetError(
+                f"download of {remote} stalled: no answer within the deadline of "
+                f"{retries + 1} attempts x {timeout:g} s (download_attempts x "
+                f"download_timeout) = {(retries + 1) * timeout:g} s. Check the store "
+                "(S3_ENDPOINT_URL) and network, raise read.download_timeout for very large "
+                "shards on a slow link, then resume from the last checkpoint."
+            ) from exc
+        raise
+    finally:
+        for name in partials:  # failed and abandoned attempts' files (the one done is moved)
+            if name != done:
+                Path(name).unlink(missing_ok=True)
+    assert done is not None
+    os.replace(done, target)
     return target
 
 
@@ -296,7 +319,11 @@ def _remote_missing_index(location: str) -> BCLStreamError:
 
 
 def open_cost_index(
-    location: str, cache_dir: str | os.PathLike[str] | None = None
+    location: str,
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    timeout: float = 60.0,
+    attempts: int = DEFAULT_RETRIES + 1,
 ) -> tuple[CostIndex, Path]:
     """Load a dataset's cost index, local or remote. Output: (index, local directory holding it).
 
@@ -304,6 +331,8 @@ def open_cost_index(
     ``bcl_hashes.npy`` when the JSON names it) only when a cached copy is missing or its hash
     differs. A location without a cost index gets
     the error of :func:`missing_index_error` (not a dataset / incomplete / needs annotate).
+    Each file's download ends within ``attempts`` x ``timeout`` seconds (the readers pass
+    their ``download_timeout`` and ``download_attempts``).
     """
     if not is_remote(location):
         root = Path(location.removeprefix("file://"))
@@ -317,7 +346,7 @@ def open_cost_index(
     root = Path(cache_dir)
     url = join(location, INDEX_JSON)
     try:
-        download(url, root / INDEX_JSON)
+        download(url, root / INDEX_JSON, timeout=timeout, retries=attempts - 1)
     except RemoteAccessError:
         raise
     except DatasetError as exc:
@@ -331,5 +360,5 @@ def open_cost_index(
         if read_index_json(root).get("record_hashes"):
             names.append(HASHES_NPY)
         for name in names:
-            download(join(location, name), root / name)
+            download(join(location, name), root / name, timeout=timeout, retries=attempts - 1)
         return read_index(root), root

@@ -25,6 +25,7 @@ from importlib import metadata
 from typing import Any, Protocol, TypeVar
 
 from bcl_stream.errors import BCLStreamError
+from bcl_stream.io.deadline import within
 
 SUPPORTED: dict[str, str] = {"mosaicml-streaming": "0.13.0", "webdataset": "1.0.2"}
 """Distribution name -> the one version whose internals the hooks below were written against
@@ -76,10 +77,19 @@ class _ResettingPrepare:
 
     A module-level class, not a closure, so the dataset still pickles (spawned workers)."""
 
-    def __init__(self, dataset: Any) -> None:
+    def __init__(self, dataset: Any, deadline: float | None = None) -> None:
         self.dataset = dataset
+        self.deadline = deadline
 
     def __call__(self, shard_id: int, blocking: bool = True) -> None:
+        if self.deadline is None:
+            self._prepare(shard_id, blocking)
+            return
+        # Past the deadline the call is abandoned, not the download: the shard stays
+        # PREPARING (it is), and the abandoned thread puts it back to REMOTE if it fails later.
+        within(self.deadline, lambda: self._prepare(shard_id, blocking), f"shard {shard_id}")
+
+    def _prepare(self, shard_id: int, blocking: bool) -> None:
         dataset = self.dataset
         try:
             type(dataset).prepare_shard(dataset, shard_id, blocking)
@@ -94,7 +104,7 @@ class _ResettingPrepare:
             raise
 
 
-def guard_downloads(dataset: Any) -> Any:
+def guard_downloads(dataset: Any, deadline: float | None = None) -> Any:
     """Make a failed shard download of ``dataset`` (a ``StreamingDataset``) recoverable.
 
     Why: in streaming 0.13 a download that raises (remote down, retries exhausted) leaves the
@@ -108,13 +118,21 @@ def guard_downloads(dataset: Any) -> Any:
     streaming's own. Only the caller whose download failed sees an exception (waiters poll the
     state), so the reset never takes a shard from a download that is still running.
 
+    ``deadline`` (seconds, None: none): a shard whose preparation (download, all of
+    streaming's attempts, or the wait for another thread's download of it) takes longer is
+    given up with :class:`~bcl_stream.io.deadline.DownloadStalled` (the shard stays
+    ``PREPARING`` while the abandoned download runs on, and goes back to ``REMOTE`` if that
+    fails): streaming bounds only each socket read (boto's ``read_timeout``), so a store that
+    accepts connections and never answers would hold the reader for attempts x boto's retries
+    x the timeout.
+
     Relies on: ``StreamingDataset.prepare_shard`` being looked up on the instance,
     ``streaming.base.dataset._ShardState`` (``PREPARING``/``REMOTE``), the shared-memory array
     ``dataset._shard_states`` and its inter-process lock ``dataset._cache_filelock``.
     Output: ``dataset`` (idempotent).
     """
     if not isinstance(vars(dataset).get("prepare_shard"), _ResettingPrepare):
-        dataset.prepare_shard = _ResettingPrepare(dataset)
+        dataset.prepare_shard = _ResettingPrepare(dataset, deadline)
     return dataset
 
 

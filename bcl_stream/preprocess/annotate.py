@@ -10,7 +10,12 @@ decompressed to a temporary file first). WebDataset tars are walked member by me
 order (``tar_scan.tar_records``), which is the order stock ``webdataset`` yields without
 shuffling: ``<key>.<field>.npy``, a ``<key>.<field>`` member, or a key of the ``json`` member.
 
-WebDataset records also get a content hash each (``bcl_hashes.npy``, the one the reader checks).
+Every record also gets a content hash (``bcl_hashes.npy``, the one the readers check): for
+WebDataset over its members, for MDS over its bytes in the shard (stock ``MDSWriter`` records no
+shard hash by default, so without these a flipped payload byte would be trained silently). The
+shards are not rewritten. A tar with a link member is refused, and record keys that are numbers
+but not the records' ids are recorded as names (``preprocess/wds_keys.py``).
+
 The cost index records what was counted (``extra.annotate``: the token source, the tokenizer's
 identity for text, the length column) and, apart, how many records checked a length column
 (``extra.length_check``).
@@ -45,6 +50,7 @@ from tqdm import tqdm
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.errors import DatasetError
+from bcl_stream.formats.integrity import mds_record_hashes, raw_shard_bytes
 from bcl_stream.io.dataset_dir import (
     MDS_INDEX,
     WDS_SUFFIXES,
@@ -69,6 +75,7 @@ from bcl_stream.preprocess.lock import output_lock
 from bcl_stream.preprocess.output import remote_listing
 from bcl_stream.preprocess.parts import Part, part_record, shard_span
 from bcl_stream.preprocess.shard_pool import map_shards
+from bcl_stream.preprocess.wds_keys import NAMES, RECORD_KEYS, key_ids, keys_are_names
 from bcl_stream.text.tokenizers import tokenizer_identity
 
 
@@ -90,17 +97,23 @@ class ShardJob:
 
 def count_shard(
     job: ShardJob,
-) -> tuple[list[int], list[int] | None, array[int] | None, int]:
-    """The work of one shard: its counts, trained counts (None: no masks), record hashes
-    (WebDataset) and the records on which a length column was checked."""
+) -> tuple[list[int], list[int] | None, array[int], int, array[int] | None]:
+    """The work of one shard: its counts, trained counts (None: no masks), record hashes, the
+    records on which a length column was checked and (WebDataset) the number each record's key
+    spells (``wds_keys.key_ids``: a tar with a link member is refused here)."""
     root = Path(job.root)
     if job.mds is not None:
         counts, trained, checked = mds_shard_counts(root, job.mds, job.counting, check=job.check)
-        return counts, trained, None, checked
+        name = str(job.mds["raw_data"]["basename"])
+        digests = mds_record_hashes(
+            raw_shard_bytes(root, job.mds), f"{root / name}", int(job.mds["samples"])
+        )
+        return counts, trained, array("Q", digests.tobytes()), checked, None
+    ids = key_ids(root / job.name, job.name)
     counts, trained_wds, hashes, checked = wds_shard_counts(
         root, job.name, job.counting, check=job.check
     )
-    return counts, trained_wds, hashes, checked
+    return counts, trained_wds, hashes, checked, ids
 
 
 def _fetcher(location: str, tmp: Path) -> tuple[Any, Any]:
@@ -212,6 +225,7 @@ def annotate(
         trained = array("I")
         masked = False
         hashes = array("Q")
+        key_names = False  # some all-digit record key is not its record's id (wds_keys)
         shards: list[ShardEntry] = []
         checked = 0
         # The bar's total: records (MDS: index.json counts them), or shards (WebDataset).
@@ -225,9 +239,10 @@ def annotate(
             mininterval=0.5,
         ) as bar:
             results = map_shards(count_shard, jobs, workers=workers, fetch=fetch, done=done)
-            for i, (shard_counts_, shard_trained, shard_hashes, shard_checked) in zip(
+            for i, (shard_counts_, shard_trained, shard_hashes, shard_checked, ids) in zip(
                 span, results, strict=True
             ):
+                key_names |= ids is not None and keys_are_names(ids, len(counts))
                 counts += shard_counts_
                 masked |= shard_trained is not None
                 trained.extend(
@@ -236,8 +251,7 @@ def annotate(
                     else shard_trained
                 )
                 checked += shard_checked
-                if shard_hashes is not None:
-                    hashes += shard_hashes
+                hashes += shard_hashes
                 shards.append(ShardEntry(everything[i], len(shard_counts_)))
                 bar.update(1 if mds is None else len(shard_counts_))
         if mds is not None:
@@ -248,21 +262,44 @@ def annotate(
         if source.tokenizer is not None:
             record["tokenizer_id"] = tokenizer_identity(source.tokenizer)
         extra: dict[str, Any] = {"annotate": record}
+        if key_names and part is None:
+            extra[RECORD_KEYS] = NAMES
         if length_field is not None:  # apart from "annotate", which the parts of a merge share
             extra["length_check"] = {"records": checked}
         if part is not None:
             extra["part"] = part_record(part, "annotate", _shard_identity(everything))
+        model = resolve(cost_model)
+        _check_costs(model, counts, shards, location)
         index = CostIndex.build(
             counts,
-            resolve(cost_model),
+            model,
             shards,
             fmt,
             extra,
-            None if fmt == "mds" else np.frombuffer(hashes, dtype=np.uint64),
+            np.frombuffer(hashes, dtype=np.uint64),
             np.frombuffer(trained, dtype=np.uint32) if masked else None,
         )
         _write(index, root, location, target, part, Path(tmp) / "out")
         return index
+
+
+def _check_costs(
+    model: CostModel, counts: list[int], shards: list[ShardEntry], location: str
+) -> None:
+    """Refuse a cost model that cannot cost some record (a cost past what the index stores),
+    naming the shard and record: written, it would fail every later plan with no file named."""
+    first = model.first_overflow(counts)
+    if first is None:
+        return
+    start = 0
+    for shard in shards:
+        if first < start + shard.samples:
+            break
+        start += shard.samples
+    raise DatasetError(
+        f"{location}: shard {shard.name}, record {first - start} (record {first} of the "
+        f"dataset): {model.overflow_message(counts[first])}"
+    )
 
 
 def _stored_name(raw: str, mds: list[dict[str, Any]] | None, i: int, names: set[str] | None) -> str:

@@ -370,6 +370,13 @@ def _preprocess(
             sample = _cut(source, result, policy)
             if sample is None:
                 continue
+            if model.first_overflow([sample.ids.size]) is not None:
+                bad = Bad(source, "cost_overflow", model.overflow_message(int(sample.ids.size)))
+                if not skip_bad:
+                    raise _bad_error(bad)
+                skipped[bad.reason] += 1
+                skip_list.add(writer, bad)
+                continue
             t0 = time.perf_counter()
             record: dict[str, Any] = {"input_ids": sample.ids, "source": source}
             if sample.spans is not None:

@@ -187,6 +187,14 @@ def parse_payload(source: str, payload: bytes | dict[str, Any]) -> dict[str, Any
             return Bad(source, "undecodable", f"not valid UTF-8 at byte {exc.start} ({exc.reason})")
         try:
             record = json.loads(line)
+        except RecursionError:
+            # json's decoder recurses once per nesting level: a line nested past Python's
+            # recursion limit (about 1,000 levels) is a bad record, not a crash of the run
+            return Bad(
+                source,
+                "malformed_json",
+                "JSON nested too deeply to parse (arrays or objects about 1,000 levels deep)",
+            )
         except json.JSONDecodeError as exc:
             # json's own messages may end in "at" ("Unterminated string starting at"): the
             # column goes first so the sentence never reads "at at column".

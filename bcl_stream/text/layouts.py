@@ -184,11 +184,31 @@ def _messages(value: Any, where: str) -> list[dict[str, Any]] | str:
     return out
 
 
+ID_LIMIT = 2**32
+"""Token ids are stored as ``uint32``: an id at or above this cannot be written."""
+
+
 def _text_or_ids(value: Any, name: str) -> str | list[int] | None:
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and all(isinstance(v, int) and v >= 0 for v in value):
+    if isinstance(value, list) and all(type(v) is int and 0 <= v < ID_LIMIT for v in value):
         return list(value)
+    return None
+
+
+def _bad_ids(value: Any, name: str) -> str | None:
+    """Why a list that is meant to hold token ids does not (a boolean, a negative id, or one
+    past the ``uint32`` the ids are stored as, with its position), or None."""
+    if not isinstance(value, list):
+        return None
+    for i, v in enumerate(value):
+        if isinstance(v, bool):
+            return f"field {name!r} holds a boolean ({v}) at position {i}, not a token id"
+        if isinstance(v, int) and not 0 <= v < ID_LIMIT:
+            return (
+                f"field {name!r} holds token id {v} at position {i}, outside [0, {ID_LIMIT}) "
+                "(ids are stored as uint32; no vocabulary is that large)"
+            )
     return None
 
 
@@ -276,6 +296,9 @@ def _prompt_response(source: str, record: dict[str, Any]) -> Layout | Bad:
         return Conversation(first + rest, extra[0], len(first), extra[1])
     p, r = _text_or_ids(prompt, "prompt"), _text_or_ids(response, second)
     for name, value, got in (("prompt", prompt, p), (second, response, r)):
+        bad_ids = _bad_ids(value, name) if got is None else None
+        if bad_ids is not None:
+            return Bad(source, "bad_token_id", bad_ids)
         if got is None:
             return Bad(
                 source,

@@ -112,6 +112,10 @@ class TemplateError(ValueError):
     the caller)."""
 
 
+class TokenIdError(TemplateError):
+    """A record's given token ids lie outside the tokenizer's vocabulary (named by the caller)."""
+
+
 class Encoder:
     """Turns a record's layout into :class:`Encoded` under one tokenizer and ``loss_on``.
 
@@ -203,6 +207,7 @@ class Encoder:
         else:
             prompt = np.asarray(layout.prompt, dtype=np.uint32)
             response = np.asarray(layout.response, dtype=np.uint32)
+            self._check_vocabulary(layout, prompt, response)
         eos = self.eos_id
         if eos is not None and (not response.size or int(response[-1]) != eos):
             response = np.append(response, np.uint32(eos))
@@ -210,6 +215,31 @@ class Encoder:
         if self.loss_on == "all":
             return Encoded(ids)
         return Encoded(ids, np.asarray([prompt.size, ids.size], dtype=np.uint32))
+
+    def _check_vocabulary(
+        self,
+        layout: PromptResponse,
+        prompt: npt.NDArray[np.uint32],
+        response: npt.NDArray[np.uint32],
+    ) -> None:
+        """Given ids must be ids of this tokenizer: one past its vocabulary would be an
+        out-of-range embedding lookup at training time (a device assert on a GPU)."""
+        size = self.vocab_size
+        for name, ids in zip(layout.fields, (prompt, response), strict=True):
+            if ids.size and int(ids.max()) >= size:
+                i = int(np.flatnonzero(ids >= size)[0])
+                raise TokenIdError(
+                    f"field {name!r} holds token id {int(ids[i])} at position {i}, outside the "
+                    f"vocabulary of tokenizer {self.tokenizer.name} ({size} ids); were the ids "
+                    "made with another tokenizer? Pass --tokenizer with the one that made them"
+                )
+
+    @property
+    def vocab_size(self) -> int:
+        """Ids this tokenizer knows (a Hugging Face directory's added tokens included)."""
+        if self.hf is not None:
+            return max(len(self.hf), self.tokenizer.vocab_size)
+        return self.tokenizer.vocab_size
 
     def _prompt_ids(self, text: str) -> npt.NDArray[np.uint32]:
         """A prompt as the model's tokenizer encodes a text (with the BOS or other tokens a
@@ -435,6 +465,8 @@ def encode_layout(source: str, layout: Layout, encoder: Encoder) -> Encoded | Ba
             return bad
     try:
         encoded = encoder.encode(layout)
+    except TokenIdError as exc:
+        return Bad(source, "bad_token_id", str(exc))
     except TemplateError as exc:
         return Bad(source, "template_error", str(exc))
     except MissingTemplateError as exc:

@@ -50,7 +50,9 @@ def test_workers_write_the_serial_index_byte_for_byte(
     datasets: dict[str, Path], tmp_path: Path, fmt: str
 ) -> None:
     serial = _serial(datasets, fmt, tmp_path)
-    assert len(serial) == (2 if fmt == "mds" else 3)
+    assert (
+        len(serial) == 3
+    )  # bcl_costs.npy, bcl_hashes.npy (record hashes, both formats), bcl_index.json
     copy = tmp_path / "parallel"
     shutil.copytree(datasets[fmt], copy)
     index = annotate(copy, cost_model="tokens", overwrite=True, progress=False, workers=2)
@@ -98,7 +100,7 @@ def test_remote_workers_and_parts(
         write_wds(remote, 200, seed=5, maxcount=40)
     written, _ = open_cost_index(remote, tmp_path / "written")
     annotate(remote, cost_model="tokens", overwrite=True, progress=False)
-    names = [COSTS_NPY, INDEX_JSON] + ([HASHES_NPY] if fmt == "wds" else [])
+    names = [COSTS_NPY, INDEX_JSON, HASHES_NPY]  # record hashes for both formats
     serial = {n: download(f"{remote}/{n}", tmp_path / "serial" / n).read_bytes() for n in names}
     annotate(remote, cost_model="tokens", overwrite=True, progress=False, workers=2)
     parallel = {n: download(f"{remote}/{n}", tmp_path / "par" / n).read_bytes() for n in serial}

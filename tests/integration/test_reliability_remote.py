@@ -209,3 +209,66 @@ def test_inspect_and_annotate_on_a_faulty_remote(s3_wds, tmp_path: Path) -> None
     assert inspect_dataset(remote)["ok"]
     plan = wds_dataset(remote, tmp_path / "c2").epoch_plan(0).rank_packs(0).tolist()
     assert [ids(p) for p in PackLoader(wds_dataset(remote, tmp_path / "c2"))] == plan
+
+
+# -- a store that accepts connections and never answers: the download deadline ---------------
+STALL_OPTIONS = ReadOptions(prefetch=1, download_timeout=3.0, download_attempts=2)
+"""Deadline 2 attempts x 3 s: a stalled shard ends the read in seconds, not 12 minutes."""
+
+
+def read_until_stalled(dataset, proxy, shard_path: str):  # type: ignore[no-untyped-def]
+    """Stall every request for a shard, read the epoch; (the error, seconds to get it)."""
+    import time
+
+    proxy.stall(shard_path)
+    t0 = time.monotonic()
+    with pytest.raises(DatasetError) as caught:
+        for _ in PackLoader(dataset):
+            pass
+    seconds = time.monotonic() - t0
+    proxy.stall(None)
+    return caught.value, seconds
+
+
+def test_stalled_mds_shard_ends_at_the_deadline(s3_dataset, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    remote, proxy = s3_dataset
+    dataset = MDSPackDataset(remote, CONFIG, 0, cache_dir=tmp_path / "cache", options=STALL_OPTIONS)
+    assert dataset.streaming.streams[0].download_retry == 1  # the attempts reach streaming
+    error, seconds = read_until_stalled(dataset, proxy, "shard.")
+    message = str(error)
+    assert "\n" not in message and proxy.stalled >= 1
+    assert re.match(
+        rf"{remote}: cannot read record \d+ \(shard \d+, shard\.\d+\.mds\): download stalled: "
+        r"not done within the deadline of 2 attempts x 3 s \(download_attempts x "
+        r"download_timeout\) = 6 s\. .*resume from the last checkpoint",
+        message,
+    ), message
+    assert seconds < 30  # the deadline (6 s), twice at most (a prefetch then the read)
+
+
+def test_stalled_wds_shard_ends_at_the_deadline(s3_wds, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from bcl_stream.formats.wds_reader import WDSPackDataset
+
+    remote, proxy = s3_wds
+    dataset = WDSPackDataset(
+        remote, WDS_CONFIG, 0, cache_dir=tmp_path / "cache", options=STALL_OPTIONS
+    )
+    error, seconds = read_until_stalled(dataset, proxy, "shard-")
+    message = str(error)
+    assert "\n" not in message and proxy.stalled >= 2, message
+    assert re.match(
+        rf"{remote}: cannot read shard \d+ \(shard-\d+\.tar\): download of {remote}/shard-\d+\.tar "
+        r"stalled: no answer within the deadline of 2 attempts x 3 s \(download_attempts x "
+        r"download_timeout\) = 6 s\. .*resume from the last checkpoint\.",
+        message,
+    ), message
+    assert seconds < 30
+    assert not list((tmp_path / "cache").glob("shard-*.tar.*"))  # no partial file left
+
+
+def test_stalled_cost_index_ends_at_the_deadline(s3_dataset, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    remote, proxy = s3_dataset
+    proxy.stall("bcl_index.json")
+    with pytest.raises(CostIndexError, match=r"bcl_index\.json: cannot fetch.*stalled.*attempts x"):
+        MDSPackDataset(remote, CONFIG, 0, cache_dir=tmp_path / "cache", options=STALL_OPTIONS)
+    proxy.stall(None)

@@ -163,3 +163,52 @@ def test_failed_preprocess_leaves_no_empty_output(tmp_path: Path) -> None:
     out.mkdir()
     inspect = bcl_stream_cli("inspect", str(out))
     assert inspect.returncode == 1 and "an empty directory, not a dataset" in inspect.stdout
+
+
+class _RunsCode:
+    """Unpickling this creates a directory: the proof that a load ran the file's code."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        import os
+
+        return os.mkdir, (str(self.marker),)
+
+
+def test_a_malicious_checkpoint_is_refused_in_one_line(mds_dir: Path, tmp_path: Path) -> None:
+    """Resuming from a checkpoint whose pickle would run code: torch's safe loader refuses it,
+    and the user reads one line naming the file and what to do (exit 2), not torch's
+    traceback; ``--debug`` shows the chained cause."""
+    import torch
+    from cli_process import run_module
+
+    marker = tmp_path / "code-ran"
+    evil = tmp_path / "evil.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {"x": _RunsCode(marker)}}, evil)
+    argv = [
+        "fit",
+        "--config",
+        str(ROOT / "configs" / "cpu_demo.yaml"),
+        "--data.data",
+        str(mds_dir),
+        "--trainer.devices",
+        "1",
+        "--trainer.default_root_dir",
+        str(tmp_path / "run"),
+        "--trainer.callbacks.0.init_args.directory",
+        str(tmp_path / "logs"),
+        "--ckpt_path",
+        str(evil),
+    ]
+    proc = run_module("lightning_module", *argv)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"python -m lightning_module: error: --ckpt_path {evil}: refused")
+    assert "unsupported GLOBAL posix.mkdir" in line and "last_complete_checkpoint" in line
+    assert "Traceback" not in proc.stderr
+    assert not marker.exists()
+    debug = run_module("lightning_module", "--debug", *argv)
+    assert debug.returncode == 2 and "UnpicklingError" in debug.stderr
+    assert "Traceback" in debug.stderr and not marker.exists()

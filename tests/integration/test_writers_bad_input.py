@@ -191,3 +191,104 @@ def test_stray_tar_and_changed_member_count_are_named(dataset: Path) -> None:
     assert "shards not in bcl_index.json: shard-999999.tar" in problems
     want = f"shard {victim.name}: holds {index.shards[1].samples - 1} records, bcl_index.json says"
     assert any(p.startswith(want) for p in problems)
+
+
+# -- hostile records: nesting, token ids, a cost model that overflows ------------------------
+
+DEEP = b'{"text": "deep", "meta": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+HOSTILE_IDS = [
+    (b'{"prompt": [1, 2], "response": [5000000000]}', r"token id 5000000000 at position 0"),
+    (b'{"prompt": [1, 2], "response": [true, 3]}', r"holds a boolean \(True\) at position 0"),
+    (b'{"prompt": [false], "response": [3]}', r"'prompt' holds a boolean \(False\)"),
+    (b'{"prompt": [1, 2], "response": [-3]}', r"token id -3 at position 0"),
+    (
+        b'{"prompt": [1, 2], "response": [4000000000]}',
+        r"outside the vocabulary of tokenizer cl100k",
+    ),
+    (b'{"prompt": [100277], "response": [3]}', r"'prompt' holds token id 100277 .* vocabulary"),
+]
+
+
+@pytest.mark.parametrize("fmt", ["mds", "wds"])
+def test_deeply_nested_json_is_a_located_skippable_record(tmp_path: Path, fmt: str) -> None:
+    src = _jsonl(tmp_path / "in.jsonl", [*GOOD[:2], DEEP, *GOOD[2:4]])
+    with pytest.raises(DatasetError, match=rf"{src}:3: JSON nested too deeply.*--skip-bad"):
+        preprocess([src], str(tmp_path / "a"), format=fmt, progress=False)
+    report = preprocess([src], str(tmp_path / "b"), format=fmt, skip_bad=True, progress=False)
+    assert report.skipped_bad == {"malformed_json": 1}
+    assert report.records_written == 4
+    assert f"{src}:3 (malformed_json)" in report.skipped_first
+
+
+@pytest.mark.parametrize(("line", "match"), HOSTILE_IDS)
+def test_hostile_token_ids_are_located_bad_records(tmp_path: Path, line: bytes, match: str) -> None:
+    src = _jsonl(tmp_path / "in.jsonl", [*GOOD[:2], line])
+    with pytest.raises(DatasetError, match=rf"{src}:3: .*{match}"):
+        preprocess([src], str(tmp_path / "a"), progress=False)
+
+
+@pytest.mark.parametrize("fmt", ["mds", "wds"])
+def test_hostile_token_ids_are_skipped_and_counted(tmp_path: Path, fmt: str) -> None:
+    ok = b'{"prompt": [1, 2], "response": [100276]}'  # the last id cl100k knows
+    src = _jsonl(tmp_path / "in.jsonl", [GOOD[0], *(line for line, _ in HOSTILE_IDS), ok])
+    report = preprocess([src], str(tmp_path / "o"), format=fmt, skip_bad=True, progress=False)
+    assert report.skipped_bad == {"bad_token_id": len(HOSTILE_IDS)}
+    assert report.records_written == 2
+    listed = (tmp_path / "o" / "bcl_skipped.txt").read_text().splitlines()
+    assert [row.split("\t")[0] for row in listed] == [
+        f"{src}:{n}" for n in range(2, 2 + len(HOSTILE_IDS))
+    ]
+    index = read_index(tmp_path / "o")
+    assert list(index.tokens) == [int(report.tokens_written) - 4, 4]  # 1 + 2 + 1 (EOS)
+
+
+def _overflowing_model(tmp_path: Path) -> str:
+    path = tmp_path / "huge.json"
+    # a record of L tokens costs L + 1e36 L^2: up to 18 tokens fit float32 (3.4e38), 19 do not
+    path.write_text(json.dumps({"name": "huge", "a": 1.0, "b": 1e36}))
+    return str(path)
+
+
+@pytest.mark.parametrize("fmt", ["mds", "wds"])
+def test_cost_model_that_overflows_is_a_located_skippable_record(tmp_path: Path, fmt: str) -> None:
+    model = _overflowing_model(tmp_path)
+    short = json.dumps({"text": "one two"}).encode()
+    src = _jsonl(tmp_path / "in.jsonl", [short, GOOD[11], short])  # GOOD[11]: 49 tokens
+    with pytest.raises(DatasetError, match=rf"{src}:2: cost model 'huge' gives a record of 49"):
+        preprocess([src], str(tmp_path / "a"), format=fmt, cost_model=model, progress=False)
+    report = preprocess(
+        [src], str(tmp_path / "b"), format=fmt, cost_model=model, skip_bad=True, progress=False
+    )
+    assert report.skipped_bad == {"cost_overflow": 1}
+    costs = read_index(tmp_path / "b").costs()
+    assert len(costs) == 2 and np.isfinite(costs).all()
+
+
+def test_cost_model_file_whose_every_cost_overflows_is_refused_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "inf.json"
+    path.write_text(json.dumps({"name": "inf", "a": 1e39}))
+    src = _jsonl(tmp_path / "in.jsonl", GOOD[:2])
+    argv = ["preprocess", src, "--output", str(tmp_path / "o"), "--no-progress"]
+    assert main([*argv, "--cost-model", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"cost model {path}: cost model 'inf' gives a record of 1 tokens" in err
+
+
+@pytest.mark.parametrize("fmt", ["mds", "wds"])
+def test_annotate_and_the_readers_refuse_a_model_that_overflows(tmp_path: Path, fmt: str) -> None:
+    from bcl_stream.cost import CostModel
+    from bcl_stream.preprocess.annotate import annotate
+
+    src = _jsonl(tmp_path / "in.jsonl", [json.dumps({"text": "a b"}).encode(), GOOD[11]])
+    out = tmp_path / "ds"
+    preprocess([src], str(out), format=fmt, cost_model="tokens", progress=False)
+    model = _overflowing_model(tmp_path)
+    with pytest.raises(
+        DatasetError, match=r"shard \S+, record 1 \(record 1 of the dataset\): cost model 'huge'"
+    ):
+        annotate(out, cost_model=model, overwrite=True, progress=False)
+    with pytest.raises(CostIndexError, match=r"record 1: cost model 'huge' gives a record of 49"):
+        read_index(out).costs(CostModel.load(model))
