@@ -165,6 +165,17 @@ class PlanKnobs:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.contract not in CONTRACTS:
             raise ValueError(f"contract must be one of {CONTRACTS}, got {self.contract!r}")
+        if self.contract == "tokens" and self.max_tokens is None:
+            raise ValueError(
+                "contract='tokens' needs max_tokens, the token budget T per rank and "
+                "micro-batch (for example max_tokens=16384)"
+            )
+        if self.contract == "tokens" and self.layout == "padded":
+            raise ValueError(
+                "contract='tokens' plans the packed layout only in this release (a padded "
+                "micro-batch's rows x longest record would need its own intake estimate); use "
+                "layout='packed', or contract='step' for padded batches"
+            )
 
     @property
     def partition_algorithm(self) -> str:
