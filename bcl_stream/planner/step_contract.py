@@ -45,10 +45,6 @@ import numpy.typing as npt
 
 from bcl_stream.planner.padded import check_layout
 
-CONTRACTS = ("pack", "step", "tokens")
-"""Contracts: ``pack`` (exactly B per micro-batch), ``step`` (exactly G*B per step) or
-``tokens`` (at most ``max_tokens`` per micro-batch, ``planner/token_contract.py``)."""
-
 
 def _groups_within(
     cost: list[float], tok: list[int] | None, layout: str, limit: float, cap: int | None

@@ -1,0 +1,107 @@
+"""``contract="tokens"`` end to end through the DataModule's readers (MDS and WebDataset, every
+scope, DataLoader workers, mid-epoch resume): no micro-batch over the budget, the same number of
+micro-batches on every rank and a whole number of optimizer steps, every record of the epoch
+yielded once or reported, the same micro-batches on every run, and a resume that replays the
+uninterrupted run exactly (``planner/token_contract.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pack_oracles import check_every_record_once
+from resume_harness import DataModuleLoader, pack_key, run_test_save_load_state
+
+from bcl_stream.epoch.full_plan import full_plan
+from bcl_stream.errors import StateError
+from lightning_module.datamodule import BCLDataModule
+
+pytestmark = pytest.mark.slow
+
+T, G, W = 128, 2, 4
+
+
+def module(root: Path, scope: str = "node", workers: int = 0, **kwargs: Any) -> BCLDataModule:
+    plan = {"window": W, "scope": scope, "contract": "tokens", "max_tokens": T}
+    loader = {"num_workers": workers}
+    batch = {"collate": "packed"}
+    return BCLDataModule(str(root), plan=plan, seed=2, loader=loader, batch=batch, **kwargs)
+
+
+def setup(root: Path, rank: int, world: int, per_node: int, **kwargs: Any) -> BCLDataModule:
+    dm = module(root, **kwargs)
+    dm.setup_for(rank, world, per_node, grad_accum=G)
+    return dm
+
+
+LAYOUTS = [  # (format, scope, world, ranks per node)
+    ("mds", "node", 2, 2),
+    ("wds", "node", 2, 2),
+    ("mds", "rank", 2, 2),
+    ("wds", "rank", 2, 1),
+    ("mds", "world", 2, 1),
+    ("wds", "world", 4, 2),
+]
+
+
+@pytest.mark.parametrize(("fmt", "scope", "world", "per_node"), LAYOUTS)
+def test_budget_equal_counts_every_record_once(
+    mds_dir: Path, wds_dir: Path, fmt: str, scope: str, world: int, per_node: int
+) -> None:
+    root = mds_dir if fmt == "mds" else wds_dir
+    modules = [setup(root, r, world, per_node, format=fmt, scope=scope) for r in range(world)]
+    ranks = [list(dm.train_dataloader()) for dm in modules]
+    counts = {len(rank) for rank in ranks}
+    assert len(counts) == 1 and counts.pop() % G == 0  # equal counts, whole optimizer steps
+    assert len(ranks[0]) > G
+    for rank in ranks:
+        for batch in rank:
+            assert batch["sample_ids"].numel() >= 1
+            assert batch["input_ids"].numel() <= T  # packed: one row of the records' tokens
+    ids = [int(i) for rank in ranks for b in rank for i in b["sample_ids"]]
+    dm = modules[0]
+    plan = full_plan(dm.dataset.index, dm.dataset.config, 0)  # type: ignore[union-attr]
+    check_every_record_once(ids, 300, plan.plan.remainder)
+    left = dm.remainder_counts()
+    assert (
+        len(ids) + sum(left.values()) + plan.plan.remainder_counts().get("over_token_budget", 0)
+        == 300
+    )
+    sizes = {int(b["sample_ids"].numel()) for rank in ranks for b in rank}
+    assert len(sizes) > 1  # records per micro-batch vary
+    again = list(setup(root, 0, world, per_node, format=fmt, scope=scope).train_dataloader())
+    assert [pack_key(b) for b in again] == [pack_key(b) for b in ranks[0]]
+
+
+@pytest.mark.parametrize("fmt", ["mds", "wds"])
+def test_mid_epoch_resume_and_workers_are_exact(mds_dir: Path, wds_dir: Path, fmt: str) -> None:
+    root = mds_dir if fmt == "mds" else wds_dir
+    full = list(setup(root, 1, 2, 2, format=fmt).train_dataloader())
+    with_workers = list(setup(root, 1, 2, 2, format=fmt, workers=2).train_dataloader())
+    assert [pack_key(b) for b in with_workers] == [pack_key(b) for b in full]
+    run_test_save_load_state(
+        lambda: DataModuleLoader(module(root, format=fmt), 1, 2, 2, grad_accum=G),
+        epochs=1,
+        positions=[1, G + 1, len(full) - 1],
+        make_resumed=lambda: DataModuleLoader(
+            module(root, format=fmt, workers=2), 1, 2, 2, grad_accum=G
+        ),
+        reference=[[pack_key(b) for b in full]],
+    )
+
+
+def test_the_state_records_the_contract(mds_dir: Path) -> None:
+    first = setup(mds_dir, 0, 1, 1)
+    next(iter(first.train_dataloader()))
+    state = first.state_dict()
+    assert state["reader"]["version"] == 7
+    assert state["reader"]["config"]["plan"]["contract"] == "tokens"
+    other = BCLDataModule(str(mds_dir), plan={"window": W}, seed=2, batch={"collate": "packed"})
+    other.setup_for(0, 1, 1, grad_accum=G)
+    with pytest.raises(StateError, match=r"contract|max_tokens|pack_size"):
+        other.load_state_dict(state)
+    old = {**state["reader"], "version": 6}
+    same = setup(mds_dir, 0, 1, 1)
+    with pytest.raises(StateError, match="version 6 says contract='tokens'"):
+        same.load_state_dict({**state, "reader": old})
