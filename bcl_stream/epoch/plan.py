@@ -559,8 +559,8 @@ def _warn_over_budget(dropped: npt.NDArray[np.int64], row: int) -> None:
     if dropped.size:
         log.warning(
             "planning row %d: %d records found no room under max_tokens before their carry "
-            "chain ended and are left out of this epoch (%s; first ids %s): lower the window "
-            "or raise max_tokens",
+            "chain ended and are left out of this epoch (%s; first ids %s): raise carry_span "
+            "(0: one chain per epoch) or max_tokens",
             row,
             dropped.size,
             REASON_OVER_BUDGET,

@@ -30,8 +30,8 @@ Records per micro-batch vary; the plan pads each batch of micro-batches to its w
 (index, config, seed, epoch); a reader starting at window k replays at most ``carry_span - 1``
 windows of its own row (packing only, no reading), as the record contract's carry does.
 
-Geometry: the node streams are those of the record contract, built with
-``pack_size`` = records one rank reads per window and ``window`` = 1 (:func:`token_geometry`),
+Geometry: the node streams are those of the record contract, built with ``pack_size`` =
+records one rank reads per optimizer step and ``window`` = M / G steps (:func:`token_geometry`),
 so shard dealing, the stratified shuffle, scopes and rows are shared unchanged.
 """
 
@@ -74,17 +74,21 @@ def mean_fed_tokens(tokens: npt.NDArray[np.integer], max_tokens: int) -> float:
 
 
 def token_geometry(config: PlanConfig, tokens: npt.NDArray[np.integer]) -> PlanConfig:
-    """The record geometry the streams are built with under the tokens contract: ``window``
-    1 and ``pack_size`` = the records one rank reads per window, ``round(M * T * FILL /
-    mean)``, with the mean fed length over records within the budget (a pure function of
-    the index and T: the same on every rank, and across an elastic resume). The record
-    contract's carry is off (this contract carries what does not fit)."""
+    """The record geometry the streams are built with under the tokens contract: a "pack" is
+    one optimizer step of one rank, ``pack_size`` = the records it reads, ``round(G * T *
+    FILL / mean)`` (at least G), with the mean fed length over records within the budget (a
+    pure function of the index and T: the same on every rank, and across an elastic
+    resume), and ``window`` = M / G steps. So the epoch's last window may hold fewer steps,
+    and what no rank reads (``epoch_tail``) is less than a step per rank. The record
+    contract's carry and heavy lane are off (this contract carries what does not fit, and
+    its records are bounded by T)."""
     if config.max_tokens is None:
         raise ValueError("contract='tokens' needs max_tokens, the token budget T")
     mean = mean_fed_tokens(tokens, config.max_tokens)
-    m = micro_batches_per_window(config)
-    per_window = max(m, round(m * config.max_tokens * FILL / max(mean, 1.0)))
-    return replace(config, pack_size=per_window, window=1, carry=0, lane=0)
+    g = config.grad_accum
+    per_step = max(g, round(g * config.max_tokens * FILL / max(mean, 1.0)))
+    steps = micro_batches_per_window(config) // g
+    return replace(config, pack_size=per_step, window=steps, carry=0, lane=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,13 +232,18 @@ class TokenWalker:
 
     @property
     def n_windows(self) -> int:
-        """Windows per rank, the same on every rank (the record geometry's pack count)."""
-        return self.streams.n_packs
+        """Windows per rank, the same on every rank (the record geometry's)."""
+        return self.streams.n_windows
 
     @property
     def n_packs(self) -> int:
-        """Micro-batches per rank, the same on every rank: a multiple of G."""
-        return self.n_windows * self.per_window
+        """Micro-batches per rank, the same on every rank: G per step of the record geometry
+        (a multiple of G)."""
+        return self.streams.n_packs * self.config.grad_accum
+
+    def window_micro_batches(self, k: int) -> int:
+        """Micro-batches per rank of window ``k`` (M; the epoch's last may hold fewer)."""
+        return min(self.per_window, self.n_packs - k * self.per_window)
 
     def span(self) -> int:
         """Windows per carry chain."""
@@ -272,8 +281,10 @@ class TokenWalker:
         """Rank-by-rank micro-batches of window ``k`` of ``row`` (empty list unless ``emit``),
         and the records it carries into the next window."""
         geometry = self.streams.config
-        size = geometry.pack_size * geometry.row_ranks
-        fresh = self.streams.fetch([row], k * size, (k + 1) * size)[0]
+        size = geometry.pack_size * geometry.row_ranks  # records of one step of the row
+        first_step = k * geometry.window
+        steps = self.window_micro_batches(k) // self.config.grad_accum
+        fresh = self.streams.fetch([row], first_step * size, (first_step + steps) * size)[0]
         ids = np.concatenate([carry, fresh])
         tok = np.asarray(self.tokens[ids], dtype=np.int64)
         cost = np.asarray(self.costs[ids], dtype=np.float64)
@@ -283,7 +294,7 @@ class TokenWalker:
             ids,
             tok,
             cost,
-            self.per_window * group,
+            self.window_micro_batches(k) * group,
             self.config.max_tokens,
             self.config.refine,
         )
