@@ -6,6 +6,7 @@ uninterrupted run exactly (``planner/token_contract.py``)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +106,21 @@ def test_the_state_records_the_contract(mds_dir: Path) -> None:
     same = setup(mds_dir, 0, 1, 1)
     with pytest.raises(StateError, match="version 6 says contract='tokens'"):
         same.load_state_dict({**state, "reader": old})
+
+
+def test_plan_command_prints_the_micro_batches_the_reader_yields(
+    mds_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bcl_stream.cli import main
+
+    argv = ["plan", str(mds_dir), "--world-size", "2", "--contract", "tokens"]
+    argv += ["--max-tokens", str(T), "--window", str(W), "--grad-accum", str(G), "--seed", "2"]
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    read = [
+        [b["sample_ids"].tolist() for b in setup(mds_dir, r, 2, 2).train_dataloader()]
+        for r in range(2)
+    ]
+    assert [rank["packs"] for rank in out["ranks"]] == read  # no padding, the same records
+    assert main(argv) == 0
+    assert f"of at most {T} tokens (contract tokens)" in capsys.readouterr().out
