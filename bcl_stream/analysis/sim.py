@@ -276,7 +276,11 @@ def plan_schedules(
             bins, left = plan_pooled(name, pool, capacity)
             used = sum(b.size for rank_bins in bins for b in rank_bins)
             left_count = sum(v.size for v in left.values())
-            steps = micro_batches_per_batch(bins[0], order, pool.batch_size)
+            steps = (
+                micro_batches_per_batch(bins[0], order, pool.batch_size)
+                if PEERS[name].pooled
+                else None
+            )
             out[name] = schedule(bins, used, left_count, steps)
         elif name.startswith("bcl-") and config.contract == "tokens":
             planner = plan_config(config, name.removeprefix("bcl-"))
