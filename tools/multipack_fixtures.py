@@ -40,7 +40,7 @@ def _lengths(kind: str, n: int, rng: np.random.Generator, cap: int) -> list[int]
     elif kind == "narrow":
         x = rng.normal(200, 30, n)
     else:  # ties
-        x = rng.integers(1, 6, n) * 50
+        x = (rng.integers(1, 6, n) * 50).astype(np.float64)
     return np.clip(x, 1, cap).astype(np.int64).tolist()
 
 
