@@ -59,8 +59,8 @@ from bcl_stream.planner.padded import Packs, check_layout, ragged_pack_costs
 from bcl_stream.planner.shard_table import Draw, ShardTable, shard_weights
 from bcl_stream.planner.step_contract import node_micro_batches
 from bcl_stream.planner.token_contract import (
-    FILL,
     TokenWalker,
+    fill,
     mean_fed_tokens,
     plan_tokens,
     token_geometry,
@@ -322,12 +322,14 @@ def plan_schedules(
 def pool_records(tokens: npt.NDArray[np.integer], config: SimConfig) -> int:
     """Records per rank and micro-batch of the pooled peers' global batches (R*B*G records):
     B, or under ``contract="tokens"`` the records a BCL step reads per micro-batch,
-    round(T * FILL / mean length) (``token_contract.token_geometry``), so the peers' optimizer
+    round(T * fill / mean length) (``token_contract.token_geometry``, the fill of scope
+    ``node``'s rows), so the peers' optimizer
     steps hold the tokens BCL's hold and the comparison is at the same step size and budget."""
     if config.contract != "tokens" or config.max_tokens is None:
         return config.pack_size
     mean = mean_fed_tokens(tokens, config.max_tokens)
-    return max(1, round(config.max_tokens * FILL / max(mean, 1.0)))
+    aim = fill(plan_config(config, "node"))
+    return max(1, round(config.max_tokens * aim / max(mean, 1.0)))
 
 
 def _too_long(streams: NodeStreams) -> int:

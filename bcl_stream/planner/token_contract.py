@@ -52,10 +52,20 @@ from bcl_stream.planner.windows import rank_order
 REASON_OVER_BUDGET = "over_token_budget"
 """Remainder reason: a record that found no room under the budget before its carry chain
 ended (it waited up to ``carry_span`` windows)."""
-FILL = 0.92
-"""Share of a window's token capacity (M*P*T) that its fresh records are expected to fill.
-Below 1 so that the carry drains: the bins' spare room (5%) takes what earlier windows held
-over, which keeps the carry short and the over-budget remainder empty on the test corpora."""
+FILL = 0.95
+"""Share of a window's token capacity (M*P*T) that its fresh records are expected to fill,
+for rows of at least :data:`WIDE_ROW` bins a window. Below 1 so that the carry drains: the
+bins' spare room takes what earlier windows held over, which keeps the over-budget remainder
+near empty. Chosen on the tuning corpora (``tools/bench_tokens.py``, ``text_corpora.TUNE``,
+50K records, 1 x 8, T = 16,384, G = 4): 0.92 / 0.95 / 0.97 gave fill 0.92 / 0.95 / 0.97 at
+the same bcl-world efficiency (0.9996-1.0000), but at 0.97 scope ``rank`` (16 bins a window)
+left up to 959 records over budget on code:torch where 0.95 left 32."""
+FILL_NARROW = 0.92
+""":data:`FILL` for rows of fewer than :data:`WIDE_ROW` bins a window (scope ``rank``, or few
+ranks a node): few bins pack long records less tightly, so the carry grows at 0.95 (a
+synthetic heavy tail at T = 4,096 and 8 bins: 1% of the records over budget at 0.95)."""
+WIDE_ROW = 64
+"""Bins a row packs per window from which :data:`FILL` applies."""
 EMPTY = -1
 """Padding of a micro-batch row past its records (readers strip it)."""
 
@@ -73,6 +83,14 @@ def mean_fed_tokens(tokens: npt.NDArray[np.integer], max_tokens: int) -> float:
     return float(kept.mean()) if kept.size else float(max_tokens)
 
 
+def fill(config: PlanConfig) -> float:
+    """The fill a window's intake aims at: :data:`FILL`, or :data:`FILL_NARROW` for rows of
+    fewer than :data:`WIDE_ROW` bins a window (M times the row's ranks, before
+    ``rows_for`` widens scope ``world``'s rows: every process computes the same)."""
+    row = 1 if config.scope == "rank" else config.ranks_per_node
+    return FILL if micro_batches_per_window(config) * row >= WIDE_ROW else FILL_NARROW
+
+
 def token_geometry(config: PlanConfig, tokens: npt.NDArray[np.integer]) -> PlanConfig:
     """The record geometry the streams are built with under the tokens contract: a "pack" is
     one optimizer step of one rank, ``pack_size`` = the records it reads, ``round(G * T *
@@ -86,7 +104,7 @@ def token_geometry(config: PlanConfig, tokens: npt.NDArray[np.integer]) -> PlanC
         raise ValueError("contract='tokens' needs max_tokens, the token budget T")
     mean = mean_fed_tokens(tokens, config.max_tokens)
     g = config.grad_accum
-    per_step = max(g, round(g * config.max_tokens * FILL / max(mean, 1.0)))
+    per_step = max(g, round(g * config.max_tokens * fill(config) / max(mean, 1.0)))
     steps = micro_batches_per_window(config) // g
     return replace(config, pack_size=per_step, window=steps, carry=0, lane=0)
 
