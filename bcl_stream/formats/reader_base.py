@@ -40,6 +40,7 @@ from bcl_stream.epoch.eval_plan import EvalPlan
 from bcl_stream.epoch.loss_tokens import StepTokens, step_tokens
 from bcl_stream.epoch.plan import PlanData, ReaderConfig, ReaderPlan, Segment, reader_plan
 from bcl_stream.epoch.process_group import process_group
+from bcl_stream.epoch.schedule import Schedule
 from bcl_stream.epoch.steps import step_cut, whole_steps
 from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.errors import DatasetError, StateError
@@ -221,7 +222,7 @@ class PlanDataset(IterableDataset[Pack]):
         if self._evaluation is None and self.step_loss_tokens:
             steps = step_tokens(self.index, self.config, self.segments)
         if self._evaluation is not None or (cut is None and steps is None):
-            plan: ReaderPlan | EvalPlan = self._evaluation or self.epoch_plan()
+            plan: Schedule = self._evaluation or self.epoch_plan()
             for first, packs in plan.iter_rank_packs(self.rank, start):
                 position = first - start + np.arange(packs.shape[0])
                 ids = position // per_item
