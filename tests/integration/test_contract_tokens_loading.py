@@ -124,3 +124,44 @@ def test_plan_command_prints_the_micro_batches_the_reader_yields(
     assert [rank["packs"] for rank in out["ranks"]] == read  # no padding, the same records
     assert main(argv) == 0
     assert f"of at most {T} tokens (contract tokens)" in capsys.readouterr().out
+
+
+def test_the_bcl_packs_stage_of_a_stock_webdataset_pipeline_follows_the_tokens_plan(
+    wds_dir: Path,
+) -> None:
+    import webdataset as wds
+
+    from bcl_stream.epoch.plan import ReaderConfig
+    from bcl_stream.formats.wds_reader import WDSPackDataset, bcl_packs
+
+    config = ReaderConfig.build(
+        world_size=2, window=W, grad_accum=G, contract="tokens", max_tokens=T, seed=8
+    )
+    dataset = WDSPackDataset(wds_dir, config, 1)
+    urls = [str(wds_dir / shard.name) for shard in dataset.index.shards]
+    stage = wds.pipelinefilter(bcl_packs)(index=dataset.index, config=config, rank=1)
+    pipe = wds.DataPipeline(
+        wds.SimpleShardList(urls), wds.tarfile_to_samples(), wds.decode(), stage
+    )
+    got = [[int(s["__key__"]) for s in pack] for pack in pipe]
+    want = [[int(i) for i in row if i >= 0] for row in dataset.epoch_plan().rank_packs(1)]
+    assert got == want and len({len(p) for p in got}) > 1
+
+
+def test_a_mixture_under_the_tokens_contract_counts_each_stream_once(
+    mds_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    from bcl_stream.cli import main
+
+    other = shutil.copytree(mds_dir, tmp_path / "copy")
+    argv = ["plan", "--stream", f"{mds_dir}:proportion=0.5", "--stream", f"{other}:proportion=0.5"]
+    argv += ["--world-size", "2", "--contract", "tokens", "--max-tokens", str(T)]
+    argv += ["--window", str(W), "--grad-accum", str(G), "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    used = [s["records_used"] for s in out["streams"]]
+    assert sum(used) == out["records_used"] == sum(len(p) for r in out["ranks"] for p in r["packs"])
+    for s in out["streams"]:
+        assert s["records_used"] + sum(s["records_left"].values()) == s["records_drawn"]
