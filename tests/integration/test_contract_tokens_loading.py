@@ -165,3 +165,38 @@ def test_a_mixture_under_the_tokens_contract_counts_each_stream_once(
     assert sum(used) == out["records_used"] == sum(len(p) for r in out["ranks"] for p in r["packs"])
     for s in out["streams"]:
         assert s["records_used"] + sum(s["records_left"].values()) == s["records_drawn"]
+
+
+@pytest.mark.parametrize(("old", "new", "after"), [(2, 3, 3), (3, 2, 0), (2, 1, 5)])
+def test_elastic_resume_uses_every_record_once(
+    mds_dir: Path, old: int, new: int, after: int
+) -> None:
+    """A state saved after ``after`` micro-batches on ``old`` ranks resumes on ``new``: the
+    records of the old ranks' first micro-batches are consumed, the rest re-planned."""
+    from resume_harness import take
+
+    from bcl_stream.epoch.plan import ReaderConfig
+    from bcl_stream.formats.mds_reader import MDSPackDataset
+    from bcl_stream.loading.loader import PackLoader
+
+    config = ReaderConfig.build(
+        world_size=old, window=W, grad_accum=G, contract="tokens", max_tokens=T, seed=2
+    )
+    consumed: list[int] = []
+    state: dict[str, Any] = {}
+    for rank in range(old):
+        loader = PackLoader(MDSPackDataset(mds_dir, config, rank))
+        consumed += [i for p in take(loader, after) for pack in p for i in pack]
+        state = json.loads(json.dumps(loader.state_dict()))
+    resized = config.resized(new, 1)
+    rest: list[int] = []
+    lengths = set()
+    for rank in range(new):
+        loader = PackLoader(MDSPackDataset(mds_dir, resized, rank))
+        loader.load_state_dict(state)
+        lengths.add(len(loader))
+        rest += [int(s["sample_id"]) for p in loader for s in p]
+    assert len(lengths) == 1
+    dataset = loader.plan_dataset
+    left = full_plan(dataset.index, resized, 0, dataset.segments).plan.remainder
+    check_every_record_once(consumed + rest, 300, left_out=left)
