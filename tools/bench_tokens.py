@@ -17,6 +17,7 @@ benchmarks split them: ``text_corpora.TUNE`` (what any default was chosen on) an
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -127,11 +128,48 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def markdown(result: dict[str, Any]) -> str:
+    """The per-corpus table docs/balance.md carries (held-out corpora marked)."""
+    head = (
+        "| corpus | bcl-world efficiency | fill | micro-batches per rank (min = max) "
+        "| time vs verl_dynbsz (F=0 / 0.1) | vs multipack (F=0.1) | vs nemo_mffd (F=0.1) "
+        "| same memory T | record B=8 -> tokens at T (F=0 / 0.1) |\n"
+        "|---|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    for r in result["rows"]:
+        at, mem = r["at_T"], r["same_memory"]
+        w = at["bcl-world"]
+
+        def vs(peer: str, f: float, cells: dict[str, Any] = at, me: dict[str, Any] = w) -> str:
+            key = f"time_per_cost_overhead_{f}"
+            return f"{cells[peer][key] / me[key]:.3f}"
+
+        counts = w["micro_batches_per_rank"]
+        equal = "=" if counts["min"] == counts["max"] else "!="
+        rec, tok = mem["record_B8"], mem["tokens"]
+        lines.append(
+            f"| {r['corpus']}{' (held out)' if r['held_out'] else ''} "
+            f"| {w['efficiency']:.4f} | {w['fill']:.3f} | {counts['min']} {equal} {counts['max']} "
+            f"| {vs('verl_dynbsz', 0.0)} / {vs('verl_dynbsz', 0.1)} | {vs('multipack', 0.1)} "
+            f"| {vs('nemo_mffd', 0.1)} | {mem['T']} "
+            f"| {rec['time_per_cost_overhead_0.0'] / tok['time_per_cost_overhead_0.0']:.3f} / "
+            f"{rec['time_per_cost_overhead_0.1'] / tok['time_per_cost_overhead_0.1']:.3f} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__, RESULTS / "bench_tokens.json")
     parser.add_argument("--corpora", nargs="+", default=list(text_corpora.NAMES))
     parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument(
+        "--markdown", type=Path, default=None, help="only print the table of this result JSON"
+    )
     args = parser.parse_args(argv)
+    if args.markdown is not None:
+        print(markdown(json.loads(args.markdown.read_text())), end="")
+        return 0
     rows = []
     for name in args.corpora:
         rows.append(run_corpus(name, args.records))
