@@ -64,27 +64,38 @@ def cell(
     return out
 
 
-def run_corpus(name: str, n: int) -> dict[str, Any]:
+def run_corpus(
+    name: str,
+    n: int,
+    nodes: int = 1,
+    per_node: int = RANKS,
+    peers: tuple[str, ...] = PEERS,
+    same_memory: bool = True,
+) -> dict[str, Any]:
     t0 = time.perf_counter()
     tok = text_corpora.build(name, n, CAP)
     costs = get_preset("llama3-8b").cost(tok)
-    base = SimConfig(ranks=RANKS, ranks_per_node=RANKS, grad_accum=ACCUM, shard_records=4096)
+    base = SimConfig(
+        ranks=nodes * per_node, ranks_per_node=per_node, grad_accum=ACCUM, shard_records=4096
+    )
     tokens = replace(base, contract="tokens", max_tokens=T)
     row: dict[str, Any] = {
         "corpus": name,
         "held_out": name in text_corpora.HELD_OUT,
         "records": n,
+        "layout": f"{nodes}x{per_node}",
         "mean_tokens": float(tok.mean()),
-        "at_T": cell(tok, costs, tokens, (*BCL, *PEERS)),
+        "at_T": cell(tok, costs, tokens, (*BCL, *peers)),
     }
+    if not same_memory:
+        row["seconds"] = time.perf_counter() - t0
+        return row
     record = cell(tok, costs, base, ("bcl-world",))["bcl-world"]
-    same_memory = int(record["micro_batch_tokens"]["max"])
-    record_at = cell(tok, costs, replace(base, max_tokens=same_memory), ("bcl-world",))
-    token_at = cell(
-        tok, costs, replace(tokens, max_tokens=same_memory), ("bcl-world", "verl_dynbsz")
-    )
+    memory = int(record["micro_batch_tokens"]["max"])
+    record_at = cell(tok, costs, replace(base, max_tokens=memory), ("bcl-world",))
+    token_at = cell(tok, costs, replace(tokens, max_tokens=memory), ("bcl-world", "verl_dynbsz"))
     row["same_memory"] = {
-        "T": same_memory,
+        "T": memory,
         "record_B8": record_at["bcl-world"],
         "tokens": token_at["bcl-world"],
         "verl_dynbsz": token_at["verl_dynbsz"],
@@ -102,29 +113,24 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         eff = [r["at_T"]["bcl-world"]["efficiency"] for r in sel]
         fill = [r["at_T"]["bcl-world"]["fill"] for r in sel]
-        vs_verl = [
-            r["at_T"]["verl_dynbsz"]["time_per_cost_overhead_0.1"]
-            / r["at_T"]["bcl-world"]["time_per_cost_overhead_0.1"]
-            for r in sel
-        ]
-        vs_record = [
-            r["same_memory"]["record_B8"]["time_per_cost_overhead_0.1"]
-            / r["same_memory"]["tokens"]["time_per_cost_overhead_0.1"]
-            for r in sel
-        ]
         out[part] = {
             "corpora": [r["corpus"] for r in sel],
             "bcl_world_efficiency": {"median": float(np.median(eff)), "worst": min(eff)},
             "bcl_world_fill": {"median": float(np.median(fill)), "worst": min(fill)},
-            "speedup_vs_verl_dynbsz_overhead_0.1": {
-                "median": float(np.median(vs_verl)),
-                "worst": min(vs_verl),
-            },
-            "speedup_vs_record_B8_same_memory_overhead_0.1": {
-                "median": float(np.median(vs_record)),
-                "worst": min(vs_record),
-            },
         }
+        key = "time_per_cost_overhead_0.1"
+        if all("verl_dynbsz" in r["at_T"] for r in sel):
+            vs = [r["at_T"]["verl_dynbsz"][key] / r["at_T"]["bcl-world"][key] for r in sel]
+            out[part]["speedup_vs_verl_dynbsz_overhead_0.1"] = {
+                "median": float(np.median(vs)),
+                "worst": min(vs),
+            }
+        if all("same_memory" in r for r in sel):
+            vs = [r["same_memory"]["record_B8"][key] / r["same_memory"]["tokens"][key] for r in sel]
+            out[part]["speedup_vs_record_B8_same_memory_overhead_0.1"] = {
+                "median": float(np.median(vs)),
+                "worst": min(vs),
+            }
     return out
 
 
@@ -163,6 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__, RESULTS / "bench_tokens.json")
     parser.add_argument("--corpora", nargs="+", default=list(text_corpora.NAMES))
     parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--ranks-per-node", type=int, default=RANKS)
+    parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated")
+    parser.add_argument(
+        "--no-same-memory", action="store_true", help="skip the record contract comparison"
+    )
     parser.add_argument(
         "--markdown", type=Path, default=None, help="only print the table of this result JSON"
     )
@@ -172,14 +184,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = []
     for name in args.corpora:
-        rows.append(run_corpus(name, args.records))
+        peers = tuple(p for p in args.peers.split(",") if p)
+        rows.append(
+            run_corpus(
+                name,
+                args.records,
+                args.nodes,
+                args.ranks_per_node,
+                peers,
+                not args.no_same_memory,
+            )
+        )
         r = rows[-1]
         w = r["at_T"]["bcl-world"]
         print(
             f"{name}: eff {w['efficiency']:.3f} fill {w['fill']:.3f} "
-            f"mb/rank {w['micro_batches_per_rank']} "
-            f"vs verl {r['at_T']['verl_dynbsz']['time_per_cost_overhead_0.1'] / w['time_per_cost_overhead_0.1']:.3f} "
-            f"({r['seconds']:.0f}s)",
+            f"mb/rank {w['micro_batches_per_rank']} ({r['seconds']:.0f}s)",
             flush=True,
         )
     result = {
@@ -187,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             "max_tokens": T,
             "record_cap": CAP,
             "grad_accum": ACCUM,
-            "ranks": RANKS,
-            "ranks_per_node": RANKS,
+            "ranks": args.nodes * args.ranks_per_node,
+            "ranks_per_node": args.ranks_per_node,
             "cost_model": "llama3-8b",
             "records": args.records,
             "overheads": list(OVERHEADS),
