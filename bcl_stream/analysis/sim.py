@@ -284,7 +284,7 @@ def plan_schedules(
             out[name] = schedule(bins, used, left_count, steps)
         elif name.startswith("bcl-") and config.contract == "tokens":
             planner = plan_config(config, name.removeprefix("bcl-"))
-            streams = streams_for(token_geometry(planner, tok), True)
+            streams = streams_for(token_geometry(planner, tok, table.counts.size), True)
             packs3, _ = plan_tokens(TokenWalker(streams, costs, tok, planner))
             ragged = [[row[row >= 0] for row in rank] for rank in packs3]
             used = int(np.count_nonzero(packs3 >= 0))
@@ -328,7 +328,7 @@ def pool_records(tokens: npt.NDArray[np.integer], config: SimConfig) -> int:
     if config.contract != "tokens" or config.max_tokens is None:
         return config.pack_size
     mean = mean_fed_tokens(tokens, config.max_tokens)
-    aim = fill(plan_config(config, "node"))
+    aim = fill(plan_config(config, "node"))  # a node's rows (scope world may widen them)
     return max(1, round(config.max_tokens * aim / max(mean, 1.0)))
 
 

@@ -356,7 +356,7 @@ class ReaderPlan:
         geometry = config.plan
         if contract(config.plan.contract).budget:
             assert self._tokens is not None  # a budget contract needs max_tokens
-            geometry = token_geometry(config.plan, self._tokens)
+            geometry = token_geometry(config.plan, self._tokens, table.counts.size)
         self._streams = build_node_streams(
             costs,
             table,

@@ -83,15 +83,21 @@ def mean_fed_tokens(tokens: npt.NDArray[np.integer], max_tokens: int) -> float:
     return float(kept.mean()) if kept.size else float(max_tokens)
 
 
-def fill(config: PlanConfig) -> float:
+def fill(config: PlanConfig, n_shards: int | None = None) -> float:
     """The fill a window's intake aims at: :data:`FILL`, or :data:`FILL_NARROW` for rows of
-    fewer than :data:`WIDE_ROW` bins a window (M times the row's ranks, before
-    ``rows_for`` widens scope ``world``'s rows: every process computes the same)."""
-    row = 1 if config.scope == "rank" else config.ranks_per_node
+    fewer than :data:`WIDE_ROW` bins a window: M times the row's ranks, scope ``world``'s rows
+    as ``rows_for`` widens them for ``n_shards`` shards (None: a node's ranks). Every process
+    computes the same: it depends on the config and the shard count alone."""
+    if n_shards is None:
+        row = 1 if config.scope == "rank" else config.ranks_per_node
+    else:
+        row = config.rows_for(n_shards).row_ranks
     return FILL if micro_batches_per_window(config) * row >= WIDE_ROW else FILL_NARROW
 
 
-def token_geometry(config: PlanConfig, tokens: npt.NDArray[np.integer]) -> PlanConfig:
+def token_geometry(
+    config: PlanConfig, tokens: npt.NDArray[np.integer], n_shards: int | None = None
+) -> PlanConfig:
     """The record geometry the streams are built with under the tokens contract: a "pack" is
     one optimizer step of one rank, ``pack_size`` = the records it reads, ``round(G * T *
     FILL / mean)`` (at least G), with the mean fed length over records within the budget (a
@@ -99,12 +105,13 @@ def token_geometry(config: PlanConfig, tokens: npt.NDArray[np.integer]) -> PlanC
     resume), and ``window`` = M / G steps. So the epoch's last window may hold fewer steps,
     and what no rank reads (``epoch_tail``) is less than a step per rank. The record
     contract's carry and heavy lane are off (this contract carries what does not fit, and
-    its records are bounded by T)."""
+    its records are bounded by T). ``n_shards``: the dataset's shard count, which decides
+    scope ``world``'s rows (:func:`fill`)."""
     if config.max_tokens is None:
         raise ValueError("contract='tokens' needs max_tokens, the token budget T")
     mean = mean_fed_tokens(tokens, config.max_tokens)
     g = config.grad_accum
-    per_step = max(g, round(g * config.max_tokens * fill(config) / max(mean, 1.0)))
+    per_step = max(g, round(g * config.max_tokens * fill(config, n_shards) / max(mean, 1.0)))
     steps = micro_batches_per_window(config) // g
     return replace(config, pack_size=per_step, window=steps, carry=0, lane=0)
 

@@ -165,3 +165,18 @@ def test_needs_a_budget_and_the_packed_layout():
         PlanConfig(world_size=2, contract="tokens")
     with pytest.raises(ValueError, match="packed layout only"):
         PlanConfig(world_size=2, contract="tokens", max_tokens=T, layout="padded")
+
+
+def test_the_fill_follows_the_bins_a_row_packs() -> None:
+    from bcl_stream.planner.token_contract import FILL, FILL_NARROW, fill
+
+    node = PlanConfig(world_size=8, ranks_per_node=8, contract="tokens", max_tokens=T)
+    assert fill(node) == fill(node, 64) == FILL  # 16 micro-batches x 8 ranks
+    rank = PlanConfig(world_size=8, ranks_per_node=8, scope="rank", contract="tokens", max_tokens=T)
+    assert fill(rank) == FILL_NARROW  # 16 bins a window
+    world = PlanConfig(
+        world_size=8, ranks_per_node=1, scope="world", contract="tokens", max_tokens=T
+    )
+    assert fill(world) == FILL_NARROW  # a node alone holds one rank
+    assert world.rows_for(64).row_ranks == 8
+    assert fill(world, 64) == FILL  # scope world plans the 8 nodes as one row
