@@ -59,6 +59,7 @@ from bcl_stream.loading.collate import PackCollate
 from bcl_stream.loading.evaluation import evaluation_sources
 from bcl_stream.loading.loader import PackLoader
 from bcl_stream.planner.config import PlanKnobs
+from bcl_stream.planner.contracts import contract
 from lightning_module.canonical import check_accumulation, shift_progress
 from lightning_module.evaluation import Evaluation, EvaluationHook
 from lightning_module.options import (
@@ -373,7 +374,7 @@ class BCLDataModule(pl.LightningDataModule):
             self.batch.collate,
             self.fed_max_seq_len,
             self.batch.labels,
-            step_records=self.plan.pack_size if self.plan.contract == "step" else None,
+            step_records=self.plan.pack_size if contract(self.plan.contract).step_records else None,
         )
 
     def train_dataloader(self) -> PackLoader:

@@ -15,7 +15,16 @@ from that global shuffle.
 
 Contract (``SimConfig.contract``): under ``step`` (padded layout) the BCL steps are dealt
 within each node and each rank's step re-cut into micro-batches of varying size
-(``planner/step_contract.py``), as readers yield them.
+(``planner/step_contract.py``), as readers yield them; under ``tokens`` the BCL strategies
+cut micro-batches of at most ``max_tokens`` tokens (``planner/token_contract.py``), the budget
+the token peers (``verl_dynbsz``, ``nemo_mffd``, ``pooled_mffd_split``) pack to as well
+(``sequential`` stays the record contract's plain loader).
+
+Time model: ``overhead`` is an absolute cost added to every micro-batch; ``micro_batch_overhead``
+F prices a micro-batch at F times the cost of a full-budget micro-batch of mean-length records
+(:func:`micro_batch_price`): FSDP gathers the parameters and launches the same kernels whatever
+a micro-batch holds, which favours fewer, fuller micro-batches. :func:`budget_figures` gives
+the token contract's figures (tokens per micro-batch, micro-batches per rank, useful cost).
 
 Layout (``SimConfig.layout``, ``planner/padded.py``): a pack costs the sum of its records'
 costs when ``packed`` (varlen attention), B times its costliest record when ``padded``. With
@@ -49,6 +58,13 @@ from bcl_stream.planner.node_streams import NodeStreams
 from bcl_stream.planner.padded import Packs, check_layout, ragged_pack_costs
 from bcl_stream.planner.shard_table import Draw, ShardTable, shard_weights
 from bcl_stream.planner.step_contract import node_micro_batches
+from bcl_stream.planner.token_contract import (
+    TokenWalker,
+    fill,
+    mean_fed_tokens,
+    plan_tokens,
+    token_geometry,
+)
 
 STRATEGIES = ("sequential", *PEERS, "bcl-rank", "bcl-node", "bcl-world")
 
@@ -83,6 +99,10 @@ class SimConfig(PlanKnobs):
     canonical rank's is ``grad_accum * ranks / canonical_ranks``. None: plan for ``ranks``."""
     canonical_ranks_per_node: int | None = None
     """Canonical ranks per node (None: ``ranks_per_node``)."""
+    micro_batch_overhead: float = 0.0
+    """Fixed price of every micro-batch as a fraction of the cost of a full-budget
+    micro-batch of mean-length records (``max_tokens``, or the default capacity, over the mean
+    length; :func:`micro_batch_price`), added to ``overhead`` (absolute)."""
 
     def __post_init__(self) -> None:
         PlanKnobs.__post_init__(self)  # explicit: slotted dataclasses break a bare super()
@@ -91,6 +111,14 @@ class SimConfig(PlanKnobs):
                 f"SimConfig.scope={self.scope!r}: the simulator sets the scope per strategy "
                 "(bcl-rank, bcl-node, bcl-world); leave scope unset"
             )
+        if not (
+            isinstance(self.micro_batch_overhead, int | float) and self.micro_batch_overhead >= 0
+        ):
+            raise ValueError(
+                f"micro_batch_overhead must be a number >= 0, got {self.micro_batch_overhead!r}"
+            )
+        if self.canonical_ranks is not None and self.contract == "tokens":
+            raise ValueError("canonical_ranks is not planned under contract='tokens' yet")
         if self.shard_records < 1:
             raise ValueError(f"shard_records must be >= 1, got {self.shard_records}")
         v = self.canonical_ranks
@@ -244,12 +272,23 @@ def plan_schedules(
             order = global_order(tok.size, seed, epoch, shuffle=config.shuffle)
             if draw is not None:
                 order = order[draw(order)]
-            pool = Pool(order, tok, config.ranks, config.pack_size, config.grad_accum)
+            pool = Pool(order, tok, config.ranks, pool_records(tok, config), config.grad_accum)
             bins, left = plan_pooled(name, pool, capacity)
             used = sum(b.size for rank_bins in bins for b in rank_bins)
             left_count = sum(v.size for v in left.values())
-            steps = micro_batches_per_batch(bins[0], order, pool.batch_size)
+            steps = (
+                micro_batches_per_batch(bins[0], order, pool.batch_size)
+                if PEERS[name].pooled
+                else None
+            )
             out[name] = schedule(bins, used, left_count, steps)
+        elif name.startswith("bcl-") and config.contract == "tokens":
+            planner = plan_config(config, name.removeprefix("bcl-"))
+            streams = streams_for(token_geometry(planner, tok, table.counts.size), True)
+            packs3, _ = plan_tokens(TokenWalker(streams, costs, tok, planner))
+            ragged = [[row[row >= 0] for row in rank] for rank in packs3]
+            used = int(np.count_nonzero(packs3 >= 0))
+            out[name] = schedule(ragged, used, int(table.usable.sum()) - used + _too_long(streams))
         elif name.startswith("bcl-"):
             planner = plan_config(config, name.removeprefix("bcl-"))
             streams = streams_for(planner, True)
@@ -280,6 +319,70 @@ def plan_schedules(
     return out
 
 
+def pool_records(tokens: npt.NDArray[np.integer], config: SimConfig) -> int:
+    """Records per rank and micro-batch of the pooled peers' global batches (R*B*G records):
+    B, or under ``contract="tokens"`` the records a BCL step reads per micro-batch,
+    round(T * fill / mean length) (``token_contract.token_geometry``, the fill of scope
+    ``node``'s rows), so the peers' optimizer
+    steps hold the tokens BCL's hold and the comparison is at the same step size and budget."""
+    if config.contract != "tokens" or config.max_tokens is None:
+        return config.pack_size
+    mean = mean_fed_tokens(tokens, config.max_tokens)
+    aim = fill(plan_config(config, "node"))  # a node's rows (scope world may widen them)
+    return max(1, round(config.max_tokens * aim / max(mean, 1.0)))
+
+
+def _too_long(streams: NodeStreams) -> int:
+    """Records the streams' filter left out over the memory cap (0 without one)."""
+    keep = streams.keep
+    return 0 if keep is None else int(keep.too_long().size)
+
+
+def budget(tokens: npt.NDArray[np.integer], config: SimConfig) -> int:
+    """The token budget the simulated setting packs to: ``max_tokens``, or the default
+    capacity (:func:`default_capacity`)."""
+    return config.max_tokens or default_capacity(tokens, config.pack_size)
+
+
+def micro_batch_price(
+    tokens: npt.NDArray[np.integer], costs: npt.NDArray[np.float64], config: SimConfig
+) -> float:
+    """The absolute cost ``micro_batch_overhead`` adds to every micro-batch: F times a
+    full-budget micro-batch of mean-length records, budget / mean length records costing
+    c(mean length) each (c read off the records' own (length, cost) pairs, interpolated)."""
+    if config.micro_batch_overhead == 0:
+        return 0.0
+    tok = np.asarray(tokens, dtype=np.float64)
+    mean = float(tok.mean())
+    order = np.argsort(tok, kind="stable")
+    at_mean = float(np.interp(mean, tok[order], np.asarray(costs, dtype=np.float64)[order]))
+    return config.micro_batch_overhead * budget(tokens, config) / max(mean, 1.0) * at_mean
+
+
+BUDGET_KEYS = ("micro_batch_tokens", "micro_batches_per_rank", "useful_cost")
+"""The keys :func:`budget_figures` adds to a strategy's metrics in ``simulate --json``."""
+
+
+def budget_figures(s: Schedule, tokens: npt.NDArray[np.integer]) -> dict[str, object]:
+    """The token contract's figures of one schedule: ``micro_batch_tokens`` (``max``,
+    ``mean`` over the micro-batches that hold records), ``micro_batches_per_rank`` (``min``,
+    ``max`` over ranks of the micro-batches each runs; a rank with fewer waits, or runs an
+    empty one where the system pads, at every index some rank runs: ``time`` counts those) and
+    ``useful_cost`` (the records' own cost)."""
+    tok = np.asarray(tokens, dtype=np.float64)
+    per = ragged_pack_costs(s.packs, tok, "packed")
+    held = per[per > 0]
+    counts = [len(rank) for rank in s.packs]
+    return {
+        "micro_batch_tokens": {
+            "max": int(held.max()) if held.size else 0,
+            "mean": float(held.mean()) if held.size else 0.0,
+        },
+        "micro_batches_per_rank": {"min": min(counts, default=0), "max": max(counts, default=0)},
+        "useful_cost": useful_cost(s),
+    }
+
+
 def plan_config(config: SimConfig, scope: str) -> PlanConfig:
     """The planner configuration a simulated BCL strategy uses: every shared field copied by
     name (with the ``padded`` layout the planner partitions by length:
@@ -301,22 +404,28 @@ def simulate(
 ) -> dict[str, Metrics]:
     """Plan one epoch under each strategy and score it with the metrics of docs/metrics.md."""
     tok = np.asarray(tokens, dtype=np.int64)
-    table = shard_table(tok, cost_model.cost(tok), config.shard_records)
-    return score(schedules(tok, cost_model, config, strategies, table), config, table)
+    costs = cost_model.cost(tok)
+    table = shard_table(tok, costs, config.shard_records)
+    price = micro_batch_price(tok, costs, config)
+    return score(schedules(tok, cost_model, config, strategies, table), config, table, price)
 
 
 def score(
-    planned: dict[str, Schedule], config: SimConfig, table: ShardTable | None = None
+    planned: dict[str, Schedule],
+    config: SimConfig,
+    table: ShardTable | None = None,
+    price: float = 0.0,
 ) -> dict[str, Metrics]:
     """the metrics of docs/metrics.md of schedules already planned (plus download amplification and
-    shard working set when the shard table is given)."""
+    shard working set when the shard table is given). ``price``: the micro-batch price of
+    ``micro_batch_overhead`` (:func:`micro_batch_price`), added to ``overhead``."""
     out: dict[str, Metrics] = {}
     for name, s in planned.items():
         metrics = metrics_from_costs(
             s.pack_costs,
             s.records_used,
             s.records_left,
-            overhead=config.overhead,
+            overhead=config.overhead + price,
             microbatches_per_step=config.grad_accum,
             sync=config.sync,
             step_sizes=s.step_sizes,
@@ -346,14 +455,17 @@ def useful_cost(s: Schedule) -> float:
 
 
 def speedups(
-    planned: dict[str, Schedule], config: SimConfig, peers: tuple[str, ...] = REAL_PEERS
+    planned: dict[str, Schedule],
+    config: SimConfig,
+    peers: tuple[str, ...] = REAL_PEERS,
+    price: float = 0.0,
 ) -> dict[str, dict[str, float]]:
     """strategy -> {peer: speedup over that peer} for each peer in ``planned``.
 
     Time per unit of useful cost, (T_peer / cost_peer) / (T_x / cost_x), cost = the records'
     own costs (padding excluded, :func:`useful_cost`), so a strategy that leaves a few more
     records unused, or computes more padding, gets no credit for it."""
-    metrics = score(planned, config)
+    metrics = score(planned, config, price=price)
 
     def per_cost(name: str) -> float:
         total = useful_cost(planned[name])

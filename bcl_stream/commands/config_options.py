@@ -21,9 +21,9 @@ from functools import cache
 from typing import Any
 
 from bcl_stream.planner.config import PACK_ORDERS, SCOPES, PlanConfig
+from bcl_stream.planner.contracts import CONTRACTS
 from bcl_stream.planner.padded import LAYOUTS
 from bcl_stream.planner.partition import ALGORITHMS
-from bcl_stream.planner.step_contract import CONTRACTS
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "scope": SCOPES,

@@ -154,6 +154,8 @@ def add_parser(sub: Any) -> None:
 def pack_json(index: PlanData, packs: Any) -> Any:
     """Packs as JSON lists: record ids, or for a mixture [stream, record id] pairs (what
     ``read`` prints too, so the two can be diffed)."""
+    if packs.size and int(packs.min()) < 0:  # the tokens contract's padding
+        return [pack_json(index, row[row >= 0][None, :])[0] for row in packs]
     if not isinstance(index, MixtureIndex):
         return packs.tolist()
     stream, local = index.locate(packs)
@@ -222,7 +224,11 @@ def run(args: argparse.Namespace) -> int:
         f"records {figures['records']} in {figures['shards']} shards; "
         f"node layout: {figures['node_layout']}; scope "
         f"{figures['scope']}, {figures['packing']} packing, packs per rank {plan.n_packs} of "
-        f"{figures['pack_size']} records"
+        + (
+            f"at most {config.plan.max_tokens} tokens (contract tokens)"
+            if config.plan.contract == "tokens"
+            else f"{figures['pack_size']} records"
+        )
         + (
             f"; planned for {config.canonical_ranks} canonical ranks "
             f"({config.canonical_ranks_per_node} per node), {config.hosted} per rank"

@@ -24,7 +24,10 @@ from bcl_stream.analysis.plots import plot_step_costs
 from bcl_stream.analysis.sim import (
     STRATEGIES,
     Metrics,
+    Schedule,
     SimConfig,
+    budget_figures,
+    micro_batch_price,
     plan_schedules,
     score,
     shard_table,
@@ -94,7 +97,18 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="shuffle seed")
     p.add_argument("--epoch", type=int, default=0, help="epoch simulated")
-    p.add_argument("--overhead", type=float, default=0.0, help="fixed cost per micro-batch")
+    p.add_argument(
+        "--overhead", type=float, default=0.0, help="fixed absolute cost per micro-batch"
+    )
+    p.add_argument(
+        "--micro-batch-overhead",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="fixed price per micro-batch as a fraction of the cost of a full-budget "
+        "micro-batch of mean-length records (--max-tokens over the mean length), on top of "
+        "--overhead",
+    )
     p.add_argument(
         "--shard-records",
         type=int,
@@ -146,6 +160,7 @@ def sim_config(args: argparse.Namespace) -> SimConfig:
         seed=args.seed,
         epoch=args.epoch,
         overhead=args.overhead,
+        micro_batch_overhead=args.micro_batch_overhead,
         shard_records=args.shard_records or LENGTHS_SHARD_RECORDS,
         canonical_ranks=args.canonical_ranks,
         canonical_ranks_per_node=args.canonical_ranks_per_node,
@@ -246,17 +261,26 @@ def run(args: argparse.Namespace) -> int:
     data = sim_input(args, config)
     table = data.table
     planned = plan_schedules(data.lengths, data.costs, table, config, names, data.draw)
-    layouts = {config.layout: (planned, score(planned, config, table))}
+    price = micro_batch_price(data.lengths, data.costs, config)
+    layouts = {config.layout: (planned, score(planned, config, table, price))}
     if config.layout == "padded":
         packed = dataclasses.replace(config, layout="packed")
         packed_plans = plan_schedules(data.lengths, data.costs, table, packed, names, data.draw)
-        layouts = {"packed": (packed_plans, score(packed_plans, packed, table)), **layouts}
+        layouts = {"packed": (packed_plans, score(packed_plans, packed, table, price)), **layouts}
     results = layouts[config.layout][1]
     refuse_empty(args.dataset or args.lengths or ",".join(args.stream), config, data, results)
     node_layout = Layout(config.ranks, config.ranks_per_node)
-    versus = speedups(planned, config)  # per unit of cost, over nemo_mffd / verl_kk if present
+    versus = speedups(planned, config, price=price)  # per unit of cost, over the real peers
     if args.plot is not None:
         plot_step_costs({name: s.pack_costs for name, s in planned.items()}, args.plot)
+
+    def rows(plans: dict[str, Schedule], scored: dict[str, Metrics]) -> dict[str, Any]:
+        """Each strategy's metrics and its token-budget figures (``budget_figures``)."""
+        return {
+            name: {**m.to_dict(), **budget_figures(plans[name], data.lengths)}
+            for name, m in scored.items()
+        }
+
     if args.json:
         settings = {key: getattr(config, key) for key in SimConfig.__slots__}
         if args.lengths is None:
@@ -270,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
                 "nodes": node_layout.nodes,
                 "node_layout": node_layout.text(),
             },
-            "strategies": {name: m.to_dict() for name, m in results.items()},
+            "strategies": rows(planned, results),
         }
         if data.streams is not None:
             payload["streams"] = data.streams
@@ -278,8 +302,7 @@ def run(args: argparse.Namespace) -> int:
             payload["speedup_vs"] = versus
         if len(layouts) > 1:
             payload["layouts"] = {
-                layout: {name: m.to_dict() for name, m in scored.items()}
-                for layout, (_, scored) in layouts.items()
+                layout: rows(plans, scored) for layout, (plans, scored) in layouts.items()
             }
         print(json.dumps(_finite(payload), allow_nan=False))
         return 0
@@ -292,7 +315,7 @@ def run(args: argparse.Namespace) -> int:
     for layout, (plans, scored) in layouts.items():
         if len(layouts) > 1:
             print(f"layout {layout}")
-        print_table(scored, speedups(plans, config), packed_seq)
+        print_table(scored, speedups(plans, config, price=price), packed_seq)
     return 0
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from bcl_stream.planner.config import MAX_RANKS
+from bcl_stream.planner.contracts import contract
 
 if TYPE_CHECKING:
     from bcl_stream.epoch.plan import ReaderConfig
@@ -41,8 +42,9 @@ def check_canonical(config: ReaderConfig) -> None:
             f"canonical_ranks_per_node={per_node} does not divide canonical_ranks={v}; give "
             f"canonical_ranks_per_node as one of {divisors(v)}"
         )
-    if config.plan.contract == "step":
+    if not contract(config.plan.contract).canonical:
         raise ValueError(
-            "canonical_ranks needs contract='pack': the step contract re-cuts each step among "
-            "the ranks of a node, which depends on the physical layout"
+            f"canonical_ranks needs contract='pack', got {config.plan.contract!r}: the step "
+            "contract re-cuts each step among the ranks of a node, which depends on the "
+            "physical layout, and the tokens contract does not plan canonical ranks yet"
         )

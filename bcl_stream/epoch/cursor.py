@@ -24,8 +24,12 @@ from bcl_stream.planner import PlanConfig
 from bcl_stream.planner.checks import MAX_COUNT
 from bcl_stream.planner.config import MAX_RANKS
 
-STATE_VERSION = 6
-"""6: canonical ranks (``epoch/canonical.py``): the config may hold ``canonical_ranks`` and
+STATE_VERSION = 7
+"""7: the tokens contract (``planner/token_contract.py``): the config's ``contract`` may be
+``tokens``, whose ``packs_consumed`` counts micro-batches of at most ``max_tokens`` tokens; a
+release before it cannot replay such a position, so it must refuse the state (it does: it
+reads versions up to 6). Versions 5 and 6 hold no tokens contract and read as before (their
+packs are unchanged). 6: canonical ranks (``epoch/canonical.py``): the config may hold ``canonical_ranks`` and
 ``canonical_ranks_per_node``, and a canonical cursor says where it stands in optimizer steps
 (``canonical_steps``, ``step_micro_batches``), so it resumes on any size dividing V; a version
 5 state (no canonical ranks) reads as before. 5: planner v4 (scope ``world`` plans rows of several nodes where nodes hold few
@@ -38,7 +42,7 @@ raw integer bytes, or a text column and its tokenizer) and ``max_seq_len`` (wher
 record, which the plan then costs as truncated; a state without it means none). 3 added ``mixture`` (the streams a
 mixture plan reads; absent for one dataset). Versions 1-4 are refused with what to do: their
 position cannot be replayed exactly."""
-READABLE = (5, STATE_VERSION)
+READABLE = (5, 6, STATE_VERSION)
 KEY_MIXTURE = "mixture"
 MIXTURE_CHANGES = ("refuse", "restart_epoch")
 """What a resume does when the checkpoint's mixture differs from the loader's."""
@@ -201,6 +205,12 @@ def parse_state(state: Any) -> Cursor:
         None if mixture is None else tuple(mixture),
     )
     _check_steps(state, cursor, version)
+    if version < 7 and cursor.config.plan.contract == "tokens":
+        raise StateError(
+            f"reader state version {version} says contract='tokens', which only version 7 "
+            "states hold: it was edited or written by another release; drop the data loader's "
+            "state from the checkpoint to start the epoch over"
+        )
     return cursor
 
 

@@ -62,8 +62,9 @@ class StepTokens:
         return STEP_LOSS_TOKENS if self.world else RANK_STEP_LOSS_TOKENS
 
     def count(self, ids: npt.NDArray[np.int64]) -> int:
-        """Trained tokens of the records ``ids``."""
-        return int(np.asarray(self.trained[ids.reshape(-1)], dtype=np.int64).sum())
+        """Trained tokens of the records ``ids`` (padding, -1, skipped)."""
+        flat = ids.reshape(-1)
+        return int(np.asarray(self.trained[flat[flat >= 0]], dtype=np.int64).sum())
 
     def totals(self, group: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """``group`` (P, n, B): the packs of every rank of the world for n consecutive packs
@@ -71,7 +72,10 @@ class StepTokens:
         n = group.shape[1]
         if n == 0:
             return np.zeros(0, dtype=np.int64)
-        counts = np.asarray(self.trained[group.reshape(-1)], dtype=np.int64)
+        flat = group.reshape(-1)
+        real = flat >= 0  # the tokens contract pads micro-batches with -1
+        counts = np.zeros(flat.size, dtype=np.int64)
+        counts[real] = np.asarray(self.trained[flat[real]], dtype=np.int64)
         per_pack = counts.reshape(group.shape).sum(axis=(0, 2))
         starts = np.arange(0, n, self.grad_accum)
         per_step = np.add.reduceat(per_pack, starts)

@@ -15,6 +15,7 @@ second change of world size in the same epoch works the same way.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
@@ -41,7 +42,17 @@ from bcl_stream.planner import (
     shard_weights,
 )
 from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG
+from bcl_stream.planner.contracts import contract
 from bcl_stream.planner.mixture import EpochDraw
+from bcl_stream.planner.token_contract import (
+    EMPTY,
+    REASON_OVER_BUDGET,
+    TokenWalker,
+    plan_tokens,
+    token_geometry,
+)
+
+log = logging.getLogger(__name__)
 
 REASON_CONSUMED = "consumed_before_resize"
 
@@ -341,10 +352,15 @@ class ReaderPlan:
             None if config.plan.max_tokens is None else fed_tokens(index, config.max_seq_len)
         )
         draw = epoch_draw(index, config, epoch)
+        self._tokens_walker: TokenWalker | None = None
+        geometry = config.plan
+        if contract(config.plan.contract).budget:
+            assert self._tokens is not None  # a budget contract needs max_tokens
+            geometry = token_geometry(config.plan, self._tokens, table.counts.size)
         self._streams = build_node_streams(
             costs,
             table,
-            config.plan,
+            geometry,
             seed=config.seed,
             epoch=epoch,
             tokens=self._tokens,
@@ -352,6 +368,9 @@ class ReaderPlan:
             draw=draw,
             balanced=config.packing == "bcl",
         )
+        if geometry is not config.plan:
+            assert self._tokens is not None
+            self._tokens_walker = TokenWalker(self._streams, costs, self._tokens, config.plan)
         # Records the filter removed are the too-long ones plus the consumed ones that were not
         # too long: derived from the table the streams already built (no second pass).
         removed = epoch_records(index, draw) - int(self._streams.table.usable.sum())
@@ -363,15 +382,22 @@ class ReaderPlan:
 
     @property
     def n_packs(self) -> int:
-        """Packs per rank, identical on every rank."""
+        """Packs (micro-batches) per rank, identical on every rank."""
+        if self._tokens_walker is not None:
+            return self._tokens_walker.n_packs
         return self._streams.n_packs
 
     def remainder_counts(self) -> dict[str, int]:
-        """Reason -> count of records this epoch does not yield (consumed ones included)."""
-        c = self.config
-        usable = int(self._streams.table.usable.sum())
+        """Reason -> count of records this epoch does not yield (consumed ones included).
+
+        Under the tokens contract the records that end a carry chain unplaced
+        (``over_token_budget``) are known only once their windows are planned: ``whole()``
+        holds them, and a reader warns with their count as it walks past them."""
+        streams = self._streams
+        usable = int(streams.table.usable.sum())
+        emitted = streams.n_packs * streams.config.world_size * streams.config.pack_size
         counts = {
-            REASON_TAIL: usable - self.n_packs * c.plan.world_size * c.plan.pack_size,
+            REASON_TAIL: usable - emitted,
             REASON_TOO_LONG: self._too_long,
             REASON_CONSUMED: int(self.consumed.size),
         }
@@ -384,6 +410,14 @@ class ReaderPlan:
         of windows at a time; ``group``: the packs of its planning row, (row_ranks, n, B)
         (the ranks that share its node's stream: the ``step`` contract deals among them)."""
         row, place = self._streams.config.row_of(rank)
+        if self._tokens_walker is not None:
+            per_window = self._tokens_walker.per_window
+            for tb in self._tokens_walker.walk([row], start // per_window):
+                _warn_over_budget(tb.dropped, row)
+                skip = max(start - tb.first_pack, 0)
+                packs = tb.packs[:, skip:] if group else tb.packs[place, skip:]
+                yield tb.first_pack + skip, packs
+            return
         first = start // self.config.plan.window
         for batch in iter_windows(self._streams, self._costs, self._tokens, [row], first):
             skip = max(start - batch.first_pack, 0)
@@ -397,6 +431,16 @@ class ReaderPlan:
         if not 0 <= k <= self.n_packs:
             raise ValueError(f"segment consumed {k} packs but its plan has {self.n_packs}")
         streams, pc = self._streams, self.config.plan
+        if self._tokens_walker is not None:
+            walker = self._tokens_walker
+            batches = list(walker.walk(np.arange(streams.n_rows), 0, -(-k // walker.per_window)))
+            width = max((b.packs.shape[2] for b in batches), default=1)
+            taken = np.full((pc.world_size, k, width), EMPTY, dtype=np.int64)
+            for tb in batches:
+                part = tb.packs[:, : k - tb.first_pack]
+                at = tb.first_pack
+                taken[:, at : at + part.shape[1], : part.shape[2]] = part
+            return taken
         out = np.empty((pc.world_size, k, pc.pack_size), dtype=np.int64)
         rows = np.arange(streams.n_rows)
         stop = -(-k // pc.window)
@@ -421,13 +465,28 @@ class ReaderPlan:
             yield batch.first_pack + skip, batch.packs[take, skip:]
 
     def rank_packs(self, rank: int) -> npt.NDArray[np.int64]:
-        """(n_packs, pack_size) record ids of one rank (materialized: tools and tests)."""
+        """(n_packs, pack_size) record ids of one rank (materialized: tools and tests); under
+        the tokens contract (n_packs, widest), padded with ``EMPTY``."""
         parts = [packs for _, packs in self.iter_rank_packs(rank)]
-        size = self.config.plan.pack_size
-        return np.concatenate(parts) if parts else np.empty((0, size), dtype=np.int64)
+        if not parts:
+            return np.empty((0, self.config.plan.pack_size), dtype=np.int64)
+        width = max(p.shape[1] for p in parts)
+        return np.concatenate(
+            [np.pad(p, ((0, 0), (0, width - p.shape[1])), constant_values=EMPTY) for p in parts]
+        )
 
     def whole(self) -> EpochPlan:
-        """Every rank's packs and the remainder's ids, materialized (``full_plan``)."""
+        """Every rank's packs and the remainder's ids, materialized (``full_plan``). Under the
+        tokens contract the packs are padded with ``EMPTY`` (-1) past each micro-batch's
+        records."""
+        if self._tokens_walker is not None:
+            streams = self._streams
+            packs, dropped = plan_tokens(self._tokens_walker)
+            tails = [streams.tail(n) for n in range(len(streams.nodes))]
+            remainder = {REASON_TAIL: np.concatenate(tails), REASON_OVER_BUDGET: dropped}
+            if streams.keep is not None:
+                remainder[REASON_TOO_LONG] = streams.keep.too_long()
+            return EpochPlan(Plan(packs, remainder), self.epoch, self.consumed)
         plan = plan_streams(self._streams, self._costs, self._tokens)
         return EpochPlan(plan, self.epoch, self.consumed)
 
@@ -445,16 +504,16 @@ def _consumed(
         old = config.resized(seg.world_size, seg.ranks_per_node)
         old_plan = reader_plan(index, old, epoch, segments[:i])  # excludes what came before
         steps = old.plan.grad_accum
-        if old.plan.contract == "step" and seg.packs_consumed % steps:
+        if contract(old.plan.contract).recut_steps and seg.packs_consumed % steps:
             raise StateError(
-                f"contract='step': the state was saved after {seg.packs_consumed} micro-batches, "
+                f"contract={old.plan.contract!r}: the state was saved after {seg.packs_consumed} micro-batches, "
                 f"inside an optimizer step of {steps}, and the world size changed; a step's "
                 "records are re-cut across its micro-batches, so only a state saved at a step "
                 "boundary resumes on another world size (Lightning saves there), or resume on "
                 f"{seg.world_size} ranks"
             )
-        taken = old_plan.first_packs(seg.packs_consumed)
-        consumed = np.union1d(old_plan.consumed, taken.ravel())
+        taken = old_plan.first_packs(seg.packs_consumed).ravel()
+        consumed = np.union1d(old_plan.consumed, taken[taken != EMPTY])
     return consumed
 
 
@@ -493,3 +552,17 @@ def _costs_and_table(index: PlanData, config: ReaderConfig) -> tuple[Any, ShardT
 
     key = ("table", index.fingerprint(), config.cost_model, config.max_seq_len)
     return cached(key, make)
+
+
+def _warn_over_budget(dropped: npt.NDArray[np.int64], row: int) -> None:
+    """Report records that ended a carry chain unplaced (``over_token_budget``)."""
+    if dropped.size:
+        log.warning(
+            "planning row %d: %d records found no room under max_tokens before their carry "
+            "chain ended and are left out of this epoch (%s; first ids %s): raise carry_span "
+            "(0: one chain per epoch) or max_tokens",
+            row,
+            dropped.size,
+            REASON_OVER_BUDGET,
+            dropped[:5].tolist(),
+        )

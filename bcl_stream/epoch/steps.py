@@ -19,6 +19,7 @@ import numpy.typing as npt
 
 from bcl_stream.epoch.plan import PlanData, ReaderConfig, _costs_and_table
 from bcl_stream.epoch.truncation import fed_tokens
+from bcl_stream.planner.contracts import contract
 from bcl_stream.planner.step_contract import deal_step, recut_step
 
 
@@ -52,7 +53,7 @@ def step_cut(index: PlanData, config: ReaderConfig) -> StepCut | None:
     """The re-cut a reader applies under ``config``: None under the ``pack`` contract and
     under ``packed`` (whose planner packs already keep the step contract best)."""
     plan = config.plan
-    if plan.contract != "step" or plan.layout == "packed":
+    if not contract(plan.contract).recut_steps or plan.layout == "packed":
         return None
     costs, _ = _costs_and_table(index, config)
     tokens = None if plan.max_tokens is None else fed_tokens(index, config.max_seq_len)

@@ -21,7 +21,8 @@ def stream_report(
         return None
     n = index.layout.n_streams
     drawn = index.draw(config.seed, plan.epoch).per_stream()
-    used = np.bincount(index.locate(plan.plan.packs.ravel())[0], minlength=n)
+    ids = plan.plan.packs.ravel()
+    used = np.bincount(index.locate(ids[ids >= 0])[0], minlength=n)  # tokens: -1 padding
     left: list[dict[str, int]] = [{} for _ in range(n)]
     remainder = dict(plan.plan.remainder)
     if plan.consumed.size:

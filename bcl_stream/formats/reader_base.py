@@ -40,6 +40,7 @@ from bcl_stream.epoch.eval_plan import EvalPlan
 from bcl_stream.epoch.loss_tokens import StepTokens, step_tokens
 from bcl_stream.epoch.plan import PlanData, ReaderConfig, ReaderPlan, Segment, reader_plan
 from bcl_stream.epoch.process_group import process_group
+from bcl_stream.epoch.schedule import Schedule
 from bcl_stream.epoch.steps import step_cut, whole_steps
 from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.errors import DatasetError, StateError
@@ -48,6 +49,7 @@ from bcl_stream.formats.token_ids import resolve_source
 from bcl_stream.io.index import CostIndex
 from bcl_stream.io.remote import is_remote, open_cost_index
 from bcl_stream.planner import PlanConfig
+from bcl_stream.planner.token_contract import EMPTY
 
 log = logging.getLogger(__name__)
 Record = dict[str, Any]
@@ -65,7 +67,8 @@ def detect_rank() -> int:
 
 class PlanDataset(IterableDataset[Pack]):
     """Yields rank ``rank``'s packs (lists of exactly ``pack_size`` record dicts; under
-    ``contract="step"`` micro-batches of varying size, G*B records per step) in plan order.
+    ``contract="step"`` micro-batches of varying size, G*B records per step; under
+    ``contract="tokens"`` micro-batches of at most ``max_tokens`` tokens) in plan order.
 
     Each record dict holds at least ``sample_id`` (global index in write order) and the
     record's columns (``input_ids`` as a numpy array for datasets bcl-stream writes).
@@ -219,13 +222,13 @@ class PlanDataset(IterableDataset[Pack]):
         if self._evaluation is None and self.step_loss_tokens:
             steps = step_tokens(self.index, self.config, self.segments)
         if self._evaluation is not None or (cut is None and steps is None):
-            plan: ReaderPlan | EvalPlan = self._evaluation or self.epoch_plan()
+            plan: Schedule = self._evaluation or self.epoch_plan()
             for first, packs in plan.iter_rank_packs(self.rank, start):
                 position = first - start + np.arange(packs.shape[0])
                 ids = position // per_item
                 mask = ids % workers == worker
                 if mask.any():
-                    yield from zip(ids[mask].tolist(), self._read_packs(packs[mask]), strict=True)
+                    yield from zip(ids[mask].tolist(), self._read_rows(packs[mask]), strict=True)
             return
         g = self.config.plan.grad_accum
         batches = self.epoch_plan().iter_rank_packs(self.rank, start - start % g, group=True)
@@ -241,7 +244,7 @@ class PlanDataset(IterableDataset[Pack]):
                 totals = steps.totals(group if steps.world else group[local : local + 1])
             if cut is None:
                 chosen = np.flatnonzero(mask)
-                read = self._read_packs(group[local][chosen])
+                read = self._read_rows(group[local][chosen])
                 for j, pack in zip(chosen.tolist(), read, strict=True):
                     yield int(ids[j]), _tagged(pack, steps, totals, j)
                 continue
@@ -268,6 +271,18 @@ class PlanDataset(IterableDataset[Pack]):
     def _read_packs(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
         """Yield one list of record dicts per row of ``packs`` (global record ids), in order."""
         raise NotImplementedError
+
+    def _read_rows(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
+        """:meth:`_read_packs` for rows that may be padded with ``EMPTY`` (-1: the tokens
+        contract's micro-batches of varying size): the records are read in one pass, in
+        row order, and regrouped."""
+        real = packs != EMPTY
+        if real.all():
+            yield from self._read_packs(packs)
+            return
+        records = self._read_packs(packs[real].reshape(-1, 1))
+        for width in real.sum(axis=1).tolist():
+            yield [next(records)[0] for _ in range(width)]
 
 
 def _tagged(

@@ -200,10 +200,11 @@ def follow_plan(
     are dropped. If ``src`` ends before every pack is complete, a DatasetError names the
     missing records.
     """
-    slot: dict[int, int] = {int(sid): row for row, ids in enumerate(packs) for sid in ids}
+    rows = [[sid for sid in ids if sid >= 0] for ids in packs.tolist()]  # tokens: -1 padding
+    slot: dict[int, int] = {sid: row for row, ids in enumerate(rows) for sid in ids}
     buffer: dict[int, Record] = {}
     row = 0
-    n_rows = packs.shape[0]
+    n_rows = len(rows)
     for sample in src:
         if row >= n_rows:
             return
@@ -211,11 +212,11 @@ def follow_plan(
         if sid not in slot:
             continue
         buffer[sid] = sample
-        while row < n_rows and all(int(i) in buffer for i in packs[row]):
-            yield [buffer.pop(int(i)) for i in packs[row]]
+        while row < n_rows and all(i in buffer for i in rows[row]):
+            yield [buffer.pop(i) for i in rows[row]]
             row += 1
     if row < n_rows:
-        missing = [int(i) for r in packs[row:] for i in r if int(i) not in buffer]
+        missing = [i for r in rows[row:] for i in r if i not in buffer]
         raise DatasetError(
             f"the shards ended before pack {row} of {n_rows}: {len(missing)} planned records "
             f"never arrived (first: {missing[:5]}). The shards do not match the cost index."

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from bcl_stream.peers.hf import TRANSFORMERS_VERSION, hf_rebalance
 from bcl_stream.peers.mffd import pooled_mffd_split
+from bcl_stream.peers.multipack import MULTIPACK_REVISION, multipack
 from bcl_stream.peers.nemo import NEMO_RL_REVISION, nemo_mffd
 from bcl_stream.peers.pools import Bins, Pool, Remainder, global_order, micro_batches_per_batch
 from bcl_stream.peers.verl import VERL_REVISION, verl_dynbsz, verl_kk
@@ -49,6 +50,11 @@ class Peer:
     """What the token capacity M is to it (bin capacity, token budget); None: unused."""
     real: bool = False
     """Whether users run it today: speedups are reported against the real peers."""
+    pooled: bool = True
+    """Plans global batches of R*B*G records (a central driver's); False: the whole epoch's
+    order at once, G consecutive micro-batches a step (``multipack``)."""
+    communication: str = "a central driver ships each rank its share"
+    """What keeps the ranks' micro-batch counts equal."""
 
 
 def _without_capacity(planner: Callable[[Pool], tuple[Bins, Remainder]]) -> PooledPlanner:
@@ -90,6 +96,8 @@ PEERS: dict[str, Peer] = {
             follows=f"verl-project/verl {VERL_REVISION}: {_VERL_FILES}, "
             "verl/workers/engine/utils.py",
             capacity="token budget (ppo_max_token_len_per_gpu)",
+            communication="a central driver, then an all-reduce (max) of the micro-batch "
+            "count: lighter ranks split into as many",
         ),
         Peer(
             name="pooled_mffd_split",
@@ -107,6 +115,17 @@ PEERS: dict[str, Peer] = {
             follows=f"huggingface/transformers {TRANSFORMERS_VERSION}: "
             "transformers/trainer_pt_utils.py (BatchRebalanceSampler)",
             real=True,
+            communication="none: every rank plans the same global batch from a shared seed",
+        ),
+        Peer(
+            name="multipack",
+            plan=multipack,
+            reproduces="the multipack sampler (MultipackDistributedBatchSampler; axolotl's "
+            "MultipackBatchSampler grew from it): FFD on token counts, one bin per rank",
+            follows=f"imoneoi/multipack_sampler {MULTIPACK_REVISION}: multipack_sampler.py",
+            capacity="bin capacity (batch_max_length)",
+            pooled=False,
+            communication="none: every rank computes the same allocation from a shared seed",
         ),
     )
 }

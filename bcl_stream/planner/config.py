@@ -9,10 +9,10 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.planner import checks
+from bcl_stream.planner.contracts import contract
 from bcl_stream.planner.groups import DEFAULT_SHARD_GROUP
 from bcl_stream.planner.padded import LAYOUTS
 from bcl_stream.planner.partition import ALGORITHMS
-from bcl_stream.planner.step_contract import CONTRACTS
 
 SCOPES = ("rank", "node", "world")
 PACK_ORDERS = ("desc", "stream")
@@ -59,7 +59,8 @@ class PlanKnobs:
     x 8 ranks on real corpora: 0.94 for ``rank``, 0.996 for ``node``); with one rank per node
     the two are the same plan."""
     max_tokens: int | None = None
-    """Memory cap M: max tokens per pack. Records longer than M go to the remainder."""
+    """Memory cap M: max tokens per pack (under ``contract="tokens"`` the token budget T of
+    every micro-batch). Records longer than M go to the remainder."""
     algorithm: str = "lpt"
     """Partition algorithm (``bcl_stream.planner.partition.ALGORITHMS``); ``stream`` keeps
     stream order (the ``sequential`` baseline)."""
@@ -127,9 +128,11 @@ class PlanKnobs:
     """Shards whose records a node shuffles together (``planner/groups.py``): shuffle quality
     against the shard cache (a node holds at most 2 groups)."""
     contract: str = "pack"
-    """Record contract (``planner/step_contract.py``): ``pack``, exactly B records per
-    micro-batch; ``step``, exactly G*B per rank and optimizer step, the step's records re-cut
-    into G micro-batches of varying size (beyond the paper; suits the padded layout)."""
+    """What a micro-batch holds (``planner/contracts.py``): ``pack``, exactly B records;
+    ``step``, exactly G*B per rank and optimizer step, the step's records re-cut into G
+    micro-batches of varying size (beyond the paper; suits the padded layout); ``tokens``,
+    at most ``max_tokens`` tokens, records vary, balanced on cost, G micro-batches per step on
+    every rank (``planner/token_contract.py``; packed layout)."""
 
     def __post_init__(self) -> None:
         """Check every knob's type and range; a ValueError names the field and the value."""
@@ -163,8 +166,19 @@ class PlanKnobs:
         _number(self.max_amplification, "max_amplification", 1.0, MAX_RANKS, ">= 1")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
-        if self.contract not in CONTRACTS:
-            raise ValueError(f"contract must be one of {CONTRACTS}, got {self.contract!r}")
+        promise = contract(self.contract)
+        if promise.budget and self.max_tokens is None:
+            raise ValueError(
+                f"contract={self.contract!r} needs max_tokens, the token budget T per rank and "
+                "micro-batch (for example max_tokens=16384)"
+            )
+        if self.layout not in promise.layouts:
+            raise ValueError(
+                f"contract={self.contract!r} plans the {' and '.join(promise.layouts)} layout "
+                f"only in this release, got layout={self.layout!r} (a padded micro-batch's "
+                "rows x longest record would need an intake estimate of its own); use "
+                "layout='packed', or contract='step' for padded batches"
+            )
 
     @property
     def partition_algorithm(self) -> str:
@@ -317,7 +331,8 @@ class Plan:
     """One epoch's packs for every rank, plus what was left out and why."""
 
     packs: npt.NDArray[np.int64]
-    """(world_size, n_packs, pack_size) global record ids."""
+    """(world_size, n_packs, pack_size) global record ids; under the tokens contract
+    (world_size, n_packs, widest micro-batch), padded with -1 past each micro-batch's."""
     remainder: dict[str, npt.NDArray[np.int64]] = field(default_factory=dict)
     """Record ids not emitted this epoch, keyed by reason."""
 
@@ -328,7 +343,8 @@ class Plan:
 
     @property
     def records_used(self) -> int:
-        return int(self.packs.size)
+        """Records the packs hold (under the tokens contract packs are padded with -1)."""
+        return int(np.count_nonzero(self.packs >= 0))
 
     @property
     def records_left(self) -> int:

@@ -85,11 +85,14 @@ def ragged_pack_costs(
 
     ``packs[r][t]``: the record ids of rank r's t-th pack (a bin of ``pooled_mffd`` may hold
     any number); ``values`` indexed by record id. A (ranks, packs, B) array is scored in one
-    vectorized call.
+    vectorized call, unless padded with -1 (the tokens contract's micro-batches).
     """
     check_layout(layout)
     if isinstance(packs, np.ndarray) and packs.ndim == 3:
-        return pack_cost(values[packs], layout)
+        if packs.size and int(packs.min()) < 0:  # the tokens contract pads with -1
+            packs = [[row[row >= 0] for row in rank] for rank in packs]
+        else:
+            return pack_cost(values[packs], layout)
     steps = max((len(rank) for rank in packs), default=0)
     out = np.zeros((len(packs), steps), dtype=np.float64)
     for r, rank in enumerate(packs):

@@ -45,9 +45,6 @@ import numpy.typing as npt
 
 from bcl_stream.planner.padded import check_layout
 
-CONTRACTS = ("pack", "step")
-"""Record contracts: ``pack`` (exactly B per micro-batch) or ``step`` (exactly G*B per step)."""
-
 
 def _groups_within(
     cost: list[float], tok: list[int] | None, layout: str, limit: float, cap: int | None

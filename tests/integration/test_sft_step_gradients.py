@@ -62,9 +62,19 @@ def reference_update(
     return {name: -p.grad for name, p in model.named_parameters() if p.grad is not None}
 
 
+BUDGET = 64
+"""``contract="tokens"``: micro-batches of at most 64 tokens (two or three records here)."""
+
+
 @pytest.mark.parametrize(
-    ("scope", "max_seq_len", "normalization"),
-    [("node", None, "plan"), ("rank", None, "all_reduce"), ("rank", 24, "rescale")],
+    ("scope", "max_seq_len", "normalization", "budget"),
+    [
+        ("node", None, "plan", 0),
+        ("rank", None, "all_reduce", 0),
+        ("rank", 24, "rescale", 0),
+        ("node", None, "plan", BUDGET),
+        ("rank", None, "all_reduce", BUDGET),
+    ],
 )
 def test_ddp_accumulated_step_equals_one_process_on_the_whole_step(
     data: tuple[Path, list[dict[str, np.ndarray]]],
@@ -73,12 +83,15 @@ def test_ddp_accumulated_step_equals_one_process_on_the_whole_step(
     scope: str,
     max_seq_len: int | None,
     normalization: str,
+    budget: int,
 ) -> None:
+    """Also under the tokens contract, whose micro-batches hold varying records: the step's
+    denominator from the plan (or the ranks' planned counts) stays exact."""
     root, recs = data
-    cut = str(max_seq_len or 0)
+    cut, spend = str(max_seq_len or 0), str(budget)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "BCL_STREAM_KEEP_SHM": "1"}
     run = subprocess.run(
-        [sys.executable, str(SCRIPT), str(root), str(model_dir), str(tmp_path), scope, cut],
+        [sys.executable, str(SCRIPT), str(root), str(model_dir), str(tmp_path), scope, cut, spend],
         env=env,
         capture_output=True,
         text=True,
@@ -90,8 +103,15 @@ def test_ddp_accumulated_step_equals_one_process_on_the_whole_step(
     assert [len(b) for b in batches] == [2, 2]  # accumulation 2, one optimizer step
     ids = [i for rank in batches for b in rank for i in b["sample_ids"]]
     check_every_record_once(ids)
-    assert len(ids) == 8
     step = [recs[i] for i in ids]
+    if budget:  # records per micro-batch vary, none holds more than the budget
+        sizes = [len(b["sample_ids"]) for rank in batches for b in rank]
+        assert len(set(sizes)) > 1 or sizes[0] != 2
+        for rank in batches:
+            for b in rank:
+                assert sum(recs[i]["input_ids"].size for i in b["sample_ids"]) <= budget
+    else:
+        assert len(ids) == 8
     want_tokens = sum(trained_positions(r, max_seq_len).size for r in step)
     assert sum(b["loss_tokens"] for rank in batches for b in rank) == want_tokens
     steps = {b["step_loss_tokens"] for rank in batches for b in rank}

@@ -18,6 +18,7 @@ from shard_tables import lognormal_lengths
 from bcl_bench import scores as balance_scores
 from bcl_stream.analysis.metrics import Metrics, imbalance_sq, metrics_from_costs
 from bcl_stream.analysis.sim import (
+    BUDGET_KEYS,
     STRATEGIES,
     Schedule,
     SimConfig,
@@ -193,7 +194,7 @@ def test_cli_json_prints_exactly_one_object_with_the_documented_keys(
         assert payload["speedup_vs"][peer][peer] == pytest.approx(1.0)
     fields = {f.name for f in dataclasses.fields(Metrics)}
     for metrics in payload["strategies"].values():
-        assert set(metrics) == fields
+        assert set(metrics) == fields | set(BUDGET_KEYS)
     config = payload["config"]
     extra = {"cost_model", "records", "shards", "nodes", "node_layout"}
     assert set(SimConfig.__slots__) | extra == set(config)
@@ -204,7 +205,8 @@ def test_cli_json_prints_exactly_one_object_with_the_documented_keys(
     cli_defaults = SimConfig(window=4, ranks_per_node=8, grad_accum=1)
     direct = simulate(np.load(lengths_file), get_preset("llama3-8b"), cli_defaults)
     for name, m in direct.items():
-        got = {k: float("nan") if v is None else v for k, v in payload["strategies"][name].items()}
+        row = payload["strategies"][name]
+        got = {k: float("nan") if row[k] is None else row[k] for k in fields}
         assert got == pytest.approx(m.to_dict(), nan_ok=True)  # JSON writes NaN as null
 
 

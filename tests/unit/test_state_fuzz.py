@@ -116,7 +116,7 @@ def _config_parent(state: dict[str, Any], key: tuple[str, ...]) -> Any:
 ACCEPT, REFUSE, EITHER = "accept", "refuse", "either"
 TOP_KEYS = ("version", "epoch", "packs_consumed", "fingerprint", "config", "segments")
 """What every state holds; without any of them it is refused."""
-READABLE_VERSIONS = (5, GOOD["version"])
+READABLE_VERSIONS = (5, 6, GOOD["version"])
 """This release's version, and 5 (a version 5 state holds no canonical ranks, read as before)."""
 REFUSED_EXTRAS = ("mixture", "canonical_steps", "step_micro_batches")
 """Keys that belong to another kind of loader (a mixture, canonical ranks) than this one."""

@@ -1,0 +1,96 @@
+"""The contracts, one object each: what the trainer is promised about its micro-batches.
+
+Every contract keeps the promises all of them share (docs/balance.md): every rank yields the
+same number of micro-batches per optimizer step and per epoch, computed from the replicated
+index alone, and every record is yielded once per epoch or reported. What differs is what a
+micro-batch holds, and so which parts of the reader and the trainer follow it; the places that
+used to test ``contract == "step"`` ask the contract's :class:`Contract` instead, so a new
+contract is one planning module, one entry here, and its tests.
+
+- ``pack`` (default, the paper's): exactly B records per micro-batch (``planner/windows.py``).
+- ``step``: exactly G*B records per rank and optimizer step, re-cut into G micro-batches of
+  varying size (``planner/step_contract.py``).
+- ``tokens``: at most ``max_tokens`` T tokens per micro-batch, records vary, G micro-batches
+  per step (``planner/token_contract.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Contract:
+    """One contract's promises and the behaviour the readers and the trainer take from it."""
+
+    name: str
+    summary: str
+    """One line: what a micro-batch holds."""
+    module: str
+    """The planner module that implements it."""
+    fixed_records: bool
+    """Every micro-batch holds exactly B records (the record-count contract)."""
+    recut_steps: bool
+    """A step's records are re-cut across its micro-batches and the ranks of its row after
+    planning (readers re-cut; a state saved inside a step resumes on the same world size only)."""
+    step_records: bool
+    """Every optimizer step holds exactly G*B records per rank: a micro-batch's record-mean loss
+    is scaled by its records / B (``loss_scale``) to weigh every record of the step alike."""
+    budget: bool
+    """Micro-batches are cut to the token budget ``max_tokens`` (required)."""
+    canonical: bool
+    """Canonical ranks (the same optimizer steps at every world size dividing V) supported."""
+    layouts: tuple[str, ...]
+    """The layouts (``PlanConfig.layout``) it plans."""
+
+
+REGISTRY: dict[str, Contract] = {
+    c.name: c
+    for c in (
+        Contract(
+            name="pack",
+            summary="exactly B records per micro-batch",
+            module="bcl_stream.planner.windows",
+            fixed_records=True,
+            recut_steps=False,
+            step_records=False,
+            budget=False,
+            canonical=True,
+            layouts=("packed", "padded"),
+        ),
+        Contract(
+            name="step",
+            summary="exactly G*B records per rank and optimizer step, micro-batches vary",
+            module="bcl_stream.planner.step_contract",
+            fixed_records=False,
+            recut_steps=True,
+            step_records=True,
+            budget=False,
+            canonical=False,
+            layouts=("packed", "padded"),
+        ),
+        Contract(
+            name="tokens",
+            summary="at most max_tokens tokens per micro-batch, G micro-batches per step",
+            module="bcl_stream.planner.token_contract",
+            fixed_records=False,
+            recut_steps=False,
+            step_records=False,
+            budget=True,
+            canonical=False,
+            layouts=("packed",),
+        ),
+    )
+}
+"""Every contract by name (``PlanConfig.contract``)."""
+
+CONTRACTS = tuple(REGISTRY)
+"""The contracts' names, in the order docs and options list them."""
+
+
+def contract(name: str) -> Contract:
+    """The contract named ``name`` (a ValueError lists the known ones)."""
+    try:
+        return REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"contract must be one of {CONTRACTS}, got {name!r}") from None

@@ -1,0 +1,226 @@
+"""The token-budget contract on the real corpora: 1 node x 8 ranks, T = 16,384, G = 4, llama3-8b.
+
+For every corpus of ``bcl_bench/text_corpora.py`` (in write order, records capped at 8,192
+tokens, repeated to ``--records``), under ``contract="tokens"`` at the same budget T:
+``bcl-world``, ``bcl-node`` and ``bcl-rank`` against the token-budget peers (``verl_dynbsz``,
+``nemo_mffd``, ``multipack``, ``pooled_mffd_split``), and the record contract (``bcl-world``
+with B=8, W=16) against the tokens contract at the same memory: T = the largest pack B=8
+produced. Each cell reports efficiency, fill (mean micro-batch tokens / T), micro-batches per
+rank (min, max), the largest micro-batch, and the modeled time per unit of useful cost at
+``--micro-batch-overhead`` 0 and 0.1 (``analysis/sim.py``). Corpora are split as the other
+benchmarks split them: ``text_corpora.TUNE`` (what any default was chosen on) and
+``text_corpora.HELD_OUT`` (reported apart).
+
+    python tools/bench_tokens.py                       # every corpus, 200K records each
+    python tools/bench_tokens.py --corpora man --records 50000
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bcl_bench import text_corpora
+from bcl_bench.harness import RESULTS, bench_parser, write_result
+from bcl_stream.analysis.sim import (
+    SimConfig,
+    budget_figures,
+    micro_batch_price,
+    plan_schedules,
+    score,
+    shard_table,
+)
+from bcl_stream.cost import get_preset
+
+T, CAP, ACCUM, RANKS = 16_384, 8192, 4, 8
+PEERS = ("verl_dynbsz", "nemo_mffd", "multipack", "pooled_mffd_split")
+BCL = ("bcl-world", "bcl-node", "bcl-rank")
+OVERHEADS = (0.0, 0.1)
+
+
+def cell(
+    tok: np.ndarray, costs: np.ndarray, config: SimConfig, names: tuple[str, ...]
+) -> dict[str, dict[str, Any]]:
+    """Each strategy's figures under ``config`` at every overhead of :data:`OVERHEADS`."""
+    table = shard_table(tok, costs, config.shard_records)
+    planned = plan_schedules(tok, costs, table, config, names)
+    out: dict[str, dict[str, Any]] = {}
+    for f in OVERHEADS:
+        priced = replace(config, micro_batch_overhead=f)
+        metrics = score(planned, priced, price=micro_batch_price(tok, costs, priced))
+        for name, s in planned.items():
+            row = out.setdefault(name, budget_figures(s, tok))
+            row["efficiency" if f == 0 else f"efficiency_overhead_{f}"] = metrics[name].efficiency
+            row[f"time_per_cost_overhead_{f}"] = metrics[name].time / row["useful_cost"]
+            row["records_left"] = metrics[name].records_left
+    budget = config.max_tokens or 0
+    for row in out.values():
+        row["fill"] = row["micro_batch_tokens"]["mean"] / budget if budget else None
+    return out
+
+
+def run_corpus(
+    name: str,
+    n: int,
+    nodes: int = 1,
+    per_node: int = RANKS,
+    peers: tuple[str, ...] = PEERS,
+    same_memory: bool = True,
+) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    tok = text_corpora.build(name, n, CAP)
+    costs = get_preset("llama3-8b").cost(tok)
+    base = SimConfig(
+        ranks=nodes * per_node, ranks_per_node=per_node, grad_accum=ACCUM, shard_records=4096
+    )
+    tokens = replace(base, contract="tokens", max_tokens=T)
+    row: dict[str, Any] = {
+        "corpus": name,
+        "held_out": name in text_corpora.HELD_OUT,
+        "records": n,
+        "layout": f"{nodes}x{per_node}",
+        "mean_tokens": float(tok.mean()),
+        "at_T": cell(tok, costs, tokens, (*BCL, *peers)),
+    }
+    if not same_memory:
+        row["seconds"] = time.perf_counter() - t0
+        return row
+    record = cell(tok, costs, base, ("bcl-world",))["bcl-world"]
+    memory = int(record["micro_batch_tokens"]["max"])
+    record_at = cell(tok, costs, replace(base, max_tokens=memory), ("bcl-world",))
+    token_at = cell(tok, costs, replace(tokens, max_tokens=memory), ("bcl-world", "verl_dynbsz"))
+    row["same_memory"] = {
+        "T": memory,
+        "record_B8": record_at["bcl-world"],
+        "tokens": token_at["bcl-world"],
+        "verl_dynbsz": token_at["verl_dynbsz"],
+    }
+    row["seconds"] = time.perf_counter() - t0
+    return row
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and worst of the headline figures, tune and held-out corpora apart."""
+    out: dict[str, Any] = {}
+    for part, held in (("tune", False), ("held_out", True)):
+        sel = [r for r in rows if r["held_out"] == held]
+        if not sel:
+            continue
+        eff = [r["at_T"]["bcl-world"]["efficiency"] for r in sel]
+        fill = [r["at_T"]["bcl-world"]["fill"] for r in sel]
+        out[part] = {
+            "corpora": [r["corpus"] for r in sel],
+            "bcl_world_efficiency": {"median": float(np.median(eff)), "worst": min(eff)},
+            "bcl_world_fill": {"median": float(np.median(fill)), "worst": min(fill)},
+        }
+        key = "time_per_cost_overhead_0.1"
+        if all("verl_dynbsz" in r["at_T"] for r in sel):
+            vs = [r["at_T"]["verl_dynbsz"][key] / r["at_T"]["bcl-world"][key] for r in sel]
+            out[part]["speedup_vs_verl_dynbsz_overhead_0.1"] = {
+                "median": float(np.median(vs)),
+                "worst": min(vs),
+            }
+        if all("same_memory" in r for r in sel):
+            vs = [r["same_memory"]["record_B8"][key] / r["same_memory"]["tokens"][key] for r in sel]
+            out[part]["speedup_vs_record_B8_same_memory_overhead_0.1"] = {
+                "median": float(np.median(vs)),
+                "worst": min(vs),
+            }
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The per-corpus table docs/balance.md carries (held-out corpora marked)."""
+    head = (
+        "| corpus | bcl-world efficiency | fill | micro-batches per rank (min = max) "
+        "| time vs verl_dynbsz (F=0 / 0.1) | vs multipack (F=0.1) | vs nemo_mffd (F=0.1) "
+        "| same memory T | record B=8 -> tokens at T (F=0 / 0.1) |\n"
+        "|---|---|---|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    for r in result["rows"]:
+        at, mem = r["at_T"], r["same_memory"]
+        w = at["bcl-world"]
+
+        def vs(peer: str, f: float, cells: dict[str, Any] = at, me: dict[str, Any] = w) -> str:
+            key = f"time_per_cost_overhead_{f}"
+            return f"{cells[peer][key] / me[key]:.3f}"
+
+        counts = w["micro_batches_per_rank"]
+        equal = "=" if counts["min"] == counts["max"] else "!="
+        rec, tok = mem["record_B8"], mem["tokens"]
+        lines.append(
+            f"| {r['corpus']}{' (held out)' if r['held_out'] else ''} "
+            f"| {w['efficiency']:.4f} | {w['fill']:.3f} | {counts['min']} {equal} {counts['max']} "
+            f"| {vs('verl_dynbsz', 0.0)} / {vs('verl_dynbsz', 0.1)} | {vs('multipack', 0.1)} "
+            f"| {vs('nemo_mffd', 0.1)} | {mem['T']} "
+            f"| {rec['time_per_cost_overhead_0.0'] / tok['time_per_cost_overhead_0.0']:.3f} / "
+            f"{rec['time_per_cost_overhead_0.1'] / tok['time_per_cost_overhead_0.1']:.3f} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = bench_parser(__doc__, RESULTS / "bench_tokens.json")
+    parser.add_argument("--corpora", nargs="+", default=list(text_corpora.NAMES))
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--ranks-per-node", type=int, default=RANKS)
+    parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated")
+    parser.add_argument(
+        "--no-same-memory", action="store_true", help="skip the record contract comparison"
+    )
+    parser.add_argument(
+        "--markdown", type=Path, default=None, help="only print the table of this result JSON"
+    )
+    args = parser.parse_args(argv)
+    if args.markdown is not None:
+        print(markdown(json.loads(args.markdown.read_text())), end="")
+        return 0
+    rows = []
+    for name in args.corpora:
+        peers = tuple(p for p in args.peers.split(",") if p)
+        rows.append(
+            run_corpus(
+                name,
+                args.records,
+                args.nodes,
+                args.ranks_per_node,
+                peers,
+                not args.no_same_memory,
+            )
+        )
+        r = rows[-1]
+        w = r["at_T"]["bcl-world"]
+        print(
+            f"{name}: eff {w['efficiency']:.3f} fill {w['fill']:.3f} "
+            f"mb/rank {w['micro_batches_per_rank']} ({r['seconds']:.0f}s)",
+            flush=True,
+        )
+    result = {
+        "settings": {
+            "max_tokens": T,
+            "record_cap": CAP,
+            "grad_accum": ACCUM,
+            "ranks": args.nodes * args.ranks_per_node,
+            "ranks_per_node": args.ranks_per_node,
+            "cost_model": "llama3-8b",
+            "records": args.records,
+            "overheads": list(OVERHEADS),
+        },
+        "tune_corpora": list(text_corpora.TUNE),
+        "held_out_corpora": list(text_corpora.HELD_OUT),
+        "rows": rows,
+        "summary": summary(rows),
+    }
+    write_result(result, Path(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
