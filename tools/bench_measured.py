@@ -32,16 +32,24 @@ order, the **minimum** over rounds kept: interference from other processes only 
 (cache and memory-bandwidth contention reach the CPU clock too), so the minimum is the least
 contaminated estimate and a balanced plan is not penalised for its noisiest rank.
 
-Settings, chosen from measured noise (the pilot numbers are in docs/measured.md):
+Settings, chosen from measured noise (a pilot: quick settings, 4 rounds, the machine at load
+4-8 on its 2 cores; numbers in docs/measured.md):
 
-- full (default, <= 15 min): TinyGPT defaults, records clipped to 4096 tokens (none is
-  longer), B=8, W=8, 16 steps (1024 records), 3 rounds.
-- ``--quick`` (~3 min on 2 cores): a narrower TinyGPT (d=64, vocab 2048) and records clipped
-  to 1024 tokens, B=4, W=8, 32 steps (1024 records), 3 rounds. The interval on efficiency
-  narrows with the number of steps (one step holding the corpus' longest record swung the old
-  4-step quick run by 5 points), and a per-pack timing noise of ~5% lowers a balanced plan's
-  measured efficiency by about the noise times the expected max of 8 normals (~1.4): more
-  steps and 3 rounds at a quarter of the cost per token buy both.
+- Per pack, the median of 4 CPU-clock timings exceeded their minimum by 18% (median over
+  packs): the other jobs reach the CPU clock through the shared caches. Scored on one round
+  alone, ``bcl-world`` measured 0.78 in one round and 0.84 in the next, and the ordering of
+  ``bcl-world`` and ``verl_kk`` flipped; the minimum over 2 rounds gave the same ordering in
+  both disjoint halves of the rounds (0.848 / 0.847 against 0.829 / 0.789). Hence the minimum,
+  and at least 2 rounds (3 in ``--quick``, where a round is cheap).
+- The interval on efficiency narrows as 1/sqrt(steps): at 8 steps ``bcl-world`` against
+  ``verl_kk`` was unresolved (0.86-1.01), at 16 steps resolved (1.04-1.12 over 3 rounds).
+  ``--quick`` takes 24.
+- What one step costs sets how many steps fit: ``--quick`` times a narrower TinyGPT (d=64, SwiGLU
+  256, vocab 2048: 0.046 s per pack of 4 records, CPU clock) on records clipped to 1024 tokens
+  (97 of 5280 are longer), and leaves out ``bcl-rank``: 5 strategies x 8 ranks x 24 steps x 3
+  rounds, ~3 min of CPU time. The full run keeps TinyGPT's defaults (the model
+  ``tools/bench_ddp.py`` trains with this calibration), B=8 and every record whole, so it can
+  afford 16 steps and 2 rounds in ~11 min of CPU time.
 
     python tools/bench_measured.py --quick --out results/bench_measured_quick.json
     python tools/bench_measured.py          # results/bench_measured.json (docs/measured.md)
@@ -88,8 +96,8 @@ from bcl_stream.peers import REAL_PEERS
 
 KEY_THREE = ("bcl-world", "verl_kk", "nemo_mffd")
 """The strategies whose measured ordering two quick runs must agree on."""
-FULL = {"pack_size": 8, "window": 8, "packs_per_rank": 16, "repeats": 3, "max_len": 4096}
-QUICK = {"pack_size": 4, "window": 8, "packs_per_rank": 32, "repeats": 3, "max_len": 1024}
+FULL = {"pack_size": 8, "window": 8, "packs_per_rank": 16, "repeats": 2, "max_len": 4096}
+QUICK = {"pack_size": 4, "window": 8, "packs_per_rank": 24, "repeats": 3, "max_len": 1024}
 QUICK_MODEL = {"d_model": 64, "vocab_size": 2048, "ffn_hidden": 256}
 """The narrower TinyGPT of ``--quick`` (2 layers and 4 heads as the default)."""
 QUICK_SKIP = ("bcl-rank",)
@@ -343,9 +351,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ranks", type=int, default=8)
     p.add_argument("--pack-size", type=int, default=None, help="B (default 8, quick 4)")
     p.add_argument("--window", type=int, default=None, help="W (default 8, quick 8)")
-    p.add_argument("--packs-per-rank", type=int, default=None, help="steps (16, quick 32)")
+    p.add_argument("--packs-per-rank", type=int, default=None, help="steps (16, quick 24)")
     p.add_argument("--grad-accum", type=int, default=None, help="peers' G (default 8)")
-    p.add_argument("--repeats", type=int, default=None, help="timing rounds (default 3)")
+    p.add_argument("--repeats", type=int, default=None, help="timing rounds (2, quick 3)")
     p.add_argument("--max-len", type=int, default=None, help="clip records (4096, quick 1024)")
     p.add_argument("--skip", default=None, help="strategies not to time (quick: bcl-rank)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
