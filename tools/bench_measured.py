@@ -41,9 +41,10 @@ Settings, chosen from measured noise (a pilot: quick settings, 4 rounds, the mac
   ``bcl-world`` and ``verl_kk`` flipped; the minimum over 2 rounds gave the same ordering in
   both disjoint halves of the rounds (0.848 / 0.847 against 0.829 / 0.789). Hence the minimum,
   and at least 2 rounds (3 in ``--quick``, where a round is cheap).
-- The interval on efficiency narrows as 1/sqrt(steps): at 8 steps ``bcl-world`` against
-  ``verl_kk`` was unresolved (0.86-1.01), at 16 steps resolved (1.04-1.12 over 3 rounds).
-  ``--quick`` takes 24.
+- Steps: at 8 steps the interval on ``bcl-world`` over ``verl_kk`` moved with the rounds kept
+  (0.84-0.96 to 0.96-1.01) and did not hold what 16 steps gave: the first 8 steps are not a
+  sample of the epoch, an interval over few steps is optimistic. At 16 steps every choice of
+  rounds put ``bcl-world`` ahead (1.04-1.16). ``--quick`` takes 24.
 - What one step costs sets how many steps fit: ``--quick`` times a narrower TinyGPT (d=64, SwiGLU
   256, vocab 2048: 0.046 s per pack of 4 records, CPU clock) on records clipped to 1024 tokens
   (97 of 5280 are longer), and leaves out ``bcl-rank``: 5 strategies x 8 ranks x 24 steps x 3
