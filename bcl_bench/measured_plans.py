@@ -16,6 +16,7 @@ as not yet available, with the planner's list, instead of being skipped silently
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,7 @@ import numpy.typing as npt
 from bcl_stream.analysis.sim import default_capacity
 from bcl_stream.cost import CostModel
 from bcl_stream.peers import REAL_PEERS, Pool, global_order, plan_pooled
-from bcl_stream.planner import PlanConfig, ShardTable, plan_epoch, shard_weights
+from bcl_stream.planner import Plan, PlanConfig, ShardTable, plan_epoch, shard_weights
 from bcl_stream.planner.step_contract import CONTRACTS, node_micro_batches
 
 Packs = list[list[npt.NDArray[np.int64]]]
@@ -118,6 +119,36 @@ def peak_tokens(packs: Packs, tokens: npt.NDArray[np.int64]) -> int:
     return max(int(tokens[p].sum()) for rank in packs for p in rank)
 
 
+MicroBatches = Callable[
+    [Plan, npt.NDArray[np.float64], npt.NDArray[np.int64], Setting, str, int], Packs
+]
+"""How a contract's micro-batches are read off a plan: (plan, costs, tokens of the measured
+records, setting, layout, peak tokens) -> ``[rank][micro-batch]`` local record ids."""
+
+
+def _pack_micro_batches(
+    plan: Plan, costs: Any, tokens: Any, setting: Setting, layout: str, peak: int
+) -> Packs:
+    return [list(rank) for rank in plan.packs]
+
+
+def _step_micro_batches(
+    plan: Plan, costs: Any, tokens: Any, setting: Setting, layout: str, peak: int
+) -> Packs:
+    # one node holds all R ranks here, so they share one stream (scope world): group = R
+    return node_micro_batches(
+        plan.packs, costs, setting.grad_accum, layout, setting.ranks, tokens, peak
+    )
+
+
+MICRO_BATCHES: dict[str, MicroBatches] = {
+    "pack": _pack_micro_batches,
+    "step": _step_micro_batches,
+}
+"""The contracts this benchmark can run: one entry per record contract. A new contract of the
+planner (``PlanConfig.contract``) is measured once it has an entry here."""
+
+
 def plan_contracts(
     tokens: npt.NDArray[np.int64],
     model: CostModel,
@@ -127,38 +158,38 @@ def plan_contracts(
 ) -> dict[str, dict[str, Any]]:
     """BCL (scope ``world``, ``model``'s costs) under every contract in ``contracts``, all at the
     peak tokens of the ``pack`` contract (always planned: it sets the cap). Each entry:
-    ``status`` (``planned`` or ``not yet available``), and when planned ``micro_batches`` (a
-    :data:`Packs`), ``peak_tokens`` and ``max_tokens`` (the cap it was planned under)."""
+    ``status`` (``planned`` or ``not yet available``, with ``why``), and when planned
+    ``micro_batches`` (a :data:`Packs`), ``peak_tokens`` and ``max_tokens`` (the cap it was
+    planned under)."""
     order = measured_order(tokens.size, setting)
     sub = tokens[order]
     costs = model.cost(sub)
     world = dataclasses.replace(_plan_config(setting), scope="world", layout=layout)
-    base = plan_epoch(costs, _table(costs), world, seed=setting.seed, tokens=sub)
-    pack_mbs: Packs = [list(rank) for rank in order[base.packs]]
-    peak = peak_tokens(pack_mbs, tokens)
     out: dict[str, dict[str, Any]] = {}
+    peak = 0
     for name in dict.fromkeys(("pack", *contracts)):
-        if name not in CONTRACTS:
-            out[name] = {
-                "status": "not yet available",
-                "why": f"the planner's record contracts are {list(CONTRACTS)}; "
-                f"{name!r} is not one of them yet",
-            }
-            continue
-        if name == "pack":
-            mbs = pack_mbs
-        else:
-            config = dataclasses.replace(world, contract=name, max_tokens=peak)
-            plan = plan_epoch(costs, _table(costs), config, seed=setting.seed, tokens=sub)
-            local = node_micro_batches(
-                plan.packs, costs, setting.grad_accum, layout, setting.ranks, sub, peak
+        if name not in CONTRACTS or name not in MICRO_BATCHES:
+            why = (
+                f"the planner's record contracts are {list(CONTRACTS)}; {name!r} is not one "
+                "of them yet"
+                if name not in CONTRACTS
+                else f"the planner has {name!r} but this benchmark does not read its "
+                "micro-batches yet (bcl_bench/measured_plans.py: MICRO_BATCHES)"
             )
-            mbs = [[order[np.asarray(mb, dtype=np.int64)] for mb in rank] for rank in local]
+            out[name] = {"status": "not yet available", "why": why}
+            continue
+        cap = None if name == "pack" else peak
+        config = dataclasses.replace(world, contract=name, max_tokens=cap)
+        plan = plan_epoch(costs, _table(costs), config, seed=setting.seed, tokens=sub)
+        local = MICRO_BATCHES[name](plan, costs, sub, setting, layout, peak)
+        mbs = [[order[np.asarray(mb, dtype=np.int64)] for mb in rank] for rank in local]
+        if name == "pack":
+            peak = peak_tokens(mbs, tokens)
         out[name] = {
             "status": "planned",
             "micro_batches": mbs,
             "peak_tokens": peak_tokens(mbs, tokens),
-            "max_tokens": None if name == "pack" else peak,
+            "max_tokens": cap,
         }
     return out
 

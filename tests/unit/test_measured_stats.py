@@ -170,3 +170,19 @@ def test_every_strategy_and_contract_plans_the_same_records_once() -> None:
         assert sorted(np.concatenate([p for r in mbs for p in r]).tolist()) == want
         assert entry["peak_tokens"] <= pack["peak_tokens"]  # the same memory budget
     assert step["max_tokens"] == pack["peak_tokens"]
+
+
+def test_a_contract_without_a_micro_batch_reader_is_reported_not_faked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bcl_bench import measured_plans
+    from bcl_bench.corpora import stdlib_lengths
+    from bcl_stream.cost import get_preset
+
+    monkeypatch.delitem(measured_plans.MICRO_BATCHES, "step")
+    tokens = np.minimum(stdlib_lengths("cl100k"), 1024)
+    setting = measured_plans.Setting(ranks=2, pack_size=2, window=2, steps=4, grad_accum=2, seed=0)
+    out = measured_plans.plan_contracts(tokens, get_preset("tokens"), setting, ("step",))
+    assert out["pack"]["status"] == "planned"
+    assert out["step"]["status"] == "not yet available"
+    assert "MICRO_BATCHES" in out["step"]["why"]
