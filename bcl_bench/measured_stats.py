@@ -82,7 +82,9 @@ def bootstrap_steps(
     strategy with T steps: paired) and scores efficiency = sum mean / sum max on them. A
     speedup is a ratio of epoch times over the same records, i.e. of efficiencies times the
     ratio of the two strategies' total measured work; the replicate keeps the observed work ratio
-    (it differs from 1 only by timing noise) and resamples the efficiencies.
+    and resamples the efficiencies. The work ratio differs from 1 by timing noise and by what
+    the packing does to time per token (packs ranging widely in tokens cost more per token on
+    a CPU: 10% more for ``verl_kk``'s in the quick runs), so it belongs in the speedup.
     """
     if not matrices:
         raise ValueError("bootstrap_steps needs at least one strategy")
