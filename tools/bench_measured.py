@@ -33,7 +33,7 @@ order, the **minimum** over rounds kept: interference from other processes only 
 contaminated estimate and a balanced plan is not penalised for its noisiest rank.
 
 Settings, chosen from measured noise (a pilot: quick settings, 4 rounds, the machine at load
-4-8 on its 2 cores; numbers in docs/measured.md):
+4-8 on its 2 cores, ``results/bench_measured_pilot*.json``; numbers in docs/measured.md):
 
 - Per pack, the median of 4 CPU-clock timings exceeded their minimum by 18% (median over
   packs): the other jobs reach the CPU clock through the shared caches. Scored on one round
@@ -44,7 +44,8 @@ Settings, chosen from measured noise (a pilot: quick settings, 4 rounds, the mac
 - Steps: at 8 steps the interval on ``bcl-world`` over ``verl_kk`` moved with the rounds kept
   (0.84-0.96 to 0.96-1.01) and did not hold what 16 steps gave: the first 8 steps are not a
   sample of the epoch, an interval over few steps is optimistic. At 16 steps every choice of
-  rounds put ``bcl-world`` ahead (1.04-1.16). ``--quick`` takes 24.
+  two or more rounds put ``bcl-world`` ahead (1.04-1.19). ``--quick`` takes 24
+  (``tools/measured_noise.py`` prints these figures from the pilot's timings).
 - What one step costs sets how many steps fit: ``--quick`` times a narrower TinyGPT (d=64, SwiGLU
   256, vocab 2048: 0.046 s per pack of 4 records, CPU clock) on records clipped to 1024 tokens
   (97 of 5280 are longer), and leaves out ``bcl-rank``: 5 strategies x 8 ranks x 24 steps x 3
@@ -407,7 +408,15 @@ def main(argv: list[str] | None = None) -> int:
             threads=args.threads,
             seed=args.seed,
         )
-        fit = calibrate(lambda: TinyGPT(model_config), cfg, lengths=tokens)
+
+        def tinygpt() -> Any:
+            return TinyGPT(model_config)
+
+        # the cost model's ``source`` names the model it was fitted for
+        tinygpt.__qualname__ = (
+            "TinyGPT(" + (", ".join(f"{k}={v}" for k, v in shape.items()) or "defaults") + ")"
+        )
+        fit = calibrate(tinygpt, cfg, lengths=tokens)
         calibrated = fit.fit.model
         calibration = {
             k: v for k, v in fit.report().items() if k not in ("packs", "cost_model", "settings")
