@@ -71,7 +71,9 @@ def test_interval_covers_the_true_efficiency_at_about_its_level() -> None:
         m = rng.uniform(0, 1, size=(4, 32))
         low, high = bootstrap_steps({"x": m}, n_boot=400, seed=trial).efficiency["x"]
         covered += low <= 0.625 <= high
-    assert 0.88 <= covered / trials <= 0.99
+    # the percentile bootstrap under-covers a little at 32 steps (0.92 with these draws); an
+    # interval at the wrong level (a 90% one: 0.88) or resampling the wrong axis falls outside
+    assert 0.90 <= covered / trials <= 0.98
 
 
 def test_per_round_scores_each_round_alone() -> None:
