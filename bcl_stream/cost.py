@@ -260,4 +260,6 @@ def fit_cost_model(
         unit="seconds",
         source=f"least squares on {train.size} packs, {n_hold} held out",
     )
-    return Fit(model, r2_score(pred[train], y[train]), r2_score(pred[hold], y[hold]), float(rel.mean()))
+    return Fit(
+        model, r2_score(pred[train], y[train]), r2_score(pred[hold], y[hold]), float(rel.mean())
+    )
