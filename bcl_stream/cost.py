@@ -218,7 +218,9 @@ class Fit:
     mean_rel_error_holdout: float
 
 
-def _pack_features(packs: Sequence[npt.ArrayLike]) -> npt.NDArray[np.float64]:
+def pack_features(packs: Sequence[npt.ArrayLike]) -> npt.NDArray[np.float64]:
+    """(n_packs, 3): sum L, sum L^2 and the record count of every pack, the columns a per-record
+    c(L) = a*L + b*L^2 + k sums to over a pack."""
     rows = []
     for pack in packs:
         length = np.asarray(pack, dtype=np.float64)
@@ -226,10 +228,11 @@ def _pack_features(packs: Sequence[npt.ArrayLike]) -> npt.NDArray[np.float64]:
     return np.array(rows, dtype=np.float64).reshape(-1, 3)
 
 
-def _nonnegative_lstsq(
+def nonnegative_lstsq(
     x: npt.NDArray[np.float64], y: npt.NDArray[np.float64]
 ) -> npt.NDArray[np.float64]:
-    """Exact non-negative least squares for 3 unknowns: try every support, keep the best feasible."""
+    """Exact non-negative least squares for a few unknowns (every support is tried, the best
+    feasible kept: 2^columns solves, meant for 3-4 columns such as a pack's token terms)."""
     best = np.zeros(x.shape[1])
     best_err = float(np.sum(y * y))
     for mask in range(1, 2 ** x.shape[1]):
@@ -245,7 +248,8 @@ def _nonnegative_lstsq(
     return best
 
 
-def _r2(pred: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> float:
+def r2_score(pred: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> float:
+    """1 - residual / total sum of squares of ``pred`` against ``y`` (NaN when ``y`` is constant)."""
     ss_res = float(np.sum((y - pred) ** 2))
     ss_tot = float(np.sum((y - y.mean()) ** 2))
     return 1.0 - ss_res / ss_tot if ss_tot > 0 else float("nan")
@@ -272,11 +276,11 @@ def fit_cost_model(
         raise ValueError(f"need at least 8 measured packs to fit, got {y.size}")
     if not 0 < holdout_fraction < 1:
         raise ValueError(f"holdout_fraction must be in (0, 1), got {holdout_fraction}")
-    x = _pack_features(packs)
+    x = pack_features(packs)
     perm = np.random.default_rng(seed).permutation(y.size)
     n_hold = max(2, round(holdout_fraction * y.size))
     hold, train = perm[:n_hold], perm[n_hold:]
-    coef = _nonnegative_lstsq(x[train], y[train])
+    coef = nonnegative_lstsq(x[train], y[train])
     pred = x @ coef
     rel = np.abs(pred[hold] - y[hold]) / np.maximum(y[hold], 1e-12)
     model = CostModel(
@@ -287,4 +291,6 @@ def fit_cost_model(
         unit="seconds",
         source=f"least squares on {train.size} packs, {n_hold} held out",
     )
-    return Fit(model, _r2(pred[train], y[train]), _r2(pred[hold], y[hold]), float(rel.mean()))
+    return Fit(
+        model, r2_score(pred[train], y[train]), r2_score(pred[hold], y[hold]), float(rel.mean())
+    )
