@@ -225,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
         f"{figures['pack_size']} records"
         + (
             f"; planned for {config.canonical_ranks} canonical ranks "
-            f"({config.canonical_ranks_per_node} per node), {config.hosted} per rank"
+            f"({config.canonical_node_ranks} per node), {config.hosted} per rank"
             if config.canonical_ranks
             else ""
         )
