@@ -25,6 +25,7 @@ from bcl_stream.analysis.sim import (
     STRATEGIES,
     Metrics,
     SimConfig,
+    efficiencies,
     plan_schedules,
     score,
     shard_table,
@@ -252,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
         packed_plans = plan_schedules(data.lengths, data.costs, table, packed, names, data.draw)
         layouts = {"packed": (packed_plans, score(packed_plans, packed, table)), **layouts}
     results = layouts[config.layout][1]
+    labelled = efficiencies(planned, config)
     refuse_empty(args.dataset or args.lengths or ",".join(args.stream), config, data, results)
     node_layout = Layout(config.ranks, config.ranks_per_node)
     versus = speedups(planned, config)  # per unit of cost, over nemo_mffd / verl_kk if present
@@ -270,7 +272,8 @@ def run(args: argparse.Namespace) -> int:
                 "nodes": node_layout.nodes,
                 "node_layout": node_layout.text(),
             },
-            "strategies": {name: m.to_dict() for name, m in results.items()},
+            "efficiency_is": EFFICIENCY_IS[config.sync],
+            "strategies": {name: {**m.to_dict(), **labelled[name]} for name, m in results.items()},
         }
         if data.streams is not None:
             payload["streams"] = data.streams
@@ -278,8 +281,11 @@ def run(args: argparse.Namespace) -> int:
             payload["speedup_vs"] = versus
         if len(layouts) > 1:
             payload["layouts"] = {
-                layout: {name: m.to_dict() for name, m in scored.items()}
-                for layout, (_, scored) in layouts.items()
+                layout: {
+                    name: {**m.to_dict(), **efficiencies(plans, config)[name]}
+                    for name, m in scored.items()
+                }
+                for layout, (plans, scored) in layouts.items()
             }
         print(json.dumps(_finite(payload), allow_nan=False))
         return 0
@@ -292,7 +298,13 @@ def run(args: argparse.Namespace) -> int:
     for layout, (plans, scored) in layouts.items():
         if len(layouts) > 1:
             print(f"layout {layout}")
-        print_table(scored, speedups(plans, config), packed_seq)
+        print_table(scored, efficiencies(plans, config), speedups(plans, config), packed_seq)
+    print(
+        f"eff/mb: balance efficiency per micro-batch (ranks wait for the slowest at each "
+        f"micro-batch, as FSDP does); eff/step: per optimizer step of G={config.grad_accum} "
+        f"micro-batches (DDP waits once per step); cv_ranks, cv_time and speedup are "
+        f"{EFFICIENCY_IS[config.sync]} (--sync {config.sync})"
+    )
     return 0
 
 
@@ -307,8 +319,13 @@ def _finite(value: Any) -> Any:
     return value
 
 
+EFFICIENCY_IS = {"microbatch": "per micro-batch", "step": "per optimizer step"}
+"""What ``efficiency`` (and the other metrics) in ``simulate --json`` is, by ``--sync``."""
+
+
 def print_table(
     results: dict[str, Metrics],
+    labelled: dict[str, dict[str, float]],
     versus: dict[str, dict[str, float]],
     packed_seq: Metrics | None,
 ) -> None:
@@ -317,7 +334,7 @@ def print_table(
     peers = sorted({p for v in versus.values() for p in v}, key=list(STRATEGIES).index)
     extra = f"{'waste':>7}{'vs_packed_seq':>14}" if packed_seq else ""
     print(
-        f"{'strategy':<18}{'efficiency':>11}{'cv_ranks':>10}{'cv_time':>9}{'speedup':>9}"
+        f"{'strategy':<18}{'eff/mb':>8}{'eff/step':>9}{'cv_ranks':>10}{'cv_time':>9}{'speedup':>9}"
         f"{'packs':>7}{'left':>7}{'dl_amp':>8}{'shards':>8}{'imb_sq':>8}"
         + "".join(f"{'vs ' + p:>16}" for p in peers)
         + extra
@@ -325,7 +342,8 @@ def print_table(
     for name, m in results.items():
         speed = base.time / m.time if base and m.time else float("nan")
         row = (
-            f"{name:<18}{m.efficiency:>11.3f}{m.cv_ranks:>10.3f}{m.cv_time:>9.3f}"
+            f"{name:<18}{labelled[name]['efficiency_per_micro_batch']:>8.3f}"
+            f"{labelled[name]['efficiency_per_step']:>9.3f}{m.cv_ranks:>10.3f}{m.cv_time:>9.3f}"
             f"{speed:>9.3f}{m.packs_per_rank:>7}{m.records_left:>7}"
             f"{m.download_amplification:>8.2f}{m.shard_working_set:>8}{m.imbalance_sq:>8.3f}"
             + "".join(f"{versus[name][p]:>16.3f}" for p in peers)
