@@ -213,13 +213,13 @@ def annotate(
             if names is not None
             else wds_shards_on_disk(root)
         )
+        if source is None and not everything:
+            source = TokenSource()  # no shard to look at: refused below as holding no records
         if source is None:  # nothing named: the layout preprocess would see (source_layout.py)
             columns = (
                 mds_columns(mds[0])
                 if mds
                 else wds_columns(_first_tar(location, root, everything, names, Path(tmp)))
-                if everything
-                else {}
             )
             source = detected_source(columns, tokenizer, loss_on, location)
         counting = Counting(source, length_field)
