@@ -280,13 +280,12 @@ def run(args: argparse.Namespace) -> int:
         if any(versus.values()):
             payload["speedup_vs"] = versus
         if len(layouts) > 1:
-            payload["layouts"] = {
-                layout: {
-                    name: {**m.to_dict(), **efficiencies(plans, config)[name]}
-                    for name, m in scored.items()
+            payload["layouts"] = {}
+            for layout, (plans, scored) in layouts.items():
+                both = efficiencies(plans, config)
+                payload["layouts"][layout] = {
+                    name: {**m.to_dict(), **both[name]} for name, m in scored.items()
                 }
-                for layout, (plans, scored) in layouts.items()
-            }
         print(json.dumps(_finite(payload), allow_nan=False))
         return 0
     print(

@@ -240,8 +240,9 @@ def resolve_state(
     ``mixture``, its streams described).
 
     Output: a cursor whose ``config`` is ``config``, with the saved canonical node size
-    where ``config`` leaves it unpinned (:func:`adopt_canonical_layout`). Same world size: the saved cursor. A
-    different world size: the saved plan appended to ``segments`` and ``packs_consumed=0``.
+    where ``config`` leaves it unpinned (:func:`adopt_canonical_layout`). Same world size:
+    the saved cursor. A different world size: the saved plan appended to ``segments`` and
+    ``packs_consumed=0``.
     A changed mixture: refused, naming every change, unless ``on_mixture_change`` is
     ``restart_epoch`` (then the saved epoch starts over, from pack 0, on the new mixture).
     Raises StateError naming the first mismatch.
