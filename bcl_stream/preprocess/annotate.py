@@ -296,7 +296,8 @@ def annotate(
 def _first_tar(
     location: str, root: Path, everything: list[str], names: set[str] | None, tmp: Path
 ) -> Path:
-    """The first WebDataset tar, local (remote: downloaded into ``tmp``)."""
+    """The first WebDataset tar, local (remote: downloaded into ``tmp``, one shard more than
+    the count downloads), whose first record's members name the columns."""
     if names is None:
         return root / everything[0]
     local = tmp / "first" / everything[0]
