@@ -82,8 +82,8 @@ def test_preprocess_then_ddp_fit_of_a_hugging_face_model_on_assistant_tokens(
         model_dir, vocab_size=len(tokenizer), max_position_embeddings=512,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
     )  # fmt: skip
-    # docs/sft.md's sft.yaml as the page shows it; only the paths, the steps and the test's
-    # logging are changed
+    # docs/sft.md's sft.yaml as the page shows it: the paths and the steps changed; a seed, the
+    # model's attention and learning rate and the test's logging added
     config = doc_config()
     assert config["data"]["data"] == "data/sft" and config["trainer"]["devices"] == 2
     config["seed_everything"] = 0
