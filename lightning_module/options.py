@@ -123,8 +123,8 @@ class ElasticOptions:
     data-parallel size R dividing V, and a checkpoint resumes at any such R. None: plan for
     the trainer's ranks."""
     canonical_ranks_per_node: int | None = None
-    """Canonical ranks per node (None: the trainer's ranks per node); set it when the ranks per
-    node change between runs."""
+    """Canonical ranks per node (None: on a resume the checkpoint's, on a fresh run the
+    trainer's ranks per node); a value that contradicts the checkpoint's is refused."""
     canonical_grad_accum: int | None = None
     """A canonical rank's gradient accumulation G_c (None: 1); the trainer's
     ``accumulate_grad_batches`` must then be G_c*V/R (a mismatch is refused, naming the

@@ -448,6 +448,27 @@ def score(
     return out
 
 
+def efficiencies(planned: dict[str, Schedule], config: SimConfig) -> dict[str, dict[str, float]]:
+    """Each schedule's balance efficiency per micro-batch and per optimizer step, whatever
+    ``config.sync`` scores the rest under (``simulate`` prints both, labelled):
+    ``{name: {"efficiency_per_micro_batch", "efficiency_per_step"}}``."""
+    out: dict[str, dict[str, float]] = {}
+    for name, s in planned.items():
+        out[name] = {
+            f"efficiency_per_{key}": metrics_from_costs(
+                s.pack_costs,
+                s.records_used,
+                s.records_left,
+                overhead=config.overhead,
+                microbatches_per_step=config.grad_accum,
+                sync=sync,
+                step_sizes=s.step_sizes,
+            ).efficiency
+            for key, sync in (("micro_batch", "microbatch"), ("step", "step"))
+        }
+    return out
+
+
 def useful_cost(s: Schedule) -> float:
     """The records' own estimated cost in a schedule: what a speedup is per unit of (the pack
     costs less padding; the pack costs themselves for a schedule without ``useful_costs``)."""

@@ -12,7 +12,13 @@ from bcl_stream.text.templates import LOSS_ON
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("annotate", help="add a cost index to an existing dataset (no rewrite)")
-    p.add_argument("directory", metavar="DIR", help="MDS or WebDataset directory, or s3:// URL")
+    p.add_argument(
+        "directory",
+        metavar="DIR",
+        help="MDS or WebDataset directory, or s3:// URL. With no column named: stored "
+        "input_ids, else the layout preprocess recognises (a text column, messages or "
+        "conversations, prompt + response or completion; text needs --tokenizer)",
+    )
     p.add_argument(
         "--tokens-field",
         default="input_ids",
@@ -31,7 +37,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--tokenizer",
         default=None,
-        help="with --text-field: cl100k, a local tokenizer.json or Hugging Face tokenizer dir",
+        help="with --text-field or --messages-field, or alone for a layout found by name: "
+        "cl100k, a local tokenizer.json or Hugging Face tokenizer dir",
     )
     p.add_argument(
         "--response-field",
@@ -39,8 +46,8 @@ def add_parser(sub: Any) -> None:
         metavar="NAME",
         help="prompt/response records: the response column (the prompt is --tokens-field or "
         "--text-field); readers yield prompt + response ids with the response trained "
-        "(llm-foundry: --text-field prompt --response-field response --tokenizer DIR, or "
-        "--tokens-field input_ids --response-field labels)",
+        "(llm-foundry's prompt/response text columns are found without it: --tokenizer DIR; "
+        "its pre-tokenized input_ids + labels: --response-field labels)",
     )
     p.add_argument(
         "--length-field",
@@ -72,7 +79,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if (args.text_field is None and args.messages_field is None) != (args.tokenizer is None):
+    if (args.text_field is not None or args.messages_field is not None) and args.tokenizer is None:
         raise ValueError(
             "--text-field and --tokenizer go together (a text column is tokenized); so do "
             "--messages-field and --tokenizer (a conversation is rendered)"

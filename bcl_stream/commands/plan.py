@@ -175,16 +175,21 @@ def n_shards(index: PlanData) -> int:
 def summary(index: PlanData, config: ReaderConfig, plan: EpochPlan) -> dict[str, Any]:
     """Every figure ``plan`` prints, as ``plan --json`` carries them: the set-up (the layout:
     ranks, nodes, ranks per node and its words; pack size, window, scope), records and shards, packs per rank and the
-    balance of the packs under the same metric ``simulate`` reports (``analysis.sim``)."""
+    balance of the packs under the same metric ``simulate`` reports (``analysis.sim``), per
+    micro-batch (``efficiency``, also ``efficiency_per_micro_batch``: every rank waits for the
+    slowest at each micro-batch, as FSDP does) and per optimizer step
+    (``efficiency_per_step``: micro-batch costs summed over each step's
+    ``micro_batches_per_step``, as DDP without a sync inside the accumulation waits; a last
+    partial step is left out)."""
     pc = config.plan
     # The costs the planner balanced (a mixture: a view that indexes like an array).
     model = None if config.cost_model is None else resolve(config.cost_model)
     costs = cast("npt.NDArray[np.float64]", index.costs(model))
-    metrics = metrics_from_costs(
-        ragged_pack_costs(plan.plan.packs, costs, pc.layout),
-        plan.plan.records_used,
-        plan.plan.records_left,
-    )
+    pack_costs = ragged_pack_costs(plan.plan.packs, costs, pc.layout)
+    used, left = plan.plan.records_used, plan.plan.records_left
+    metrics = metrics_from_costs(pack_costs, used, left)
+    per_step = config.micro_batches_per_step
+    step = metrics_from_costs(pack_costs, used, left, microbatches_per_step=per_step, sync="step")
     return {
         "records": epoch_records(index, epoch_draw(index, config, plan.epoch)),
         "shards": n_shards(index),
@@ -196,7 +201,10 @@ def summary(index: PlanData, config: ReaderConfig, plan: EpochPlan) -> dict[str,
         "epoch": plan.epoch,
         "packs_per_rank": plan.n_packs,
         "canonical_ranks": config.canonical_ranks,
-        "efficiency": metrics.efficiency,
+        "efficiency": metrics.efficiency,  # per micro-batch (kept for readers of 'efficiency')
+        "efficiency_per_micro_batch": metrics.efficiency,
+        "efficiency_per_step": step.efficiency,
+        "micro_batches_per_step": per_step,
         "cv_ranks": metrics.cv_ranks,
         "records_used": plan.plan.records_used,
     }
@@ -231,12 +239,17 @@ def run(args: argparse.Namespace) -> int:
         )
         + (
             f"; planned for {config.canonical_ranks} canonical ranks "
-            f"({config.canonical_ranks_per_node} per node), {config.hosted} per rank"
+            f"({config.canonical_node_ranks} per node), {config.hosted} per rank"
             if config.canonical_ranks
             else ""
         )
     )
-    print(f"balance efficiency {figures['efficiency']:.4f}, cv_ranks {figures['cv_ranks']:.4f}")
+    print(
+        f"balance efficiency per micro-batch {figures['efficiency_per_micro_batch']:.4f}, per "
+        f"optimizer step ({figures['micro_batches_per_step']} micro-batches per rank) "
+        f"{figures['efficiency_per_step']:.4f}; cv_ranks per micro-batch "
+        f"{figures['cv_ranks']:.4f}"
+    )
     left = ", ".join(f"{k} {v}" for k, v in sorted(remainder["by_reason"].items()))
     print(f"records not in a pack: {remainder['count']}" + (f" ({left})" if left else ""))
     for s in streams or []:

@@ -11,7 +11,7 @@ from bcl_stream.formats.shard_limits import SHARD_RECORDS
 from bcl_stream.preprocess import preprocess
 from bcl_stream.preprocess.distributed import preprocess_parts
 from bcl_stream.preprocess.outliers import POLICIES
-from bcl_stream.preprocess.pipeline import parse_size
+from bcl_stream.preprocess.pipeline import DEFAULT_WORKERS, parse_size
 from bcl_stream.text.templates import LOSS_ON
 
 
@@ -105,8 +105,9 @@ def add_parser(sub: Any) -> None:
     add_write_options(
         p,
         replaces="output",
-        workers=2,
-        workers_help="tokenizer processes",
+        workers=DEFAULT_WORKERS,
+        workers_help="tokenizer processes (the default is the fastest measured on a 2-core "
+        "machine; with free cores more may be faster: tools/bench_sft_preprocess.py measures)",
         part_help="write only the I-th of N shares of the inputs, under OUTPUT/part-I-of-N "
         "(then `bcl-stream merge OUTPUT`)",
     )

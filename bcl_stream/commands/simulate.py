@@ -27,6 +27,7 @@ from bcl_stream.analysis.sim import (
     Schedule,
     SimConfig,
     budget_figures,
+    efficiencies,
     micro_batch_price,
     plan_schedules,
     score,
@@ -275,9 +276,11 @@ def run(args: argparse.Namespace) -> int:
         plot_step_costs({name: s.pack_costs for name, s in planned.items()}, args.plot)
 
     def rows(plans: dict[str, Schedule], scored: dict[str, Metrics]) -> dict[str, Any]:
-        """Each strategy's metrics and its token-budget figures (``budget_figures``)."""
+        """Each strategy's metrics, its labelled efficiencies (``efficiencies``) and its
+        token-budget figures (``budget_figures``)."""
+        both = efficiencies(plans, config)
         return {
-            name: {**m.to_dict(), **budget_figures(plans[name], data.lengths)}
+            name: {**m.to_dict(), **both[name], **budget_figures(plans[name], data.lengths)}
             for name, m in scored.items()
         }
 
@@ -294,6 +297,7 @@ def run(args: argparse.Namespace) -> int:
                 "nodes": node_layout.nodes,
                 "node_layout": node_layout.text(),
             },
+            "efficiency_is": EFFICIENCY_IS[config.sync],
             "strategies": rows(planned, results),
         }
         if data.streams is not None:
@@ -315,7 +319,15 @@ def run(args: argparse.Namespace) -> int:
     for layout, (plans, scored) in layouts.items():
         if len(layouts) > 1:
             print(f"layout {layout}")
-        print_table(scored, speedups(plans, config, price=price), packed_seq)
+        print_table(
+            scored, efficiencies(plans, config), speedups(plans, config, price=price), packed_seq
+        )
+    print(
+        f"eff/mb: balance efficiency per micro-batch (ranks wait for the slowest at each "
+        f"micro-batch, as FSDP does); eff/step: per optimizer step of G={config.grad_accum} "
+        f"micro-batches (DDP waits once per step); cv_ranks, cv_time and speedup are "
+        f"{EFFICIENCY_IS[config.sync]} (--sync {config.sync})"
+    )
     return 0
 
 
@@ -330,8 +342,13 @@ def _finite(value: Any) -> Any:
     return value
 
 
+EFFICIENCY_IS = {"microbatch": "per micro-batch", "step": "per optimizer step"}
+"""What ``efficiency`` (and the other metrics) in ``simulate --json`` is, by ``--sync``."""
+
+
 def print_table(
     results: dict[str, Metrics],
+    labelled: dict[str, dict[str, float]],
     versus: dict[str, dict[str, float]],
     packed_seq: Metrics | None,
 ) -> None:
@@ -340,7 +357,7 @@ def print_table(
     peers = sorted({p for v in versus.values() for p in v}, key=list(STRATEGIES).index)
     extra = f"{'waste':>7}{'vs_packed_seq':>14}" if packed_seq else ""
     print(
-        f"{'strategy':<18}{'efficiency':>11}{'cv_ranks':>10}{'cv_time':>9}{'speedup':>9}"
+        f"{'strategy':<18}{'eff/mb':>8}{'eff/step':>9}{'cv_ranks':>10}{'cv_time':>9}{'speedup':>9}"
         f"{'packs':>7}{'left':>7}{'dl_amp':>8}{'shards':>8}{'imb_sq':>8}"
         + "".join(f"{'vs ' + p:>16}" for p in peers)
         + extra
@@ -348,7 +365,8 @@ def print_table(
     for name, m in results.items():
         speed = base.time / m.time if base and m.time else float("nan")
         row = (
-            f"{name:<18}{m.efficiency:>11.3f}{m.cv_ranks:>10.3f}{m.cv_time:>9.3f}"
+            f"{name:<18}{labelled[name]['efficiency_per_micro_batch']:>8.3f}"
+            f"{labelled[name]['efficiency_per_step']:>9.3f}{m.cv_ranks:>10.3f}{m.cv_time:>9.3f}"
             f"{speed:>9.3f}{m.packs_per_rank:>7}{m.records_left:>7}"
             f"{m.download_amplification:>8.2f}{m.shard_working_set:>8}{m.imbalance_sq:>8.3f}"
             + "".join(f"{versus[name][p]:>16.3f}" for p in peers)

@@ -46,7 +46,7 @@ def hosted_ranks(config: ReaderConfig, rank: int) -> list[int]:
         raise ValueError(f"rank must be in [0, {plan.world_size}), got {rank}")
     return node_hosts(
         config.canonical_ranks or plan.world_size,
-        config.canonical_ranks_per_node or plan.ranks_per_node,
+        config.canonical_node_ranks or plan.ranks_per_node,
         plan.world_size,
         plan.ranks_per_node,
         rank // plan.ranks_per_node,

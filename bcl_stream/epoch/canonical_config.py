@@ -34,9 +34,8 @@ def check_canonical(config: ReaderConfig) -> None:
             f"canonical_ranks={v} cannot run on {r} data-parallel ranks: the physical size must "
             f"divide it, one of {divisors(v)}"
         )
-    if per_node is None:
+    if per_node is None:  # not pinned: a resume adopts the cursor's (epoch/cursor.py)
         per_node = config.plan.ranks_per_node
-        object.__setattr__(config, "canonical_ranks_per_node", per_node)  # frozen: resolve once
     if v % per_node:
         raise ValueError(
             f"canonical_ranks_per_node={per_node} does not divide canonical_ranks={v}; give "

@@ -14,7 +14,7 @@ world size (or ranks per node) is an elastic resume: the old plan becomes a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from bcl_stream.epoch.mixture_index import mixture_changes
@@ -249,8 +249,10 @@ def resolve_state(
     """The cursor to resume from under ``config`` on data with ``fingerprint`` (a mixture's:
     ``mixture``, its streams described).
 
-    Output: a cursor whose ``config`` is ``config``. Same world size: the saved cursor. A
-    different world size: the saved plan appended to ``segments`` and ``packs_consumed=0``.
+    Output: a cursor whose ``config`` is ``config``, with the saved canonical node size
+    where ``config`` leaves it unpinned (:func:`adopt_canonical_layout`). Same world size:
+    the saved cursor. A different world size: the saved plan appended to ``segments`` and
+    ``packs_consumed=0``.
     A changed mixture: refused, naming every change, unless ``on_mixture_change`` is
     ``restart_epoch`` (then the saved epoch starts over, from pack 0, on the new mixture).
     Raises StateError naming the first mismatch.
@@ -258,6 +260,7 @@ def resolve_state(
     if on_mixture_change not in MIXTURE_CHANGES:
         raise ValueError(f"on_mixture_change must be one of {MIXTURE_CHANGES}")
     saved = parse_state(state)
+    config = adopt_canonical_layout(saved.config, config)
     current = None if mixture is None else tuple(mixture)
     if saved.mixture is not None or current is not None:
         changes = _mixture_changes(saved.mixture, current)
@@ -294,6 +297,29 @@ def resolve_state(
     old_plan = saved.config.plan
     segment = Segment(old_plan.world_size, old_plan.ranks_per_node, saved.packs_consumed)
     return Cursor(saved.epoch, 0, fingerprint, config, (*saved.segments, segment), current)
+
+
+def adopt_canonical_layout(saved: ReaderConfig, config: ReaderConfig) -> ReaderConfig:
+    """``config`` with the saved ``canonical_ranks_per_node`` where it leaves it unpinned.
+
+    Why: the canonical layout is part of the plan being replayed, not of the machines that
+    run it (Mosaic Streaming likewise takes ``num_canonical_nodes`` from the checkpoint). A
+    fresh run takes the physical ranks per node, so without this a job resumed on nodes of
+    another size would replan under another canonical layout, and be refused. An explicit
+    value that differs from the saved one is refused, naming both."""
+    kept, given = saved.canonical_ranks_per_node, config.canonical_ranks_per_node
+    if saved.canonical_ranks is None or config.canonical_ranks != saved.canonical_ranks:
+        return config  # no canonical layout to adopt; _check_config names a changed V
+    if given is None:
+        return replace(config, canonical_ranks_per_node=kept)
+    if given != kept:
+        raise StateError(
+            f"reader state was saved with canonical_ranks_per_node={kept} but the loader sets "
+            f"canonical_ranks_per_node={given}; the replayed plan would differ. Leave "
+            f"canonical_ranks_per_node unset (the saved {kept} is adopted) or set it to "
+            f"{kept} to resume, or start a fresh run without the loader state."
+        )
+    return config
 
 
 def _canonical_resume(

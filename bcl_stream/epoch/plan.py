@@ -103,9 +103,10 @@ class ReaderConfig:
     accumulation G_c (the trainer's is G_c*V/R). None: the plan is made for the R ranks."""
     canonical_ranks_per_node: int | None = None
     """Canonical ranks per canonical node (a canonical node's shards are read together; a
-    physical node reads those of the canonical nodes it hosts). None: the physical
-    ``plan.ranks_per_node`` (resolved when the config is built, so the cursor records it);
-    give it explicitly when the ranks per node change between runs."""
+    physical node reads those of the canonical nodes it hosts). None: not pinned: a resume
+    adopts the value its cursor recorded, a fresh run takes the physical
+    ``plan.ranks_per_node`` (:attr:`canonical_node_ranks`; the cursor records the value
+    used). A value given that contradicts the cursor's is refused on resume, naming both."""
 
     def __post_init__(self) -> None:
         if self.max_seq_len is not None and (
@@ -190,7 +191,7 @@ class ReaderConfig:
             "tokens": None if self.tokens is None else self.tokens.to_dict(),
             "max_seq_len": self.max_seq_len,
             "canonical_ranks": self.canonical_ranks,
-            "canonical_ranks_per_node": self.canonical_ranks_per_node,
+            "canonical_ranks_per_node": self.canonical_node_ranks,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -209,7 +210,7 @@ class ReaderConfig:
             out["max_seq_len"] = self.max_seq_len
         if self.canonical_ranks is not None:
             out["canonical_ranks"] = self.canonical_ranks
-            out["canonical_ranks_per_node"] = self.canonical_ranks_per_node
+            out["canonical_ranks_per_node"] = self.canonical_node_ranks
         return out
 
     @classmethod
@@ -245,6 +246,14 @@ class ReaderConfig:
         if self.canonical_ranks is None:
             return 1
         return self.canonical_ranks // self.plan.world_size
+
+    @property
+    def canonical_node_ranks(self) -> int | None:
+        """The canonical node size the plan uses: ``canonical_ranks_per_node``, or where it is
+        not pinned the physical ``plan.ranks_per_node`` (None without ``canonical_ranks``)."""
+        if self.canonical_ranks is None:
+            return None
+        return self.canonical_ranks_per_node or self.plan.ranks_per_node
 
     @property
     def micro_batches_per_step(self) -> int:

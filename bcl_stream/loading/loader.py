@@ -192,6 +192,12 @@ class PackLoader(DataLoader):
             mixture=dataset.describe_mixture(),
             on_mixture_change=self.on_mixture_change,
         )
+        if cursor.config != dataset.config:
+            # The saved canonical node size, adopted where the loader left it unpinned
+            # (epoch/cursor.py): the dataset plans with it from now on, and persistent
+            # workers, which keep the copy they were started with, are started again.
+            dataset.config = cursor.config
+            self._iterator = None
         try:
             n_packs = self._n_packs(cursor.epoch, cursor.segments)
         except ValueError as exc:

@@ -20,6 +20,10 @@ The cost index records what was counted (``extra.annotate``: the token source, t
 identity for text, the length column) and, apart, how many records checked a length column
 (``extra.length_check``).
 
+With no column named, the columns are read as ``preprocess`` reads a record's fields
+(``preprocess/source_layout.py``): stored ``input_ids``, else a ``text`` column, a conversation,
+or prompt/response columns, so llm-foundry's finetuning MDS needs only ``--tokenizer``.
+
 Trained-token counts (``preprocess/trained_counts.py``) come from a stored ``loss_spans``
 column or member, or from prompt/response columns (``response_field``: llm-foundry's
 finetuning layout as its converter writes it with stock ``MDSWriter``).
@@ -48,7 +52,7 @@ import numpy as np
 from tqdm import tqdm
 
 from bcl_stream.cost import CostModel, resolve
-from bcl_stream.epoch.token_source import TokenSource
+from bcl_stream.epoch.token_source import DEFAULT_FIELD, TokenSource
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.integrity import mds_record_hashes, raw_shard_bytes
 from bcl_stream.io.dataset_dir import (
@@ -75,6 +79,7 @@ from bcl_stream.preprocess.lock import output_lock
 from bcl_stream.preprocess.output import remote_listing
 from bcl_stream.preprocess.parts import Part, part_record, shard_span
 from bcl_stream.preprocess.shard_pool import map_shards
+from bcl_stream.preprocess.source_layout import detected_source, mds_columns, wds_columns
 from bcl_stream.preprocess.wds_keys import NAMES, RECORD_KEYS, key_ids, keys_are_names
 from bcl_stream.text.tokenizers import tokenizer_identity
 
@@ -153,6 +158,11 @@ def annotate(
     checked against the token column on a sample of shards). The index records which
     (``extra.annotate``), and the readers read the same column by default.
 
+    Nothing named (every column argument at its default): stored ``input_ids``, else the
+    layout ``preprocess`` recognises from the column names (``preprocess/source_layout.py``:
+    a ``text`` column, ``messages``/``conversations``, or ``prompt`` + ``response``/
+    ``completion``), its text counted under ``tokenizer``.
+
     Trained tokens (``CostIndex.trained``): from a stored ``loss_spans`` column or member, or,
     with ``response_field``, from prompt/response columns (``tokens_field``/``text_field`` is
     the prompt): the readers then yield ``input_ids`` = prompt + response and ``loss_spans`` =
@@ -177,16 +187,24 @@ def annotate(
             "--response-field and --length-field do not go together: a prompt/response "
             "record's length is counted from its two columns"
         )
-    source = TokenSource(
-        tokens_field=tokens_field,
-        tokens_dtype=tokens_dtype,
-        text_field=text_field,
-        tokenizer=tokenizer,
-        response_field=response_field,
-        messages_field=messages_field,
-        loss_on=loss_on,
+    named = (
+        tokens_field != DEFAULT_FIELD
+        or any(v is not None for v in (tokens_dtype, text_field, response_field, messages_field))
+        or length_field is not None
     )
-    counting = Counting(source, length_field)
+    source = (
+        TokenSource(
+            tokens_field=tokens_field,
+            tokens_dtype=tokens_dtype,
+            text_field=text_field,
+            tokenizer=tokenizer,
+            response_field=response_field,
+            messages_field=messages_field,
+            loss_on=loss_on,
+        )
+        if named
+        else None
+    )
     with (
         output_lock(target, "annotate"),
         tempfile.TemporaryDirectory(prefix="bcl_annotate_") as tmp,
@@ -208,6 +226,16 @@ def annotate(
             if names is not None
             else wds_shards_on_disk(root)
         )
+        if source is None and not everything:
+            source = TokenSource()  # no shard to look at: refused below as holding no records
+        if source is None:  # nothing named: the layout preprocess would see (source_layout.py)
+            columns = (
+                mds_columns(mds[0])
+                if mds
+                else wds_columns(_first_tar(location, root, everything, names, Path(tmp)))
+            )
+            source = detected_source(columns, tokenizer, loss_on, location)
+        counting = Counting(source, length_field)
         span = range(len(everything)) if part is None else shard_span(len(everything), part)
         checked_shards = set(spread(list(span), LENGTH_CHECK_SHARDS))
         jobs = [
@@ -300,6 +328,18 @@ def _check_costs(
         f"{location}: shard {shard.name}, record {first - start} (record {first} of the "
         f"dataset): {model.overflow_message(counts[first])}"
     )
+
+
+def _first_tar(
+    location: str, root: Path, everything: list[str], names: set[str] | None, tmp: Path
+) -> Path:
+    """The first WebDataset tar, local (remote: downloaded into ``tmp``, one shard more than
+    the count downloads), whose first record's members name the columns."""
+    if names is None:
+        return root / everything[0]
+    local = tmp / "first" / everything[0]
+    download(join(location, everything[0]), local)
+    return local
 
 
 def _stored_name(raw: str, mds: list[dict[str, Any]] | None, i: int, names: set[str] | None) -> str:

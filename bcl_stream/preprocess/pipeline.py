@@ -44,6 +44,11 @@ from bcl_stream.text.templates import LOSS_ON, Encoded
 
 T = TypeVar("T")
 FORMATS = ("mds", "wds")
+DEFAULT_WORKERS = 1
+"""Tokenizer processes by default: the fastest measured (``tools/bench_sft_preprocess.py``,
+``results/bench_sft_preprocess.json``: on the 2-core development machine one process beat 2
+and 4 with cl100k and with a Hugging Face tokenizer, the main process reading and writing
+beside it). On a machine with free cores give ``workers`` (measure with that tool)."""
 SMALL_INPUT_BYTES = 4 << 20
 """Below this much input, one process: spawning a tokenizer worker takes ~1-2 s here."""
 SKIPPED_FILE = "bcl_skipped.txt"
@@ -236,7 +241,7 @@ def preprocess(
     outliers: str = "error",
     skip_bad: bool = False,
     overwrite: bool = False,
-    workers: int = 2,
+    workers: int = DEFAULT_WORKERS,
     shard_size_limit: int | str | None = SHARD_BYTES,
     compression: str | None = None,
     maxcount: int = SHARD_RECORDS,
@@ -254,6 +259,8 @@ def preprocess(
     instead of the tokenizer directory's own (Jinja text, or a JSON file with
     ``chat_template``); ``chat_template_kwargs``: template variables for every record (a
     record's own ``chat_template_kwargs`` take precedence).
+
+    ``workers``: tokenizer processes (default :data:`DEFAULT_WORKERS`, the fastest measured).
 
     ``part`` (``Part`` or ``"I/N"``): write only the I-th of N shares of the inputs, as a
     complete dataset under ``output/part-I-of-N`` (``preprocess/parts.py``); join the parts

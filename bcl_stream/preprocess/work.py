@@ -3,18 +3,30 @@ process pool (``text/layouts.py`` reads each record's layout, ``text/templates.p
 renders and tokenizes it).
 
 Tokenization is the expensive step (about 90 % of preprocessing time with cl100k), so it runs
-in ``workers`` processes; ``Pool.imap`` returns chunks in submission order, which keeps the
-written order (and so the cost index) identical for any worker count.
+in ``workers`` processes; chunks come back in submission order, which keeps the written order
+(and so the cost index) identical for any worker count.
+
+A worker only tokenizes: it loads its tokenizer once (the pool's initializer) and imports no
+more than that needs. A Hugging Face tokenizer comes through ``transformers``, which by
+default imports torch and its model machinery when torch is installed (several seconds per
+process, all of it before the worker's first record, none of it used to tokenize); a spawned
+worker therefore loads ``transformers`` with ``USE_TORCH=0`` (and TensorFlow and Flax off),
+unless the environment sets those variables. Its tokenizer and chat template are the same
+Python and Rust code either way (``tests/integration/test_preprocess_sft.py`` checks the
+datasets written by 1 and 2 workers are byte-identical). The process calling
+:func:`tokenize_stream` with one worker is the caller's and is left as it is.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Generator, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing import get_context
-from multiprocessing.pool import AsyncResult
+from multiprocessing.pool import AsyncResult, Pool
 from typing import Any
 
 from bcl_stream.preprocess.sources import Raw, check_text, parse_payload
@@ -46,11 +58,41 @@ class EncodeOptions:
 
 
 _STATE: dict[str, Any] = {}
+WORKER_ENV = {"USE_TORCH": "0", "USE_TF": "0", "USE_FLAX": "0"}
+"""Set in a spawned worker (where not set already) before its tokenizer loads: transformers
+then imports no deep-learning framework (see the module docstring)."""
+QUIET_IMPORT = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
+"""Set while a worker loads its tokenizer: transformers' advice that no framework was found
+is what the worker asked for."""
 
 
 def _init(options: EncodeOptions) -> None:
     _STATE["encoder"] = options.encoder()
     _STATE["layout"] = options.layout
+
+
+def _init_worker(options: EncodeOptions) -> None:
+    """A spawned worker's initializer: no framework for transformers, then the tokenizer."""
+    for name, value in WORKER_ENV.items():
+        os.environ.setdefault(name, value)
+    quiet = os.environ.get(QUIET_IMPORT)
+    os.environ[QUIET_IMPORT] = "1"
+    try:
+        _init(options)
+    finally:
+        if quiet is None:
+            del os.environ[QUIET_IMPORT]
+        else:
+            os.environ[QUIET_IMPORT] = quiet
+
+
+@contextmanager
+def tokenizer_pool(workers: int, options: EncodeOptions) -> Iterator[Pool]:
+    """``workers`` spawned processes, each with its tokenizer loaded once (:func:`_init_worker`).
+
+    spawn: forking a process that may hold torch/streaming threads is unsafe."""
+    with get_context("spawn").Pool(workers, initializer=_init_worker, initargs=(options,)) as pool:
+        yield pool
 
 
 def read_shape(source: str, payload: Any, layout: LayoutOptions) -> Layout | Bad:
@@ -131,11 +173,9 @@ def tokenize_stream(
         for chunk in _chunks(raws, chunk_size):
             yield from unpack(_chunk(chunk))
         return
-    # spawn: forking a process that may hold torch/streaming threads is unsafe. Submission is
-    # bounded (2 chunks per worker in flight) so a large input is never read ahead into memory,
-    # which ``Pool.imap`` would do.
-    ctx = get_context("spawn")
-    with ctx.Pool(workers, initializer=_init, initargs=(options,)) as pool:
+    # Submission is bounded (2 chunks per worker in flight) so a large input is never read
+    # ahead into memory, which ``Pool.imap`` would do.
+    with tokenizer_pool(workers, options) as pool:
         pending: deque[AsyncResult[tuple[list[Result], float, float]]] = deque()
         for chunk in _chunks(raws, chunk_size):
             pending.append(pool.apply_async(_chunk, (chunk,)))

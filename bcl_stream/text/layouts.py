@@ -18,16 +18,19 @@
   *conversational* prompt-completion (both lists of messages) is a :class:`Conversation` whose
   completion is what is trained.
 
-Which one a record is: its text field if present (as before), else its messages field, else
-prompt/response, else it is refused naming the fields it has. Malformed values are a
+Which one a record is (:func:`layout_fields`, from its field names alone): its text field if
+present (as before), else its messages field, else prompt/response, else it is refused naming
+the fields it has. ``annotate`` decides an existing dataset's layout from its column names
+with the same function, so the two recognise the same layouts. Malformed values are a
 :class:`Bad` that names the message and what is wrong.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,9 +215,36 @@ def _bad_ids(value: Any, name: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class Fields:
+    """Which layout a record's field names make, and the fields it is read from."""
+
+    kind: Literal["text", "messages", "prompt_response"]
+    names: tuple[str, ...]
+    """text: (the text field,); messages: (the messages field,); prompt_response: (``prompt``,
+    ``response`` or ``completion``)."""
+
+
+def layout_fields(names: Collection[str], options: LayoutOptions) -> Fields | None:
+    """The layout a record with fields ``names`` is read as (the module docstring's order), or
+    None: none. The one decision ``preprocess`` (per record) and ``annotate`` (per dataset,
+    from its columns) share."""
+    if options.text_field in names and options.messages_field is None:
+        return Fields("text", (options.text_field,))
+    for name in (options.messages_field,) if options.messages_field else MESSAGES_FIELDS:
+        if name in names:
+            return Fields("messages", (name,))
+    if options.messages_field is None and "prompt" in names:
+        second = next((r for r in RESPONSE_FIELDS if r in names), None)
+        if second is not None:
+            return Fields("prompt_response", ("prompt", second))
+    return None
+
+
 def read_layout(source: str, record: dict[str, Any], options: LayoutOptions) -> Layout | Bad:
     """The layout of one parsed record (see the module docstring), or why it has none."""
-    if options.text_field in record and options.messages_field is None:
+    found = layout_fields(record, options)
+    if found is not None and found.kind == "text":
         text = record[options.text_field]
         if isinstance(text, bytes):
             try:
@@ -232,24 +262,23 @@ def read_layout(source: str, record: dict[str, Any], options: LayoutOptions) -> 
                 f"field {options.text_field!r} is a {type(text).__name__}, expected a string",
             )
         return Text(text)
-    names = (options.messages_field,) if options.messages_field else MESSAGES_FIELDS
-    for name in names:
-        if name in record:
-            messages = _messages(record[name], name)
-            if isinstance(messages, str):
-                return Bad(source, "bad_messages", messages)
-            extra = _tools_and_kwargs(record)
-            if isinstance(extra, str):
-                return Bad(source, "bad_field", extra)
-            return Conversation(messages, extra[0], template_kwargs=extra[1])
+    if found is not None and found.kind == "messages":
+        name = found.names[0]
+        messages = _messages(record[name], name)
+        if isinstance(messages, str):
+            return Bad(source, "bad_messages", messages)
+        extra = _tools_and_kwargs(record)
+        if isinstance(extra, str):
+            return Bad(source, "bad_field", extra)
+        return Conversation(messages, extra[0], template_kwargs=extra[1])
+    if found is not None:
+        return _prompt_response(source, record, found.names[1])
     if options.messages_field is not None:
         return Bad(
             source,
             "missing_field",
             f"no {options.messages_field!r} field (--messages-field; fields: {sorted(record)[:8]})",
         )
-    if "prompt" in record and any(r in record for r in RESPONSE_FIELDS):
-        return _prompt_response(source, record)
     return Bad(
         source,
         "missing_field",
@@ -282,8 +311,7 @@ def _tools_and_kwargs(
     return tools, kwargs
 
 
-def _prompt_response(source: str, record: dict[str, Any]) -> Layout | Bad:
-    second = next(r for r in RESPONSE_FIELDS if r in record)
+def _prompt_response(source: str, record: dict[str, Any], second: str) -> Layout | Bad:
     prompt, response = record["prompt"], record[second]
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
         first = _messages(prompt, "prompt")

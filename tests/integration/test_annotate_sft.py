@@ -46,7 +46,16 @@ def read_all(root: Path, fmt: str = "mds") -> dict[int, dict]:
     return {s["sample_id"]: s for s in samples}
 
 
-def test_llm_foundry_text_prompt_response_mds(tmp_path: Path, tok_dir: str) -> None:
+@pytest.mark.parametrize(
+    "named",
+    [["--text-field", "prompt", "--response-field", "response"], []],
+    ids=["named", "found"],
+)
+def test_llm_foundry_text_prompt_response_mds(
+    tmp_path: Path, tok_dir: str, named: list[str]
+) -> None:
+    """Named with flags, or found by its column names as preprocess finds a record's layout
+    (no field flag, only the tokenizer): the same index and the same reads."""
     from streaming import MDSWriter
 
     with MDSWriter(
@@ -54,23 +63,15 @@ def test_llm_foundry_text_prompt_response_mds(tmp_path: Path, tok_dir: str) -> N
     ) as w:
         for prompt, response in PAIRS:
             w.write({"prompt": prompt, "response": response})
-    code = main(
-        [
-            "annotate",
-            str(tmp_path),
-            "--text-field",
-            "prompt",
-            "--response-field",
-            "response",
-            "--tokenizer",
-            tok_dir,
-            "--cost-model",
-            "tokens",
-            "--no-progress",
-        ]
-    )
-    assert code == 0
+    args = ["annotate", str(tmp_path), *named, "--tokenizer", tok_dir]
+    assert main([*args, "--cost-model", "tokens", "--no-progress"]) == 0
     index = read_index(tmp_path)
+    assert index.extra["annotate"] == {
+        "text_field": "prompt",
+        "response_field": "response",
+        "tokenizer": tok_dir,
+        "tokenizer_id": index.extra["annotate"]["tokenizer_id"],
+    }
     encoder = Encoder(tok_dir)
     want = [encoder.prompt_response(PromptResponse(p, r)) for p, r in PAIRS]
     assert index.tokens.tolist() == [e.ids.size for e in want]
@@ -114,6 +115,16 @@ def test_llm_foundry_pretokenized_prompt_response_mds(tmp_path: Path) -> None:
             w.write({"input_ids": prompt, "labels": response})
     index = annotate(tmp_path, response_field="labels", cost_model="tokens", progress=False)
     assert index.tokens.tolist() == [p.size + r.size for p, r in rows]
+    # the same ids under preprocess's names are found without a flag
+    named = tmp_path / "named"
+    columns = {"prompt": "ndarray:uint32", "response": "ndarray:uint32"}
+    with MDSWriter(out=str(named), columns=columns, size_limit=1024) as w:
+        for prompt, response in rows:
+            w.write({"prompt": prompt, "response": response})
+    found = annotate(named, cost_model="tokens", progress=False)
+    assert found.extra["annotate"] == {"tokens_field": "prompt", "response_field": "response"}
+    assert found.tokens.tolist() == index.tokens.tolist()
+    assert found.trained.tolist() == index.trained.tolist()
     assert index.trained.tolist() == [
         trained_count([p.size, p.size + r.size], p.size + r.size) if r.size else 0 for p, r in rows
     ]
@@ -125,20 +136,16 @@ def test_llm_foundry_pretokenized_prompt_response_mds(tmp_path: Path) -> None:
         assert sample["loss_spans"].tolist() == spans
 
 
-def test_prompt_response_webdataset(tmp_path: Path, tok_dir: str) -> None:
+@pytest.mark.parametrize("named", [True, False], ids=["named", "found"])
+def test_prompt_response_webdataset(tmp_path: Path, tok_dir: str, named: bool) -> None:
     import webdataset as wds
 
     with wds.ShardWriter(str(tmp_path / "shard-%06d.tar"), maxcount=8, verbose=0) as sink:
         for i, (prompt, response) in enumerate(PAIRS):
             sink.write({"__key__": f"{i:06d}", "json": {"prompt": prompt, "completion": response}})
-    index = annotate(
-        tmp_path,
-        text_field="prompt",
-        response_field="completion",
-        tokenizer=tok_dir,
-        cost_model="tokens",
-        progress=False,
-    )
+    fields = {"text_field": "prompt", "response_field": "completion"} if named else {}
+    index = annotate(tmp_path, **fields, tokenizer=tok_dir, cost_model="tokens", progress=False)
+    assert index.extra["annotate"]["response_field"] == "completion"
     encoder = Encoder(tok_dir)
     want = [encoder.prompt_response(PromptResponse(p, r)) for p, r in PAIRS]
     assert index.trained.tolist() == [e.trained for e in want]
@@ -201,6 +208,34 @@ def test_a_stored_mask_that_breaks_the_form_is_named(tmp_path: Path) -> None:
         annotate(tmp_path, cost_model="tokens", progress=False)
 
 
+def test_what_cannot_be_found_by_name_is_refused_naming_the_fix(tmp_path: Path) -> None:
+    from streaming import MDSWriter
+
+    text = tmp_path / "text"
+    with MDSWriter(out=str(text), columns={"prompt": "str", "response": "str"}) as w:
+        w.write({"prompt": "a", "response": "b"})
+    with pytest.raises(
+        DatasetError,
+        match=r"holds prompt/response columns \(llm-foundry's finetuning layout\) 'prompt', "
+        r"'response'; pass --tokenizer",
+    ):
+        annotate(text, progress=False)
+    other = tmp_path / "other"
+    with MDSWriter(out=str(other), columns={"question": "str", "answer": "str"}) as w:
+        w.write({"question": "a", "answer": "b"})
+    with pytest.raises(
+        DatasetError, match=r"no layout preprocess recognises.*\['answer', 'question'\]"
+    ):
+        annotate(other, tokenizer="cl100k", progress=False)
+    ids = tmp_path / "ids"
+    with MDSWriter(out=str(ids), columns={"input_ids": "ndarray:uint32"}) as w:
+        w.write({"input_ids": np.arange(3, dtype=np.uint32)})
+    with pytest.raises(DatasetError, match=r"token ids in column 'input_ids'.*drop them"):
+        annotate(ids, tokenizer="cl100k", progress=False)
+    for root in (text, other, ids):  # nothing written
+        assert json.loads((root / "index.json").read_text()).get("bcl_index") is None
+
+
 def test_a_missing_response_column_is_named(tmp_path: Path) -> None:
     from streaming import MDSWriter
 
@@ -253,14 +288,9 @@ def test_stored_conversations_are_rendered_as_preprocess_renders_them(
         with wds.ShardWriter(str(data / "shard-%06d.tar"), maxcount=7, verbose=0) as sink:
             for i, messages in enumerate(CONVERSATIONS):
                 sink.write({"__key__": f"{i:06d}", "json": {"messages": messages}})
-    index = annotate(
-        data,
-        messages_field="messages",
-        tokenizer=tok,
-        loss_on=loss_on,
-        cost_model="tokens",
-        progress=False,
-    )
+    # the conversation column is found by its name, as preprocess finds it in a record
+    index = annotate(data, tokenizer=tok, loss_on=loss_on, cost_model="tokens", progress=False)
+    assert index.extra["annotate"]["messages_field"] == "messages"
     encoder = Encoder(tok, loss_on)
     from bcl_stream.text.layouts import Conversation
 

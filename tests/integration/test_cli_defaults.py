@@ -102,6 +102,7 @@ def test_simulate_refuses_a_set_up_with_no_pack(mds_dir: Path, tmp_path: Path) -
 
 def test_plan_json_carries_every_figure_the_text_prints(many_shards: Path) -> None:
     flags = ["--world-size", "4", "--ranks-per-node", "2", "--pack-size", "4", "--window", "4"]
+    flags += ["--grad-accum", "2"]
     text = bcl_stream_cli("plan", str(many_shards), *flags)
     assert text.returncode == 0, text.stderr
     assert "{" not in text.stdout  # no Python dict printed
@@ -109,12 +110,16 @@ def test_plan_json_carries_every_figure_the_text_prints(many_shards: Path) -> No
     for key in (
         "records", "shards", "world_size", "ranks_per_node", "nodes", "pack_size", "window",
         "scope", "packing", "epoch", "packs_per_rank", "efficiency", "cv_ranks", "remainder",
-        "records_used",
+        "records_used", "efficiency_per_micro_batch", "efficiency_per_step",
+        "micro_batches_per_step",
     ):  # fmt: skip
         assert key in out, key
     assert f"records {out['records']} in {out['shards']} shards" in text.stdout
     assert f"packs per rank {out['packs_per_rank']}" in text.stdout
-    assert f"balance efficiency {out['efficiency']:.4f}" in text.stdout
+    assert (
+        f"balance efficiency per micro-batch {out['efficiency_per_micro_batch']:.4f}, per "
+        f"optimizer step (2 micro-batches per rank) {out['efficiency_per_step']:.4f}"
+    ) in text.stdout
     assert f"records not in a pack: {out['remainder']['count']}" in text.stdout
     # The efficiency is the packs' own: recomputed here from the printed packs and the costs.
     costs = np.load(many_shards / "bcl_costs.npy")["cost"].astype(np.float64)
@@ -122,6 +127,13 @@ def test_plan_json_carries_every_figure_the_text_prints(many_shards: Path) -> No
     pack_costs = costs[packs].sum(axis=2)
     efficiency = pack_costs.mean(axis=0).sum() / pack_costs.max(axis=0).sum()
     assert out["efficiency"] == pytest.approx(efficiency, rel=1e-6)
+    assert out["efficiency_per_micro_batch"] == out["efficiency"]
+    # per optimizer step: each rank's 2 micro-batches of a step summed first
+    steps = pack_costs.shape[1] // 2
+    step_costs = pack_costs[:, : steps * 2].reshape(pack_costs.shape[0], steps, 2).sum(axis=2)
+    per_step = step_costs.mean(axis=0).sum() / step_costs.max(axis=0).sum()
+    assert out["micro_batches_per_step"] == 2
+    assert out["efficiency_per_step"] == pytest.approx(per_step, rel=1e-6)
     assert out["records_used"] + out["remainder"]["count"] == out["records"] == RECORDS
 
 

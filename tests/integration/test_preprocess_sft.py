@@ -346,6 +346,39 @@ def test_worker_processes_write_the_same_sft_dataset_as_one(
     assert np.array_equal(one.record_hashes, two.record_hashes)  # ids and masks, byte for byte
 
 
+LOADED = "sorted(m for m in ('torch', 'transformers') if m in __import__('sys').modules)"
+"""Evaluated in a worker: which of the two it has imported."""
+
+
+def test_a_tokenizer_worker_loads_transformers_without_torch(tok_dirs: dict[str, str]) -> None:
+    """A spawned worker only tokenizes: its Hugging Face tokenizer is loaded once, through
+    transformers without torch (whose import costs seconds per worker), and encodes as the
+    test process's own torch-enabled transformers does."""
+    from bcl_stream.preprocess.work import EncodeOptions, encode_raw, tokenizer_pool
+    from bcl_stream.text.layouts import Bad, LayoutOptions
+    from bcl_stream.text.templates import Encoder
+
+    options = EncodeOptions(tokenizer=tok_dirs["plain"])
+    chats = enumerate(conversations(6))
+    raws = [(f"c.jsonl:{i}", json.dumps({"messages": m}).encode()) for i, m in chats]
+    with tokenizer_pool(2, options) as pool:
+        loaded = [pool.apply(eval, (LOADED,)) for _ in range(4)]
+        got = pool.apply(_encode_all, (raws,))
+    assert loaded == [["transformers"]] * 4
+    here = Encoder(tok_dirs["plain"])
+    for (source, payload), (_, encoded) in zip(raws, got, strict=True):
+        _, want = encode_raw(source, payload, here, LayoutOptions())
+        assert not isinstance(encoded, Bad), encoded
+        assert encoded.ids.tolist() == want.ids.tolist()  # type: ignore[union-attr]
+        assert encoded.spans.tolist() == want.spans.tolist()  # type: ignore[union-attr]
+
+
+def _encode_all(raws: list[tuple[str, bytes]]) -> list[tuple[str, object]]:
+    from bcl_stream.preprocess.work import _chunk
+
+    return _chunk(raws)[0]
+
+
 def test_parts_with_other_masks_are_not_merged(tmp_path: Path) -> None:
     from bcl_stream.preprocess.merge import merge
 

@@ -136,3 +136,51 @@ def test_elastic_state_reaches_live_persistent_workers(mds_dir: Path) -> None:
     expected = dataset.epoch_plan(0, (Segment(2, 1, 4),)).rank_packs(1)
     assert [pack_key(p) for p in loader] == [tuple(r) for r in expected]
     assert len(expected) < len(dataset.epoch_plan(1).rank_packs(1))
+
+
+def test_a_canonical_layout_is_adopted_from_the_cursor(mds_dir: Path) -> None:
+    """Saved on 1 node of 2 ranks with canonical_ranks_per_node unpinned (so 2, the physical
+    ranks per node, recorded in the cursor); resumed on 2 nodes of 1 rank with nothing pinned:
+    the saved canonical layout is adopted, every optimizer step after the resume is the
+    uninterrupted run's and every record of the epoch is yielded once across the boundary. A
+    persistent worker started before the resume reads under the adopted layout too."""
+    common: dict[str, Any] = {
+        "pack_size": 4, "window": 3, "seed": 5, "scope": "world", "grad_accum": 1,
+        "world_size": 2, "canonical_ranks": 2,
+    }  # fmt: skip
+    saved_layout = ReaderConfig.build(ranks_per_node=2, **common)
+    new_layout = ReaderConfig.build(ranks_per_node=1, **common)
+    assert new_layout.canonical_node_ranks == 1  # what a fresh run on the new nodes would use
+    # the uninterrupted run: one micro-batch per rank per optimizer step (G_c * V/R = 1)
+    whole = [
+        [pack_key(p) for p in PackLoader(MDSPackDataset(mds_dir, saved_layout, r))] for r in (0, 1)
+    ]
+    steps = [sorted(pair) for pair in zip(*whole, strict=True)]
+    k = len(steps) // 3
+    before, state = [], {}
+    for rank in (0, 1):
+        first = PackLoader(MDSPackDataset(mds_dir, saved_layout, rank))
+        before.append(take(first, k)[0])
+        state = json.loads(json.dumps(first.state_dict()))  # the same on every rank
+    assert state["config"]["canonical_ranks_per_node"] == 2
+    after = []
+    for rank in (0, 1):
+        dataset = MDSPackDataset(mds_dir, new_layout, rank)
+        loader = PackLoader(dataset, num_workers=rank * 2, persistent_workers=rank == 1)
+        if rank == 1:
+            list(loader)  # the workers are alive and hold the unpinned (physical) layout
+        loader.load_state_dict(state)
+        assert dataset.config.canonical_ranks_per_node == 2
+        after.append([pack_key(p) for p in loader])
+    runs = [b + a for b, a in zip(before, after, strict=True)]
+    got = [sorted(pair) for pair in zip(*runs, strict=True)]
+    assert got == steps
+    left = full_plan(dataset.index, dataset.config, 0).plan.remainder
+    check_every_record_once(before + after, 300, left_out=left)
+    pinned = ReaderConfig.build(ranks_per_node=1, canonical_ranks_per_node=1, **common)
+    with pytest.raises(
+        StateError,
+        match=r"saved with canonical_ranks_per_node=2 but the loader sets "
+        r"canonical_ranks_per_node=1",
+    ):
+        PackLoader(MDSPackDataset(mds_dir, pinned, 0)).load_state_dict(state)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -51,6 +52,15 @@ def conversations(n: int) -> list[dict[str, object]]:
     return out
 
 
+def doc_config() -> dict[str, Any]:
+    """The first yaml block of docs/sft.md (the page's ``sft.yaml``), parsed."""
+    from doc_blocks import ROOT, fenced_blocks
+
+    (_, first), *_ = fenced_blocks((ROOT / "docs" / "sft.md").read_text(encoding="utf-8"), {"yaml"})
+    config: dict[str, Any] = yaml.safe_load(first)
+    return config
+
+
 def test_preprocess_then_ddp_fit_of_a_hugging_face_model_on_assistant_tokens(
     tmp_path: Path,
 ) -> None:
@@ -72,27 +82,22 @@ def test_preprocess_then_ddp_fit_of_a_hugging_face_model_on_assistant_tokens(
         model_dir, vocab_size=len(tokenizer), max_position_embeddings=512,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
     )  # fmt: skip
-    config = {
-        "seed_everything": 0,
-        "trainer": {
-            "accelerator": "cpu", "devices": 2, "strategy": "ddp", "max_steps": 4,
-            "accumulate_grad_batches": 2, "logger": False, "enable_checkpointing": False,
-            "enable_progress_bar": False, "enable_model_summary": False,
-            "default_root_dir": str(tmp_path / "run"),
-            "callbacks": [{
-                "class_path": "lightning_module.callbacks.PackLogger",
-                "init_args": {"directory": str(tmp_path / "logs"), "fresh": True},
-            }],
-        },
-        "model": {
-            "class_path": "lightning_module.hf_causal_lm.HFCausalLM",
-            "init_args": {"model": str(model_dir), "attention": "sdpa", "lr": 1e-3},
-        },
-        "data": {
-            "data": str(out), "plan": {"pack_size": 2, "window": 4, "scope": "node"},
-            "batch": {"collate": "packed", "labels": "unshifted"},
-        },
-    }  # fmt: skip
+    # docs/sft.md's sft.yaml as the page shows it: the paths and the steps changed; a seed, the
+    # model's attention and learning rate and the test's logging added
+    config = doc_config()
+    assert config["data"]["data"] == "data/sft" and config["trainer"]["devices"] == 2
+    config["seed_everything"] = 0
+    config["data"]["data"] = str(out)
+    config["model"]["init_args"].update({"model": str(model_dir), "attention": "sdpa", "lr": 1e-3})
+    config["trainer"].update({
+        "max_steps": 4, "logger": False, "enable_checkpointing": False,
+        "enable_progress_bar": False, "enable_model_summary": False,
+        "default_root_dir": str(tmp_path / "run"),
+        "callbacks": [{
+            "class_path": "lightning_module.callbacks.PackLogger",
+            "init_args": {"directory": str(tmp_path / "logs"), "fresh": True},
+        }],
+    })  # fmt: skip
     path = tmp_path / "sft.yaml"
     path.write_text(yaml.safe_dump(config))
     fit = run_module("lightning_module", "fit", "--config", str(path), timeout=240)

@@ -146,8 +146,11 @@ def test_refusals_name_what_works() -> None:
         config(2, contract="step", layout="padded")
     with pytest.raises(ValueError, match="needs canonical_ranks"):
         ReaderConfig.build(world_size=2, pack_size=4, window=4, canonical_ranks_per_node=2)
-    # canonical_ranks_per_node defaults to the physical ranks per node, resolved at once
-    assert config(4, canonical_ranks_per_node=None).canonical_ranks_per_node == 4
+    # canonical_ranks_per_node left unpinned: a fresh run uses the physical ranks per node,
+    # and the cursor records the value used
+    unpinned = config(4, canonical_ranks_per_node=None)
+    assert unpinned.canonical_ranks_per_node is None and unpinned.canonical_node_ranks == 4
+    assert unpinned.to_dict()["canonical_ranks_per_node"] == 4
 
 
 def cursor_state(r: int, consumed: int) -> dict[str, object]:
@@ -196,7 +199,7 @@ def test_canonical_settings_must_match_to_resume() -> None:
     state = cursor_state(2, 16)
     for cfg, name in (
         (config(2, canonical_ranks=4), "canonical_ranks"),
-        (config(1, canonical_ranks_per_node=None), "canonical_ranks_per_node"),
+        (config(1, canonical_ranks_per_node=2), "canonical_ranks_per_node"),
         (config(2, grad_accum=1), "grad_accum"),
         (config(2, canonical_ranks=None, canonical_ranks_per_node=None), "canonical_ranks"),
     ):
@@ -206,6 +209,37 @@ def test_canonical_settings_must_match_to_resume() -> None:
     plain["config"] = ReaderConfig.build(world_size=2, pack_size=4, window=4).to_dict()
     with pytest.raises(StateError, match="no canonical_ranks"):
         parse_state(plain)
+
+
+def test_an_unpinned_canonical_node_size_is_adopted_from_the_cursor() -> None:
+    # saved on 1 node of 2 ranks with nothing pinned: the cursor records 2 per canonical node
+    saved = config(2, ranks_per_node=2, canonical_ranks_per_node=None)
+    state = json.loads(json.dumps(Cursor(0, 16, INDEX.fingerprint(), saved).to_dict()))
+    assert state["config"]["canonical_ranks_per_node"] == 2
+    # resumed on 2 nodes of 1 rank, nothing pinned: 2 is adopted, not the physical 1
+    fresh = config(2, ranks_per_node=1, canonical_ranks_per_node=None)
+    assert fresh.canonical_node_ranks == 1
+    cursor = resolve_state(state, fingerprint=INDEX.fingerprint(), config=fresh)
+    assert cursor.config.canonical_ranks_per_node == 2 and cursor.config.plan.ranks_per_node == 1
+    assert cursor.packs_consumed == 16
+    # the same steps as the saved layout's: the canonical plan does not change
+    assert np.array_equal(
+        canonical_plan(INDEX, cursor.config, 0).step_packs(2),
+        canonical_plan(INDEX, saved, 0).step_packs(2),
+    )
+    # pinned to the saved value: resumes; pinned to another: refused naming both values
+    same = config(2, ranks_per_node=1, canonical_ranks_per_node=2)
+    assert resolve_state(state, fingerprint=INDEX.fingerprint(), config=same).config == same
+    with pytest.raises(
+        StateError,
+        match=r"saved with canonical_ranks_per_node=2 but the loader sets "
+        r"canonical_ranks_per_node=1.*Leave canonical_ranks_per_node unset",
+    ):
+        resolve_state(
+            state,
+            fingerprint=INDEX.fingerprint(),
+            config=config(2, ranks_per_node=1, canonical_ranks_per_node=1),
+        )
 
 
 def test_a_mixture_keeps_its_steps_and_so_its_shares_at_every_size() -> None:

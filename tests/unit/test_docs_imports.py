@@ -15,42 +15,17 @@ each spelling.
 from __future__ import annotations
 
 import ast
-import re
-from pathlib import Path
 
 import pytest
+from doc_blocks import ROOT, doc_files, fenced_blocks
 
-ROOT = Path(__file__).resolve().parents[2]
 PUBLIC = ("bcl_stream", "lightning_module")
-FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)")
 PYTHON = {"python", "py", "python3", "pycon"}
-
-
-def doc_files() -> list[Path]:
-    """README.md and every page under docs/ (sorted: messages in a stable order)."""
-    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def python_blocks(text: str) -> list[tuple[int, str]]:
     """``(line of the block's first code line, code)`` for every fenced python block."""
-    blocks: list[tuple[int, str]] = []
-    lines = text.splitlines()
-    i = 0
-    while i < len(lines):
-        opening = FENCE.match(lines[i])
-        if not opening:
-            i += 1
-            continue
-        indent, fence, lang = opening.groups()
-        body: list[str] = []
-        j = i + 1
-        while j < len(lines) and not lines[j].strip().startswith(fence[0] * len(fence)):
-            body.append(lines[j][len(indent) :] if lines[j].startswith(indent) else lines[j])
-            j += 1
-        if lang.lower() in PYTHON:
-            blocks.append((i + 2, "\n".join(body)))
-        i = j + 1
-    return blocks
+    return fenced_blocks(text, PYTHON)
 
 
 def _inside_face(module: str) -> bool:

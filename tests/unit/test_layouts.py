@@ -144,3 +144,20 @@ def test_a_text_field_wins_and_a_record_without_any_layout_is_named() -> None:
     bad = read_layout("f:7", {"body": "x"}, LayoutOptions())
     assert isinstance(bad, Bad) and bad.reason == "missing_field"
     assert "no 'text' field, no messages" in bad.message and "--messages-field" in bad.message
+
+
+def test_layout_fields_is_the_order_read_layout_follows() -> None:
+    from bcl_stream.text.layouts import Fields, layout_fields
+
+    plain = LayoutOptions()
+    assert layout_fields(["text", "messages"], plain) == Fields("text", ("text",))
+    assert layout_fields(["conversations", "prompt"], plain) == Fields(
+        "messages", ("conversations",)
+    )
+    assert layout_fields(["prompt", "completion"], plain) == Fields(
+        "prompt_response", ("prompt", "completion")
+    )
+    assert layout_fields(["prompt", "answer"], plain) is None
+    named = LayoutOptions(messages_field="dialog")
+    assert layout_fields(["text", "dialog"], named) == Fields("messages", ("dialog",))
+    assert layout_fields(["prompt", "response"], named) is None

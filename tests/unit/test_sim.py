@@ -187,14 +187,16 @@ def test_cli_json_prints_exactly_one_object_with_the_documented_keys(
     out = capsys.readouterr().out
     payload = json.loads(out)  # raises if anything but one JSON document was printed
     assert out.strip().count("\n") == 0
-    assert set(payload) == {"config", "strategies", "speedup_vs"}
+    assert set(payload) == {"config", "efficiency_is", "strategies", "speedup_vs"}
+    assert payload["efficiency_is"] == "per micro-batch"
     assert set(payload["strategies"]) == set(STRATEGIES)
     assert set(payload["speedup_vs"]) == set(STRATEGIES)
     for peer in ("nemo_mffd", "verl_kk", "hf_rebalance"):
         assert payload["speedup_vs"][peer][peer] == pytest.approx(1.0)
     fields = {f.name for f in dataclasses.fields(Metrics)}
+    labelled = {"efficiency_per_micro_batch", "efficiency_per_step"}
     for metrics in payload["strategies"].values():
-        assert set(metrics) == fields | set(BUDGET_KEYS)
+        assert set(metrics) == fields | set(BUDGET_KEYS) | labelled
     config = payload["config"]
     extra = {"cost_model", "records", "shards", "nodes", "node_layout"}
     assert set(SimConfig.__slots__) | extra == set(config)
@@ -257,8 +259,40 @@ def test_cli_table_lists_every_strategy(
     assert main(["simulate", "--lengths", str(lengths_file)]) == 0
     setup, *rows = capsys.readouterr().out.splitlines()
     assert setup.startswith("records 2048 in 1 shards; node layout: 1 node x 8 ranks (world 8);")
-    assert rows[0].split()[0] == "strategy"
-    assert [row.split()[0] for row in rows[1:]] == list(STRATEGIES)
+    assert rows[0].split()[:3] == ["strategy", "eff/mb", "eff/step"]
+    assert [row.split()[0] for row in rows[1:-1]] == list(STRATEGIES)
+    assert rows[-1].startswith("eff/mb: balance efficiency per micro-batch")
+    assert "eff/step: per optimizer step of G=1 micro-batches" in rows[-1]
+
+
+@pytest.mark.parametrize("sync", ["microbatch", "step"])
+def test_simulate_labels_efficiency_per_micro_batch_and_per_step(
+    lengths_file: Path, capsys: pytest.CaptureFixture[str], sync: str
+) -> None:
+    names = ("sequential", "bcl-node")
+    args = ["simulate", "--lengths", str(lengths_file), "--ranks", "4", "--ranks-per-node", "4"]
+    args += ["--grad-accum", "4", "--window", "4", "--strategies", ",".join(names)]
+    assert main([*args, "--sync", sync, "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert (
+        payload["efficiency_is"]
+        == {"microbatch": "per micro-batch", "step": "per optimizer step"}[sync]
+    )
+    config = SimConfig(ranks=4, ranks_per_node=4, grad_accum=4, window=4)
+    planned = schedules(np.load(lengths_file), get_preset("llama3-8b"), config, names)
+    for name, s in planned.items():
+        c = s.pack_costs  # (ranks, micro-batches); the oracle sums each step's 4 first
+        steps = c[:, : c.shape[1] // 4 * 4].reshape(4, -1, 4).sum(axis=2)
+        micro = c.mean(axis=0).sum() / c.max(axis=0).sum()
+        per_step = steps.mean(axis=0).sum() / steps.max(axis=0).sum()
+        got = payload["strategies"][name]
+        assert got["efficiency_per_micro_batch"] == pytest.approx(micro)
+        assert got["efficiency_per_step"] == pytest.approx(per_step)
+        assert got["efficiency"] == pytest.approx(micro if sync == "microbatch" else per_step)
+    assert micro != pytest.approx(per_step)  # the two figures differ here: the labels matter
+    assert main([*args, "--sync", sync]) == 0
+    *_, legend = capsys.readouterr().out.splitlines()
+    assert legend.endswith(f"(--sync {sync})")
 
 
 def test_cli_plot_writes_a_png(lengths_file: Path, tmp_path: Path) -> None:
