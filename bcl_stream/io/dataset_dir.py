@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from bcl_stream.errors import DatasetError
 from bcl_stream.io.index import INDEX_JSON, ShardEntry
+from bcl_stream.io.names import check_name
 
 MDS_INDEX = "index.json"
 MDS_INDEX_VERSION = 2
@@ -107,7 +108,31 @@ def read_mds_index(root: Path) -> dict[str, Any]:
         ) from exc
     if not isinstance(data, dict) or not isinstance(data.get("shards"), list):
         raise DatasetError(f"{path}: not an MDS index (no 'shards' list)")
+    check_mds_entries(data["shards"], path)
     return data
+
+
+def check_mds_entries(shards: Sequence[Any], where: str | os.PathLike[str]) -> None:
+    """Refuse MDS ``index.json`` shard entries whose file names are unsafe (absolute, ``..``:
+    :func:`bcl_stream.io.names.check_name`) or whose sample count is no whole number >= 0,
+    naming the entry. Called on every ``index.json`` before anything (streaming included)
+    builds a path from it or sizes an array by it."""
+    for i, shard in enumerate(shards):
+        if not isinstance(shard, dict):
+            raise DatasetError(f"{where}: shard entry {i} is not an object: {str(shard)[:100]}")
+        for key in ("raw_data", "zip_data"):
+            info = shard.get(key)
+            if info is None and key == "zip_data":
+                continue
+            if not isinstance(info, dict):
+                raise DatasetError(f"{where}: shard entry {i} has no {key!r} object")
+            check_name(info.get("basename"), "shard", f"{where}: shard entry {i} ({key}.basename)")
+        samples = shard.get("samples")
+        if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
+            raise DatasetError(
+                f"{where}: shard entry {i} has samples={str(samples)[:40]!r}, not a whole "
+                "number >= 0; re-run preprocess with --overwrite or ask whoever supplies it"
+            )
 
 
 def shard_entries(
