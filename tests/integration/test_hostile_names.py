@@ -170,3 +170,18 @@ def test_names_stock_tools_write_are_kept(tmp_path: Path) -> None:
         old = rename_shard(root, i, f"part-0-of-1/{shard['name']}")
         shutil.move(root / old, part / old)
     assert read_ids(str(root), None) == want
+
+
+def test_traversal_name_on_s3_is_refused_by_annotate(
+    moto_s3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """``annotate`` downloads every shard ``index.json`` names into a temporary directory."""
+    from bcl_stream.preprocess.annotate import annotate
+
+    url = hostile_remote(moto_s3, tmp_path, "mds", PLANTED, "hostile-annotate")
+    temp = tmp_path / "t1" / "t2" / "t3"  # annotate's shard dir is two levels below it
+    temp.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    with pytest.raises(UnsafeNameError, match=r"shard entry 0 \(raw_data\.basename\)"):
+        annotate(url, overwrite=True, progress=False)
+    assert files_named(tmp_path, "planted") == []
