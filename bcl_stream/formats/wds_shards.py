@@ -381,7 +381,7 @@ class ShardCache:
         for shard in upcoming:
             if started >= limit:
                 break
-            if shard in self._pending or self._target(shard, writing=True).is_file():
+            if shard in self._pending or self._target(shard).is_file():
                 continue
             self._pending[shard] = self._pool.submit(self._fetch, shard, False)
             started += 1

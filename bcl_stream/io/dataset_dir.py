@@ -125,8 +125,8 @@ def check_mds_entries(shards: Sequence[Any], where: str | os.PathLike[str]) -> N
     """Refuse MDS ``index.json`` shard entries whose file names are unsafe (absolute, ``..``:
     :func:`bcl_stream.io.names.check_name`), whose sample count or byte size is no whole
     number in range, whose hashes are no mapping of names, or whose version is not the one
-    streaming reads (it asserts on it), naming the entry. Called on every ``index.json`` before anything (streaming included)
-    builds a path from it or sizes an array by it."""
+    streaming reads (it asserts on it), naming the entry. Called on every ``index.json``
+    before anything (streaming included) builds a path from it or sizes an array by it."""
     for i, shard in enumerate(shards):
         if not isinstance(shard, dict):
             raise DatasetError(f"{where}: shard entry {i} is not an object: {str(shard)[:100]}")
