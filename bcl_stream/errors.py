@@ -31,6 +31,12 @@ class DatasetError(BCLStreamError):
     """Input records or shards are unreadable, malformed or inconsistent."""
 
 
+class UnsafeNameError(DatasetError):
+    """A name that comes with the data (a shard in an index, a tar member) is absolute, climbs
+    out of its directory or is otherwise no safe relative path (:mod:`bcl_stream.io.names`):
+    refused before anything is read or written for it."""
+
+
 class StateError(BCLStreamError):
     """A saved reader state does not match the data or the configuration it is loaded into."""
 

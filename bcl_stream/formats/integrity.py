@@ -44,6 +44,7 @@ from bcl_stream.io import streaming_compat
 from bcl_stream.io.dataset_dir import read_mds_index
 from bcl_stream.io.hashing import digest, sample_digest
 from bcl_stream.io.index import CostIndex
+from bcl_stream.io.names import name_problem
 from bcl_stream.text.loss_spans import LOSS_SPANS, check_record_spans
 
 FIX = (
@@ -83,6 +84,9 @@ def mds_shard_problem(
     name = info.get("basename")
     if not isinstance(name, str):
         return "index.json entry has no shard basename"
+    unsafe = name_problem(name)
+    if unsafe is not None:  # read_mds_index refuses these; an entry built elsewhere is checked
+        return f"shard name {name[:200]!r} {unsafe}: not read"
     path = Path(root) / name
     if not path.is_file():
         return f"{name}: shard file missing"
@@ -99,7 +103,11 @@ def mds_shard_problem(
     hashes = info.get("hashes") or {}
     if check_hash:
         for algo, expected in sorted(hashes.items()):
-            if digest(algo, data) != expected:
+            try:
+                got = digest(algo, data)
+            except ValueError:  # an algorithm neither streaming nor we know
+                return f"{name}: index.json names an unknown hash algorithm {algo[:40]!r}"
+            if got != expected:
                 return f"{name}: {algo} content hash differs from index.json (corrupted bytes)"
     return None
 
@@ -211,8 +219,13 @@ class ShardVerifier:
     ) -> None:
         """Raise if the decoded record's token count (or its loss mask's trained count)
         differs from the cost index's."""
-        if field not in record:
-            return
+        if field not in record:  # a column renamed in index.json: the record is not usable
+            raise DatasetError(
+                f"{self.location}: record {sample_id} has no {field!r} column (its columns: "
+                f"{sorted(record)[:8]}): index.json does not describe the shards the cost index "
+                "was written for. Re-copy the dataset, or rebuild its index with preprocess "
+                "--overwrite."
+            )
         got = len(record[field])
         want = int(self.index.tokens[sample_id])
         if got != want:

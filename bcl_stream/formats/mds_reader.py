@@ -31,11 +31,12 @@ from bcl_stream.errors import CostIndexError, DatasetError
 from bcl_stream.formats.integrity import ShardVerifier
 from bcl_stream.formats.reader_base import DatasetReader, Pack
 from bcl_stream.formats.token_ids import with_ids
-from bcl_stream.io.dataset_dir import read_mds_index
+from bcl_stream.io.dataset_dir import MDS_INDEX, read_mds_index, shard_entries
 from bcl_stream.io.deadline import DownloadStalled
 from bcl_stream.io.index import CostIndex
-from bcl_stream.io.remote import is_remote, open_cost_index
-from bcl_stream.io.streaming_compat import guard_downloads
+from bcl_stream.io.names import check_name
+from bcl_stream.io.remote import download, is_remote, join, open_cost_index
+from bcl_stream.io.streaming_compat import guard_downloads, shard_file_names
 
 
 class _Prefetcher:
@@ -99,6 +100,7 @@ class MDSPackDataset(DatasetReader):
             kwargs.update(remote=location, local=str(self.root))
         else:
             kwargs.update(local=str(Path(location.removeprefix("file://"))))
+        self._check_index_json()
         try:
             self.streaming = StreamingDataset(**kwargs)
         except (FileNotFoundError, ValueError, TypeError, KeyError) as exc:
@@ -112,7 +114,10 @@ class MDSPackDataset(DatasetReader):
         # a failed download must not hang later reads, nor a stalled one hold them past the
         # deadline (download_attempts x download_timeout)
         guard_downloads(self.streaming, self.options.download_deadline if self.remote else None)
-        self._check_layout()
+        for i, names in enumerate(shard_file_names(self.streaming)):
+            for name in names:  # what streaming itself loaded, before it touches a shard
+                check_name(name, "shard", f"{location}: index.json shard entry {i}")
+        self._check_layout([int(c) for c in self.streaming.samples_per_shard])
         self.verifier = ShardVerifier(self.root, self.index, location=location)
         offsets = np.asarray(self.streaming.sample_offset_per_shard, dtype=np.int64)
         self._shard_starts = offsets
@@ -128,9 +133,30 @@ class MDSPackDataset(DatasetReader):
                 read_mds_index(Path(location.removeprefix("file://")))
             raise
 
-    def _check_layout(self) -> None:
+    def _check_index_json(self) -> None:
+        """Read ``index.json`` (a remote one fetched fresh into the cache, where streaming then
+        finds it and does not fetch it again) and refuse it, before streaming sees it, when a
+        shard name is unsafe (absolute, ``..``: it would be downloaded or read outside the
+        cache or dataset) or its shard counts are not the cost index's (a hostile count such
+        as 10**12 would size streaming's arrays; the cost index's counts sum to the length of
+        the cost array on disk)."""
+        if self.remote:
+            download(
+                join(self.location, MDS_INDEX),
+                self.root / MDS_INDEX,
+                timeout=self.options.download_timeout,
+                retries=self.options.download_attempts - 1,
+            )
+        try:
+            entries = shard_entries(read_mds_index(self.root)["shards"], self.root / MDS_INDEX)
+        except DatasetError as exc:
+            if not self.remote:
+                raise
+            raise type(exc)(f"{self.location}: {exc}") from exc
+        self._check_layout([e.samples for e in entries])
+
+    def _check_layout(self, counts: list[int]) -> None:
         """The streaming index and our cost index must describe the same records."""
-        counts = [int(c) for c in self.streaming.samples_per_shard]
         if counts != self.index.shard_counts:
             first = next(
                 (

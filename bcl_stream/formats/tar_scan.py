@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from bcl_stream.io.names import name_problem
+
 BLOCK = 512
 Member = tuple[str, Callable[[], bytes]]
 Span = tuple[str, int, int]
@@ -40,22 +42,52 @@ TAR_ERRORS: tuple[type[Exception], ...] = (OSError, EOFError, TarFormatError, ta
 """What reading a damaged, truncated or unreadable shard raises from this module."""
 
 
-def _number(field: bytes) -> int:
-    if field and field[0] & 0x80:  # GNU base-256 for large values
-        return int.from_bytes(field[1:], "big")
-    text = field.split(b"\0", 1)[0].strip()
-    return int(text, 8) if text else 0
+MAX_EXTENDED = 1 << 20
+"""Largest pax or GNU long-name header accepted (1 MiB): it is read into memory, and names and
+attributes are a few kB at most; a larger one is a damaged or hostile size field."""
 
 
-def _pax(data: bytes) -> dict[str, str]:
+def _number(field: bytes, what: str, at: int) -> int:
+    """A numeric header field: octal text, or GNU base-256 (first byte 0x80 positive, 0xff
+    negative). Anything else, and any negative value, is a :class:`TarFormatError`."""
+    if field and field[0] in (0x80, 0xFF):
+        value = int.from_bytes(field[1:], "big", signed=False)
+        if field[0] == 0xFF:
+            value -= 1 << (8 * (len(field) - 1))  # two's complement: always negative
+    else:
+        text = field.split(b"\0", 1)[0].strip()
+        if text and not all(48 <= c <= 55 for c in text):  # octal digits only
+            raise TarFormatError(f"{what} field at byte {at} is not octal: {text[:24]!r}")
+        value = int(text, 8) if text else 0
+    if value < 0:
+        raise TarFormatError(f"{what} field at byte {at} is negative ({value})")
+    return value
+
+
+def _pax(data: bytes, at: int) -> dict[str, str]:
+    """Parse pax records ``"LEN key=value\n"``: every length must move forward and stay inside
+    the header (a length of 0 or less used to loop forever)."""
     out: dict[str, str] = {}
     pos = 0
     while pos < len(data):
-        space = data.index(b" ", pos)
-        length = int(data[pos:space])
-        key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
+        if data[pos] == 0:  # NUL padding after the last record
+            break
+        space = data.find(b" ", pos, pos + 21)
+        digits = data[pos:space] if space > pos else b""
+        if not digits or not digits.isdigit():
+            raise TarFormatError(f"pax header at byte {at}: bad record length {digits[:24]!r}")
+        length = int(digits)
+        end = pos + length
+        if length <= space + 1 - pos or end > len(data) or data[end - 1 : end] != b"\n":
+            raise TarFormatError(
+                f"pax header at byte {at}: record length {length} at offset {pos} does not fit "
+                f"the header ({len(data)} bytes)"
+            )
+        key, eq, value = data[space + 1 : end - 1].partition(b"=")
+        if not eq:
+            raise TarFormatError(f"pax header at byte {at}: record without '=' at offset {pos}")
         out[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-        pos += length
+        pos = end
     return out
 
 
@@ -63,24 +95,47 @@ def _padded(size: int) -> int:
     return (size + BLOCK - 1) // BLOCK * BLOCK
 
 
-def _spans(fh: BinaryIO) -> Iterator[Span]:
-    """(member name, payload offset, payload size) of each regular file, headers only."""
+def checked_member(name: str, at: int) -> str:
+    """``name`` when it is a safe member name (:func:`bcl_stream.io.names.name_problem`)."""
+    problem = name_problem(name, "member")
+    if problem is not None:
+        raise TarFormatError(f"member name {name[:200]!r} at byte {at} {problem}")
+    return name
+
+
+def _spans(fh: BinaryIO, end: int) -> Iterator[Span]:
+    """(member name, payload offset, payload size) of each regular file, headers only.
+
+    ``end``: the file's size. Every size is checked against it before anything is read or
+    skipped, every step moves forward by at least one header, and a name that is absolute
+    or climbs out (``..``) is refused: a damaged or hostile header is a
+    :class:`TarFormatError` naming the byte offset, never a hang or a huge read."""
     long_name: str | None = None
     pax: dict[str, str] = {}
     while True:
+        at = fh.tell()
         header = fh.read(BLOCK)
         if len(header) < BLOCK or header == bytes(BLOCK):
             return
-        stored = _number(header[148:156])
+        stored = _number(header[148:156], "checksum", at)
         if stored != sum(header) - sum(header[148:156]) + 8 * 32:
-            raise TarFormatError(f"bad header checksum at byte {fh.tell() - BLOCK}")
+            raise TarFormatError(f"bad header checksum at byte {at}")
         kind = header[156:157]
-        size = _number(header[124:136])
-        start = fh.tell()
+        size = _number(header[124:136], "size", at)
+        start = at + BLOCK
+        if size > end - start:
+            raise TarFormatError(
+                f"member at byte {at} claims {size} bytes, past the end of the file "
+                f"({end} bytes: truncated or damaged)"
+            )
         if kind in (b"x", b"L", b"g", b"K"):
+            if size > MAX_EXTENDED:
+                raise TarFormatError(
+                    f"extended header at byte {at} claims {size} bytes (at most {MAX_EXTENDED})"
+                )
             data = fh.read(size)
             if kind == b"x":
-                pax = _pax(data)
+                pax = _pax(data, at)
             elif kind == b"L":
                 long_name = data.split(b"\0", 1)[0].decode("utf-8", "replace")
             fh.seek(start + _padded(size))
@@ -90,15 +145,26 @@ def _spans(fh: BinaryIO) -> Iterator[Span]:
         if prefix and header[257:263] == b"ustar\0":  # POSIX ustar (GNU reuses the field)
             name = prefix.decode("utf-8", "replace") + "/" + name
         name = pax.get("path", long_name or name)
-        size = int(pax.get("size", size))
+        if "size" in pax:
+            text = pax["size"]
+            if not text.isascii() or not text.isdigit():
+                raise TarFormatError(f"pax size of the member at byte {at} is {text[:24]!r}")
+            size = int(text)
+            if size > end - start:
+                raise TarFormatError(
+                    f"pax size of the member at byte {at} is {size} bytes, past the end of the "
+                    f"file ({end} bytes: truncated or damaged)"
+                )
         long_name, pax = None, {}
         if kind in (b"0", b"7") or (kind == b"\0" and not name.endswith("/")):
-            yield name, start, size
+            yield checked_member(name, at), start, size
         fh.seek(start + _padded(size))
 
 
 def _scan(fh: BinaryIO) -> Iterator[Member]:
-    for name, start, size in _spans(fh):
+    end = fh.seek(0, os.SEEK_END)
+    fh.seek(0)
+    for name, start, size in _spans(fh, end):
 
         def read(at: int = start, n: int = size, member: str = name) -> bytes:
             fh.seek(at)
@@ -125,10 +191,7 @@ def member_spans(path: Path) -> Iterator[Span]:
     with open(path, "rb") as fh:
         end = fh.seek(0, os.SEEK_END)
         fh.seek(0)
-        for name, start, size in _spans(fh):
-            if start + size > end:
-                raise TarFormatError(f"member {name!r} is truncated")
-            yield name, start, size
+        yield from _spans(fh, end)
 
 
 def tar_members(path: Path) -> Iterator[Member]:
@@ -150,6 +213,7 @@ def _tarfile_members(path: Path) -> Iterator[Member]:
     with tarfile.open(path, mode="r:*") as tar:
         for info in tar:
             if info.isreg():
+                checked_member(info.name, info.offset)
 
                 def read(member: tarfile.TarInfo = info) -> bytes:
                     handle = tar.extractfile(member)

@@ -42,11 +42,13 @@ from bcl_stream.errors import DatasetError
 from bcl_stream.formats.read_options import ReadOptions
 from bcl_stream.formats.tar_scan import (
     TAR_ERRORS,
+    checked_member,
     is_compressed,
     member_spans,
     split_member,
 )
 from bcl_stream.io.index import CostIndex
+from bcl_stream.io.names import path_under
 from bcl_stream.io.remote import download, join
 
 Raw = dict[str, bytes]
@@ -208,6 +210,7 @@ def _read_compressed(path: Path) -> tuple[list[tuple[str, int, int]], bytes]:
         for info in tar:
             if not info.isreg():
                 continue
+            checked_member(info.name, info.offset)
             handle = tar.extractfile(info)
             payload = handle.read() if handle else b""
             spans.append((info.name, at, len(payload)))
@@ -282,8 +285,7 @@ class ShardCache:
         if found is not None:
             self._records.move_to_end(shard)
             return found
-        entry = self.index.shards[shard]
-        target = self.root / entry.name
+        target = self._target(shard)
         with self._lock:
             self._opening.add(target)
         try:
@@ -305,7 +307,12 @@ class ShardCache:
         saved: Path | None = None
         if self.index_dir is not None and not is_compressed(path):
             stat = path.stat()
-            saved = self.index_dir / f"{entry.name}.{stat.st_size}-{stat.st_mtime_ns}.npz"
+            saved = path_under(
+                self.index_dir,
+                f"{entry.name}.{stat.st_size}-{stat.st_mtime_ns}.npz",
+                f"{self.location}: shard {shard}",
+                writing=True,
+            )
             found = load_members(entry.name, saved, path, entry.samples)
             if found is not None:
                 return found
@@ -326,11 +333,25 @@ class ShardCache:
             self._pool, self._pending = None, {}
 
     # -- files -----------------------------------------------------------------------------
+    def _target(self, shard: int, *, writing: bool = False) -> Path:
+        """Where shard ``shard``'s tar is (or is downloaded to): its name from the cost index,
+        checked to stay under the dataset or cache root (:func:`path_under`)."""
+        name = self.index.shards[shard].name
+        return path_under(self.root, name, f"{self.location}: shard {shard}", writing=writing)
+
     def path(self, shard: int) -> Path:
         """The local tar of ``shard``; a remote one is downloaded first, or waited for if
-        another process of the node is fetching it."""
-        target = self.root / self.index.shards[shard].name
+        another process of the node is fetching it. A missing local tar is a
+        :class:`DatasetError` naming it."""
+        target = self._target(shard, writing=self.remote)
         if not self.remote:
+            if not target.is_file():
+                raise DatasetError(
+                    f"{self.location}: shard {shard} ({self.index.shards[shard].name}) is "
+                    f"missing: {target} is not a file. The cost index lists it: restore the "
+                    "shard (re-copy the dataset), or rebuild the index with `bcl-stream "
+                    "annotate --overwrite` if it was removed on purpose."
+                )
             return target
         pending = self._pending.pop(shard, None)
         if pending is not None:
@@ -360,16 +381,18 @@ class ShardCache:
         for shard in upcoming:
             if started >= limit:
                 break
-            if shard in self._pending or (self.root / self.index.shards[shard].name).is_file():
+            if shard in self._pending or self._target(shard).is_file():
                 continue
             self._pending[shard] = self._pool.submit(self._fetch, shard, False)
             started += 1
 
     def _fetch(self, shard: int, wait: bool) -> None:
         name = self.index.shards[shard].name
-        target = self.root / name
-        lock = FileLock(str(self.root / ".locks" / f"{name}.lock"))
-        (self.root / ".locks").mkdir(parents=True, exist_ok=True)
+        target = self._target(shard, writing=True)
+        where = f"{self.location}: shard {shard}"
+        lock_path = path_under(self.root / ".locks", f"{name}.lock", where, writing=True)
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(lock_path))
         try:
             lock.acquire(timeout=-1 if wait else 0)
         except Timeout:

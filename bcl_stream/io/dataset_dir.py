@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from bcl_stream.errors import DatasetError
 from bcl_stream.io.index import INDEX_JSON, ShardEntry
+from bcl_stream.io.names import check_name
 
 MDS_INDEX = "index.json"
 MDS_INDEX_VERSION = 2
@@ -107,7 +108,57 @@ def read_mds_index(root: Path) -> dict[str, Any]:
         ) from exc
     if not isinstance(data, dict) or not isinstance(data.get("shards"), list):
         raise DatasetError(f"{path}: not an MDS index (no 'shards' list)")
+    check_mds_entries(data["shards"], path)
     return data
+
+
+MAX_BYTES = 1 << 48
+"""Largest shard size an ``index.json`` entry may state (256 TiB; streaming keeps sizes in
+int64 arrays, and a real shard is megabytes)."""
+FIX = (
+    ". index.json was damaged or written by another tool: re-run preprocess with --overwrite, "
+    "or ask whoever supplies the dataset"
+)
+
+
+def check_mds_entries(shards: Sequence[Any], where: str | os.PathLike[str]) -> None:
+    """Refuse MDS ``index.json`` shard entries whose file names are unsafe (absolute, ``..``:
+    :func:`bcl_stream.io.names.check_name`), whose sample count or byte size is no whole
+    number in range, whose hashes are no mapping of names, or whose version is not the one
+    streaming reads (it asserts on it), naming the entry. Called on every ``index.json``
+    before anything (streaming included) builds a path from it or sizes an array by it."""
+    for i, shard in enumerate(shards):
+        if not isinstance(shard, dict):
+            raise DatasetError(f"{where}: shard entry {i} is not an object: {str(shard)[:100]}")
+        for key in ("raw_data", "zip_data"):
+            info = shard.get(key)
+            if info is None and key == "zip_data":
+                continue
+            if not isinstance(info, dict):
+                raise DatasetError(f"{where}: shard entry {i} has no {key!r} object")
+            check_name(info.get("basename"), "shard", f"{where}: shard entry {i} ({key}.basename)")
+            size, hashes = info.get("bytes"), info.get("hashes", {})
+            if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size < MAX_BYTES:
+                raise DatasetError(
+                    f"{where}: shard entry {i} has {key}.bytes={str(size)[:40]!r}{FIX}"
+                )
+            if not isinstance(hashes, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in hashes.items()
+            ):
+                raise DatasetError(
+                    f"{where}: shard entry {i} has {key}.hashes={str(hashes)[:60]!r}{FIX}"
+                )
+        if shard.get("version") != MDS_INDEX_VERSION:
+            raise DatasetError(
+                f"{where}: shard entry {i} has version={str(shard.get('version'))[:40]!r}, "
+                f"Mosaic Streaming reads version {MDS_INDEX_VERSION}{FIX}"
+            )
+        samples = shard.get("samples")
+        if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
+            raise DatasetError(
+                f"{where}: shard entry {i} has samples={str(samples)[:40]!r}, not a whole "
+                f"number >= 0{FIX}"
+            )
 
 
 def shard_entries(

@@ -475,14 +475,16 @@ def _read_hashes(
     path = root / HASHES_NPY
     if not path.is_file():
         raise _fail(path, "the record hashes are missing although bcl_index.json names them")
-    try:
-        hashes = np.load(path, allow_pickle=False)
+    try:  # mapped first: a header's shape is checked before anything is allocated for it
+        mapped = np.load(path, mmap_mode="r", allow_pickle=False)
     except Exception as exc:  # numpy parses the header with ast/tokenize: many error types
         raise _fail(path, f"unreadable record hashes ({exc})") from exc
-    if hashes.dtype != np.dtype("<u8") or hashes.shape != (n_records,):
+    if mapped.dtype != np.dtype("<u8") or mapped.shape != (n_records,):
         raise _fail(
-            path, f"holds {hashes.dtype} {hashes.shape}, expected uint64 ({n_records},) hashes"
+            path, f"holds {mapped.dtype} {mapped.shape}, expected uint64 ({n_records},) hashes"
         )
+    hashes = np.array(mapped)
+    del mapped
     if verify and hashlib.sha256(hashes.view(np.uint8).data).hexdigest() != named["sha256"]:
         raise _fail(path, "SHA-256 does not match bcl_index.json (changed or corrupted)")
     return hashes

@@ -30,6 +30,7 @@ import numpy.typing as npt
 from bcl_stream.cost import CostModel
 from bcl_stream.errors import CostIndexError
 from bcl_stream.io.hashing import RECORD_HASH
+from bcl_stream.io.names import check_name
 
 INDEX_JSON = "bcl_index.json"
 COSTS_NPY = "bcl_costs.npy"
@@ -192,6 +193,7 @@ def read_index_json(directory: str | Path) -> dict[str, Any]:
             or isinstance(shard.get("samples"), bool)
             or shard["samples"] < 0
         ):
-            raise fail(meta, f"shard entry {i} is malformed: {shard!r}")
+            raise fail(meta, f"shard entry {i} is malformed: {str(shard)[:200]}")
+        check_name(shard["name"], "shard", f"{meta}: shard entry {i}")
     check_seal(meta, data)
     return data

@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
-from bcl_stream.errors import BCLStreamError, CostIndexError, DatasetError, RemoteAccessError
+from bcl_stream.errors import (
+    BCLStreamError,
+    CostIndexError,
+    DatasetError,
+    RemoteAccessError,
+    UnsafeNameError,
+)
 from bcl_stream.io.dataset_dir import (
     MDS_INDEX,
     WDS_SUFFIXES,
@@ -355,10 +361,15 @@ def open_cost_index(
         raise CostIndexError(f"{url}: cannot fetch the cost index ({exc})") from exc
     try:
         return read_index(root), root
+    except UnsafeNameError as exc:  # name the dataset, not only the cache's copy
+        raise UnsafeNameError(f"{location}: {exc}") from exc
     except CostIndexError:
         names = [COSTS_NPY]
         if read_index_json(root).get("record_hashes"):
             names.append(HASHES_NPY)
         for name in names:
             download(join(location, name), root / name, timeout=timeout, retries=attempts - 1)
-        return read_index(root), root
+        try:
+            return read_index(root), root
+        except UnsafeNameError as exc:
+            raise UnsafeNameError(f"{location}: {exc}") from exc

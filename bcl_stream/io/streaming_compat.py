@@ -136,6 +136,26 @@ def guard_downloads(dataset: Any, deadline: float | None = None) -> Any:
     return dataset
 
 
+def shard_file_names(dataset: Any) -> list[list[str]]:
+    """The file names (raw and compressed) that a ``StreamingDataset`` will read or download
+    for each of its shards, as its own ``index.json`` copy gave them.
+
+    Why: the reader checks these names (:func:`bcl_stream.io.names.check_name`) before the
+    first shard is touched, on what streaming actually loaded, not only on our own read of
+    ``index.json``.
+
+    Relies on: ``dataset.shards`` (one reader per shard) and each reader's ``file_pairs``
+    (``(raw FileInfo | None, zip FileInfo | None)`` with a ``basename``).
+    """
+    names: list[list[str]] = []
+    for shard in dataset.shards:
+        found: list[str] = []
+        for raw, zipped in shard.file_pairs:
+            found += [info.basename for info in (raw, zipped) if info is not None]
+        names.append(found)
+    return names
+
+
 def clean_stale_shared_memory_once() -> None:
     """Remove shared memory leaked by killed streaming jobs; call once per job, in the process
     that starts it, before any dataset exists. Skipped inside launched ranks (``LOCAL_RANK``

@@ -66,6 +66,7 @@ from bcl_stream.io.dataset_dir import (
     write_mds_index,
 )
 from bcl_stream.io.index import INDEX_JSON, CostIndex, ShardEntry, write_index
+from bcl_stream.io.names import path_under
 from bcl_stream.io.remote import download, is_remote, join
 from bcl_stream.preprocess.column_counts import (
     LENGTH_CHECK_SHARDS,
@@ -125,7 +126,8 @@ def _fetcher(location: str, tmp: Path) -> tuple[Any, Any]:
     """(fetch, done) for :func:`map_shards`: download a remote shard, delete it after use."""
 
     def fetch(job: ShardJob) -> ShardJob:
-        download(join(location, job.name), tmp / job.name)
+        target = path_under(tmp, job.name, f"{location}: shard {job.name!r}", writing=True)
+        download(join(location, job.name), target)
         return replace(job, root=str(tmp))
 
     def done(job: ShardJob) -> None:

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from bcl_stream.errors import DatasetError
 from bcl_stream.io.dataset_dir import MDS_INDEX, WDS_SUFFIXES, read_mds_index
 from bcl_stream.io.index import INDEX_FILES, INDEX_JSON
+from bcl_stream.io.names import check_name, path_under
 from bcl_stream.io.remote import download, join, upload, upload_index
 from bcl_stream.preprocess.output import remote_listing
 
@@ -34,7 +35,11 @@ def fetch_dataset(location: str, local: str | os.PathLike[str], *, progress: boo
     wanted = [n for n in INDEX_FILES if n in names]
     if MDS_INDEX in names:
         download(join(location, MDS_INDEX), root / MDS_INDEX)
-        for shard in read_mds_index(root)["shards"]:
+        try:
+            entries = read_mds_index(root)["shards"]
+        except DatasetError as exc:  # named by the dataset's URL, not the local copy
+            raise type(exc)(str(exc).replace(str(root), location)) from exc
+        for shard in entries:
             raw, zipped = (
                 shard["raw_data"]["basename"],
                 (shard.get("zip_data") or {}).get("basename"),
@@ -44,9 +49,15 @@ def fetch_dataset(location: str, local: str | os.PathLike[str], *, progress: boo
         wanted += sorted(n for n in names if n.endswith(WDS_SUFFIXES) and "/" not in n)
         wanted += _indexed_subdir_shards(location, root, names)
     wanted = [n for n in wanted if n in names]
+    # Every target is checked before the first download: a name from an index that climbs
+    # out of ``local`` is refused, and nothing of the dataset is fetched.
+    targets = [path_under(root, n, f"{location}: shard {n!r}", writing=True) for n in wanted]
     # Each download builds its own client (~0.3 s here): overlap them.
     with ThreadPoolExecutor(max_workers=8) as pool:
-        jobs = [pool.submit(download, join(location, n), root / n) for n in wanted]
+        jobs = [
+            pool.submit(download, join(location, n), t)
+            for n, t in zip(wanted, targets, strict=True)
+        ]
         for job in tqdm(jobs, desc="download", unit="file", disable=not progress):
             job.result()
     return root
@@ -60,9 +71,11 @@ def _indexed_subdir_shards(location: str, root: Path, names: set[str]) -> list[s
     download(join(location, INDEX_JSON), root / INDEX_JSON)
     try:
         shards = json.loads((root / INDEX_JSON).read_text())["shards"]
-        return sorted({s["name"] for s in shards if "/" in s["name"]})
+        found = [s["name"] for s in shards if "/" in s["name"]]
     except (ValueError, KeyError, TypeError):
         return []
+    where = f"{location}: {INDEX_JSON}"
+    return sorted({check_name(n, "shard", f"{where} shard {n!r}") for n in found})
 
 
 def push_index(root: Path, location: str) -> None:
