@@ -180,8 +180,10 @@ def plan_contracts(
     """BCL (scope ``world``, ``model``'s costs) under every contract in ``contracts``, all at the
     peak tokens of the ``pack`` contract (always planned: it sets the cap). Each entry:
     ``status`` (``planned`` or ``not yet available``, with ``why``), and when planned
-    ``micro_batches`` (a :data:`Packs`), ``peak_tokens`` and ``max_tokens`` (the cap it was
-    planned under)."""
+    ``micro_batches`` (a :data:`Packs`), ``peak_tokens``, ``max_tokens`` (the cap it was
+    planned under), ``records`` (held by the micro-batches) and what the plan left out by
+    reason (``remainder``: counts, ``remainder_ids``: global ids). Held plus left out must be
+    the measured set, or it raises: a contract is never timed on fewer records unseen."""
     order = measured_order(tokens.size, setting)
     sub = tokens[order]
     costs = model.cost(sub)
@@ -217,7 +219,7 @@ def plan_contracts(
             "remainder_ids": {r: order[ids] for r, ids in plan.remainder.items() if ids.size},
         }
         if held + plan.records_left != sub.size:
-            raise AssertionError(
+            raise RuntimeError(
                 f"contract {name!r}: {held} records in micro-batches and {plan.records_left} "
                 f"reported, the measured set holds {sub.size}"
             )
