@@ -9,8 +9,11 @@ Contracts are a parameter (``--contracts``): each name is planned by BCL (scope 
 that record contract at the *same peak tokens* (the most tokens in any micro-batch under the
 ``pack`` contract, passed to the others as their memory cap), so a difference in measured time
 is the contract's, not a larger memory budget's. A contract the planner does not know yet
-(``PlanConfig.contract`` accepts :data:`bcl_stream.planner.step_contract.CONTRACTS`) is reported
+(``PlanConfig.contract`` accepts :data:`bcl_stream.planner.contracts.CONTRACTS`) is reported
 as not yet available, with the planner's list, instead of being skipped silently or faked.
+A budget contract (``tokens``) is planned as the reader plans it (its own record geometry,
+:func:`bcl_stream.planner.token_contract.token_geometry`, and the token walker); what its
+micro-batches do not hold (the epoch's tail, records over the budget) is counted by reason.
 """
 
 from __future__ import annotations
@@ -26,7 +29,17 @@ from bcl_stream.analysis.sim import default_capacity
 from bcl_stream.cost import CostModel
 from bcl_stream.peers import REAL_PEERS, Pool, global_order, plan_pooled
 from bcl_stream.planner import Plan, PlanConfig, ShardTable, plan_epoch, shard_weights
-from bcl_stream.planner.step_contract import CONTRACTS, node_micro_batches
+from bcl_stream.planner.bcl import build_node_streams
+from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG
+from bcl_stream.planner.contracts import CONTRACTS, contract
+from bcl_stream.planner.step_contract import node_micro_batches
+from bcl_stream.planner.token_contract import (
+    REASON_OVER_BUDGET,
+    TokenWalker,
+    plan_tokens,
+    token_geometry,
+    unpad,
+)
 
 Packs = list[list[npt.NDArray[np.int64]]]
 """[rank][step] -> record ids (global ids into the corpus' token counts)."""
@@ -141,9 +154,17 @@ def _step_micro_batches(
     )
 
 
+def _token_micro_batches(
+    plan: Plan, costs: Any, tokens: Any, setting: Setting, layout: str, peak: int
+) -> Packs:
+    # the plan pads each micro-batch with EMPTY (-1) to the widest: strip it as readers do
+    return [[unpad(row) for row in rank] for rank in plan.packs]
+
+
 MICRO_BATCHES: dict[str, MicroBatches] = {
     "pack": _pack_micro_batches,
     "step": _step_micro_batches,
+    "tokens": _token_micro_batches,
 }
 """The contracts this benchmark can run: one entry per record contract. A new contract of the
 planner (``PlanConfig.contract``) is measured once it has an entry here."""
@@ -159,8 +180,10 @@ def plan_contracts(
     """BCL (scope ``world``, ``model``'s costs) under every contract in ``contracts``, all at the
     peak tokens of the ``pack`` contract (always planned: it sets the cap). Each entry:
     ``status`` (``planned`` or ``not yet available``, with ``why``), and when planned
-    ``micro_batches`` (a :data:`Packs`), ``peak_tokens`` and ``max_tokens`` (the cap it was
-    planned under)."""
+    ``micro_batches`` (a :data:`Packs`), ``peak_tokens``, ``max_tokens`` (the cap it was
+    planned under), ``records`` (held by the micro-batches) and what the plan left out by
+    reason (``remainder``: counts, ``remainder_ids``: global ids). Held plus left out must be
+    the measured set, or it raises: a contract is never timed on fewer records unseen."""
     order = measured_order(tokens.size, setting)
     sub = tokens[order]
     costs = model.cost(sub)
@@ -180,18 +203,46 @@ def plan_contracts(
             continue
         cap = None if name == "pack" else peak
         config = dataclasses.replace(world, contract=name, max_tokens=cap)
-        plan = plan_epoch(costs, _table(costs), config, seed=setting.seed, tokens=sub)
+        plan = _plan(costs, sub, config, setting.seed)
         local = MICRO_BATCHES[name](plan, costs, sub, setting, layout, peak)
         mbs = [[order[np.asarray(mb, dtype=np.int64)] for mb in rank] for rank in local]
         if name == "pack":
             peak = peak_tokens(mbs, tokens)
+        held = sum(mb.size for rank in mbs for mb in rank)
         out[name] = {
             "status": "planned",
             "micro_batches": mbs,
             "peak_tokens": peak_tokens(mbs, tokens),
             "max_tokens": cap,
+            "records": held,
+            "remainder": plan.remainder_counts(),
+            "remainder_ids": {r: order[ids] for r, ids in plan.remainder.items() if ids.size},
         }
+        if held + plan.records_left != sub.size:
+            raise RuntimeError(
+                f"contract {name!r}: {held} records in micro-batches and {plan.records_left} "
+                f"reported, the measured set holds {sub.size}"
+            )
     return out
+
+
+def _plan(
+    costs: npt.NDArray[np.float64], sub: npt.NDArray[np.int64], config: PlanConfig, seed: int
+) -> Plan:
+    """BCL's plan of the measured records under ``config.contract``, as the reader builds it:
+    a budget contract through its own geometry and walker (``plan_epoch`` plans the record
+    contracts only), its remainder by reason as ``EpochPlan.whole`` reports it."""
+    table = _table(costs)
+    if not contract(config.contract).budget:
+        return plan_epoch(costs, table, config, seed=seed, tokens=sub)
+    geometry = token_geometry(config, sub, table.counts.size)
+    streams = build_node_streams(costs, table, geometry, seed=seed, epoch=0, tokens=sub)
+    packs, dropped = plan_tokens(TokenWalker(streams, costs, sub, config))
+    tails = [streams.tail(n) for n in range(len(streams.nodes))]
+    remainder = {REASON_TAIL: np.concatenate(tails), REASON_OVER_BUDGET: dropped}
+    if streams.keep is not None:
+        remainder[REASON_TOO_LONG] = streams.keep.too_long()
+    return Plan(packs, remainder)
 
 
 def probe_packs(max_tokens: int) -> list[npt.NDArray[np.int64]]:

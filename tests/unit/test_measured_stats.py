@@ -164,14 +164,42 @@ def test_every_strategy_and_contract_plans_the_same_records_once() -> None:
     for name, packs in plans.items():
         assert sorted(np.concatenate([p for r in packs for p in r]).tolist()) == want, name
     contracts = plan_contracts(tokens, get_preset("tokens"), setting, ("pack", "step", "tokens"))
-    assert contracts["tokens"]["status"] == "not yet available"
-    assert "'tokens' is not one of them" in contracts["tokens"]["why"]
     pack, step = contracts["pack"], contracts["step"]
     for entry in (pack, step):
         mbs = entry["micro_batches"]
         assert sorted(np.concatenate([p for r in mbs for p in r]).tolist()) == want
         assert entry["peak_tokens"] <= pack["peak_tokens"]  # the same memory budget
     assert step["max_tokens"] == pack["peak_tokens"]
+    assert contracts["tokens"]["status"] == "planned"
+
+
+def test_the_token_contract_is_measured_under_the_pack_peak_with_every_record_once() -> None:
+    from bcl_bench.measured_plans import Setting, measured_order, plan_contracts
+    from bcl_stream.cost import get_preset
+
+    # planted lengths: mostly short records and a heavy tail, so micro-batches vary in records
+    rng = np.random.default_rng(5)
+    tokens = np.where(
+        rng.random(4000) < 0.1, rng.integers(400, 1000, 4000), rng.integers(8, 120, 4000)
+    )
+    setting = Setting(ranks=4, pack_size=4, window=4, steps=12, grad_accum=4, seed=0)
+    want = sorted(measured_order(tokens.size, setting).tolist())
+    out = plan_contracts(tokens, get_preset("tokens"), setting, ("tokens",))
+    pack, tok = out["pack"], out["tokens"]
+    assert tok["status"] == "planned"
+    cap = pack["peak_tokens"]
+    assert tok["max_tokens"] == cap
+    mbs = tok["micro_batches"]
+    assert all(-1 not in mb for rank in mbs for mb in rank)  # the plan's padding is stripped
+    assert max(int(tokens[mb].sum()) for rank in mbs for mb in rank) == tok["peak_tokens"] <= cap
+    counts = {len(rank) for rank in mbs}
+    assert len(counts) == 1 and counts.pop() % setting.grad_accum == 0  # equal, whole steps
+    held = [i for rank in mbs for mb in rank for i in mb.tolist()]
+    reported = [i for ids in tok["remainder_ids"].values() for i in ids.tolist()]
+    assert sorted(held + reported) == want  # every measured record once: held or reported
+    assert tok["records"] == len(held)
+    assert sum(tok["remainder"].values()) == len(reported)
+    assert len({len(mb) for rank in mbs for mb in rank}) > 1  # records per micro-batch vary
 
 
 def test_a_contract_without_a_micro_batch_reader_is_reported_not_faked(
