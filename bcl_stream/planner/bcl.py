@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG, Plan, PlanConfig
+from bcl_stream.planner.contracts import contract
 from bcl_stream.planner.node_streams import NodeStreams
 from bcl_stream.planner.shard_table import Draw, Ids, KeepFilter, ShardTable
 from bcl_stream.planner.windows import WindowBatch, plan_windows
@@ -100,8 +101,15 @@ def plan_epoch(
     memory-mapped arrays work); ``tokens`` is required when ``config.max_tokens`` is set;
     ``excluded`` ids are neither planned nor reported, nor are ids outside a mixture's
     ``draw``. Output: ``Plan.packs`` of shape (world_size, n_packs, pack_size) and the
-    remainder by reason.
+    remainder by reason. The record contracts only: a plan of B-record packs under the token
+    budget's contract would be a wrong plan, not a slower one, so it is refused.
     """
+    if contract(config.contract).budget:
+        raise ValueError(
+            f"plan_epoch plans B-record packs; contract {config.contract!r} cuts micro-batches "
+            "to max_tokens: plan it with token_contract.plan_tokens(TokenWalker(streams, costs, "
+            "tokens, config)) over streams built from token_contract.token_geometry"
+        )
     streams = build_node_streams(
         costs,
         table,

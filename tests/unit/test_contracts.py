@@ -52,3 +52,17 @@ def test_every_plan_a_reader_walks_is_a_schedule() -> None:
             assert hasattr(kind, name) or name == "n_packs", (kind, name)
     plan = EvalPlan(np.ones(10), 2, 2, "sequential", "here")
     assert isinstance(plan, Schedule)
+
+
+def test_plan_epoch_refuses_the_token_contract() -> None:
+    """plan_epoch plans B-record packs: given contract='tokens' it used to return record packs
+    as if the budget did not exist; it refuses, naming the token planner."""
+    from bcl_stream.planner.bcl import plan_epoch
+    from bcl_stream.planner.shard_table import ShardTable
+
+    costs = np.ones(64)
+    config = PlanConfig(
+        world_size=2, ranks_per_node=2, pack_size=2, window=2, contract="tokens", max_tokens=64
+    )
+    with pytest.raises(ValueError, match="plan_tokens"):
+        plan_epoch(costs, ShardTable.build([32, 32]), config, tokens=np.full(64, 4))
