@@ -107,6 +107,9 @@ def test_every_shipped_config_plans_what_its_trainer_runs(
     assert layout is not None and (layout.group_size, layout.local_processes) == (tp, devices)
     assert plan.grad_accum == accumulate == trainer.accumulate_grad_batches
     assert plan.layout == shipped["data"].get("batch", {}).get("collate", "padded") == module.layout
+    shipped_plan = shipped["data"].get("plan", {})
+    assert plan.contract == shipped_plan.get("contract", "pack")  # h200_node: tokens
+    assert plan.max_tokens == shipped_plan.get("max_tokens")
     if tp > 1:  # the model's configure_model can split it at that size
         assert tensor_parallel_plan(cli.model, tp)
 
