@@ -156,6 +156,14 @@ def shard_file_names(dataset: Any) -> list[list[str]]:
     return names
 
 
+def restart_persistent_workers(loader: Any) -> None:
+    """Make a torch ``DataLoader`` start its (persistent) workers again at the next ``iter()``:
+    they keep the copy of the dataset they were started with, so a dataset whose configuration
+    changed (a canonical layout adopted from a cursor) must reach new workers. Drops torch's
+    private ``_iterator``, as ``DataLoader`` itself does when its workers die."""
+    loader._iterator = None
+
+
 def clean_stale_shared_memory_once() -> None:
     """Remove shared memory leaked by killed streaming jobs; call once per job, in the process
     that starts it, before any dataset exists. Skipped inside launched ranks (``LOCAL_RANK``

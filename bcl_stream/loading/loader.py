@@ -33,6 +33,7 @@ from bcl_stream.epoch.cursor import MIXTURE_CHANGES, Cursor, resolve_state
 from bcl_stream.epoch.plan import ReaderPlan, Segment
 from bcl_stream.errors import StateError
 from bcl_stream.formats.reader_base import Pack, PlanDataset
+from bcl_stream.io.streaming_compat import restart_persistent_workers
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +198,7 @@ class PackLoader(DataLoader):
             # (epoch/cursor.py): the dataset plans with it from now on, and persistent
             # workers, which keep the copy they were started with, are started again.
             dataset.config = cursor.config
-            self._iterator = None
+            restart_persistent_workers(self)
         try:
             n_packs = self._n_packs(cursor.epoch, cursor.segments)
         except ValueError as exc:

@@ -92,5 +92,5 @@ def contract(name: str) -> Contract:
     """The contract named ``name`` (a ValueError lists the known ones)."""
     try:
         return REGISTRY[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"contract must be one of {CONTRACTS}, got {name!r}") from None
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"contract must be one of {CONTRACTS}, got {name!r}") from exc
