@@ -11,8 +11,9 @@ that record contract at the *same peak tokens* (the most tokens in any micro-bat
 is the contract's, not a larger memory budget's. A contract the planner does not know yet
 (``PlanConfig.contract`` accepts :data:`bcl_stream.planner.contracts.CONTRACTS`) is reported
 as not yet available, with the planner's list, instead of being skipped silently or faked.
-A budget contract (``tokens``) is planned as the reader plans it (its own record geometry,
-:func:`bcl_stream.planner.token_contract.token_geometry`, and the token walker); what its
+A budget contract (``tokens``) is planned by ``plan_epoch`` as the reader plans it (its own
+record geometry, :func:`bcl_stream.planner.token_contract.token_geometry`, and the token
+walker); what its
 micro-batches do not hold (the epoch's tail, records over the budget) is counted by reason.
 """
 
@@ -29,15 +30,9 @@ from bcl_stream.analysis.sim import default_capacity
 from bcl_stream.cost import CostModel
 from bcl_stream.peers import REAL_PEERS, Pool, global_order, plan_pooled
 from bcl_stream.planner import Plan, PlanConfig, ShardTable, plan_epoch, shard_weights
-from bcl_stream.planner.bcl import build_node_streams
-from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG
-from bcl_stream.planner.contracts import CONTRACTS, contract
+from bcl_stream.planner.contracts import CONTRACTS
 from bcl_stream.planner.step_contract import node_micro_batches
 from bcl_stream.planner.token_contract import (
-    REASON_OVER_BUDGET,
-    TokenWalker,
-    plan_tokens,
-    token_geometry,
     unpad,
 )
 
@@ -203,7 +198,7 @@ def plan_contracts(
             continue
         cap = None if name == "pack" else peak
         config = dataclasses.replace(world, contract=name, max_tokens=cap)
-        plan = _plan(costs, sub, config, setting.seed)
+        plan = plan_epoch(costs, _table(costs), config, seed=setting.seed, tokens=sub)
         local = MICRO_BATCHES[name](plan, costs, sub, setting, layout, peak)
         mbs = [[order[np.asarray(mb, dtype=np.int64)] for mb in rank] for rank in local]
         if name == "pack":
@@ -224,25 +219,6 @@ def plan_contracts(
                 f"reported, the measured set holds {sub.size}"
             )
     return out
-
-
-def _plan(
-    costs: npt.NDArray[np.float64], sub: npt.NDArray[np.int64], config: PlanConfig, seed: int
-) -> Plan:
-    """BCL's plan of the measured records under ``config.contract``, as the reader builds it:
-    a budget contract through its own geometry and walker (``plan_epoch`` plans the record
-    contracts only), its remainder by reason as ``EpochPlan.whole`` reports it."""
-    table = _table(costs)
-    if not contract(config.contract).budget:
-        return plan_epoch(costs, table, config, seed=seed, tokens=sub)
-    geometry = token_geometry(config, sub, table.counts.size)
-    streams = build_node_streams(costs, table, geometry, seed=seed, epoch=0, tokens=sub)
-    packs, dropped = plan_tokens(TokenWalker(streams, costs, sub, config))
-    tails = [streams.tail(n) for n in range(len(streams.nodes))]
-    remainder = {REASON_TAIL: np.concatenate(tails), REASON_OVER_BUDGET: dropped}
-    if streams.keep is not None:
-        remainder[REASON_TOO_LONG] = streams.keep.too_long()
-    return Plan(packs, remainder)
 
 
 def probe_packs(max_tokens: int) -> list[npt.NDArray[np.int64]]:

@@ -35,6 +35,12 @@ from bcl_stream.planner.config import REASON_TAIL, REASON_TOO_LONG, Plan, PlanCo
 from bcl_stream.planner.contracts import contract
 from bcl_stream.planner.node_streams import NodeStreams
 from bcl_stream.planner.shard_table import Draw, Ids, KeepFilter, ShardTable
+from bcl_stream.planner.token_contract import (
+    REASON_OVER_BUDGET,
+    TokenWalker,
+    plan_tokens,
+    token_geometry,
+)
 from bcl_stream.planner.windows import WindowBatch, plan_windows
 
 WINDOW_BATCH = 16
@@ -101,15 +107,12 @@ def plan_epoch(
     memory-mapped arrays work); ``tokens`` is required when ``config.max_tokens`` is set;
     ``excluded`` ids are neither planned nor reported, nor are ids outside a mixture's
     ``draw``. Output: ``Plan.packs`` of shape (world_size, n_packs, pack_size) and the
-    remainder by reason. The record contracts only: a plan of B-record packs under the token
-    budget's contract would be a wrong plan, not a slower one, so it is refused.
+    remainder by reason. Under a budget contract (``tokens``) the micro-batches are planned by
+    its own geometry and walker, padded with ``token_contract.EMPTY`` to the widest one (shape
+    (world_size, n_micro_batches, widest)), and the remainder adds ``over_token_budget``.
     """
     if contract(config.contract).budget:
-        raise ValueError(
-            f"plan_epoch plans B-record packs; contract {config.contract!r} cuts micro-batches "
-            "to max_tokens: plan it with token_contract.plan_tokens(TokenWalker(streams, costs, "
-            "tokens, config)) over streams built from token_contract.token_geometry"
-        )
+        return _plan_budget_epoch(costs, table, config, seed, epoch, tokens, excluded, draw)
     streams = build_node_streams(
         costs,
         table,
@@ -122,6 +125,32 @@ def plan_epoch(
         balanced=balanced,
     )
     return plan_streams(streams, costs, tokens)
+
+
+def _plan_budget_epoch(
+    costs: npt.NDArray[np.floating],
+    table: ShardTable,
+    config: PlanConfig,
+    seed: int,
+    epoch: int,
+    tokens: npt.NDArray[np.integer] | None,
+    excluded: Ids | None,
+    draw: Draw | None,
+) -> Plan:
+    """:func:`plan_epoch` under a budget contract: the reader's geometry (records per window
+    from the budget), its walker over every row, and the remainder by reason."""
+    if tokens is None:
+        raise ValueError(f"contract {config.contract!r} needs the records' tokens")
+    geometry = token_geometry(config, tokens, table.counts.size)
+    streams = build_node_streams(
+        costs, table, geometry, seed=seed, epoch=epoch, tokens=tokens, excluded=excluded, draw=draw
+    )
+    packs, dropped = plan_tokens(TokenWalker(streams, costs, tokens, config))
+    tails = [streams.tail(n) for n in range(len(streams.nodes))]
+    remainder = {REASON_TAIL: np.concatenate(tails), REASON_OVER_BUDGET: dropped}
+    if streams.keep is not None:
+        remainder[REASON_TOO_LONG] = streams.keep.too_long()
+    return Plan(packs, remainder)
 
 
 def iter_windows(

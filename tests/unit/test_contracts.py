@@ -54,15 +54,24 @@ def test_every_plan_a_reader_walks_is_a_schedule() -> None:
     assert isinstance(plan, Schedule)
 
 
-def test_plan_epoch_refuses_the_token_contract() -> None:
-    """plan_epoch plans B-record packs: given contract='tokens' it used to return record packs
-    as if the budget did not exist; it refuses, naming the token planner."""
+def test_plan_epoch_plans_the_token_contract() -> None:
+    """plan_epoch under contract='tokens' plans token-budget micro-batches (it used to return
+    B-record packs as if the budget did not exist): every micro-batch within max_tokens, the same
+    count on every rank, every record once in a micro-batch or in the remainder."""
     from bcl_stream.planner.bcl import plan_epoch
     from bcl_stream.planner.shard_table import ShardTable
+    from bcl_stream.planner.token_contract import unpad
 
-    costs = np.ones(64)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(1, 60, size=256)
+    costs = tokens + tokens.astype(float) ** 2 / 100
     config = PlanConfig(
-        world_size=2, ranks_per_node=2, pack_size=2, window=2, contract="tokens", max_tokens=64
+        world_size=2, ranks_per_node=2, pack_size=8, window=2, contract="tokens", max_tokens=128
     )
-    with pytest.raises(ValueError, match="plan_tokens"):
-        plan_epoch(costs, ShardTable.build([32, 32]), config, tokens=np.full(64, 4))
+    plan = plan_epoch(costs, ShardTable.build([128, 128]), config, tokens=tokens)
+    held = [unpad(mb) for rank in plan.packs for mb in rank]
+    assert all(tokens[mb].sum() <= 128 for mb in held)
+    assert len({len(rank) for rank in plan.packs}) == 1
+    left = [ids for ids in plan.remainder.values()]
+    every = np.concatenate([*held, *left])
+    assert sorted(every.tolist()) == list(range(256))
