@@ -38,7 +38,7 @@ from bcl_stream.preprocess.output import check_output, prepare_output, remove_if
 from bcl_stream.preprocess.parts import Part, input_identity, input_slices, part_record
 from bcl_stream.preprocess.sources import InputSlice, check_inputs, read_records
 from bcl_stream.preprocess.work import EncodeOptions, tokenize_stream
-from bcl_stream.text.layouts import Bad, LayoutOptions
+from bcl_stream.records.kind import Bad, LayoutOptions
 from bcl_stream.text.loss_spans import trained_count
 from bcl_stream.text.templates import LOSS_ON, Encoded
 
@@ -250,7 +250,7 @@ def preprocess(
 ) -> PreprocessReport:
     """Tokenize ``inputs`` (JSONL/Parquet) into a costed dataset at ``output`` (dir or s3://).
 
-    Records are read in any layout of ``text/layouts.py`` (``messages_field`` names a
+    Records are read as any kind of ``records/registry.py`` (``messages_field`` names a
     conversation field other than ``messages``/``conversations``). ``tokenizer``: ``cl100k``,
     a ``tokenizer.json``, or a Hugging Face tokenizer directory, whose chat template then
     renders conversations (``text/templates.py``). ``loss_on`` (``assistant``, ``last``,

@@ -1,5 +1,5 @@
 """Worker side of preprocessing: raw record chunks -> token ids and loss masks, in a
-process pool (``text/layouts.py`` reads each record's layout, ``text/templates.py``
+process pool (``records/registry.py`` reads each record by its kind, ``text/templates.py``
 renders and tokenizes it).
 
 Tokenization is the expensive step (about 90 % of preprocessing time with cl100k), so it runs
@@ -29,9 +29,10 @@ from multiprocessing import get_context
 from multiprocessing.pool import AsyncResult, Pool
 from typing import Any
 
-from bcl_stream.preprocess.sources import Raw, check_text, parse_payload
-from bcl_stream.text.layouts import Bad, Layout, LayoutOptions, Text, read_layout
-from bcl_stream.text.templates import Encoded, Encoder, encode_layout
+from bcl_stream.preprocess.sources import Raw, parse_payload
+from bcl_stream.records.kind import Bad, LayoutOptions
+from bcl_stream.records.registry import encode_record, read_record
+from bcl_stream.text.templates import Encoded, Encoder
 
 Result = tuple[str, "Encoded | Bad"]
 
@@ -95,23 +96,18 @@ def tokenizer_pool(workers: int, options: EncodeOptions) -> Iterator[Pool]:
         yield pool
 
 
-def read_shape(source: str, payload: Any, layout: LayoutOptions) -> Layout | Bad:
-    """A raw record's layout (its JSON parsed, a text checked), or why it has none."""
+def read_shape(source: str, payload: Any, layout: LayoutOptions) -> Any:
+    """A raw record's shape by its kind (its JSON parsed), or a :class:`Bad`: why it has none."""
     record = parse_payload(source, payload)
     if isinstance(record, Bad):
         return record
-    shape = read_layout(source, record, layout)
-    if isinstance(shape, Text):
-        checked = check_text(source, shape.text)
-        if isinstance(checked, Bad):
-            return checked
-    return shape
+    return read_record(source, record, layout)
 
 
 def encode_raw(source: str, payload: Any, encoder: Encoder, layout: LayoutOptions) -> Result:
     """One raw record -> (source, its ids and mask, or why it has none)."""
     shape = read_shape(source, payload, layout)
-    return source, shape if isinstance(shape, Bad) else encode_layout(source, shape, encoder)
+    return source, shape if isinstance(shape, Bad) else encode_record(source, shape, encoder)
 
 
 def _chunk(raws: list[Raw]) -> tuple[list[Result], float, float]:
@@ -129,7 +125,7 @@ def _chunk(raws: list[Raw]) -> tuple[list[Result], float, float]:
         if isinstance(shape, Bad):
             out.append((source, shape))
             continue
-        out.append((source, encode_layout(source, shape, encoder)))
+        out.append((source, encode_record(source, shape, encoder)))
         encode += time.perf_counter() - t1
     return out, parse, encode
 
