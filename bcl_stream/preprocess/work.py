@@ -32,28 +32,49 @@ from typing import Any
 from bcl_stream.preprocess.sources import Raw, parse_payload
 from bcl_stream.records.kind import Bad, LayoutOptions
 from bcl_stream.records.registry import encode_record, read_record
+from bcl_stream.records.source import RecordSource
 from bcl_stream.text.templates import Encoded, Encoder
 
 Result = tuple[str, "Encoded | Bad"]
 
 
+DEFAULT_TOKENIZER = "cl100k"
+DEFAULT_TEXT_FIELD = "text"
+DEFAULT_LOSS_ON = "assistant"
+"""What ``preprocess`` takes for a knob its record source leaves unset."""
+
+
 @dataclass(frozen=True, slots=True)
 class EncodeOptions:
-    """How every worker reads and encodes records (picklable)."""
+    """How every worker reads and encodes records (picklable): the record source as
+    ``preprocess`` reads it, each knob left unset taking its default."""
 
-    tokenizer: str = "cl100k"
-    layout: LayoutOptions = field(default_factory=LayoutOptions)
-    loss_on: str = "assistant"
-    chat_template: str | None = None
-    """``--chat-template FILE``: renders conversations instead of the tokenizer's own."""
-    template_kwargs: dict[str, Any] | None = None
-    """``--chat-template-kwargs``: template variables for every record."""
+    source: RecordSource = field(default_factory=RecordSource)
+
+    @property
+    def tokenizer(self) -> str:
+        return self.source.tokenizer or DEFAULT_TOKENIZER
+
+    @property
+    def loss_on(self) -> str:
+        return self.source.loss_on or DEFAULT_LOSS_ON
+
+    @property
+    def layout(self) -> LayoutOptions:
+        """Where a record's content is looked for."""
+        return LayoutOptions(
+            self.source.text_field or DEFAULT_TEXT_FIELD, self.source.messages_field
+        )
+
+    @property
+    def template_kwargs(self) -> dict[str, Any] | None:
+        return self.source.chat_template_kwargs
 
     def encoder(self) -> Encoder:
         return Encoder(
             self.tokenizer,
             self.loss_on,
-            chat_template=self.chat_template,
+            chat_template=self.source.chat_template,
             template_kwargs=self.template_kwargs,
         )
 
