@@ -117,7 +117,7 @@ class ReaderConfig:
             raise ValueError(
                 f"max_seq_len must be an integer >= 1 or None, got {self.max_seq_len!r}"
             )
-        check_canonical(self)
+        check_canonical(self.plan, self.canonical_ranks, self.canonical_ranks_per_node)
         if self.tokens is not None and not isinstance(self.tokens, TokenSource):
             raise ValueError(f"tokens must be a TokenSource or None, got {self.tokens!r}")
         if self.packing not in PACKINGS:
