@@ -4,7 +4,8 @@ first-party import inside a function only where it defers a heavy library.
 
 Layers, lowest first (:data:`LAYERS`; a module may import its own layer and those below):
 
-1. ``errors``, then ``cost``: what everything raises and the cost models (numpy only);
+1. ``errors``, ``process_layout``, then ``cost``: what everything raises, the process layout
+   (pure Python) and the cost models (numpy only);
 2. ``planner``: the pure planning functions (numpy only, ``test_purity.py``), then ``peers``,
    the reproductions of other systems built on it;
 3. ``text``: tokenizers, record layouts, chat templates, loss spans (what preprocess writes
@@ -72,6 +73,7 @@ HEAVY = frozenset(
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("bcl_stream.errors",),
+    ("bcl_stream.process_layout",),
     ("bcl_stream.cost",),
     ("bcl_stream.planner.*",),
     ("bcl_stream.peers.*",),
