@@ -30,7 +30,7 @@ from multiprocessing.pool import AsyncResult, Pool
 from typing import Any
 
 from bcl_stream.preprocess.sources import Raw, check_text, parse_payload
-from bcl_stream.text.layouts import Bad, Layout, LayoutOptions, Text, read_layout
+from bcl_stream.text.layouts import Bad, LayoutOptions, RecordLayout, Text, read_layout
 from bcl_stream.text.templates import Encoded, Encoder, encode_layout
 
 Result = tuple[str, "Encoded | Bad"]
@@ -95,7 +95,7 @@ def tokenizer_pool(workers: int, options: EncodeOptions) -> Iterator[Pool]:
         yield pool
 
 
-def read_shape(source: str, payload: Any, layout: LayoutOptions) -> Layout | Bad:
+def read_shape(source: str, payload: Any, layout: LayoutOptions) -> RecordLayout | Bad:
     """A raw record's layout (its JSON parsed, a text checked), or why it has none."""
     record = parse_payload(source, payload)
     if isinstance(record, Bad):

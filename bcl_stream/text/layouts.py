@@ -98,7 +98,7 @@ class PromptResponse:
     fields: tuple[str, str] = field(default=("prompt", "response"))
 
 
-Layout = Text | Conversation | PromptResponse
+RecordLayout = Text | Conversation | PromptResponse
 
 
 def message_text(message: dict[str, Any]) -> str:
@@ -241,7 +241,7 @@ def layout_fields(names: Collection[str], options: LayoutOptions) -> Fields | No
     return None
 
 
-def read_layout(source: str, record: dict[str, Any], options: LayoutOptions) -> Layout | Bad:
+def read_layout(source: str, record: dict[str, Any], options: LayoutOptions) -> RecordLayout | Bad:
     """The layout of one parsed record (see the module docstring), or why it has none."""
     found = layout_fields(record, options)
     if found is not None and found.kind == "text":
@@ -311,7 +311,7 @@ def _tools_and_kwargs(
     return tools, kwargs
 
 
-def _prompt_response(source: str, record: dict[str, Any], second: str) -> Layout | Bad:
+def _prompt_response(source: str, record: dict[str, Any], second: str) -> RecordLayout | Bad:
     prompt, response = record["prompt"], record[second]
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
         first = _messages(prompt, "prompt")

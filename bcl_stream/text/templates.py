@@ -60,8 +60,8 @@ from bcl_stream.text.generation_variants import generation_variant
 from bcl_stream.text.layouts import (
     Bad,
     Conversation,
-    Layout,
     PromptResponse,
+    RecordLayout,
     Text,
     trains_something,
 )
@@ -174,7 +174,7 @@ class Encoder:
         """The template conversations are rendered with: the tokenizer's own, or ChatML."""
         return self.template if self.template is not None else TEMPLATE
 
-    def encode(self, layout: Layout) -> Encoded:
+    def encode(self, layout: RecordLayout) -> Encoded:
         """Ids and mask of one record (:class:`TemplateError` if its template fails)."""
         if isinstance(layout, Text):
             return Encoded(self.tokenizer.ids(layout.text))
@@ -457,7 +457,7 @@ def _refuse_prefix(turn: int) -> NoReturn:
     )
 
 
-def encode_layout(source: str, layout: Layout, encoder: Encoder) -> Encoded | Bad:
+def encode_layout(source: str, layout: RecordLayout, encoder: Encoder) -> Encoded | Bad:
     """``layout`` encoded, or a :class:`Bad` (template failure, nothing trained) naming it."""
     if isinstance(layout, Conversation) and encoder.loss_on != "all":
         bad = _nothing_trained(source, layout, encoder)
