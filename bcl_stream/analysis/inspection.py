@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.errors import BCLStreamError, RemoteAccessError
-from bcl_stream.formats.dataset_files import check_integrity, integrity_checks, open_layout
+from bcl_stream.formats.dataset_files import check_integrity, integrity_checks, open_file_layout
 from bcl_stream.io.dataset_dir import detect_format
 from bcl_stream.io.index import CostIndex
 from bcl_stream.io.remote import is_remote
@@ -87,7 +87,7 @@ def inspect_dataset(
     report = _empty(str(root), max_tokens)
     try:
         report["format"] = detect_format(root)
-        layout = open_layout(root, verify=True)
+        layout = open_file_layout(root, verify=True)
     except BCLStreamError as exc:
         report["problems"].append(str(exc))
         return report
