@@ -98,9 +98,7 @@ def _add_warnings(report: dict[str, Any], layout: ProcessLayout | None) -> None:
     if layout is None or not report.get("shards"):
         return
     report["planned_for"] = layout.to_json()
-    report["warnings"] = shard_warnings(
-        int(report["shards"]), int(report["records"]), layout.world_size, layout.ranks_per_node
-    )
+    report["warnings"] = shard_warnings(int(report["shards"]), int(report["records"]), layout)
 
 
 def run_streams(args: argparse.Namespace, layout: ProcessLayout | None) -> int:

@@ -149,7 +149,7 @@ def test_datamodule_plan_is_checked_when_built(plan: dict[str, Any], match: str)
 def test_reader_config_build_and_nested_fields() -> None:
     config = ReaderConfig.build(seed=3, cost_model="tokens", **VALUES)
     assert config.plan == PlanConfig(**VALUES)
-    resized = config.resized(8, 4)
+    resized = config.resized(ProcessLayout(world_size=8, ranks_per_node=4))
     assert (resized.plan.world_size, resized.plan.ranks_per_node) == (8, 4)
     assert resized.plan.carry_span == VALUES["carry_span"] and resized.seed == 3
     with pytest.raises(ValueError, match=r"unknown reader config fields \['bogus'\]"):
