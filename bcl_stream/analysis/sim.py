@@ -132,8 +132,6 @@ class SimConfig(PlanKnobs):
 
 SIM_SCOPE = next(f.default for f in fields(PlanKnobs) if f.name == "scope")
 """The one ``scope`` a SimConfig holds: PlanKnobs' default (the strategies set their own)."""
-SIM_PLAN_FIELDS = tuple(f.name for f in fields(PlanConfig) if f.name not in ("world_size", "scope"))
-"""PlanConfig fields a SimConfig holds under the same name (``plan_config`` copies them)."""
 
 
 def default_capacity(tokens: npt.NDArray[np.integer], pack_size: int) -> int:
@@ -425,16 +423,23 @@ def budget_figures(s: Schedule, tokens: npt.NDArray[np.integer]) -> dict[str, ob
 
 
 def plan_config(config: SimConfig, scope: str) -> PlanConfig:
-    """The planner configuration a simulated BCL strategy uses: every shared field copied by
-    name (with the ``padded`` layout the planner partitions by length:
-    ``PlanConfig.partition_algorithm``)."""
-    shared = {name: getattr(config, name) for name in SIM_PLAN_FIELDS}
+    """The planner configuration a simulated BCL strategy uses: the SimConfig's knobs built
+    with its layout (``PlanKnobs.build``; with the ``padded`` layout the planner partitions
+    by length: ``PlanConfig.partition_algorithm``)."""
     if config.canonical_ranks is None:
-        return PlanConfig(world_size=config.ranks, scope=scope, **shared)
+        return config.build(
+            world_size=config.ranks,
+            ranks_per_node=config.ranks_per_node,
+            grad_accum=config.grad_accum,
+            scope=scope,
+        )
     v = config.canonical_ranks
-    shared["ranks_per_node"] = config.canonical_ranks_per_node or config.ranks_per_node
-    shared["grad_accum"] = config.grad_accum * config.ranks // v
-    return PlanConfig(world_size=v, scope=scope, **shared)
+    return config.build(
+        world_size=v,
+        ranks_per_node=config.canonical_ranks_per_node or config.ranks_per_node,
+        grad_accum=config.grad_accum * config.ranks // v,
+        scope=scope,
+    )
 
 
 def simulate(
