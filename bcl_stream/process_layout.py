@@ -13,7 +13,8 @@ processes of one model-parallel group run the same micro-batch and yield identic
 plan is made for ``world_size`` data-parallel ranks, and Mosaic Streaming is told the physical
 ``local_processes`` (``lightning_module/trainer_layout.py`` says why).
 
-Pure Python (no torch, no numpy): every layer may import it.
+No torch: every layer from ``epoch`` up may import it (it checks its numbers with the
+planner's ``checks``).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-MAX_RANKS = 1 << 20
-"""Largest world size accepted (as the planner's ``MAX_RANKS``): more is a typo or corruption."""
+from bcl_stream.planner import checks
+from bcl_stream.planner.config import MAX_RANKS
 
 
 class HasRanks(Protocol):
@@ -37,12 +38,6 @@ class HasRanks(Protocol):
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
-
-
-def _count(value: object, name: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_RANKS:
-        raise ValueError(f"{name} must be an integer in [{low}, {MAX_RANKS}], got {value!r}")
-    return value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,13 +59,11 @@ class ProcessLayout:
     process per data-parallel rank (``ranks_per_node``)."""
 
     def __post_init__(self) -> None:
-        _count(self.world_size, "world_size", 1)
-        _count(self.ranks_per_node, "ranks_per_node", 1)
-        _count(self.group_size, "group_size", 1)
+        for name in ("world_size", "ranks_per_node", "group_size"):
+            checks.integer(getattr(self, name), name, 1, MAX_RANKS)
         if self.processes_per_node is not None:
-            _count(self.processes_per_node, "processes_per_node", 1)
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int):
-            raise ValueError(f"rank must be an integer, got {self.rank!r}")
+            checks.integer(self.processes_per_node, "processes_per_node", 1, MAX_RANKS)
+        checks.integer(self.rank, "rank", 0, MAX_RANKS)
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
         if self.world_size % self.ranks_per_node:

@@ -4,10 +4,10 @@ first-party import inside a function only where it defers a heavy library.
 
 Layers, lowest first (:data:`LAYERS`; a module may import its own layer and those below):
 
-1. ``errors``, ``process_layout``, then ``cost``: what everything raises, the process layout
-   (pure Python) and the cost models (numpy only);
+1. ``errors``, then ``cost``: what everything raises and the cost models (numpy only);
 2. ``planner``: the pure planning functions (numpy only, ``test_purity.py``), then ``peers``,
-   the reproductions of other systems built on it;
+   the reproductions of other systems built on it, then ``process_layout`` (the one type of
+   a job's data-parallel ranks and nodes);
 3. ``text``: tokenizers, record layouts, chat templates, loss spans (what preprocess writes
    with and readers re-encode with);
 4. ``io``: dataset directory facts (``io/dataset_dir.py``), the cost index, remote stores,
@@ -73,10 +73,10 @@ HEAVY = frozenset(
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("bcl_stream.errors",),
-    ("bcl_stream.process_layout",),
     ("bcl_stream.cost",),
     ("bcl_stream.planner.*",),
     ("bcl_stream.peers.*",),
+    ("bcl_stream.process_layout",),
     ("bcl_stream.text.*",),
     ("bcl_stream.io.*",),
     ("bcl_stream.epoch.*",),

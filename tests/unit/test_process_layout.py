@@ -21,10 +21,11 @@ def test_nodes_and_node_follow_ranks_per_node() -> None:
     [
         ({"world_size": 8, "ranks_per_node": 3}, "ranks_per_node=3 does not divide world_size=8"),
         ({"world_size": 4, "rank": 4}, r"rank must be in \[0, 4\), got 4"),
-        ({"world_size": 0}, "world_size must be an integer"),
-        ({"world_size": True}, "world_size must be an integer"),
-        ({"world_size": 2, "group_size": 0}, "group_size must be an integer"),
-        ({"world_size": 2, "processes_per_node": 0}, "processes_per_node must be an integer"),
+        ({"world_size": 0}, r"world_size must be in \[1, 1048576\], got 0"),
+        ({"world_size": True}, "world_size must be an integer, got bool"),
+        ({"world_size": 2, "rank": -1}, r"rank must be in \[0, 1048576\], got -1"),
+        ({"world_size": 2, "group_size": 0}, r"group_size must be in \[1, 1048576\]"),
+        ({"world_size": 2, "processes_per_node": 0}, r"processes_per_node must be in \[1,"),
     ],
 )
 def test_a_layout_that_cannot_be_is_refused_naming_the_value(
