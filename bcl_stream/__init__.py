@@ -6,7 +6,8 @@ open_dataset, PackLoader, ReaderConfig``). The modules behind it may move; these
 - reading: :func:`open_dataset` (one dataset or a mixture), :class:`MDSPackDataset`,
   :class:`WDSPackDataset`, :class:`MixturePackDataset`, :class:`PackLoader` (the loader that
   owns the resume cursor), :class:`ReaderConfig` and its planner part :class:`PlanConfig`,
-  :class:`ReadOptions`, :class:`RecordSource`, :class:`StreamSpec`;
+  :class:`ReadOptions`, :class:`RecordSource`, :class:`StreamSpec`, :class:`ProcessLayout`
+  (data-parallel rank, size and ranks per node, one type wherever they travel together);
 - writing: :class:`CostedMDSWriter`, :class:`CostedWDSWriter`;
 - cost models: :class:`CostModel`, :func:`get_preset`, :func:`preset_names`;
 - errors: :class:`BCLStreamError` and its subclasses.
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from bcl_stream.io.streaming_compat import UnsupportedLibraryError
     from bcl_stream.loading.loader import PackLoader
     from bcl_stream.planner.config import PlanConfig
+    from bcl_stream.process_layout import ProcessLayout
     from bcl_stream.records.source import RecordSource
 
 _HOMES: dict[str, str] = {
@@ -57,6 +59,7 @@ _HOMES: dict[str, str] = {
     "PackLoader": "bcl_stream.loading.loader",
     "PlanConfig": "bcl_stream.planner.config",
     "PlanError": "bcl_stream.errors",
+    "ProcessLayout": "bcl_stream.process_layout",
     "ReadOptions": "bcl_stream.formats.read_options",
     "ReaderConfig": "bcl_stream.epoch.plan",
     "RemoteAccessError": "bcl_stream.errors",
@@ -83,6 +86,7 @@ __all__ = [
     "PackLoader",
     "PlanConfig",
     "PlanError",
+    "ProcessLayout",
     "ReadOptions",
     "ReaderConfig",
     "RecordSource",

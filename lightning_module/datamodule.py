@@ -42,8 +42,9 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
+from bcl_stream import ProcessLayout
 from bcl_stream.cost import resolve
-from bcl_stream.epoch.checks import layout_text, require_packs
+from bcl_stream.epoch.checks import require_packs
 from bcl_stream.epoch.cursor import MIXTURE_CHANGES
 from bcl_stream.epoch.loss_tokens import normalization
 from bcl_stream.epoch.mixture_index import StreamSpec
@@ -273,9 +274,9 @@ class BCLDataModule(pl.LightningDataModule):
         """Build the dataset for an explicit layout (Fabric scripts and tests)."""
         self.setup_layout(
             TrainerLayout(
-                rank=rank,
-                world_size=world_size,
-                ranks_per_node=ranks_per_node,
+                process=ProcessLayout(
+                    rank=rank, world_size=world_size, ranks_per_node=ranks_per_node
+                ),
                 grad_accum=grad_accum,
             )
         )
@@ -291,11 +292,13 @@ class BCLDataModule(pl.LightningDataModule):
     def setup_layout(self, layout: TrainerLayout) -> None:
         """Build the dataset under ``layout``, refusing explicit settings that contradict it."""
         config = self.reader_config(layout)
-        set_streaming_env(layout.local_processes)  # physical: see trainer_layout's docstring
+        set_streaming_env(
+            layout.process.local_processes
+        )  # physical: see trainer_layout's docstring
         self.dataset = open_dataset(
             self.data if self.streams is None else self.streams,
             config,
-            layout.rank,
+            layout.process.rank,
             self.cache_dir,
             epoch_size=self.epoch_size,
             format=self.format,
@@ -328,7 +331,7 @@ class BCLDataModule(pl.LightningDataModule):
         canonical = self.elastic.canonical_ranks is not None
         old_accum = self._old_grad_accum
         for name, given, wins, source in (
-            ("ranks_per_node", self.ranks_per_node, layout.ranks_per_node,
+            ("ranks_per_node", self.ranks_per_node, layout.process.ranks_per_node,
              "data-parallel ranks per node"),
             ("plan.grad_accum", old_accum, layout.grad_accum, "accumulate_grad_batches"),
         ):  # fmt: skip
@@ -343,8 +346,8 @@ class BCLDataModule(pl.LightningDataModule):
             accum = layout.grad_accum or old_accum or 1
         config = ReaderConfig.build(
             **{**asdict(self.plan), "layout": self.batch.collate},
-            world_size=layout.world_size,
-            ranks_per_node=layout.ranks_per_node,
+            world_size=layout.process.world_size,
+            ranks_per_node=layout.process.ranks_per_node,
             grad_accum=accum,
             seed=self.seed,
             cost_model=self.cost_model,
@@ -401,12 +404,12 @@ class BCLDataModule(pl.LightningDataModule):
                 fix="Lower pack_size or the number of ranks, or use more data.",
             )
             counts = plan.remainder_counts()
-            group = 1 if self.layout_used is None else self.layout_used.group_size
+            group = 1 if self.layout_used is None else self.layout_used.process.group_size
             groups = f" (data-parallel ranks of {group} processes each)" if group > 1 else ""
             rank_zero_info(
                 f"BCLDataModule: {self.packing} packing, {plan.n_packs} packs of "
                 f"{self.plan.pack_size} records per rank in epoch {plan.epoch} on "
-                f"{layout_text(ds.config.plan.world_size, ds.config.plan.ranks_per_node)}"
+                f"{ProcessLayout.of_plan(ds.config.plan).ranks_text()}"
                 f"{groups}; "
                 f"records of that epoch not yielded, by reason: {counts or 'none'}; "
                 + "; ".join(self._setup_notes)
@@ -418,7 +421,7 @@ class BCLDataModule(pl.LightningDataModule):
         self._require_dataset()
         assert self.layout_used is not None
         config = self.reader_config(self.layout_used)
-        return self.evaluation.loaders(kind, config, self.layout_used.rank)
+        return self.evaluation.loaders(kind, config, self.layout_used.process.rank)
 
     def _make_loader(self) -> TrainerPackLoader:
         """The one loader (built once, after setup): the owner of the cursor."""

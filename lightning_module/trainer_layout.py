@@ -46,6 +46,8 @@ from typing import Any
 
 import torch
 
+from bcl_stream import ProcessLayout
+
 DATA_PARALLEL_DIM = "data_parallel"
 """The device mesh dimension holding data-parallel ranks (Lightning's ``ModelParallelStrategy``
 names it so; a custom mesh for ``of_process_group`` must use it too)."""
@@ -54,45 +56,23 @@ names it so; a custom mesh for ``of_process_group`` must use it too)."""
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainerLayout:
     """What the trainer decides and the plan follows: read from it in ``setup()``, never a
-    user knob that could disagree with it. ``rank``, ``world_size`` and ``ranks_per_node``
-    count data-parallel ranks (see the module docstring)."""
+    user knob that could disagree with it. The process layout (data-parallel rank and size,
+    ranks per node, model-parallel group) is core's :class:`ProcessLayout`, composed here with
+    what only a trainer knows, its accumulation (see the module docstring for the ranks)."""
 
-    rank: int
-    """Data-parallel rank: the plan's rank whose packs this process yields."""
-    world_size: int
-    """Data-parallel size: the ranks the plan is made for."""
-    ranks_per_node: int
-    """Data-parallel ranks per node (``Trainer.num_devices`` without model parallelism)."""
+    process: ProcessLayout
+    """Data-parallel rank, data-parallel size, data-parallel ranks per node
+    (``Trainer.num_devices`` without model parallelism), group size, processes per node."""
     grad_accum: int | None = None
     """Micro-batches per optimizer step (``Trainer.accumulate_grad_batches``): the plan deals
     each step's packs so that per-step sums balance too. None: no trainer decides it (Fabric,
     scripts): ``plan={"grad_accum": G}`` or 1."""
-    group_size: int = 1
-    """Processes per data-parallel rank (tensor x context parallel): they yield identical packs."""
-    processes_per_node: int | None = None
-    """Processes per physical node, what Mosaic Streaming shares its memory across; None: one
-    process per data-parallel rank (``ranks_per_node``)."""
 
     def __post_init__(self) -> None:
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank must be in [0, {self.world_size}), got {self.rank}")
-        if self.ranks_per_node < 1 or self.world_size % self.ranks_per_node:
-            raise ValueError(
-                f"ranks_per_node={self.ranks_per_node} must divide world_size={self.world_size}"
-            )
+        if not isinstance(self.process, ProcessLayout):
+            raise ValueError(f"process must be a ProcessLayout, got {self.process!r}")
         if self.grad_accum is not None and self.grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
-        if self.group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {self.group_size}")
-        if self.processes_per_node is not None and self.processes_per_node < 1:
-            raise ValueError(f"processes_per_node must be >= 1, got {self.processes_per_node}")
-
-    @property
-    def local_processes(self) -> int:
-        """Processes per physical node (what Mosaic Streaming is told: ``LOCAL_WORLD_SIZE``)."""
-        if self.processes_per_node is None:
-            return self.ranks_per_node
-        return self.processes_per_node
 
     @classmethod
     def of_trainer(cls, trainer: Any) -> TrainerLayout:
@@ -131,7 +111,7 @@ class TrainerLayout:
                 processes_per_node=local,
                 data_parallel=None if mesh is None else mesh_data_parallel(mesh),
             )
-        return cls(rank=0, world_size=1, ranks_per_node=1)
+        return cls(process=ProcessLayout(world_size=1))
 
     @classmethod
     def of_processes(
@@ -161,14 +141,14 @@ class TrainerLayout:
                 "ModelParallelStrategy builds it)"
             )
         per_node = processes_per_node // group if processes_per_node % group == 0 else 1
-        return cls(
+        process = ProcessLayout(
             rank=dp_rank,
             world_size=dp_size,
             ranks_per_node=per_node,
-            grad_accum=grad_accum,
             group_size=group,
             processes_per_node=processes_per_node,
         )
+        return cls(process=process, grad_accum=grad_accum)
 
 
 def data_parallel_dim(mesh: Any) -> Any | None:

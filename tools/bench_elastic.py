@@ -45,6 +45,7 @@ from bcl_bench.harness import RESULTS, ROOT, bench_parser, run_on_one_core, writ
 from bcl_stream.cost import get_preset
 from bcl_stream.epoch.plan import ReaderConfig, ReaderPlan, Segment, _costs_and_table
 from bcl_stream.io.index import COST_DTYPE, CostIndex, ShardEntry, read_index, write_index
+from bcl_stream.process_layout import ProcessLayout
 
 DEFAULT_OUT = RESULTS / "bench_elastic.json"
 CANONICAL_OUT = RESULTS / "bench_elastic_canonical.json"
@@ -92,7 +93,7 @@ def measure(root: Path, scope: str, consumed: int) -> dict[str, Any]:
 
     fresh_s, _ = first_pack(())
     resume_s, n_consumed = first_pack((Segment(OLD_RANKS, PER_NODE, consumed),))
-    old_config = config.resized(OLD_RANKS, PER_NODE)
+    old_config = config.resized(ProcessLayout(world_size=OLD_RANKS, ranks_per_node=PER_NODE))
     t = time.perf_counter()
     next(ReaderPlan(index, old_config, 0).iter_rank_packs(0))
     fresh_old_s = time.perf_counter() - t

@@ -50,7 +50,8 @@ from typing import Any
 import numpy as np
 
 from bcl_bench.harness import RESULTS, ROOT, bench_parser, checkout_env, machine_stamp, write_result
-from bcl_stream.preprocess import pipeline, preprocess
+from bcl_bench.writing import timed_preprocess
+from bcl_stream.preprocess import preprocess
 from bcl_stream.records.source import RecordSource
 
 WORDS = [
@@ -131,32 +132,21 @@ def workers_scaling(
     """Records per second of a whole ``preprocess`` call at each worker count (MDS output),
     under each tokenizer."""
     rows = []
-    small = pipeline.SMALL_INPUT_BYTES
-    pipeline.SMALL_INPUT_BYTES = 0  # measure the pool even where preprocess would not start it
-    try:
-        for (label, tokenizer), workers in ((t, w) for t in tokenizers.items() for w in counts):
-            t0 = time.perf_counter()
-            report = preprocess(
-                [str(src)],
-                str(tmp / f"workers{workers}"),
-                source=RecordSource(tokenizer=tokenizer),
-                workers=workers,
-                overwrite=True,
-                progress=False,
-            )
-            wall = time.perf_counter() - t0
-            rows.append(
-                {
-                    "tokenizer": label,
-                    "workers": workers,
-                    "records": report.records_written,
-                    "seconds_wall": round(wall, 2),
-                    "records_per_second": round(report.records_written / wall, 1),
-                }
-            )
-            print(json.dumps(rows[-1]))
-    finally:
-        pipeline.SMALL_INPUT_BYTES = small
+    for (label, tokenizer), workers in ((t, w) for t in tokenizers.items() for w in counts):
+        out = tmp / f"workers{workers}"
+        report, wall = timed_preprocess(
+            src, out, source=RecordSource(tokenizer=tokenizer), workers=workers
+        )
+        rows.append(
+            {
+                "tokenizer": label,
+                "workers": workers,
+                "records": report.records_written,
+                "seconds_wall": round(wall, 2),
+                "records_per_second": round(report.records_written / wall, 1),
+            }
+        )
+        print(json.dumps(rows[-1]))
     return rows
 
 

@@ -20,12 +20,13 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.errors import BCLStreamError, RemoteAccessError
-from bcl_stream.formats.dataset_files import check_integrity, integrity_checks, open_layout
+from bcl_stream.formats.dataset_files import check_integrity, integrity_checks, open_file_layout
 from bcl_stream.io.dataset_dir import detect_format
 from bcl_stream.io.index import CostIndex
 from bcl_stream.io.remote import is_remote
 from bcl_stream.planner.cuts import MIN_SHARDS_PER_NODE, TEAM_SHARDS
 from bcl_stream.preprocess.fetch import fetch_dataset
+from bcl_stream.process_layout import ProcessLayout
 
 EMPTY_STATS = {"total": 0.0, "mean": 0.0, "p50": 0.0, "p99": 0.0, "max": 0.0}
 
@@ -87,7 +88,7 @@ def inspect_dataset(
     report = _empty(str(root), max_tokens)
     try:
         report["format"] = detect_format(root)
-        layout = open_layout(root, verify=True)
+        layout = open_file_layout(root, verify=True)
     except BCLStreamError as exc:
         report["problems"].append(str(exc))
         return report
@@ -146,18 +147,13 @@ def plot_inspection(index: CostIndex, path: str | os.PathLike[str], cap: int | N
     plt.close(fig)
 
 
-def shard_warnings(shards: int, records: int, world_size: int, ranks_per_node: int) -> list[str]:
-    """What the shard count means for a plan on ``world_size`` ranks (``ranks_per_node`` per
-    node): a node reads only its own shards, so with few shards per node its stream cannot
-    carry the dataset's mix, and the planner cuts shards so that several nodes read each
-    (``planner/cuts.py``: below ``TEAM_SHARDS`` per node; below 2 per node every node reads
-    every shard). Empty when there are enough."""
-    if world_size < 1 or ranks_per_node < 1 or world_size % ranks_per_node:
-        raise ValueError(
-            f"--world-size {world_size} must be a positive multiple of --ranks-per-node "
-            f"{ranks_per_node}"
-        )
-    nodes = world_size // ranks_per_node
+def shard_warnings(shards: int, records: int, layout: ProcessLayout) -> list[str]:
+    """What the shard count means for a plan on ``layout`` (its nodes): a node reads only its
+    own shards, so with few shards per node its stream cannot carry the dataset's mix, and
+    the planner cuts shards so that several nodes read each (``planner/cuts.py``: below
+    ``TEAM_SHARDS`` per node; below 2 per node every node reads every shard). Empty when
+    there are enough."""
+    nodes = layout.nodes
     if nodes == 1 or shards >= TEAM_SHARDS * nodes:
         return []
     per_node = shards / nodes

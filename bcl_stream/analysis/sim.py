@@ -132,8 +132,6 @@ class SimConfig(PlanKnobs):
 
 SIM_SCOPE = next(f.default for f in fields(PlanKnobs) if f.name == "scope")
 """The one ``scope`` a SimConfig holds: PlanKnobs' default (the strategies set their own)."""
-SIM_PLAN_FIELDS = tuple(f.name for f in fields(PlanConfig) if f.name not in ("world_size", "scope"))
-"""PlanConfig fields a SimConfig holds under the same name (``plan_config`` copies them)."""
 
 
 def default_capacity(tokens: npt.NDArray[np.integer], pack_size: int) -> int:
@@ -238,85 +236,126 @@ def plan_schedules(
     """:func:`schedules` from per-record costs and the shard table, for records already costed
     (a mixture: each stream under its own model, ``draw`` its epoch's draw; the pooled peers
     then read a global shuffle of the draw)."""
-    tok = tokens
-    seed, epoch = config.seed, config.epoch
+    squares = np.square(tokens.astype(np.float64))
     layout = check_layout(config.layout)
-    squares = np.square(tok.astype(np.float64))
-
-    def schedule(
-        packs: Packs, used: int, left: int, steps: npt.NDArray[np.int64] | None = None
-    ) -> Schedule:
-        return Schedule(
-            ragged_pack_costs(packs, costs, layout),
-            used,
-            left,
-            packs,
-            ragged_pack_costs(packs, costs, "packed"),
-            steps,
-            ragged_pack_costs(packs, squares, "packed"),
-        )
-
-    def streams_for(planner: PlanConfig, balanced: bool) -> NodeStreams:
-        """The node streams BCL (``balanced``) or ``sequential`` reads (``plan_epoch``'s)."""
-        return build_node_streams(
-            costs, table, planner, seed=seed, epoch=epoch, tokens=tok, draw=draw, balanced=balanced
-        )
-
+    epoch = _SimEpoch(tokens, costs, squares, table, config, draw, layout)
     out: dict[str, Schedule] = {}
     for name in strategies:
         if name == "sequential":
-            plan = plan_streams(streams_for(plan_config(config, "rank"), False), costs, tok)
-            out[name] = schedule(plan.packs, plan.records_used, plan.records_left)
+            out[name] = _sequential(epoch)
         elif name in PEERS:
-            capacity = config.max_tokens or default_capacity(tok, config.pack_size)
-            order = global_order(tok.size, seed, epoch, shuffle=config.shuffle)
-            if draw is not None:
-                order = order[draw(order)]
-            pool = Pool(order, tok, config.ranks, pool_records(tok, config), config.grad_accum)
-            bins, left = plan_pooled(name, pool, capacity)
-            used = sum(b.size for rank_bins in bins for b in rank_bins)
-            left_count = sum(v.size for v in left.values())
-            steps = (
-                micro_batches_per_batch(bins[0], order, pool.batch_size)
-                if PEERS[name].pooled
-                else None
-            )
-            out[name] = schedule(bins, used, left_count, steps)
+            out[name] = _peer(epoch, name)
         elif name.startswith("bcl-") and config.contract == "tokens":
-            planner = plan_config(config, name.removeprefix("bcl-"))
-            streams = streams_for(token_geometry(planner, tok, table.counts.size), True)
-            packs3, _ = plan_tokens(TokenWalker(streams, costs, tok, planner))
-            ragged = [[row[row >= 0] for row in rank] for rank in packs3]
-            used = int(np.count_nonzero(packs3 >= 0))
-            out[name] = schedule(ragged, used, int(table.usable.sum()) - used + _too_long(streams))
+            out[name] = _bcl_tokens(epoch, name)
         elif name.startswith("bcl-"):
-            planner = plan_config(config, name.removeprefix("bcl-"))
-            streams = streams_for(planner, True)
-            plan = plan_streams(streams, costs, tok)
-            packs: Packs = plan.packs
-            if config.canonical_ranks is not None:
-                packs = physical_packs(
-                    plan.packs,
-                    costs,
-                    config.ranks,
-                    config.ranks_per_node,
-                    planner.ranks_per_node,
-                    planner.grad_accum,
-                )
-            if config.contract == "step":
-                group = streams.config.row_ranks
-                packs = node_micro_batches(
-                    plan.packs, costs, config.grad_accum, layout, group, tok, config.max_tokens
-                )
-            out[name] = replace(
-                schedule(packs, plan.records_used, plan.records_left),
-                displacement=displacement_steps(plan.packs, streams),
-            )
+            out[name] = _bcl(epoch, name)
         else:
             raise ValueError(
                 f"unknown strategy {name!r}{rename_hint(name)}; choose from {STRATEGIES}"
             )
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class _SimEpoch:
+    """What every strategy of one simulated epoch plans from, and the two steps they share
+    (their node streams, their schedule's costs), so that each strategy is one function."""
+
+    tokens: npt.NDArray[np.int64]
+    costs: npt.NDArray[np.float64]
+    squares: npt.NDArray[np.float64]
+    """Squared lengths (the schedule's attention-like load)."""
+    table: ShardTable
+    config: SimConfig
+    draw: Draw | None
+    layout: str
+
+    def schedule(
+        self, packs: Packs, used: int, left: int, steps: npt.NDArray[np.int64] | None = None
+    ) -> Schedule:
+        """The packs' costs under the layout, packed, and of squared lengths."""
+        return Schedule(
+            ragged_pack_costs(packs, self.costs, self.layout),
+            used,
+            left,
+            packs,
+            ragged_pack_costs(packs, self.costs, "packed"),
+            steps,
+            ragged_pack_costs(packs, self.squares, "packed"),
+        )
+
+    def streams_for(self, planner: PlanConfig, balanced: bool) -> NodeStreams:
+        """The node streams BCL (``balanced``) or ``sequential`` reads (``plan_epoch``'s)."""
+        c = self.config
+        return build_node_streams(
+            self.costs,
+            self.table,
+            planner,
+            seed=c.seed,
+            epoch=c.epoch,
+            tokens=self.tokens,
+            draw=self.draw,
+            balanced=balanced,
+        )
+
+
+def _sequential(e: _SimEpoch) -> Schedule:
+    """The baseline: BCL's node streams with balancing off, B records at a time."""
+    plan = plan_streams(e.streams_for(plan_config(e.config, "rank"), False), e.costs, e.tokens)
+    return e.schedule(plan.packs, plan.records_used, plan.records_left)
+
+
+def _peer(e: _SimEpoch, name: str) -> Schedule:
+    """A peer's bins from the pools a central driver reads from one global shuffle."""
+    config, tok = e.config, e.tokens
+    capacity = config.max_tokens or default_capacity(tok, config.pack_size)
+    order = global_order(tok.size, config.seed, config.epoch, shuffle=config.shuffle)
+    if e.draw is not None:
+        order = order[e.draw(order)]
+    pool = Pool(order, tok, config.ranks, pool_records(tok, config), config.grad_accum)
+    bins, left = plan_pooled(name, pool, capacity)
+    used = sum(b.size for rank_bins in bins for b in rank_bins)
+    left_count = sum(v.size for v in left.values())
+    steps = micro_batches_per_batch(bins[0], order, pool.batch_size) if PEERS[name].pooled else None
+    return e.schedule(bins, used, left_count, steps)
+
+
+def _bcl_tokens(e: _SimEpoch, name: str) -> Schedule:
+    """BCL under the tokens contract: micro-batches of at most ``max_tokens`` tokens."""
+    planner = plan_config(e.config, name.removeprefix("bcl-"))
+    streams = e.streams_for(token_geometry(planner, e.tokens, e.table.counts.size), True)
+    packs3, _ = plan_tokens(TokenWalker(streams, e.costs, e.tokens, planner))
+    ragged = [[row[row >= 0] for row in rank] for rank in packs3]
+    used = int(np.count_nonzero(packs3 >= 0))
+    return e.schedule(ragged, used, int(e.table.usable.sum()) - used + _too_long(streams))
+
+
+def _bcl(e: _SimEpoch, name: str) -> Schedule:
+    """BCL under the pack or step contract, on canonical ranks where the config sets them;
+    with how far each record moved from its stream position."""
+    config = e.config
+    planner = plan_config(config, name.removeprefix("bcl-"))
+    streams = e.streams_for(planner, True)
+    plan = plan_streams(streams, e.costs, e.tokens)
+    packs: Packs = plan.packs
+    if config.canonical_ranks is not None:
+        packs = physical_packs(
+            plan.packs,
+            e.costs,
+            config.ranks,
+            config.ranks_per_node,
+            planner.ranks_per_node,
+            planner.grad_accum,
+        )
+    if config.contract == "step":
+        group = streams.config.row_ranks
+        packs = node_micro_batches(
+            plan.packs, e.costs, config.grad_accum, e.layout, group, e.tokens, config.max_tokens
+        )
+    return replace(
+        e.schedule(packs, plan.records_used, plan.records_left),
+        displacement=displacement_steps(plan.packs, streams),
+    )
 
 
 def pool_records(tokens: npt.NDArray[np.integer], config: SimConfig) -> int:
@@ -384,16 +423,23 @@ def budget_figures(s: Schedule, tokens: npt.NDArray[np.integer]) -> dict[str, ob
 
 
 def plan_config(config: SimConfig, scope: str) -> PlanConfig:
-    """The planner configuration a simulated BCL strategy uses: every shared field copied by
-    name (with the ``padded`` layout the planner partitions by length:
-    ``PlanConfig.partition_algorithm``)."""
-    shared = {name: getattr(config, name) for name in SIM_PLAN_FIELDS}
+    """The planner configuration a simulated BCL strategy uses: the SimConfig's knobs built
+    with its layout (``PlanKnobs.build``; with the ``padded`` layout the planner partitions
+    by length: ``PlanConfig.partition_algorithm``)."""
     if config.canonical_ranks is None:
-        return PlanConfig(world_size=config.ranks, scope=scope, **shared)
+        return config.build(
+            world_size=config.ranks,
+            ranks_per_node=config.ranks_per_node,
+            grad_accum=config.grad_accum,
+            scope=scope,
+        )
     v = config.canonical_ranks
-    shared["ranks_per_node"] = config.canonical_ranks_per_node or config.ranks_per_node
-    shared["grad_accum"] = config.grad_accum * config.ranks // v
-    return PlanConfig(world_size=v, scope=scope, **shared)
+    return config.build(
+        world_size=v,
+        ranks_per_node=config.canonical_ranks_per_node or config.ranks_per_node,
+        grad_accum=config.grad_accum * config.ranks // v,
+        scope=scope,
+    )
 
 
 def simulate(

@@ -10,9 +10,10 @@ import json
 from typing import Any
 
 from bcl_stream.analysis.inspection import inspect_dataset, shard_warnings
-from bcl_stream.commands.layout_options import Layout, add_layout_options, resolve_layout
+from bcl_stream.commands.layout_options import add_layout_options, resolve_layout
 from bcl_stream.epoch.mixture_index import StreamSpec
 from bcl_stream.planner.mixture import choose_counts
+from bcl_stream.process_layout import ProcessLayout
 
 
 def add_parser(sub: Any) -> None:
@@ -85,24 +86,22 @@ def _text(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _layout(args: argparse.Namespace) -> Layout | None:
+def _layout(args: argparse.Namespace) -> ProcessLayout | None:
     """The layout ``--world-size``/``--nodes``/``--ranks-per-node`` describe (None without
     them), checked before any data is read."""
     given = (args.layout_world_size, args.layout_nodes, args.layout_ranks_per_node)
     return None if given == (None, None, None) else resolve_layout(args)
 
 
-def _add_warnings(report: dict[str, Any], layout: Layout | None) -> None:
+def _add_warnings(report: dict[str, Any], layout: ProcessLayout | None) -> None:
     """Warnings for the layout the dataset is planned for (none without one)."""
     if layout is None or not report.get("shards"):
         return
     report["planned_for"] = layout.to_json()
-    report["warnings"] = shard_warnings(
-        int(report["shards"]), int(report["records"]), layout.world_size, layout.ranks_per_node
-    )
+    report["warnings"] = shard_warnings(int(report["shards"]), int(report["records"]), layout)
 
 
-def run_streams(args: argparse.Namespace, layout: Layout | None) -> int:
+def run_streams(args: argparse.Namespace, layout: ProcessLayout | None) -> int:
     """Every stream's report, plus its place in the mixture (weight, records per epoch)."""
     if args.plot is not None:
         raise ValueError("--plot takes one dataset; inspect the streams one at a time to plot")

@@ -13,54 +13,20 @@ out). Before this module, ``--world-size R`` alone meant R nodes of one rank eac
 person running one 8-GPU node never meant: the packs it printed for rank 0 were not the
 packs rank 0 of that node trains.
 
-Every summary states the layout it assumed (:meth:`Layout.text`), in the text and in
-``--json`` (:meth:`Layout.to_json`).
+Every summary states the layout it assumed (:meth:`ProcessLayout.text`), in the text and in
+``--json`` (:meth:`ProcessLayout.to_json`).
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 from typing import Any
 
 from bcl_stream.commands.config_options import add_plan_config_options
+from bcl_stream.process_layout import ProcessLayout
 
 LAYOUT_FIELDS = frozenset({"world_size", "ranks_per_node"})
 """The PlanConfig fields these options own (``add_plan_config_options(skip=LAYOUT_FIELDS)``)."""
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """How the data-parallel ranks sit on nodes: ``nodes`` x ``ranks_per_node`` ranks."""
-
-    world_size: int
-    """Data-parallel ranks in all (R)."""
-    ranks_per_node: int
-    """Data-parallel ranks per node (P); divides ``world_size``."""
-
-    @property
-    def nodes(self) -> int:
-        return self.world_size // self.ranks_per_node
-
-    def text(self) -> str:
-        """``2 nodes x 4 ranks (world 8)``: the words every summary uses."""
-        return (
-            f"{_plural(self.nodes, 'node')} x {_plural(self.ranks_per_node, 'rank')} "
-            f"(world {self.world_size})"
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        """The layout as ``--json`` summaries carry it (``node_layout`` is :meth:`text`)."""
-        return {
-            "world_size": self.world_size,
-            "ranks_per_node": self.ranks_per_node,
-            "nodes": self.nodes,
-            "node_layout": self.text(),
-        }
 
 
 def add_layout_options(
@@ -123,7 +89,7 @@ def resolve_layout(
     *,
     world_option: str = "--world-size",
     default_world: int | None = None,
-) -> Layout:
+) -> ProcessLayout:
     """The layout the options describe, or a ValueError (one line: the values seen and what
     to give instead). ``world_option`` is how the message spells the world size;
     ``default_world`` is the world size when neither it nor ``--nodes`` with
@@ -144,25 +110,25 @@ def resolve_layout(
                 f"give {world_option} R (data-parallel ranks in all; one node unless --nodes "
                 "says otherwise), or --nodes N with --ranks-per-node P"
             )
-        return Layout(nodes * per_node, per_node)
+        return ProcessLayout(world_size=nodes * per_node, ranks_per_node=per_node)
     if nodes is not None and per_node is not None:
         if nodes * per_node != world:
             raise ValueError(
                 f"--nodes {nodes} x --ranks-per-node {per_node} = {nodes * per_node} ranks, "
                 f"but {world_option} is {world}: give two of the three, or make them agree"
             )
-        return Layout(world, per_node)
+        return ProcessLayout(world_size=world, ranks_per_node=per_node)
     if per_node is not None:
         if world % per_node:
             raise ValueError(
                 f"--ranks-per-node {per_node} does not divide {world_option} {world}: every "
                 "node runs the same number of ranks"
             )
-        return Layout(world, per_node)
+        return ProcessLayout(world_size=world, ranks_per_node=per_node)
     nodes = 1 if nodes is None else nodes
     if world % nodes:
         raise ValueError(
             f"{world_option} {world} is not a multiple of --nodes {nodes}: every node runs the "
             "same number of ranks"
         )
-    return Layout(world, world // nodes)
+    return ProcessLayout(world_size=world, ranks_per_node=world // nodes)

@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from bcl_stream.analysis.metrics import metrics_from_costs
 from bcl_stream.commands.config_options import add_canonical_options, plan_fields
-from bcl_stream.commands.layout_options import Layout, add_planner_options, resolve_layout
+from bcl_stream.commands.layout_options import add_planner_options, resolve_layout
 from bcl_stream.cost import resolve
 from bcl_stream.epoch.checks import require_packs
 from bcl_stream.epoch.full_plan import full_plan
@@ -32,6 +32,7 @@ from bcl_stream.epoch.plan import (
 from bcl_stream.epoch.stream_report import stream_report
 from bcl_stream.io.remote import is_remote, open_cost_index
 from bcl_stream.planner.padded import ragged_pack_costs
+from bcl_stream.process_layout import ProcessLayout
 
 
 def add_plan_options(p: argparse.ArgumentParser) -> None:
@@ -193,7 +194,7 @@ def summary(index: PlanData, config: ReaderConfig, plan: EpochPlan) -> dict[str,
     return {
         "records": epoch_records(index, epoch_draw(index, config, plan.epoch)),
         "shards": n_shards(index),
-        **Layout(pc.world_size, pc.ranks_per_node).to_json(),
+        **ProcessLayout.of_plan(pc).to_json(),
         "pack_size": pc.pack_size,
         "window": pc.window,
         "scope": pc.scope,

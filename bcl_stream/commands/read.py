@@ -16,7 +16,6 @@ import time
 from itertools import islice
 from typing import Any
 
-from bcl_stream.commands.layout_options import Layout
 from bcl_stream.commands.plan import (
     add_plan_options,
     cache_dir,
@@ -27,6 +26,7 @@ from bcl_stream.commands.plan import (
 from bcl_stream.epoch.canonical import plan_for
 from bcl_stream.epoch.checks import require_packs
 from bcl_stream.epoch.plan import ReaderConfig
+from bcl_stream.process_layout import ProcessLayout
 
 
 def add_parser(sub: Any) -> None:
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         )
     done = time.perf_counter()
     pc = config.plan
-    layout = Layout(pc.world_size, pc.ranks_per_node)
+    layout = ProcessLayout.of_plan(pc)
     if args.json:
         timing = read_figures(packs, started, first_pack, done)
         print(json.dumps({"rank": args.rank, **layout.to_json(), **timing, "packs": packs}))

@@ -35,7 +35,7 @@ from bcl_stream.analysis.sim import (
     speedups,
 )
 from bcl_stream.commands.config_options import PLAN_DEFAULTS, add_canonical_options, plan_fields
-from bcl_stream.commands.layout_options import Layout, add_planner_options, resolve_layout
+from bcl_stream.commands.layout_options import add_planner_options, resolve_layout
 from bcl_stream.commands.plan import cache_dir, data_source, open_mixture
 from bcl_stream.commands.write_options import DEFAULT_COST_MODEL
 from bcl_stream.cost import resolve
@@ -44,6 +44,7 @@ from bcl_stream.io.remote import open_cost_index
 from bcl_stream.planner.bcl import validate_costs
 from bcl_stream.planner.mixture import EpochDraw
 from bcl_stream.planner.shard_table import ShardTable, shard_weights
+from bcl_stream.process_layout import ProcessLayout
 
 SIM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SimConfig)}
 LENGTHS_SHARD_RECORDS = 4096
@@ -270,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
         layouts = {"packed": (packed_plans, score(packed_plans, packed, table, price)), **layouts}
     results = layouts[config.layout][1]
     refuse_empty(args.dataset or args.lengths or ",".join(args.stream), config, data, results)
-    node_layout = Layout(config.ranks, config.ranks_per_node)
+    node_layout = ProcessLayout(world_size=config.ranks, ranks_per_node=config.ranks_per_node)
     versus = speedups(planned, config, price=price)  # per unit of cost, over the real peers
     if args.plot is not None:
         plot_step_costs({name: s.pack_costs for name, s in planned.items()}, args.plot)

@@ -52,15 +52,3 @@ def no_pack_error(
         f"give each of {world_size} ranks one pack of {pack_size} records (needs at least "
         f"{need} per epoch). {fix}"
     )
-
-
-def layout_text(world_size: int, ranks_per_node: int) -> str:
-    """How many nodes a plan assumed, as every summary says it: ranks per node decides which
-    shards a rank may read (a node reads only its own), so a summary that leaves it out can
-    describe another set-up than the one planned."""
-    nodes = world_size // ranks_per_node
-    return (
-        f"{world_size} rank{'s' if world_size != 1 else ''} = {nodes} "
-        f"node{'s' if nodes != 1 else ''} x {ranks_per_node} "
-        f"rank{'s' if ranks_per_node != 1 else ''} per node"
-    )

@@ -130,47 +130,29 @@ def _segment(raw: Any, i: int) -> Segment:
     )
 
 
+_REPLAY_FIX = (
+    "Resume it with the bcl-stream release that wrote it, or drop the data loader's state "
+    "from the checkpoint (model and optimizer states stay valid) to start the epoch over"
+)
+_RETIRED = {
+    1: "was written by planner v1, whose epoch order differs from this release's: its "
+    "position cannot be replayed exactly",
+    2: "was written before the stratified shuffle was aligned with windows across shard "
+    "groups; this release orders the epoch differently, so its position cannot be replayed "
+    "exactly",
+    3: "was written by planner v2; planner v3 (the heavy lane and the read budget) orders "
+    "every epoch differently, so its position cannot be replayed exactly",
+    4: "was written by planner v3; planner v4 plans scope world in rows of several nodes "
+    "where nodes hold few data-parallel ranks, so its position cannot be replayed exactly",
+}
+"""State versions of earlier planners, each with why its position cannot be replayed."""
+
+
 def parse_state(state: Any) -> Cursor:
     """A saved state as a :class:`Cursor`, checking its structure (not yet its fit)."""
     if not isinstance(state, dict):
         raise StateError(f"reader state must be a dict, got {type(state).__name__}")
-    version = _need(state, KEY_VERSION, int)
-    if version == 1:
-        raise StateError(
-            "reader state version 1 was written by planner v1, whose epoch order differs from "
-            "this release's: its position cannot be replayed exactly. Resume it with the "
-            "bcl-stream release that wrote it, or drop the data loader's state from the "
-            "checkpoint (model and optimizer states stay valid) to start the epoch over"
-        )
-    if version == 2:
-        raise StateError(
-            "reader state version 2 was written before the stratified shuffle was aligned with "
-            "windows across shard groups; this release orders the epoch differently, so its "
-            "position cannot be replayed exactly. Resume it with the bcl-stream release that "
-            "wrote it, or drop the data loader's state from the checkpoint (model and "
-            "optimizer states stay valid) to start the epoch over"
-        )
-    if version == 3:
-        raise StateError(
-            "reader state version 3 was written by planner v2; planner v3 (the heavy lane and "
-            "the read budget) orders every epoch differently, so its position cannot be "
-            "replayed exactly. Resume it with the bcl-stream release that wrote it, or drop the "
-            "data loader's state from the checkpoint (model and optimizer states stay valid) "
-            "to start the epoch over"
-        )
-    if version == 4:
-        raise StateError(
-            "reader state version 4 was written by planner v3; planner v4 plans scope world in "
-            "rows of several nodes where nodes hold few data-parallel ranks, so its position "
-            "cannot be replayed exactly. Resume it with the bcl-stream release that wrote it, "
-            "or drop the data loader's state from the checkpoint (model and optimizer states "
-            "stay valid) to start the epoch over"
-        )
-    if version not in READABLE:
-        raise StateError(
-            f"reader state version {version} is not supported (this reader writes "
-            f"{STATE_VERSION}); resume with the bcl-stream release that wrote it"
-        )
+    version = _readable_version(state)
     mixture = state.get(KEY_MIXTURE)
     if mixture is not None and (
         not isinstance(mixture, list) or not all(isinstance(m, dict) for m in mixture)
@@ -183,14 +165,7 @@ def parse_state(state: Any) -> Cursor:
     _count(epoch, KEY_EPOCH, 0, MAX_COUNT)
     _count(consumed, KEY_CONSUMED, 0, MAX_COUNT)
     raw_config = _need(state, KEY_CONFIG, dict)
-    raw_plan = raw_config.get("plan")
-    view = {**raw_config, **raw_plan} if isinstance(raw_plan, dict) else raw_config
-    for name in RESIZABLE:
-        if name in view:
-            _count(view[name], f"config.{name}", 1, MAX_RANKS)
-    flags = [k for k, v in view.items() if isinstance(v, bool) and k not in BOOL_FIELDS]
-    if flags:
-        raise StateError(f"reader state config {flags[0]!r} is a bool, expected a number")
+    _check_config_numbers(raw_config)
     segments = tuple(_segment(s, i) for i, s in enumerate(_need(state, KEY_SEGMENTS, list)))
     try:
         config = ReaderConfig.from_dict(raw_config)
@@ -212,6 +187,33 @@ def parse_state(state: Any) -> Cursor:
             "state from the checkpoint to start the epoch over"
         )
     return cursor
+
+
+def _readable_version(state: dict[str, Any]) -> int:
+    """The state's version, or a refusal: an earlier planner's (saying why its position
+    cannot be replayed, and what to do) or one this release does not know."""
+    version = _need(state, KEY_VERSION, int)
+    if version in _RETIRED:
+        raise StateError(f"reader state version {version} {_RETIRED[version]}. {_REPLAY_FIX}")
+    if version not in READABLE:
+        raise StateError(
+            f"reader state version {version} is not supported (this reader writes "
+            f"{STATE_VERSION}); resume with the bcl-stream release that wrote it"
+        )
+    return version
+
+
+def _check_config_numbers(raw_config: dict[str, Any]) -> None:
+    """The saved config's world size and ranks per node in range, and no bool where a
+    number belongs (``from_dict`` would take True for 1), before it is built."""
+    raw_plan = raw_config.get("plan")
+    view = {**raw_config, **raw_plan} if isinstance(raw_plan, dict) else raw_config
+    for name in RESIZABLE:
+        if name in view:
+            _count(view[name], f"config.{name}", 1, MAX_RANKS)
+    flags = [k for k, v in view.items() if isinstance(v, bool) and k not in BOOL_FIELDS]
+    if flags:
+        raise StateError(f"reader state config {flags[0]!r} is a bool, expected a number")
 
 
 def _check_steps(state: dict[str, Any], cursor: Cursor, version: int) -> None:

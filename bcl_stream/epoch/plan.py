@@ -50,6 +50,7 @@ from bcl_stream.planner.token_contract import (
     plan_tokens,
     token_geometry,
 )
+from bcl_stream.process_layout import ProcessLayout
 from bcl_stream.records.source import RecordSource
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ class ReaderConfig:
             raise ValueError(
                 f"max_seq_len must be an integer >= 1 or None, got {self.max_seq_len!r}"
             )
-        check_canonical(self)
+        check_canonical(self.plan, self.canonical_ranks, self.canonical_ranks_per_node)
         if self.tokens is not None and not isinstance(self.tokens, RecordSource):
             raise ValueError(f"tokens must be a RecordSource or None, got {self.tokens!r}")
         if self.tokens is not None:
@@ -237,9 +238,12 @@ class ReaderConfig:
         rest = {k: v for k, v in data.items() if k not in ("plan", "tokens")}
         return cls(plan=PlanConfig(**plan), tokens=RecordSource.of(data.get("tokens")), **rest)
 
-    def resized(self, world_size: int, ranks_per_node: int) -> ReaderConfig:
-        """The same config under another world size (elastic resume)."""
-        plan = replace(self.plan, world_size=world_size, ranks_per_node=ranks_per_node)
+    def resized(self, layout: ProcessLayout) -> ReaderConfig:
+        """The same config under another layout's world size and ranks per node (elastic
+        resume)."""
+        plan = replace(
+            self.plan, world_size=layout.world_size, ranks_per_node=layout.ranks_per_node
+        )
         return replace(self, plan=plan)
 
     @property
@@ -294,6 +298,11 @@ class Segment:
     world_size: int
     ranks_per_node: int
     packs_consumed: int
+
+    @property
+    def layout(self) -> ProcessLayout:
+        """The layout the earlier plan was made for."""
+        return ProcessLayout(world_size=self.world_size, ranks_per_node=self.ranks_per_node)
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -512,7 +521,7 @@ def _consumed(
     (``tools/bench_elastic.py``)."""
     consumed = np.empty(0, dtype=np.int64)
     for i, seg in enumerate(segments):
-        old = config.resized(seg.world_size, seg.ranks_per_node)
+        old = config.resized(seg.layout)
         old_plan = reader_plan(index, old, epoch, segments[:i])  # excludes what came before
         steps = old.plan.grad_accum
         if contract(old.plan.contract).recut_steps and seg.packs_consumed % steps:

@@ -10,24 +10,24 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+
+from bcl_stream.process_layout import ProcessLayout
 
 
-@dataclass(frozen=True, slots=True)
-class GroupLayout:
-    """The default process group: its number of processes and this process's rank in it."""
-
-    world_size: int
-    rank: int
-
-
-def process_group() -> GroupLayout | None:
+def process_group() -> ProcessLayout | None:
     """The initialised default process group (``torch.distributed.is_available() and
-    is_initialized()``), or None without one."""
+    is_initialized()``) as a layout of one process a rank, or None without one: its size,
+    this process's rank, and the launcher's ranks per node where it states a usable one
+    (else 1; :func:`launcher_ranks_per_node` refuses an unusable one where it matters)."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
-    return GroupLayout(int(dist.get_world_size()), int(dist.get_rank()))
+    world = int(dist.get_world_size())
+    return ProcessLayout(
+        rank=int(dist.get_rank()),
+        world_size=world,
+        ranks_per_node=_launcher_local(world) or 1,
+    )
 
 
 LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
@@ -43,13 +43,19 @@ def launcher_ranks_per_node(world_size: int) -> int | None:
     text = os.environ.get(LOCAL_WORLD_SIZE)
     if text is None:
         return None
-    try:
-        local = int(text)
-    except ValueError:
-        local = 0
-    if local < 1 or world_size % local:
+    local = _launcher_local(world_size)
+    if local is None:
         raise ValueError(
             f"{LOCAL_WORLD_SIZE}={text!r} does not divide the process group's world size "
             f"{world_size}: give ranks_per_node=... explicitly"
         )
     return local
+
+
+def _launcher_local(world_size: int) -> int | None:
+    """``LOCAL_WORLD_SIZE`` where it is an integer >= 1 that divides ``world_size``, else None."""
+    try:
+        local = int(os.environ.get(LOCAL_WORLD_SIZE, ""))
+    except ValueError:
+        return None
+    return local if local >= 1 and world_size % local == 0 else None

@@ -224,7 +224,7 @@ def _info(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, slots=True)
-class Layout:
+class FileLayout:
     """A complete, costed local dataset: where, which format, its cost index."""
 
     root: Path
@@ -236,9 +236,9 @@ class Layout:
         return self.index.shards
 
 
-def open_layout(
+def open_file_layout(
     local_dir: str | os.PathLike[str], *, verify: bool = True, check: bool = False
-) -> Layout:
+) -> FileLayout:
     """Open a finished dataset, refusing incomplete ones with a :class:`DatasetError`.
 
     ``verify`` rechecks the cost array's hash; ``check`` also runs :func:`check_integrity`
@@ -270,7 +270,7 @@ def open_layout(
                 f"{root}: cost index does not match the shards: {'; '.join(problems[:5])}. "
                 f"Re-run `bcl-stream annotate {root}` or preprocess with --overwrite."
             )
-    return Layout(root, fmt, index)
+    return FileLayout(root, fmt, index)
 
 
 def as_token_array(value: Any, where: str | int) -> np.ndarray:

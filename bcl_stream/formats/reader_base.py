@@ -370,8 +370,7 @@ class DatasetReader(PlanDataset):
                 f"{self.location}: the cost index says format {index.format!r}; use the reader "
                 f"for that format{f' ({other})' if other else ''}"
             )
-        PlanDataset.__init__(self, index, config, rank)
-        self._resolve_tokens(self.location)
+        PlanDataset.__init__(self, index, self._with_tokens(config, index), rank)
         self.remote = is_remote(self.location)
         return index
 
@@ -408,12 +407,12 @@ class DatasetReader(PlanDataset):
             warnings.warn(message, UserWarning, stacklevel=3)
         return needed
 
-    def _resolve_tokens(self, location: str) -> None:
-        """Take the index's token source unless the config names one (a different one is
-        refused); the config, which the cursor records, then names it."""
-        self.tokens = resolve_source(self.config.tokens, self.index, location)
-        if self.tokens != self.config.tokens:
-            self.config = replace(self.config, tokens=self.tokens)
+    def _with_tokens(self, config: ReaderConfig, index: CostIndex) -> ReaderConfig:
+        """The config this reader is built with: ``config`` with the index's token source
+        where ``config`` names none (a different one is refused), so that the config the
+        cursor records names it; built before the reader holds a config, never rewritten."""
+        self.tokens = resolve_source(config.tokens, index, self.location)
+        return config if self.tokens == config.tokens else replace(config, tokens=self.tokens)
 
 
 def refuse_prefetch_keyword(prefetch: object, options: ReadOptions | None) -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, ClassVar
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -179,6 +179,28 @@ class PlanKnobs:
                 "rows x longest record would need an intake estimate of its own); use "
                 "layout='packed', or contract='step' for padded batches"
             )
+
+    def build(
+        self, *, world_size: int, ranks_per_node: int = 1, grad_accum: int = 1, **changes: Any
+    ) -> PlanConfig:
+        """The planner config of these knobs under the layout the trainer decides
+        (:data:`LAYOUT_FIELDS`), ``changes`` replacing knobs by name (the DataModule's cost
+        ``layout`` follows its collate; a simulated strategy names its ``scope``).
+
+        Why: the knobs stay one object from the user's YAML (or a subclass's fields, as
+        ``SimConfig``'s) to the planner, built with the job's layout in one call (torchtitan's
+        ``Config.build(context)``), instead of being spelled flat on the way and nested again.
+        """
+        knobs = {f.name: getattr(self, f.name) for f in fields(PlanKnobs)}
+        unknown = sorted(set(changes) - set(knobs))
+        if unknown:
+            raise ValueError(f"unknown planner knobs {unknown}; the knobs are {sorted(knobs)}")
+        return PlanConfig(
+            **{**knobs, **changes},
+            world_size=world_size,
+            ranks_per_node=ranks_per_node,
+            grad_accum=grad_accum,
+        )
 
     @property
     def partition_algorithm(self) -> str:

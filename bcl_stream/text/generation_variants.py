@@ -55,92 +55,112 @@ def _edit(text: str, old: str, new: str, count: int = 1) -> str:
     return text.replace(old, new)
 
 
+def _qwen3(t: str) -> str:
+    """Qwen3's template: each assistant turn's generated part in tags, the think block's
+    part that repeats the generation prompt left out."""
+    # Each branch's output is kept in variables, then written as header, what repeats the
+    # generation prompt (not generated, so not trained), and the generated rest inside
+    # the tags.
+    t = _edit(
+        t,
+        "{{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n')"
+        " + '\\n</think>\\n\\n' + content.lstrip('\\n') }}",
+        "{%- set think = '<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' %}"
+        "{%- set body = content.lstrip('\\n') %}",
+    )
+    t = _edit(
+        t,
+        "{{- '<|im_start|>' + message.role + '\\n' + content }}",
+        "{%- set think = '' %}{%- set body = content %}",
+        2,
+    )
+    # Without thinking the prompt ends in '<think>\n\n</think>\n\n': the part of a think
+    # block that repeats it is prompt (all of an empty block, '<think>\n' of another).
+    t = _edit(
+        t,
+        "        {%- if message.tool_calls %}",
+        "        {{- '<|im_start|>' + message.role + '\\n' }}\n"
+        "        {%- set rest = think %}\n"
+        "        {%- if enable_thinking is defined and enable_thinking is false and think %}\n"
+        "            {%- if think == '<think>\\n\\n</think>\\n\\n' %}{%- set rest = '' %}\n"
+        "            {%- else %}{%- set rest = think[8:] %}{%- endif %}\n"
+        "            {{- think[: think|length - rest|length] }}\n"
+        "        {%- endif %}\n"
+        "        {%- generation %}\n"
+        "        {{- rest }}\n"
+        "        {{- body }}\n"
+        "        {%- if message.tool_calls %}",
+    )
+    return _edit(
+        t,
+        "{{- '<|im_end|>\\n' }}\n    {%- elif message.role == \"tool\" %}",
+        "{{- '<|im_end|>\\n' }}\n        {%- endgeneration %}\n"
+        '    {%- elif message.role == "tool" %}',
+    )
+
+
+def _llama3_1(t: str) -> str:
+    """Llama 3.1's template: assistant turns and tool calls in tags."""
+    t = _edit(
+        t,
+        "        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ "
+        "message['content'] | trim + '<|eot_id|>' }}",
+        "        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}\n"
+        "        {%- if message['role'] == 'assistant' %}{% generation %}"
+        "{{- message['content'] | trim + '<|eot_id|>' }}{% endgeneration %}"
+        "{%- else %}{{- message['content'] | trim + '<|eot_id|>' }}{%- endif %}",
+    )
+    t = _edit(
+        t,
+        "        {%- set tool_call = message.tool_calls[0].function %}\n",
+        "        {%- set tool_call = message.tool_calls[0].function %}\n"
+        "        {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}\n"
+        "        {%- generation %}\n",
+    )
+    t = _edit(
+        t, "            {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}\n", "", 2
+    )
+    return _edit(
+        t,
+        '            {{- "<|eot_id|>" }}\n        {%- endif %}\n',
+        '            {{- "<|eot_id|>" }}\n        {%- endif %}\n        {%- endgeneration %}\n',
+    )
+
+
+def _llama3(t: str) -> str:
+    """Llama 3's template: an assistant turn's content after its header in tags."""
+    return _edit(
+        t,
+        "{{ content }}",
+        "{% if message['role'] == 'assistant' %}{{ content.split('<|end_header_id|>\n\n', 1)[0]"
+        " + '<|end_header_id|>\n\n' }}{% generation %}"
+        "{{ content.split('<|end_header_id|>\n\n', 1)[1] }}{% endgeneration %}"
+        "{% else %}{{ content }}{% endif %}",
+    )
+
+
+def _gemma3(t: str) -> str:
+    """Gemma 3's template: the model's turns in tags."""
+    old_body = t[
+        t.index("    {%- if message['content'] is string -%}") : t.index(
+            "{%- endfor -%}\n{%- if add_generation_prompt -%}"
+        )
+    ]
+    return _edit(
+        t,
+        old_body,
+        "    {%- if role == 'model' -%}{%- generation -%}\n" + old_body
+        + "    {%- endgeneration -%}{%- else -%}\n" + old_body + "    {%- endif -%}\n",
+    )  # fmt: skip
+
+
+_EDITS = {"qwen3": _qwen3, "llama3_1": _llama3_1, "llama3": _llama3, "gemma3": _gemma3}
+"""Each family's edit of its official template: the assistant turns put in tags."""
+
+
 def _variant(family: str, t: str) -> str:
     """The official template ``t`` of ``family`` with its assistant turns in tags."""
-    if family == "qwen3":
-        # Each branch's output is kept in variables, then written as header, what repeats the
-        # generation prompt (not generated, so not trained), and the generated rest inside
-        # the tags.
-        t = _edit(
-            t,
-            "{{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n')"
-            " + '\\n</think>\\n\\n' + content.lstrip('\\n') }}",
-            "{%- set think = '<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' %}"
-            "{%- set body = content.lstrip('\\n') %}",
-        )
-        t = _edit(
-            t,
-            "{{- '<|im_start|>' + message.role + '\\n' + content }}",
-            "{%- set think = '' %}{%- set body = content %}",
-            2,
-        )
-        # Without thinking the prompt ends in '<think>\n\n</think>\n\n': the part of a think
-        # block that repeats it is prompt (all of an empty block, '<think>\n' of another).
-        t = _edit(
-            t,
-            "        {%- if message.tool_calls %}",
-            "        {{- '<|im_start|>' + message.role + '\\n' }}\n"
-            "        {%- set rest = think %}\n"
-            "        {%- if enable_thinking is defined and enable_thinking is false and think %}\n"
-            "            {%- if think == '<think>\\n\\n</think>\\n\\n' %}{%- set rest = '' %}\n"
-            "            {%- else %}{%- set rest = think[8:] %}{%- endif %}\n"
-            "            {{- think[: think|length - rest|length] }}\n"
-            "        {%- endif %}\n"
-            "        {%- generation %}\n"
-            "        {{- rest }}\n"
-            "        {{- body }}\n"
-            "        {%- if message.tool_calls %}",
-        )
-        return _edit(
-            t,
-            "{{- '<|im_end|>\\n' }}\n    {%- elif message.role == \"tool\" %}",
-            "{{- '<|im_end|>\\n' }}\n        {%- endgeneration %}\n"
-            '    {%- elif message.role == "tool" %}',
-        )
-    if family == "llama3_1":
-        t = _edit(
-            t,
-            "        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ "
-            "message['content'] | trim + '<|eot_id|>' }}",
-            "        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}\n"
-            "        {%- if message['role'] == 'assistant' %}{% generation %}"
-            "{{- message['content'] | trim + '<|eot_id|>' }}{% endgeneration %}"
-            "{%- else %}{{- message['content'] | trim + '<|eot_id|>' }}{%- endif %}",
-        )
-        t = _edit(
-            t,
-            "        {%- set tool_call = message.tool_calls[0].function %}\n",
-            "        {%- set tool_call = message.tool_calls[0].function %}\n"
-            "        {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}\n"
-            "        {%- generation %}\n",
-        )
-        t = _edit(
-            t, "            {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}\n", "", 2
-        )
-        return _edit(
-            t,
-            '            {{- "<|eot_id|>" }}\n        {%- endif %}\n',
-            '            {{- "<|eot_id|>" }}\n        {%- endif %}\n        {%- endgeneration %}\n',
-        )
-    if family == "llama3":
-        return _edit(
-            t,
-            "{{ content }}",
-            "{% if message['role'] == 'assistant' %}{{ content.split('<|end_header_id|>\n\n', 1)[0]"
-            " + '<|end_header_id|>\n\n' }}{% generation %}"
-            "{{ content.split('<|end_header_id|>\n\n', 1)[1] }}{% endgeneration %}"
-            "{% else %}{{ content }}{% endif %}",
-        )
-    if family == "gemma3":
-        old_body = t[
-            t.index("    {%- if message['content'] is string -%}") : t.index(
-                "{%- endfor -%}\n{%- if add_generation_prompt -%}"
-            )
-        ]
-        return _edit(
-            t,
-            old_body,
-            "    {%- if role == 'model' -%}{%- generation -%}\n" + old_body
-            + "    {%- endgeneration -%}{%- else -%}\n" + old_body + "    {%- endif -%}\n",
-        )  # fmt: skip
-    raise ValueError(f"no variant for {family!r}; known: {sorted(set(OFFICIAL.values()))}")
+    edit = _EDITS.get(family)
+    if edit is None:
+        raise ValueError(f"no variant for {family!r}; known: {sorted(set(OFFICIAL.values()))}")
+    return edit(t)

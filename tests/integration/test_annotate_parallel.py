@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.dataset_files import open_layout
+from bcl_stream.formats.dataset_files import open_file_layout
 from bcl_stream.io.index import COSTS_NPY, HASHES_NPY, INDEX_FILES, INDEX_JSON, read_index
 from bcl_stream.io.remote import download, open_cost_index
 from bcl_stream.preprocess.annotate import annotate
@@ -78,7 +78,7 @@ def test_annotate_parts_merge_to_the_serial_index(
     if fmt == "wds":
         assert merged.record_hashes is not None and serial.record_hashes is not None
         assert np.array_equal(merged.record_hashes, serial.record_hashes)
-    open_layout(copy, check=True)  # shard list, counts (and every record's hash, WDS)
+    open_file_layout(copy, check=True)  # shard list, counts (and every record's hash, WDS)
     if fmt == "wds":  # the dataset changed after the parts were counted: refused
         shutil.copy(copy / "shard-000000.tar", copy / "shard-000099.tar")
         with pytest.raises(DatasetError, match=r"annotated parts cover 11 shards.*lists 12"):

@@ -17,14 +17,15 @@ from typing import Any
 import pytest
 
 from bcl_stream.cli import build_parser, main
-from bcl_stream.commands.layout_options import Layout, resolve_layout
+from bcl_stream.commands.layout_options import resolve_layout
+from bcl_stream.process_layout import ProcessLayout
 
 pytestmark = pytest.mark.shared_process
 
 KNOBS = ["--pack-size", "2", "--window", "2"]
 
 
-def layout_of(*argv: str) -> Layout:
+def layout_of(*argv: str) -> ProcessLayout:
     args = build_parser().parse_args(["plan", "D", *argv, *KNOBS])
     return resolve_layout(args)
 

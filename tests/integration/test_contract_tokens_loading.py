@@ -16,6 +16,7 @@ from resume_harness import DataModuleLoader, pack_key, run_test_save_load_state
 
 from bcl_stream.epoch.full_plan import full_plan
 from bcl_stream.errors import StateError
+from bcl_stream.process_layout import ProcessLayout
 from lightning_module.datamodule import BCLDataModule
 
 pytestmark = pytest.mark.slow
@@ -188,7 +189,7 @@ def test_elastic_resume_uses_every_record_once(
         loader = PackLoader(MDSPackDataset(mds_dir, config, rank))
         consumed += [i for p in take(loader, after) for pack in p for i in pack]
         state = json.loads(json.dumps(loader.state_dict()))
-    resized = config.resized(new, 1)
+    resized = config.resized(ProcessLayout(world_size=new, ranks_per_node=1))
     rest: list[int] = []
     lengths = set()
     for rank in range(new):

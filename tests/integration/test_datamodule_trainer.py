@@ -104,7 +104,10 @@ def test_every_shipped_config_plans_what_its_trainer_runs(
     assert (plan.world_size, plan.ranks_per_node) == (nodes * devices // tp, max(1, devices // tp))
     assert trainer.world_size == nodes * devices and trainer.num_devices == devices
     layout = module.layout_used
-    assert layout is not None and (layout.group_size, layout.local_processes) == (tp, devices)
+    assert layout is not None and (layout.process.group_size, layout.process.local_processes) == (
+        tp,
+        devices,
+    )
     assert plan.grad_accum == accumulate == trainer.accumulate_grad_batches
     assert plan.layout == shipped["data"].get("batch", {}).get("collate", "padded") == module.layout
     shipped_plan = shipped["data"].get("plan", {})

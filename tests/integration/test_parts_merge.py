@@ -21,7 +21,7 @@ from pack_oracles import check_every_record_once
 from parts_corpus import OPTIONS, assert_same, write_corpus
 
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.dataset_files import open_layout
+from bcl_stream.formats.dataset_files import open_file_layout
 from bcl_stream.io.index import read_index
 from bcl_stream.io.remote import open_cost_index
 from bcl_stream.preprocess import preprocess
@@ -63,7 +63,7 @@ def test_merged_parts_equal_a_single_run(
         f"part-{i}-of-3" for i in range(3)
     ]
     assert all(s.name.startswith("part-") for s in index.shards)
-    open_layout(out, check=True)  # our integrity check: shard list, counts, record hashes
+    open_file_layout(out, check=True)  # our integrity check: shard list, counts, record hashes
     assert_same(out, single[fmt], fmt, tmp_path)
     if fmt == "wds":
         _wds_plan_reads(out)

@@ -20,6 +20,7 @@ from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.formats.reader_base import PlanDataset
 from bcl_stream.formats.wds_reader import WDSPackDataset
 from bcl_stream.loading.loader import PackLoader
+from bcl_stream.process_layout import ProcessLayout
 
 pytestmark = pytest.mark.slow
 
@@ -105,7 +106,7 @@ def test_elastic_resume_uses_every_record_once(
         loader = PackLoader(_dataset("mds", mds_dir, config, rank))
         consumed += [i for p in take(loader, after) for pack in p for i in pack]
         state = json.loads(json.dumps(loader.state_dict()))
-    resized = config.resized(new, 1)
+    resized = config.resized(ProcessLayout(world_size=new, ranks_per_node=1))
     rest: list[int] = []
     lengths = set()
     for rank in range(new):
@@ -128,7 +129,7 @@ def test_elastic_state_reaches_live_persistent_workers(mds_dir: Path) -> None:
     saver = PackLoader(_dataset("mds", mds_dir, old, 0))
     take(saver, 4)
     state = saver.state_dict()
-    config = old.resized(3, 1)
+    config = old.resized(ProcessLayout(world_size=3, ranks_per_node=1))
     dataset = _dataset("mds", mds_dir, config, 1)
     loader = PackLoader(dataset, num_workers=2, persistent_workers=True)
     assert [pack_key(p) for p in loader] == [tuple(r) for r in dataset.epoch_plan(0).rank_packs(1)]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.dataset_files import check_integrity, open_layout, tar_record_counts
+from bcl_stream.formats.dataset_files import check_integrity, open_file_layout, tar_record_counts
 from bcl_stream.formats.mds_writer import CostedMDSWriter
 from bcl_stream.formats.wds_writer import CostedWDSWriter
 from bcl_stream.io.index import read_index
@@ -92,7 +92,7 @@ def test_interrupted_write_is_refused_by_readers(tmp_path: Path, fmt: str) -> No
     with pytest.raises(
         DatasetError, match=r"incomplete dataset.*re-run preprocess with --overwrite"
     ):
-        open_layout(out)
+        open_file_layout(out)
 
 
 def _chat_corpus(path: Path, n: int, seed: int = 0) -> list[str]:
@@ -133,7 +133,7 @@ def test_preprocess_chat_jsonl(tmp_path: Path, fmt: str) -> None:
     out = tmp_path / "out"
     full = [len(enc.encode_ordinary(t)) for t in texts]
     want = [min(n, 200) for n in full]
-    layout = open_layout(out, check=True)
+    layout = open_file_layout(out, check=True)
     assert layout.format == fmt
     assert layout.index.tokens.tolist() == want
     assert report.records_read == report.records_written == 120
@@ -168,7 +168,7 @@ def test_preprocess_text_field_and_parquet(tmp_path: Path) -> None:
         source=RecordSource(text_field="body"),
         progress=False,
     )
-    index = open_layout(out).index
+    index = open_file_layout(out).index
     assert index.tokens.tolist() == [len(enc.encode_ordinary(t)) for t in texts]
     assert read_mds(out)[39]["source"] == f"{tmp_path / 'a.parquet'}:40"
 
@@ -205,7 +205,7 @@ def test_preprocess_with_a_local_tokenizer_json(tmp_path: Path) -> None:
         shard_size_limit="1mb",
         progress=False,
     )
-    layout = open_layout(tmp_path / "out")
+    layout = open_file_layout(tmp_path / "out")
     assert layout.index.tokens.tolist() == [2, 3]
     assert layout.index.extra["tokenizer"] == str(tmp_path / "tokenizer.json")
     assert [r["input_ids.npy"].tolist() for r in read_wds(tmp_path / "out")] == [[1, 3], [2, 0, 1]]
@@ -218,7 +218,7 @@ def test_compressed_shards_are_read_by_stock_readers(
     opts = {"format": fmt, "compression": compression, "shard_size_limit": 4096, "maxcount": 15}
     _preprocess_chat(tmp_path, 40, **opts)
     out = tmp_path / "out"
-    layout = open_layout(out, check=True)
+    layout = open_file_layout(out, check=True)
     suffix = ".mds.zstd" if fmt == "mds" else ".tar.gz"
     # MDS keeps only the compressed file; the index names the raw shard, as index.json does.
     names = [s.name + (".zstd" if fmt == "mds" else "") for s in layout.shards]

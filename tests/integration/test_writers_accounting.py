@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bcl_stream.formats.dataset_files import open_layout
+from bcl_stream.formats.dataset_files import open_file_layout
 from bcl_stream.preprocess import preprocess
 from bcl_stream.text.tokenizers import load_tokenizer
 
@@ -63,7 +63,7 @@ def test_records_are_written_or_counted(
             shard_size_limit=512,
             maxcount=7,
         )
-        index = open_layout(Path(tmp) / "out", check=True).index
+        index = open_file_layout(Path(tmp) / "out", check=True).index
     counts = [len(tok.ids(t)) for t in good]
     kept = [min(n, cap) for n in counts if policy == "truncate" or n <= cap]
     assert report.records_read == len(lines)

@@ -11,7 +11,7 @@ import pytest
 
 from bcl_stream.cli import main
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.dataset_files import check_integrity, open_layout
+from bcl_stream.formats.dataset_files import check_integrity, open_file_layout
 from bcl_stream.preprocess.annotate import annotate
 from bcl_stream.records.source import RecordSource
 
@@ -55,7 +55,7 @@ def test_annotate_stock_mds(tmp_path: Path, compression: str | None) -> None:
     )
     meta = json.loads((out / "index.json").read_text())
     assert meta["bcl_index"] == "bcl_index.json"
-    assert open_layout(out, check=True).index.content_hash() == index.content_hash()
+    assert open_file_layout(out, check=True).index.content_hash() == index.content_hash()
     by_length = annotate(
         out, length_field="n", cost_model="tinygpt", overwrite=True, progress=False
     )
@@ -66,7 +66,7 @@ def test_annotate_stock_wds(tmp_path: Path) -> None:
     out = tmp_path / "wds"
     _stock_wds(out)
     with pytest.raises(DatasetError, match=r"incomplete dataset.*annotate"):
-        open_layout(out)
+        open_file_layout(out)
     index = annotate(out, progress=False)
     assert index.tokens.tolist() == LENGTHS
     assert index.shard_counts == [20, 20, 20, 20, 10]

@@ -11,7 +11,7 @@ import pytest
 
 from bcl_stream.cli import main
 from bcl_stream.errors import CostIndexError, DatasetError
-from bcl_stream.formats.dataset_files import check_integrity, open_layout
+from bcl_stream.formats.dataset_files import check_integrity, open_file_layout
 from bcl_stream.io.index import COST_DTYPE, read_index
 from bcl_stream.preprocess import preprocess
 
@@ -41,7 +41,7 @@ def test_skip_bad_skips_counts_and_stores_the_count(tmp_path: Path) -> None:
     assert report.skipped_bad == expected
     assert report.records_read == 15
     assert report.records_written == 12
-    index = open_layout(tmp_path / "out").index
+    index = open_file_layout(tmp_path / "out").index
     assert len(index) == 12
     assert index.extra["preprocess"]["skipped_bad"] == expected
     assert "skipped bad records (malformed_json): 1" in report.lines()
@@ -78,7 +78,7 @@ def test_outlier_error_and_drop(tmp_path: Path) -> None:
     report = preprocess(
         [src], str(tmp_path / "b"), max_record_tokens=20, outliers="drop", progress=False
     )
-    index = open_layout(tmp_path / "b").index
+    index = open_file_layout(tmp_path / "b").index
     assert report.outliers["dropped"] > 0
     assert len(index) == 12 - report.outliers["dropped"]
     assert int(index.tokens.max()) <= 20
@@ -91,7 +91,7 @@ def test_existing_output_is_refused_unless_overwrite(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match=r"already exists.*--overwrite"):
         preprocess([src], out, format="wds", progress=False)
     preprocess([src], out, format="wds", overwrite=True, progress=False)
-    assert open_layout(out).format == "wds"
+    assert open_file_layout(out).format == "wds"
     assert not list(Path(out).glob("*.mds"))
 
 
@@ -122,7 +122,7 @@ def test_missing_shard_is_detected_and_named(dataset: Path) -> None:
     problems = check_integrity(dataset, index)
     assert any(victim in p and "missing" in p for p in problems)
     with pytest.raises(DatasetError, match=victim):
-        open_layout(dataset, check=True)
+        open_file_layout(dataset, check=True)
 
 
 @pytest.mark.parametrize("dataset", ["mds", "wds"], indirect=True)
@@ -171,7 +171,7 @@ def test_mds_without_cost_index_asks_for_annotate(tmp_path: Path) -> None:
     preprocess([src], str(out), progress=False)
     (out / "bcl_index.json").unlink()
     with pytest.raises(CostIndexError, match="annotate"):
-        open_layout(out)
+        open_file_layout(out)
 
 
 @pytest.mark.parametrize("dataset", ["wds"], indirect=True)

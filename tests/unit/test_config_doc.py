@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from bcl_stream import ProcessLayout
 from lightning_module.config_doc import DOC, documented, render
 from lightning_module.trainer_layout import TrainerLayout
 
@@ -94,7 +95,7 @@ def cli_module(tmp_path: Path, data: dict[str, Any], *args: str) -> tuple[Any, l
 
 
 def test_an_old_flat_config_and_its_nested_twin_build_the_same_datamodule(tmp_path: Path) -> None:
-    layout = TrainerLayout(rank=0, world_size=2, ranks_per_node=1, grad_accum=1)
+    layout = TrainerLayout(process=ProcessLayout(world_size=2), grad_accum=1)
     old, old_warnings = cli_module(tmp_path, OLD)
     new, new_warnings = cli_module(tmp_path, NEW)
     assert new_warnings == []

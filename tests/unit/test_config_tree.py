@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from bcl_stream import ProcessLayout
 from bcl_stream.analysis.sim import SimConfig, plan_config
 from bcl_stream.cli import build_parser
 from bcl_stream.commands.plan import config_from_args
@@ -127,7 +128,8 @@ def test_every_field_through_the_datamodule(name: str) -> None:
     else:
         knobs[name] = value
     module = BCLDataModule("DIR", plan=knobs, batch=batch)
-    config = module.reader_config(TrainerLayout(rank=0, **layout))
+    accum = layout.pop("grad_accum")
+    config = module.reader_config(TrainerLayout(process=ProcessLayout(**layout), grad_accum=accum))
     assert getattr(config.plan, name) == value
 
 
@@ -147,7 +149,7 @@ def test_datamodule_plan_is_checked_when_built(plan: dict[str, Any], match: str)
 def test_reader_config_build_and_nested_fields() -> None:
     config = ReaderConfig.build(seed=3, cost_model="tokens", **VALUES)
     assert config.plan == PlanConfig(**VALUES)
-    resized = config.resized(8, 4)
+    resized = config.resized(ProcessLayout(world_size=8, ranks_per_node=4))
     assert (resized.plan.world_size, resized.plan.ranks_per_node) == (8, 4)
     assert resized.plan.carry_span == VALUES["carry_span"] and resized.seed == 3
     with pytest.raises(ValueError, match=r"unknown reader config fields \['bogus'\]"):
@@ -206,7 +208,7 @@ def test_datamodule_plan_from_yaml_as_lightning_cli_reads_it() -> None:
     parser.add_class_arguments(BCLDataModule, "data")
     text = "data:\n  data: DIR\n  plan: {window: 4, carry_span: 32, stratify: false}\n"
     module = BCLDataModule(**parser.parse_string(text).data.as_dict())
-    plan = module.reader_config(TrainerLayout(rank=0, world_size=2, ranks_per_node=1)).plan
+    plan = module.reader_config(TrainerLayout(process=ProcessLayout(world_size=2))).plan
     assert (plan.window, plan.carry_span, plan.stratify) == (4, 32, False)
 
 

@@ -6,7 +6,8 @@ Layers, lowest first (:data:`LAYERS`; a module may import its own layer and thos
 
 1. ``errors``, then ``cost``: what everything raises and the cost models (numpy only);
 2. ``planner``: the pure planning functions (numpy only, ``test_purity.py``), then ``peers``,
-   the reproductions of other systems built on it;
+   the reproductions of other systems built on it, then ``process_layout`` (the one type of
+   a job's data-parallel ranks and nodes);
 3. ``text``: tokenizers, record layouts, chat templates, loss spans (what preprocess writes
    with and readers re-encode with);
    Then ``records/source.py`` and ``records/kind.py``: the record-source declaration and the
@@ -27,12 +28,15 @@ Layers, lowest first (:data:`LAYERS`; a module may import its own layer and thos
 
 Rules, each reported per file with its line:
 
-- **cycle**: no circle in the module-level graph (imports at module level, outside functions
-  and ``if TYPE_CHECKING:``); the message lists the circle's modules. Nor one closed by an
+- **cycle**: no circle in the module-level graph (imports at module level, those under
+  ``if TYPE_CHECKING:`` included: a circle that only type checkers see still ties the two
+  modules together); the message lists the circle's modules. Nor one closed by an
   import inside a function: a module imported late that imports its importer back at module
   level (whatever it defers, the two modules need each other).
-- **upward**: no import of a higher layer, at module level or inside a function (a function
-  that imports upward is the same layering fault, only later).
+- **upward**: no import of a higher layer, at module level, inside a function or under
+  ``if TYPE_CHECKING:`` (a function that imports upward is the same layering fault, only
+  later; a type-only one the same fault, seen by type checkers only). So ``bcl_stream`` never
+  imports ``lightning_module``, in any form.
 - **deferral**: an import inside a function is allowed only where the imported module's
   module-level import closure (its own imports, its packages' ``__init__``, transitively)
   reaches a heavy library (:data:`HEAVY`) that the importing module's own closure does not:
@@ -76,6 +80,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("bcl_stream.cost",),
     ("bcl_stream.planner.*",),
     ("bcl_stream.peers.*",),
+    ("bcl_stream.process_layout",),
     ("bcl_stream.text.*",),
     ("bcl_stream.records.source", "bcl_stream.records.kind"),
     ("bcl_stream.io.*",),
@@ -105,6 +110,8 @@ class Import:
     line: int
     deferred: bool
     """Inside a function (runs when called, not at import)."""
+    type_only: bool = False
+    """Under ``if TYPE_CHECKING:`` (never runs; seen by type checkers)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,19 +140,21 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 def _walk(
-    node: ast.AST, deferred: bool = False
-) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
-    """Import statements under ``node`` with whether they run inside a function; imports
-    under ``if TYPE_CHECKING:`` never run and are left out."""
+    node: ast.AST, deferred: bool = False, type_only: bool = False
+) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool, bool]]:
+    """Import statements under ``node`` with whether they run inside a function and whether
+    they sit under ``if TYPE_CHECKING:`` (they never run, but type checkers follow them)."""
     for child in ast.iter_child_nodes(node):
         if isinstance(child, ast.Import | ast.ImportFrom):
-            yield child, deferred
+            yield child, deferred, type_only
         elif isinstance(child, ast.If) and _is_type_checking(child.test):
+            for inner in child.body:
+                yield from _walk(ast.Module(body=[inner], type_ignores=[]), deferred, True)
             for other in child.orelse:
-                yield from _walk(ast.Module(body=[other], type_ignores=[]), deferred)
+                yield from _walk(ast.Module(body=[other], type_ignores=[]), deferred, type_only)
         else:
-            inner = isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
-            yield from _walk(child, deferred or inner)
+            inner_fn = isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+            yield from _walk(child, deferred or inner_fn, type_only)
 
 
 def _resolve(name: str, files: Mapping[str, Path]) -> str | None:
@@ -163,7 +172,7 @@ def read_graph(root: Path, packages: Sequence[str]) -> Graph:
         tree = ast.parse(path.read_text(), str(path))
         is_package = path.name == "__init__.py"
         own_heavy: set[str] = set()
-        for node, deferred in _walk(tree):
+        for node, deferred, type_only in _walk(tree):
             names: list[str] = []
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
@@ -178,12 +187,12 @@ def read_graph(root: Path, packages: Sequence[str]) -> Graph:
                 names = [n if _resolve(n, files) == n else base for n in names]
             for name in names:
                 top = name.split(".")[0]
-                if top in HEAVY and not deferred:
+                if top in HEAVY and not deferred and not type_only:
                     own_heavy.add(top)
                 if top not in packages:
                     continue
                 target = _resolve(name, files)
-                found = Import(module, target or "", node.lineno, deferred)
+                found = Import(module, target or "", node.lineno, deferred, type_only)
                 if target is not None and target != module and found not in imports:
                     imports.append(found)
         heavy[module] = frozenset(own_heavy)
@@ -203,7 +212,7 @@ def reach(graph: Graph) -> dict[str, frozenset[str]]:
     packages' ``__init__`` on the way, transitively; itself included)."""
     edges: dict[str, set[str]] = {m: set(_parents(m, graph.files)) for m in graph.files}
     for imp in graph.imports:
-        if not imp.deferred:
+        if not imp.deferred and not imp.type_only:
             edges[imp.source].add(imp.target)
             edges[imp.source].update(_parents(imp.target, graph.files))
     found: dict[str, frozenset[str]] = {}
@@ -307,14 +316,20 @@ def violations(
     for imp in graph.imports:
         source, target = layer_of(imp.source, layers), layer_of(imp.target, layers)
         if source is not None and target is not None and target > source:
-            where = "inside a function" if imp.deferred else "at module level"
+            where = (
+                "under TYPE_CHECKING"
+                if imp.type_only
+                else "inside a function"
+                if imp.deferred
+                else "at module level"
+            )
             report(
                 imp.source,
                 imp.line,
                 "upward",
                 f"{imp.source} imports {imp.target} {where}, a higher layer",
             )
-        if imp.deferred and imp.source in reached[imp.target]:
+        if imp.deferred and not imp.type_only and imp.source in reached[imp.target]:
             report(
                 imp.source,
                 imp.line,
@@ -322,7 +337,7 @@ def violations(
                 f"imports {imp.target} inside a function, and {imp.target} imports "
                 f"{imp.source} back at module level: a circle the function hides",
             )
-        if imp.deferred and (imp.source, imp.target) not in allowed:
+        if imp.deferred and not imp.type_only and (imp.source, imp.target) not in allowed:
             deferred = closure[imp.target] - closure[imp.source]
             if not deferred:
                 already = sorted(closure[imp.source] & closure[imp.target])
@@ -384,6 +399,10 @@ PLANTED = {
     "pkg/stray.py": "",
     "pkg/high/host.py": "import torch\nfrom pkg.high.mixin import M\n",
     "pkg/high/mixin.py": "def host():\n    from pkg.high.host import torch\n    return torch\n",
+    "pkg/high/typed.py": (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.high.hint import H\n"
+    ),
+    "pkg/high/hint.py": "from pkg.high.typed import TYPE_CHECKING\nH = 1\n",
 }
 PLANTED_LAYERS = (("pkg",), ("pkg.low.*",), ("pkg.high.*",))
 
@@ -406,6 +425,13 @@ def test_checker_refuses_a_cycle_and_names_it(planted: dict[str, list[str]]) -> 
     assert "pkg.low.a <-> pkg.low.b" in planted["pkg/low/a.py"][0]
 
 
+def test_checker_refuses_a_type_only_circle(planted: dict[str, list[str]]) -> None:
+    # typed imports hint only for type checkers, hint imports typed at run time: still a circle
+    assert rules(planted, "pkg/high/typed.py") == ["cycle"]
+    assert rules(planted, "pkg/high/hint.py") == ["cycle"]
+    assert "pkg.high.hint <-> pkg.high.typed" in planted["pkg/high/typed.py"][0]
+
+
 def test_checker_refuses_a_circle_hidden_in_a_function(planted: dict[str, list[str]]) -> None:
     # mixin defers torch by importing host late, but host imports mixin at module level
     assert rules(planted, "pkg/high/mixin.py") == ["cycle"]
@@ -414,11 +440,12 @@ def test_checker_refuses_a_circle_hidden_in_a_function(planted: dict[str, list[s
 
 
 def test_checker_refuses_a_light_import_inside_a_function(planted: dict[str, list[str]]) -> None:
-    # the heavy deferral (pkg.low.heavy imports torch) passes; the light one and the
-    # TYPE_CHECKING import of a higher layer do not count
+    # the heavy deferral (pkg.low.heavy imports torch) passes, the light one does not; the
+    # TYPE_CHECKING import of a higher layer is an upward arrow like any other
     assert planted["pkg/low/uses.py"] == [
+        "3: upward: pkg.low.uses imports pkg.high.top under TYPE_CHECKING, a higher layer",
         "5: deferral: pkg.low.light is imported inside a function, which imports no heavy "
-        "library: import it at the top"
+        "library: import it at the top",
     ]
 
 
@@ -441,4 +468,5 @@ def test_checker_takes_an_allowlisted_deferral(tmp_path: Path) -> None:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     allowed = {("pkg.low.uses", "pkg.low.light"): "a planted reason"}
-    assert "pkg/low/uses.py" not in violations(tmp_path, ("pkg",), PLANTED_LAYERS, allowed)
+    found = violations(tmp_path, ("pkg",), PLANTED_LAYERS, allowed)
+    assert rules(found, "pkg/low/uses.py") == ["upward"]  # the deferral is allowed

@@ -16,6 +16,7 @@ from bcl_stream.errors import StateError
 from bcl_stream.io.index import CostIndex, ShardEntry
 from bcl_stream.planner import PlanConfig, plan_epoch
 from bcl_stream.planner.mixture import MixtureLayout, choose_counts
+from bcl_stream.process_layout import ProcessLayout
 
 NONE4 = [None] * 4
 
@@ -198,7 +199,7 @@ def test_elastic_resume_of_a_mixture_reads_the_rest_of_the_draw_once() -> None:
 
     index = mixture()
     old = ReaderConfig.build(world_size=4, ranks_per_node=2, pack_size=4, window=4, max_tokens=2000)
-    new = old.resized(2, 2)
+    new = old.resized(ProcessLayout(world_size=2, ranks_per_node=2))
     first = ReaderPlan(index, old, 1)
     taken = np.concatenate([first.rank_packs(r)[:5].ravel() for r in range(4)])
     plan = full_plan(index, new, 1, (Segment(4, 2, 5),))

@@ -9,12 +9,12 @@ import pytest
 
 from bcl_stream import ReaderConfig
 from bcl_stream.epoch import plan as plan_module
-from bcl_stream.epoch.process_group import GroupLayout
+from bcl_stream.process_layout import ProcessLayout
 
 
 @pytest.fixture
 def group_of_eight(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plan_module, "process_group", lambda: GroupLayout(8, 3))
+    monkeypatch.setattr(plan_module, "process_group", lambda: ProcessLayout(rank=3, world_size=8))
 
 
 def build(**kw: int) -> ReaderConfig:

@@ -13,6 +13,7 @@ from bcl_stream.epoch.full_plan import full_plan
 from bcl_stream.epoch.plan import REASON_CONSUMED, ReaderConfig, ReaderPlan, Segment
 from bcl_stream.errors import StateError
 from bcl_stream.io.index import CostIndex, ShardEntry
+from bcl_stream.process_layout import ProcessLayout
 
 
 def make_index(n: int = 500, shard: int = 60, seed: int = 0) -> CostIndex:
@@ -86,7 +87,7 @@ def test_same_layout_resumes_the_cursor() -> None:
 
 
 def test_resize_appends_a_segment_or_refuses() -> None:
-    bigger = CONFIG.resized(6, 2)
+    bigger = CONFIG.resized(ProcessLayout(world_size=6, ranks_per_node=2))
     cursor = resolve_state(state(), fingerprint="abc", config=bigger)
     assert cursor.segments == (Segment(4, 2, 5),)
     assert (cursor.epoch, cursor.packs_consumed, cursor.config) == (1, 0, bigger)
@@ -103,7 +104,7 @@ def test_elastic_plan_yields_every_record_once(
     old = ReaderConfig.build(
         world_size=old_world, ranks_per_node=2, pack_size=4, window=3, scope=scope
     )
-    new = old.resized(new_world, 2)
+    new = old.resized(ProcessLayout(world_size=new_world, ranks_per_node=2))
     first = full_plan(index, old, 3)
     resumed = full_plan(index, new, 3, (Segment(old_world, 2, consumed),))
     taken = first.plan.packs[:, :consumed].ravel()
@@ -139,7 +140,7 @@ def test_first_packs_are_the_ranks_first_packs(scope: str, carry: int) -> None:
 
 def test_segments_chain() -> None:
     index = make_index()
-    cfg = CONFIG.resized(2, 2)
+    cfg = CONFIG.resized(ProcessLayout(world_size=2, ranks_per_node=2))
     segs = (Segment(4, 2, 4), Segment(6, 2, 2))
     plan = full_plan(index, cfg, 0, segs)
     left = np.concatenate(list(plan.plan.remainder.values()))

@@ -44,6 +44,7 @@ from bcl_stream.io.index import CostIndex, ShardEntry
 from bcl_stream.loading.loader import PackLoader
 from bcl_stream.planner.checks import MAX_COUNT
 from bcl_stream.planner.config import MAX_RANKS
+from bcl_stream.process_layout import ProcessLayout
 
 FUZZ = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -268,7 +269,11 @@ def verdict(state: Any) -> Verdict:
     if segments:
         outcome, why = EITHER, "elastic segments"  # their plans are the planner's to decide
     elif saved_size is not None:
-        old = old_packs(CONFIG.resized(*saved_size), epoch, 0)
+        old = old_packs(
+            CONFIG.resized(ProcessLayout(world_size=saved_size[0], ranks_per_node=saved_size[1])),
+            epoch,
+            0,
+        )
         if old is None or consumed > old.shape[0]:
             return Verdict(REFUSE, f"{consumed} packs consumed of the {saved_size} plan")
     elif consumed > old_packs(CONFIG, epoch, 0).shape[0]:  # type: ignore[union-attr]
@@ -306,7 +311,9 @@ def check_elastic_replay(state: dict[str, Any], expected: Verdict) -> None:
     same number of packs, and no record the old ranks consumed (their uninterrupted plans'
     first packs) comes again, nor any twice."""
     assert expected.saved_size is not None
-    old_config = CONFIG.resized(*expected.saved_size)
+    old_config = CONFIG.resized(
+        ProcessLayout(world_size=expected.saved_size[0], ranks_per_node=expected.saved_size[1])
+    )
     consumed = [
         old_packs(old_config, expected.epoch, r)[: expected.consumed]  # type: ignore[index]
         for r in range(old_config.plan.world_size)

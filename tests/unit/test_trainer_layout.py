@@ -35,7 +35,7 @@ def test_every_process_of_a_group_has_one_data_parallel_rank(
             processes=processes,
             processes_per_node=per_node,
             data_parallel=(g // group, dp_size),
-        )
+        ).process
         for g in range(processes)
     ]
     for x in layouts:
@@ -51,7 +51,7 @@ def test_no_mesh_means_every_process_is_a_rank() -> None:
     layout = TrainerLayout.of_processes(
         global_rank=3, processes=8, processes_per_node=4, data_parallel=None
     )
-    assert (layout.rank, layout.world_size, layout.ranks_per_node, layout.group_size) == (
+    assert (layout.process.rank, layout.process.world_size, layout.process.ranks_per_node, layout.process.group_size) == (
         3, 8, 4, 1,
     )  # fmt: skip
 
@@ -62,7 +62,7 @@ def test_a_mesh_with_data_parallel_inside_is_refused() -> None:
         TrainerLayout.of_processes(
             global_rank=1, processes=4, processes_per_node=4, data_parallel=(1, 2)
         )
-    with pytest.raises(ValueError, match=r"ranks_per_node=4 must divide world_size=6"):
+    with pytest.raises(ValueError, match=r"ranks_per_node=4 does not divide world_size=6"):
         TrainerLayout.of_processes(
             global_rank=0, processes=6, processes_per_node=4, data_parallel=None
         )  # LOCAL_WORLD_SIZE that does not divide the world: refused, not guessed
@@ -82,11 +82,15 @@ def test_an_unlaunched_model_parallel_trainer_plans_for_its_data_parallel_size()
         trainer = pl.Trainer(accelerator="cpu", devices=4, strategy=strategy, logger=False)
         assert data_parallel_of(trainer.strategy) == want
         layout = TrainerLayout.of_trainer(trainer)
-        assert (layout.rank, layout.world_size) == want
-        assert layout.local_processes == 4
+        assert (layout.process.rank, layout.process.world_size) == want
+        assert layout.process.local_processes == 4
     ddp = pl.Trainer(accelerator="cpu", devices=4, strategy=DDPStrategy(), logger=False)
     layout = TrainerLayout.of_trainer(ddp)
-    assert (layout.world_size, layout.ranks_per_node, layout.group_size) == (4, 4, 1)
+    assert (
+        layout.process.world_size,
+        layout.process.ranks_per_node,
+        layout.process.group_size,
+    ) == (4, 4, 1)
 
 
 class LlamaStyleBlock(nn.Module):
@@ -152,8 +156,12 @@ def test_a_context_parallel_mesh_is_one_data_parallel_rank_per_group() -> None:
             processes_per_node=8,
             data_parallel=mesh_data_parallel(FakeMesh(shape, coords)),
         )
-        assert (layout.rank, layout.world_size, layout.ranks_per_node) == (g // 4, 2, 2)
-        assert (layout.group_size, layout.local_processes) == (4, 8)
+        assert (layout.process.rank, layout.process.world_size, layout.process.ranks_per_node) == (
+            g // 4,
+            2,
+            2,
+        )
+        assert (layout.process.group_size, layout.process.local_processes) == (4, 8)
     assert mesh_data_parallel(FakeMesh({"tensor_parallel": 2}, {"tensor_parallel": 1})) is None
 
 
@@ -166,6 +174,6 @@ def test_an_unlaunched_fabric_plans_for_its_data_parallel_size() -> None:
     )
     fabric = Fabric(accelerator="cpu", devices=4, strategy=strategy)
     layout = TrainerLayout.of_fabric(fabric)
-    assert (layout.rank, layout.world_size, layout.group_size, layout.local_processes) == (
+    assert (layout.process.rank, layout.process.world_size, layout.process.group_size, layout.process.local_processes) == (
         0, 2, 2, 4,
     )  # fmt: skip

@@ -50,11 +50,11 @@ def write_process(
         json.dumps(
             {
                 "layout": {
-                    "rank": layout.rank,
-                    "world_size": layout.world_size,
-                    "ranks_per_node": layout.ranks_per_node,
-                    "group_size": layout.group_size,
-                    "local_processes": layout.local_processes,
+                    "rank": layout.process.rank,
+                    "world_size": layout.process.world_size,
+                    "ranks_per_node": layout.process.ranks_per_node,
+                    "group_size": layout.process.group_size,
+                    "local_processes": layout.process.local_processes,
                 },
                 "streaming_env": env,
                 "plan": {
