@@ -8,6 +8,12 @@ open_dataset, PackLoader, ReaderConfig``). The modules behind it may move; these
   owns the resume cursor), :class:`ReaderConfig` and its planner part :class:`PlanConfig`,
   :class:`ReadOptions`, :class:`TokenSource`, :class:`StreamSpec`;
 - writing: :class:`CostedMDSWriter`, :class:`CostedWDSWriter`;
+- training (what every trainer gets: ``docs/pytorch.md``): :func:`open_training` opens a
+  rank's reader for a :class:`TrainingContext` (the trainer's :class:`ProcessLayout`,
+  accumulation and model limit) and :class:`TrainingKnobs` (:class:`PlanKnobs`,
+  :class:`BatchOptions`, ...), through :func:`resolve` (truncation, planning costs, the loss
+  normalization: :class:`ResolvedTraining`); :func:`step_loss_tokens` is a plain loop's
+  step denominator;
 - cost models: :class:`CostModel`, :func:`get_preset`, :func:`preset_names`;
 - errors: :class:`BCLStreamError` and its subclasses.
 
@@ -43,9 +49,15 @@ if TYPE_CHECKING:
     from bcl_stream.formats.wds_writer import CostedWDSWriter
     from bcl_stream.io.streaming_compat import UnsupportedLibraryError
     from bcl_stream.loading.loader import PackLoader
-    from bcl_stream.planner.config import PlanConfig
+    from bcl_stream.planner.config import PlanConfig, PlanKnobs
+    from bcl_stream.process_layout import ProcessLayout
+    from bcl_stream.training.context import TrainingContext
+    from bcl_stream.training.knobs import BatchOptions, TrainingKnobs
+    from bcl_stream.training.normalize import step_loss_tokens
+    from bcl_stream.training.resolve import ResolvedTraining, Training, open_training, resolve
 
 _HOMES: dict[str, str] = {
+    "BatchOptions": "bcl_stream.training.knobs",
     "BCLStreamError": "bcl_stream.errors",
     "CostIndexError": "bcl_stream.errors",
     "CostModel": "bcl_stream.cost",
@@ -56,23 +68,33 @@ _HOMES: dict[str, str] = {
     "MixturePackDataset": "bcl_stream.formats.mixture_reader",
     "PackLoader": "bcl_stream.loading.loader",
     "PlanConfig": "bcl_stream.planner.config",
+    "PlanKnobs": "bcl_stream.planner.config",
+    "ProcessLayout": "bcl_stream.process_layout",
     "PlanError": "bcl_stream.errors",
     "ReadOptions": "bcl_stream.formats.read_options",
     "ReaderConfig": "bcl_stream.epoch.plan",
+    "ResolvedTraining": "bcl_stream.training.resolve",
     "RemoteAccessError": "bcl_stream.errors",
     "StateError": "bcl_stream.errors",
     "StreamSpec": "bcl_stream.epoch.mixture_index",
     "TokenSource": "bcl_stream.epoch.token_source",
+    "Training": "bcl_stream.training.resolve",
+    "TrainingContext": "bcl_stream.training.context",
+    "TrainingKnobs": "bcl_stream.training.knobs",
     "UnsupportedLibraryError": "bcl_stream.io.streaming_compat",
     "WDSPackDataset": "bcl_stream.formats.wds_reader",
     "get_preset": "bcl_stream.cost",
     "open_dataset": "bcl_stream.formats.open_dataset",
+    "open_training": "bcl_stream.training.resolve",
     "preset_names": "bcl_stream.cost",
+    "resolve": "bcl_stream.training.resolve",
+    "step_loss_tokens": "bcl_stream.training.normalize",
 }
 """Each public name and the module that defines it (imported on first use)."""
 
 __all__ = [
     "BCLStreamError",
+    "BatchOptions",
     "CostIndexError",
     "CostModel",
     "CostedMDSWriter",
@@ -83,17 +105,26 @@ __all__ = [
     "PackLoader",
     "PlanConfig",
     "PlanError",
+    "PlanKnobs",
+    "ProcessLayout",
     "ReadOptions",
     "ReaderConfig",
     "RemoteAccessError",
+    "ResolvedTraining",
     "StateError",
     "StreamSpec",
     "TokenSource",
+    "Training",
+    "TrainingContext",
+    "TrainingKnobs",
     "UnsupportedLibraryError",
     "WDSPackDataset",
     "get_preset",
     "open_dataset",
+    "open_training",
     "preset_names",
+    "resolve",
+    "step_loss_tokens",
 ]
 """The public names (the keys of ``_HOMES``; a test checks the two agree)."""
 

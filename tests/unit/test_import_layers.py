@@ -4,7 +4,8 @@ first-party import inside a function only where it defers a heavy library.
 
 Layers, lowest first (:data:`LAYERS`; a module may import its own layer and those below):
 
-1. ``errors``, then ``cost``: what everything raises and the cost models (numpy only);
+1. ``errors``, then ``cost``: what everything raises and the cost models (numpy only), then
+   ``process_layout`` (the data-parallel rank, size and ranks per node);
 2. ``planner``: the pure planning functions (numpy only, ``test_purity.py``), then ``peers``,
    the reproductions of other systems built on it;
 3. ``text``: tokenizers, record layouts, chat templates, loss spans (what preprocess writes
@@ -13,7 +14,8 @@ Layers, lowest first (:data:`LAYERS`; a module may import its own layer and thos
    streaming's hooks;
 5. ``epoch``: a reader's plan of an epoch, its cursor, mixtures;
 6. ``formats``: readers, writers, integrity checks, ``open_dataset``;
-7. ``loading``: the loader that owns the cursor, collation, evaluation loaders;
+7. ``loading``: the loader that owns the cursor, collation, evaluation loaders, then
+   ``training``: the knobs, the trainer's context and the resolve step every trainer calls;
 8. ``preprocess``: records in, costed shards out;
 9. ``analysis``: simulator, metrics, calibration, inspection;
 10. ``bcl_stream`` itself (the public face, ``bcl_stream/__init__.py``), then ``commands``,
@@ -70,6 +72,7 @@ HEAVY = frozenset(
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("bcl_stream.errors",),
     ("bcl_stream.cost",),
+    ("bcl_stream.process_layout",),
     ("bcl_stream.planner.*",),
     ("bcl_stream.peers.*",),
     ("bcl_stream.text.*",),
@@ -77,6 +80,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("bcl_stream.epoch.*",),
     ("bcl_stream.formats.*",),
     ("bcl_stream.loading.*",),
+    ("bcl_stream.training.*",),
     ("bcl_stream.preprocess.*",),
     ("bcl_stream.analysis.*",),
     ("bcl_stream",),
