@@ -4,8 +4,8 @@ This module is the public face: import what you use from here (``from bcl_stream
 open_dataset, PackLoader, ReaderConfig``). The modules behind it may move; these names stay.
 
 - reading: :func:`open_dataset` (one dataset or a mixture), :class:`MDSPackDataset`,
-  :class:`WDSPackDataset`, :class:`MixturePackDataset`, :class:`PackLoader` (the loader that
-  owns the resume cursor), :class:`ReaderConfig` and its planner part :class:`PlanConfig`,
+  :class:`WDSPackDataset`, :class:`MixturePackDataset` (each a :class:`PlanDataset`),
+  :class:`PackLoader` (the loader that owns the resume cursor), :class:`PackCollate`, :class:`ReaderConfig` and its planner part :class:`PlanConfig`,
   :class:`ReadOptions`, :class:`TokenSource`, :class:`StreamSpec`;
 - writing: :class:`CostedMDSWriter`, :class:`CostedWDSWriter`;
 - training (what every trainer gets: ``docs/pytorch.md``): :func:`open_training` opens a
@@ -45,9 +45,11 @@ if TYPE_CHECKING:
     from bcl_stream.formats.mixture_reader import MixturePackDataset
     from bcl_stream.formats.open_dataset import open_dataset
     from bcl_stream.formats.read_options import ReadOptions
+    from bcl_stream.formats.reader_base import PlanDataset
     from bcl_stream.formats.wds_reader import WDSPackDataset
     from bcl_stream.formats.wds_writer import CostedWDSWriter
     from bcl_stream.io.streaming_compat import UnsupportedLibraryError
+    from bcl_stream.loading.collate import PackCollate
     from bcl_stream.loading.loader import PackLoader
     from bcl_stream.planner.config import PlanConfig, PlanKnobs
     from bcl_stream.process_layout import ProcessLayout
@@ -66,7 +68,9 @@ _HOMES: dict[str, str] = {
     "DatasetError": "bcl_stream.errors",
     "MDSPackDataset": "bcl_stream.formats.mds_reader",
     "MixturePackDataset": "bcl_stream.formats.mixture_reader",
+    "PackCollate": "bcl_stream.loading.collate",
     "PackLoader": "bcl_stream.loading.loader",
+    "PlanDataset": "bcl_stream.formats.reader_base",
     "PlanConfig": "bcl_stream.planner.config",
     "PlanKnobs": "bcl_stream.planner.config",
     "ProcessLayout": "bcl_stream.process_layout",
@@ -102,8 +106,10 @@ __all__ = [
     "DatasetError",
     "MDSPackDataset",
     "MixturePackDataset",
+    "PackCollate",
     "PackLoader",
     "PlanConfig",
+    "PlanDataset",
     "PlanError",
     "PlanKnobs",
     "ProcessLayout",

@@ -19,7 +19,7 @@ from typing import Any
 
 from bcl_stream import PlanConfig, PlanKnobs
 from bcl_stream.commands.config_options import attribute_docs, option
-from bcl_stream.planner.config import LAYOUT_FIELDS
+from bcl_stream.training import LAYOUT_FIELDS
 from lightning_module.datamodule import BCLDataModule
 from lightning_module.options import GROUP_CLASSES
 

@@ -32,7 +32,7 @@ from typing import Any, TypeGuard
 
 import yaml
 
-from bcl_stream.epoch.mixture_index import StreamSpec
+from bcl_stream import StreamSpec
 
 ROOT_ENV = "BCL_STREAM_ROOT"
 """Environment variable naming the root of relative config paths (under ``--root``)."""

@@ -42,6 +42,9 @@ from torch.utils.data import DataLoader
 
 from bcl_stream import (
     BatchOptions,
+    PackCollate,
+    PackLoader,
+    PlanDataset,
     PlanKnobs,
     ProcessLayout,
     ReadOptions,
@@ -52,17 +55,16 @@ from bcl_stream import (
     TrainingKnobs,
     open_training,
 )
-from bcl_stream.cost import resolve as resolve_cost_model
-from bcl_stream.epoch.checks import layout_text, require_packs
-from bcl_stream.epoch.cursor import MIXTURE_CHANGES
-from bcl_stream.epoch.plan import PACKINGS
-from bcl_stream.formats.reader_base import PlanDataset
 from bcl_stream.io.streaming_compat import set_streaming_env
-from bcl_stream.loading.collate import PackCollate
 from bcl_stream.loading.evaluation import evaluation_sources
-from bcl_stream.loading.loader import PackLoader
-from bcl_stream.training import ResolvedTraining, reader_config
-from bcl_stream.training.resolve import fed_max_seq_len
+from bcl_stream.training import (
+    MIXTURE_CHANGES,
+    ResolvedTraining,
+    fed_max_seq_len,
+    layout_text,
+    reader_config,
+    require_packs,
+)
 from lightning_module.canonical import shift_progress
 from lightning_module.evaluation import Evaluation, EvaluationHook
 from lightning_module.options import (
@@ -96,20 +98,44 @@ def _checked_sources(
     return [StreamSpec.of(x).to_dict() for x in streams]
 
 
-def _checked_choices(
-    on_mixture_change: str, format: str | None, packing: str, cost_model: str | None
-) -> None:
-    """Refuse a value of the DataModule's own arguments now, in one line each."""
+def _checked_choices(on_mixture_change: str, format: str | None) -> None:
+    """Refuse a value of the DataModule's own arguments now, in one line each (``packing`` and
+    ``cost_model``: the core's ``TrainingKnobs``)."""
     if on_mixture_change not in MIXTURE_CHANGES:
         raise ConfigError(
             f"on_mixture_change must be one of {MIXTURE_CHANGES}, got {on_mixture_change!r}"
         )
     if format not in (None, "mds", "wds"):
         raise ConfigError(f"format must be 'mds', 'wds' or None, got {format!r}")
-    if packing not in PACKINGS:
-        raise ConfigError(f"packing must be one of {PACKINGS}, got {packing!r}")
-    if cost_model is not None:
-        resolve_cost_model(cost_model)  # fail now, with the preset list, not inside a worker
+
+
+def _knobs(
+    plan: dict[str, Any] | PlanKnobs | None,
+    batch: BatchOptions | dict[str, Any] | None,
+    tokens: TokenSource | dict[str, Any] | None,
+    elastic: ElasticOptions,
+    seed: int,
+    cost_model: str | None,
+    packing: str,
+) -> TrainingKnobs:
+    """The core's knobs from the DataModule's groups (each checked as its YAML spells it; a
+    value the core refuses is one of our errors, printed in one line)."""
+    plan_knobs, batch_options = group(plan, PlanKnobs, "plan"), group(batch, BatchOptions, "batch")
+    source = TokenSource.of(group(tokens, TokenSource, "tokens"))
+    try:
+        return TrainingKnobs(
+            plan=plan_knobs,
+            batch=batch_options,
+            tokens=source,
+            seed=seed,
+            cost_model=cost_model,
+            packing=packing,
+            canonical_ranks=elastic.canonical_ranks,
+            canonical_ranks_per_node=elastic.canonical_ranks_per_node,
+            canonical_grad_accum=elastic.canonical_grad_accum,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 class BCLDataModule(pl.LightningDataModule):
@@ -186,19 +212,9 @@ class BCLDataModule(pl.LightningDataModule):
     ) -> None:
         super().__init__()
         refuse_flat(flat)
-        _checked_choices(on_mixture_change, format, packing, cost_model)
+        _checked_choices(on_mixture_change, format)
         self.elastic: ElasticOptions = group(elastic, ElasticOptions, "elastic")
-        self.knobs = TrainingKnobs(
-            plan=group(plan, PlanKnobs, "plan"),
-            batch=group(batch, BatchOptions, "batch"),
-            tokens=TokenSource.of(group(tokens, TokenSource, "tokens")),
-            seed=seed,
-            cost_model=cost_model,
-            packing=packing,
-            canonical_ranks=self.elastic.canonical_ranks,
-            canonical_ranks_per_node=self.elastic.canonical_ranks_per_node,
-            canonical_grad_accum=self.elastic.canonical_grad_accum,
-        )
+        self.knobs = _knobs(plan, batch, tokens, self.elastic, seed, cost_model, packing)
         """What the user chose (the trainer's layout is ``setup``'s)."""
         self.data, self.epoch_size, self.cache_dir = data, epoch_size, cache_dir
         self.streams = _checked_sources(data, streams, epoch_size)

@@ -46,9 +46,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bcl_stream import ResolvedTraining
-from bcl_stream.epoch.loss_tokens import RANK_STEP_LOSS_TOKENS, STEP_LOSS_TOKENS
-from bcl_stream.loading.collate import IGNORE_INDEX, LABELS
+from bcl_stream.training import (
+    IGNORE_INDEX,
+    LABELS,
+    RANK_STEP_LOSS_TOKENS,
+    STEP_LOSS_TOKENS,
+    ResolvedTraining,
+)
 from lightning_module.tinygpt import block_causal_mask
 from lightning_module.trainer_layout import data_parallel_dim, strategy_mesh
 

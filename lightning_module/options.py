@@ -21,8 +21,7 @@ from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 from bcl_stream import BCLStreamError, PlanKnobs, ReadOptions, TokenSource
-from bcl_stream.epoch.eval_plan import EVAL_PACKINGS
-from bcl_stream.training import BatchOptions
+from bcl_stream.training import EVAL_PACKINGS, BatchOptions
 
 
 @dataclass(frozen=True, kw_only=True)

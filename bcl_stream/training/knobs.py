@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bcl_stream.cost import resolve as resolve_cost_model
+from bcl_stream.epoch.plan import PACKINGS
 from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.loading.collate import LABELS
 from bcl_stream.planner.config import PlanKnobs
@@ -76,3 +78,9 @@ class TrainingKnobs:
     """Canonical ranks per node (None: the cursor's on a resume, else the trainer's)."""
     canonical_grad_accum: int | None = None
     """A canonical rank's accumulation G_c (None: 1); only with ``canonical_ranks``."""
+
+    def __post_init__(self) -> None:
+        if self.packing not in PACKINGS:
+            raise ValueError(f"packing must be one of {PACKINGS}, got {self.packing!r}")
+        if self.cost_model is not None:
+            resolve_cost_model(self.cost_model)  # fail now, with the preset list, not in a worker
