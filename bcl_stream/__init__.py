@@ -4,11 +4,17 @@ This module is the public face: import what you use from here (``from bcl_stream
 open_dataset, PackLoader, ReaderConfig``). The modules behind it may move; these names stay.
 
 - reading: :func:`open_dataset` (one dataset or a mixture), :class:`MDSPackDataset`,
-  :class:`WDSPackDataset`, :class:`MixturePackDataset`, :class:`PackLoader` (the loader that
-  owns the resume cursor), :class:`ReaderConfig` and its planner part :class:`PlanConfig`,
+  :class:`WDSPackDataset`, :class:`MixturePackDataset` (each a :class:`PlanDataset`),
+  :class:`PackLoader` (the loader that owns the resume cursor), :class:`PackCollate`, :class:`ReaderConfig` and its planner part :class:`PlanConfig`,
   :class:`ReadOptions`, :class:`RecordSource`, :class:`StreamSpec`, :class:`ProcessLayout`
   (data-parallel rank, size and ranks per node, one type wherever they travel together);
 - writing: :class:`CostedMDSWriter`, :class:`CostedWDSWriter`;
+- training (what every trainer gets: ``docs/pytorch.md``): :func:`open_training` opens a
+  rank's reader for a :class:`TrainingContext` (the trainer's :class:`ProcessLayout`,
+  accumulation and model limit) and :class:`TrainingKnobs` (:class:`PlanKnobs`,
+  :class:`BatchOptions`, ...), through :func:`resolve` (truncation, planning costs, the loss
+  normalization: :class:`ResolvedTraining`); :func:`step_loss_tokens` is a plain loop's
+  step denominator;
 - cost models: :class:`CostModel`, :func:`get_preset`, :func:`preset_names`;
 - errors: :class:`BCLStreamError` and its subclasses.
 
@@ -39,15 +45,22 @@ if TYPE_CHECKING:
     from bcl_stream.formats.mixture_reader import MixturePackDataset
     from bcl_stream.formats.open_dataset import open_dataset
     from bcl_stream.formats.read_options import ReadOptions
+    from bcl_stream.formats.reader_base import PlanDataset
     from bcl_stream.formats.wds_reader import WDSPackDataset
     from bcl_stream.formats.wds_writer import CostedWDSWriter
     from bcl_stream.io.streaming_compat import UnsupportedLibraryError
+    from bcl_stream.loading.collate import PackCollate
     from bcl_stream.loading.loader import PackLoader
-    from bcl_stream.planner.config import PlanConfig
+    from bcl_stream.planner.config import PlanConfig, PlanKnobs
     from bcl_stream.process_layout import ProcessLayout
     from bcl_stream.records.source import RecordSource
+    from bcl_stream.training.context import TrainingContext
+    from bcl_stream.training.knobs import BatchOptions, TrainingKnobs
+    from bcl_stream.training.normalize import step_loss_tokens
+    from bcl_stream.training.resolve import ResolvedTraining, Training, open_training, resolve
 
 _HOMES: dict[str, str] = {
+    "BatchOptions": "bcl_stream.training.knobs",
     "BCLStreamError": "bcl_stream.errors",
     "CostIndexError": "bcl_stream.errors",
     "CostModel": "bcl_stream.cost",
@@ -56,12 +69,16 @@ _HOMES: dict[str, str] = {
     "DatasetError": "bcl_stream.errors",
     "MDSPackDataset": "bcl_stream.formats.mds_reader",
     "MixturePackDataset": "bcl_stream.formats.mixture_reader",
+    "PackCollate": "bcl_stream.loading.collate",
     "PackLoader": "bcl_stream.loading.loader",
+    "PlanDataset": "bcl_stream.formats.reader_base",
     "PlanConfig": "bcl_stream.planner.config",
+    "PlanKnobs": "bcl_stream.planner.config",
     "PlanError": "bcl_stream.errors",
     "ProcessLayout": "bcl_stream.process_layout",
     "ReadOptions": "bcl_stream.formats.read_options",
     "ReaderConfig": "bcl_stream.epoch.plan",
+    "ResolvedTraining": "bcl_stream.training.resolve",
     "RemoteAccessError": "bcl_stream.errors",
     "StateError": "bcl_stream.errors",
     "StreamSpec": "bcl_stream.epoch.mixture_index",
@@ -70,12 +87,16 @@ _HOMES: dict[str, str] = {
     "WDSPackDataset": "bcl_stream.formats.wds_reader",
     "get_preset": "bcl_stream.cost",
     "open_dataset": "bcl_stream.formats.open_dataset",
+    "open_training": "bcl_stream.training.resolve",
     "preset_names": "bcl_stream.cost",
+    "resolve": "bcl_stream.training.resolve",
+    "step_loss_tokens": "bcl_stream.training.normalize",
 }
 """Each public name and the module that defines it (imported on first use)."""
 
 __all__ = [
     "BCLStreamError",
+    "BatchOptions",
     "CostIndexError",
     "CostModel",
     "CostedMDSWriter",
@@ -83,21 +104,31 @@ __all__ = [
     "DatasetError",
     "MDSPackDataset",
     "MixturePackDataset",
+    "PackCollate",
     "PackLoader",
     "PlanConfig",
+    "PlanDataset",
     "PlanError",
+    "PlanKnobs",
     "ProcessLayout",
     "ReadOptions",
     "ReaderConfig",
     "RecordSource",
     "RemoteAccessError",
+    "ResolvedTraining",
     "StateError",
     "StreamSpec",
+    "Training",
+    "TrainingContext",
+    "TrainingKnobs",
     "UnsupportedLibraryError",
     "WDSPackDataset",
     "get_preset",
     "open_dataset",
+    "open_training",
     "preset_names",
+    "resolve",
+    "step_loss_tokens",
 ]
 """The public names (the keys of ``_HOMES``; a test checks the two agree)."""
 

@@ -14,8 +14,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ loads them
+    from bcl_stream import PackCollate
     from bcl_stream.io.streaming_compat import clean_stale_shared_memory_once
-    from bcl_stream.loading.collate import PackCollate
     from lightning_module.callbacks import PackLogger, PackLogWriter, read_pack_log
     from lightning_module.datamodule import BCLDataModule
     from lightning_module.hf_causal_lm import HFCausalLM
@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ loads them
 _EXPORTS = {
     "BCLDataModule": "lightning_module.datamodule",
     "HFCausalLM": "lightning_module.hf_causal_lm",
-    "PackCollate": "bcl_stream.loading.collate",
+    "PackCollate": "bcl_stream",
     "TrainerLayout": "lightning_module.trainer_layout",
     "TrainerPackLoader": "lightning_module.trainer_loader",
     "PackLogWriter": "lightning_module.callbacks",

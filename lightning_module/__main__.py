@@ -10,7 +10,8 @@ stale one). Lightning's ``ddp`` launcher re-runs this module in each extra rank 
 ``LOCAL_RANK`` set; those skip the cleanup.
 
 Errors of ours (:class:`~bcl_stream.errors.BCLStreamError`: bad data, a plan with no pack, a
-checkpoint that does not fit) print as one line and exit 2. ``--debug`` before the subcommand
+checkpoint that does not fit, a flat ``data`` key instead of its grouped one) print as one line
+and exit 2. ``--debug`` before the subcommand
 (``python -m lightning_module --debug fit ...``) or ``BCL_STREAM_DEBUG=1`` prints the traceback
 with its chain of causes before that line, as ``bcl-stream --debug`` does. ``--debug`` is taken
 off the arguments before LightningCLI parses them (it has no such option) and exported as
@@ -24,13 +25,14 @@ set with ``--trainer.callbacks.N.KEY VALUE`` (:mod:`lightning_module.cli`).
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from typing import TYPE_CHECKING
 
 from bcl_stream.errors import DEBUG_ENV, BCLStreamError, report
 from bcl_stream.io.streaming_compat import clean_stale_shared_memory_once
-from lightning_module.cli_checks import check_paths
+from lightning_module.cli_checks import check_paths, given_data_keys
 from lightning_module.config_paths import resolve_config_paths
 
 if TYPE_CHECKING:
@@ -47,7 +49,11 @@ def main(args: list[str] | None = None) -> LightningCLI:
 
     from lightning_module.cli import BCLCLI
     from lightning_module.datamodule import BCLDataModule
+    from lightning_module.options import refuse_flat
 
+    taken = set(inspect.signature(BCLDataModule.__init__).parameters)
+    given = given_data_keys(sys.argv[1:] if args is None else args)
+    refuse_flat({key: None for key in sorted(given - taken)})  # one line, not the usage text
     clean_stale_shared_memory_once()
     return BCLCLI(
         pl.LightningModule,

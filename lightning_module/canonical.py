@@ -8,29 +8,13 @@ Lightning decides where an optimizer step ends from its own batch counter
 the old size's micro-batches: a checkpoint after step s on 2 ranks with 2 micro-batches per
 step says 2s, where 1 rank with 4 per step is at 4s. :func:`shift_progress` moves Lightning's
 counters by the difference once, before the epoch loop starts, so its step boundaries and the
-loader's fall on the same micro-batches.
+loader's fall on the same micro-batches. (The accumulation itself is checked by the core's
+resolve step, ``bcl_stream/training/resolve.py``, for every trainer.)
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from bcl_stream.epoch.plan import ReaderConfig
-
-
-def check_accumulation(config: ReaderConfig, accumulate: int | None) -> None:
-    """Refuse a trainer accumulation that is not G_c * V/R, saying in one line what to set."""
-    if config.canonical_ranks is None or accumulate is None:
-        return
-    want = config.micro_batches_per_step
-    if accumulate != want:
-        raise ValueError(
-            f"accumulate_grad_batches={accumulate} but canonical_ranks={config.canonical_ranks} "
-            f"on {config.plan.world_size} data-parallel ranks with plan.grad_accum="
-            f"{config.plan.grad_accum} runs {want} micro-batches per optimizer step: set "
-            f"accumulate_grad_batches={want} (the global batch stays {config.canonical_ranks} x "
-            f"{config.plan.grad_accum} packs)"
-        )
 
 
 def shift_progress(trainer: Any, shift: int) -> None:

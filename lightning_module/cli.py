@@ -25,7 +25,7 @@ import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from bcl_stream.errors import BCLStreamError, StateError
+from bcl_stream import BCLStreamError, StateError
 from lightning_module.config_paths import ROOT_ENV
 
 INDEXED = re.compile(r"^--trainer\.callbacks\.(?P<index>\d+)\.(?P<key>[A-Za-z_][\w.]*)$")

@@ -41,8 +41,7 @@ def _options(argv: Sequence[str]) -> Iterator[tuple[str, str]]:
 
 
 def _data_section(config: Any) -> dict[str, Any]:
-    """The DataModule's arguments, with its ``eval`` group's keys beside ``data`` (the flat
-    ``val_data`` of earlier releases is read too)."""
+    """The DataModule's arguments, with its ``eval`` group's keys beside ``data``."""
     data = config.get("data") if isinstance(config, dict) else None
     if not isinstance(data, dict):
         return {}
@@ -90,6 +89,28 @@ def given_paths(argv: Sequence[str]) -> dict[str, Any]:
             elif name.startswith("--data.") and key in STREAM_KEYS:
                 found[key] = yaml.safe_load(value)  # a list, as config_paths writes it
     return found
+
+
+def given_data_keys(argv: Sequence[str]) -> set[str]:
+    """The top-level keys of the ``data`` section the command line sets: the configs' ``data:``
+    keys (``init_args`` followed) and the first name of every ``--data.NAME`` option. The
+    DataModule's entry point refuses those it does not take in one line, naming the grouped
+    key (a flat ``data.window``: ``data.plan.window``), before LightningCLI prints its usage."""
+    import yaml
+
+    keys: set[str] = set()
+    for name, value in _options(argv):
+        if name == "--config" and os.path.isfile(value):
+            with open(value, encoding="utf-8") as fh:
+                config = yaml.safe_load(fh)
+            data = config.get("data") if isinstance(config, dict) else None
+            if isinstance(data, dict):
+                init = data.get("init_args")
+                keys |= set(init if isinstance(init, dict) else data) - {"class_path"}
+        elif name.startswith("--data."):
+            first = name.removeprefix("--data.").removeprefix("init_args.").split(".")[0]
+            keys.add(first)
+    return keys
 
 
 def _local(path: Any) -> str | None:

@@ -32,7 +32,7 @@ from typing import Any, TypeGuard
 
 import yaml
 
-from bcl_stream.epoch.mixture_index import StreamSpec
+from bcl_stream import StreamSpec
 
 ROOT_ENV = "BCL_STREAM_ROOT"
 """Environment variable naming the root of relative config paths (under ``--root``)."""
@@ -43,8 +43,6 @@ PATH_KEYS = (
     "data.data",
     "data.eval.val_data",
     "data.eval.test_data",
-    "data.val_data",  # the flat keys of earlier releases (lightning_module/options.py)
-    "data.test_data",
     "data.cache_dir",
     "ckpt_path",
 )
@@ -53,8 +51,6 @@ STREAM_KEYS = (
     "data.streams",
     "data.eval.val_streams",
     "data.eval.test_streams",
-    "data.val_streams",  # earlier flat keys
-    "data.test_streams",
 )
 """Dotted config keys holding a mixture's streams (``PATH[:options]`` strings or dicts)."""
 CALLBACK_PATH_ARGS = ("directory", "dirpath")

@@ -1,23 +1,23 @@
 """``BCLDataModule``: balanced packs for Lightning (Trainer and Fabric), resumable exactly.
 
-Only Lightning's concerns live here; the layers below do the rest: the reader is opened by
-``bcl_stream.formats.open_dataset.open_dataset`` (one dataset or a mixture, as ``bcl-stream
-read`` opens it), batches are made by ``bcl_stream.loading.collate.PackCollate``, the cursor
-is kept by ``bcl_stream.loading.loader.PackLoader``, and Mosaic Streaming's process layout is
-exported by ``bcl_stream.io.streaming_compat.set_streaming_env``. What is left:
+Only Lightning's concerns live here; the core does the rest, as it does for a plain loop
+(docs/pytorch.md): ``bcl_stream.open_training`` opens the reader (one dataset or a mixture)
+through the resolve step (``bcl_stream/training/resolve.py``: truncation to the model's limit,
+the planning cost of truncated records, the loss normalization path, the label convention),
+batches are made by its ``PackCollate``, the cursor is kept by ``PackLoader``, and Mosaic
+Streaming's process layout is exported by ``set_streaming_env``. What is left:
 
 - **The trainer decides the layout.** :meth:`setup` takes the data-parallel rank and size,
   the data-parallel ranks per node (``lightning_module.trainer_layout``: a tensor-parallel
   group yields identical packs) and the gradient accumulation from the trainer, and the
   planner's cost layout from ``batch.collate`` (a padded batch costs B x its costliest
   record, a packed one the sum: the plan must balance the cost the batch will have); none of
-  them is an argument. The flat ``ranks_per_node`` and ``plan={"grad_accum": ...}`` of
-  earlier releases are still checked: one that contradicts the trainer is refused with one
-  line saying which setting wins. Fabric scripts call :meth:`setup_fabric` or
-  :meth:`setup_for` with the same values.
+  them is an argument (a ``plan`` dict naming one is refused, saying what decides it).
+  Fabric scripts call :meth:`setup_fabric` or :meth:`setup_for` with the same values.
 - **Arguments in groups** (``lightning_module/options.py``): ``plan``, ``batch``, ``loader``,
   ``read``, ``tokens``, ``eval``, ``elastic``, each a dataclass declaring its keys once;
-  docs/config.md lists every YAML key and why the nesting is what it is.
+  docs/config.md lists every YAML key and why the nesting is what it is. A flat key
+  (``window=4``) is refused in one line naming its grouped key (``data.plan.window``).
 - **One cursor, saved twice.** The loader owns the cursor. Lightning saves the loader's
   ``state_dict()`` and restores it before ``iter()``, except under bug #20550
   (``configure_optimizers`` reading ``trainer.estimated_stepping_batches`` with ``max_epochs``
@@ -34,52 +34,107 @@ exported by ``bcl_stream.io.streaming_compat.set_streaming_env``. What is left:
 
 from __future__ import annotations
 
-import inspect
-from dataclasses import asdict, replace
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
-from bcl_stream import ProcessLayout
-from bcl_stream.cost import resolve
-from bcl_stream.epoch.checks import require_packs
-from bcl_stream.epoch.cursor import MIXTURE_CHANGES
-from bcl_stream.epoch.loss_tokens import normalization
-from bcl_stream.epoch.mixture_index import StreamSpec
-from bcl_stream.epoch.plan import PACKINGS, ReaderConfig
-from bcl_stream.epoch.truncation import truncation
-from bcl_stream.errors import StateError
-from bcl_stream.formats.open_dataset import open_dataset
-from bcl_stream.formats.read_options import ReadOptions
-from bcl_stream.formats.reader_base import PlanDataset
+from bcl_stream import (
+    BatchOptions,
+    PackCollate,
+    PackLoader,
+    PlanDataset,
+    PlanKnobs,
+    ProcessLayout,
+    ReadOptions,
+    RecordSource,
+    StateError,
+    StreamSpec,
+    TrainingContext,
+    TrainingKnobs,
+    open_training,
+)
 from bcl_stream.io.streaming_compat import set_streaming_env
-from bcl_stream.loading.collate import PackCollate
 from bcl_stream.loading.evaluation import evaluation_sources
-from bcl_stream.loading.loader import PackLoader
-from bcl_stream.planner.config import PlanKnobs
-from bcl_stream.planner.contracts import contract
-from bcl_stream.records.source import RecordSource
-from lightning_module.canonical import check_accumulation, shift_progress
+from bcl_stream.training import (
+    MIXTURE_CHANGES,
+    ResolvedTraining,
+    fed_max_seq_len,
+    reader_config,
+    require_packs,
+)
+from lightning_module.canonical import shift_progress
 from lightning_module.evaluation import Evaluation, EvaluationHook
 from lightning_module.options import (
-    BatchOptions,
     ConfigError,
     ElasticOptions,
     EvalOptions,
     LoaderOptions,
-    apply_moved,
     group,
-    moved_keys,
-    plan_layout_keys,
-    warn_moved,
+    refuse_flat,
 )
 from lightning_module.trainer_layout import TrainerLayout
 from lightning_module.trainer_loader import TrainerPackLoader, explain_len_warning
 
 KEY_READER = "reader"
 KEY_PACKING = "packing"
+
+
+def _checked_sources(
+    data: str | None, streams: list[Any] | None, epoch_size: int | None
+) -> list[dict[str, Any]] | None:
+    """``streams`` as dicts (bad specs refused now, not in a worker), after checking that
+    exactly one of ``data`` and ``streams`` is given and ``epoch_size`` goes with streams."""
+    if (data is None) == (streams is None):
+        raise ConfigError("give BCLDataModule either data (one dataset) or streams (a mixture)")
+    if streams is None:
+        if epoch_size is not None:
+            raise ConfigError("epoch_size applies to a mixture (streams) only")
+        return None
+    if not isinstance(streams, list | tuple) or not streams:
+        raise ConfigError(f"streams must be a non-empty list, got {streams!r}")
+    return [StreamSpec.of(x).to_dict() for x in streams]
+
+
+def _checked_choices(on_mixture_change: str, format: str | None) -> None:
+    """Refuse a value of the DataModule's own arguments now, in one line each (``packing`` and
+    ``cost_model``: the core's ``TrainingKnobs``)."""
+    if on_mixture_change not in MIXTURE_CHANGES:
+        raise ConfigError(
+            f"on_mixture_change must be one of {MIXTURE_CHANGES}, got {on_mixture_change!r}"
+        )
+    if format not in (None, "mds", "wds"):
+        raise ConfigError(f"format must be 'mds', 'wds' or None, got {format!r}")
+
+
+def _knobs(
+    plan: dict[str, Any] | PlanKnobs | None,
+    batch: BatchOptions | dict[str, Any] | None,
+    tokens: RecordSource | dict[str, Any] | None,
+    elastic: ElasticOptions,
+    seed: int,
+    cost_model: str | None,
+    packing: str,
+) -> TrainingKnobs:
+    """The core's knobs from the DataModule's groups (each checked as its YAML spells it; a
+    value the core refuses is one of our errors, printed in one line)."""
+    plan_knobs, batch_options = group(plan, PlanKnobs, "plan"), group(batch, BatchOptions, "batch")
+    source = RecordSource.of(group(tokens, RecordSource, "tokens"))
+    try:
+        return TrainingKnobs(
+            plan=plan_knobs,
+            batch=batch_options,
+            tokens=source,
+            seed=seed,
+            cost_model=cost_model,
+            packing=packing,
+            canonical_ranks=elastic.canonical_ranks,
+            canonical_ranks_per_node=elastic.canonical_ranks_per_node,
+            canonical_grad_accum=elastic.canonical_grad_accum,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 class BCLDataModule(pl.LightningDataModule):
@@ -123,8 +178,8 @@ class BCLDataModule(pl.LightningDataModule):
             source other than the cost index's is refused.
         eval: validation and test data and their packing (``EvalOptions``).
         elastic: resuming on another data-parallel size (``ElasticOptions``, docs/elastic.md).
-        **moved: the flat arguments of earlier releases (``window``, ``num_workers``, ...):
-            read with a warning naming the new key (``lightning_module.options.moved_keys``).
+        **flat: refused: a flat key (``window``) gets one line naming its grouped key
+            (``data.plan.window``).
     """
 
     val_dataloader = EvaluationHook("val")
@@ -152,103 +207,105 @@ class BCLDataModule(pl.LightningDataModule):
         tokens: RecordSource | dict[str, Any] | None = None,
         eval: EvalOptions | dict[str, Any] | None = None,
         elastic: ElasticOptions | dict[str, Any] | None = None,
-        **moved: Any,
+        **flat: Any,
     ) -> None:
         super().__init__()
-        unknown = sorted(set(moved) - set(inspect.signature(moved_keys).parameters))
-        if unknown:
-            raise TypeError(
-                f"BCLDataModule got unknown arguments {unknown}; docs/config.md lists every key"
-            )
-        old = moved_keys(**moved)
-        plan, old = plan_layout_keys(plan, elastic, old)
-        warn_moved(old)
-        groups = apply_moved(
-            {
-                "plan": group(plan, PlanKnobs, "plan"),
-                "batch": group(batch, BatchOptions, "batch"),
-                "loader": group(loader, LoaderOptions, "loader"),
-                "read": group(read, ReadOptions, "read"),
-                "tokens": group(tokens, RecordSource, "tokens"),
-                "eval": group(eval, EvalOptions, "eval"),
-                "elastic": group(elastic, ElasticOptions, "elastic"),
-            },
-            old,
-        )
-        self.plan: PlanKnobs = groups["plan"]
-        self.batch: BatchOptions = groups["batch"]
-        followed = old.get("plan_layout", self.batch.collate)
-        if followed != self.batch.collate:
-            raise ConfigError(
-                f"plan.layout={followed!r} contradicts layout={self.batch.collate!r} "
-                "(batch.collate): the planner balances the cost of the batches the collate "
-                "makes, so the collate's layout wins; drop plan.layout"
-            )
-        self.loader_options: LoaderOptions = groups["loader"]
-        self.options: ReadOptions = groups["read"]
-        self.tokens = RecordSource.of(groups["tokens"])
-        self.elastic: ElasticOptions = groups["elastic"]
-        self.ranks_per_node: int | None = old.get("ranks_per_node")
-        """Only from an earlier release's flat argument: checked against the trainer."""
-        self._old_grad_accum: int | None = old.get("grad_accum")
-        """Only from an earlier release's ``plan.grad_accum``: checked against the trainer."""
-        evaluation: EvalOptions = groups["eval"]
-        if (data is None) == (streams is None):
-            raise ConfigError("give BCLDataModule either data (one dataset) or streams (a mixture)")
-        if streams is not None:
-            if not isinstance(streams, list | tuple) or not streams:
-                raise ConfigError(f"streams must be a non-empty list, got {streams!r}")
-            streams = [StreamSpec.of(x).to_dict() for x in streams]  # refuse bad specs now
-        elif epoch_size is not None:
-            raise ConfigError("epoch_size applies to a mixture (streams) only")
-        if on_mixture_change not in MIXTURE_CHANGES:
-            raise ConfigError(
-                f"on_mixture_change must be one of {MIXTURE_CHANGES}, got {on_mixture_change!r}"
-            )
-        if format not in (None, "mds", "wds"):
-            raise ConfigError(f"format must be 'mds', 'wds' or None, got {format!r}")
-        if packing not in PACKINGS:
-            raise ConfigError(f"packing must be one of {PACKINGS}, got {packing!r}")
-        if cost_model is not None:
-            resolve(cost_model)  # fail now, with the preset list, not inside a worker
-        self.data, self.streams, self.epoch_size = data, streams, epoch_size
+        refuse_flat(flat)
+        _checked_choices(on_mixture_change, format)
+        self.elastic: ElasticOptions = group(elastic, ElasticOptions, "elastic")
+        self.knobs = _knobs(plan, batch, tokens, self.elastic, seed, cost_model, packing)
+        """What the user chose (the trainer's layout is ``setup``'s)."""
+        self.data, self.epoch_size, self.cache_dir = data, epoch_size, cache_dir
+        self.streams = _checked_sources(data, streams, epoch_size)
         self.on_mixture_change, self.format = on_mixture_change, format
-        self.packing, self.cost_model, self.seed, self.cache_dir = (
-            packing,
-            cost_model,
-            seed,
-            cache_dir,
-        )
-        self.evaluation = Evaluation(
+        self.loader_options: LoaderOptions = group(loader, LoaderOptions, "loader")
+        self.options: ReadOptions = group(read, ReadOptions, "read")
+        self.evaluation = self._evaluation(group(eval, EvalOptions, "eval"))
+        self._reset()
+
+    def _evaluation(self, options: EvalOptions) -> Evaluation:
+        """The validation and test passes of ``options`` (built after set-up)."""
+        return Evaluation(
             sources={
-                "val": evaluation_sources("val", evaluation.val_data, evaluation.val_streams),
-                "test": evaluation_sources("test", evaluation.test_data, evaluation.test_streams),
+                "val": evaluation_sources("val", options.val_data, options.val_streams),
+                "test": evaluation_sources("test", options.test_data, options.test_streams),
             },
-            packing=packing if evaluation.packing is None else evaluation.packing,
+            packing=self.packing if options.packing is None else options.packing,
             options=self.options,
-            cache_dir=cache_dir,
+            cache_dir=self.cache_dir,
             num_workers=self.loader_options.num_workers,
             collate_for=self.collate_for,
         )
+
+    def _reset(self) -> None:
+        """Nothing set up yet: no trainer layout, no reader, no loader."""
         self.dataset: PlanDataset | None = None
         self.layout_used: TrainerLayout | None = None
         """The trainer's layout the plan follows (set by ``setup``)."""
+        self.resolved: ResolvedTraining | None = None
+        """What the core's resolve step decided (set by ``setup``): the reader config, the
+        truncation, the normalization path and the label convention."""
+        self.model_limit: int | None = None
+        """The model's sequence limit (``model_max_seq_len``)."""
         self._loader: TrainerPackLoader | None = None
         self._announced = False
-        self.fed_max_seq_len: int | None = self.batch.max_seq_len
-        """Tokens a record is fed at most: ``max_seq_len``, or the model's limit where it states
-        one (``HFCausalLM.max_seq_len``) and it is lower (set by ``setup``)."""
-        self.normalization: str | None = None
-        """Where each step's loss denominator comes from: ``plan`` (batches carry
-        ``step_loss_tokens``), ``all_reduce`` (``rank_step_loss_tokens``) or ``rescale`` (set by
-        ``setup``; ``bcl_stream/epoch/loss_tokens.py``, docs/sft.md)."""
-        self._setup_notes: list[str] = []
+
+    # -- what the user chose (read-only views of ``knobs``) --------------------------------
+    @property
+    def plan(self) -> PlanKnobs:
+        """The planner's knobs (``data.plan``)."""
+        return self.knobs.plan
+
+    @property
+    def batch(self) -> BatchOptions:
+        """The collate's options (``data.batch``)."""
+        return self.knobs.batch
+
+    @property
+    def tokens(self) -> RecordSource | None:
+        """The token source (``data.tokens``; None: the cost index's)."""
+        return self.knobs.tokens
+
+    @property
+    def packing(self) -> str:
+        return self.knobs.packing
+
+    @property
+    def cost_model(self) -> str | None:
+        return self.knobs.cost_model
+
+    @property
+    def seed(self) -> int:
+        return self.knobs.seed
 
     @property
     def layout(self) -> str:
         """The batch's tensors, ``padded`` or ``packed`` (``batch.collate``), which the plan's
         cost layout follows."""
         return self.batch.collate
+
+    @property
+    def normalization(self) -> str | None:
+        """Where each step's loss denominator comes from: ``plan`` (batches carry
+        ``step_loss_tokens``), ``all_reduce`` (``rank_step_loss_tokens``) or ``rescale`` (None
+        before ``setup``; ``bcl_stream/training/resolve.py``, docs/sft.md)."""
+        return None if self.resolved is None else self.resolved.normalization
+
+    @property
+    def fed_max_seq_len(self) -> int | None:
+        """Tokens a record is fed at most: ``batch.max_seq_len``, or the model's limit where it
+        states one (``HFCausalLM.max_seq_len``) and it is lower."""
+        return fed_max_seq_len(self.knobs, self._context(None))
+
+    def _context(self, layout: TrainerLayout | None) -> TrainingContext:
+        """The core's training context: the trainer's layout (a single process before set-up)
+        and the model's limit."""
+        if layout is None:
+            process = ProcessLayout(rank=0, world_size=1, ranks_per_node=1)
+            return TrainingContext(process=process, max_seq_len=self.model_limit)
+        return TrainingContext(
+            process=layout.process, grad_accum=layout.grad_accum, max_seq_len=self.model_limit
+        )
 
     # -- building -------------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
@@ -265,7 +322,7 @@ class BCLDataModule(pl.LightningDataModule):
 
     def setup_fabric(self, fabric: Any, grad_accum: int | None = None) -> None:
         """Build the dataset from a ``Fabric``'s layout; ``grad_accum``: the micro-batches per
-        optimizer step of the script's loop (Fabric does not know it; None: ``plan``'s or 1)."""
+        optimizer step of the script's loop (Fabric does not know it; None: 1)."""
         self.setup_layout(TrainerLayout.of_fabric(fabric, grad_accum))
 
     def setup_for(
@@ -286,79 +343,21 @@ class BCLDataModule(pl.LightningDataModule):
         or this DataModule's ``max_seq_len`` where that is lower. Call before setting up."""
         limit = getattr(model, "max_seq_len", None)
         if isinstance(limit, int) and limit >= 1:
-            own = self.batch.max_seq_len
-            self.fed_max_seq_len = limit if own is None else min(own, limit)
+            self.model_limit = limit
 
     def setup_layout(self, layout: TrainerLayout) -> None:
-        """Build the dataset under ``layout``, refusing explicit settings that contradict it."""
-        config = self.reader_config(layout)
-        set_streaming_env(
-            layout.process.local_processes
-        )  # physical: see trainer_layout's docstring
-        self.dataset = open_dataset(
+        """Open the training reader under ``layout`` through the core's resolve step."""
+        set_streaming_env(layout.process.local_processes)  # physical: see trainer_layout's docstring
+        training = open_training(
             self.data if self.streams is None else self.streams,
-            config,
-            layout.process.rank,
+            self.knobs,
+            self._context(layout),
             self.cache_dir,
             epoch_size=self.epoch_size,
             format=self.format,
             options=self.options,
         )
-        self.layout_used = layout
-        self._plan_what_is_trained()
-
-    def _plan_what_is_trained(self) -> None:
-        """Truncation and the loss denominator, decided once from the cost index (the same on
-        every rank). Where ``max_seq_len`` cuts no record the reader config drops it, so the
-        plan and the cursor are those of untruncated data (older checkpoints resume)."""
-        ds = self._require_dataset()
-        cut = truncation(ds.index, ds.config.max_seq_len)
-        if ds.config.max_seq_len is not None and not cut.records:
-            ds.config = replace(ds.config, max_seq_len=None)
-        self.normalization, why = normalization(ds.index, ds.config)
-        ds.step_loss_tokens = self.normalization != "rescale"
-        how = {
-            "plan": "step_loss_tokens from the plan, no communication",
-            "all_reduce": "each rank's planned count, one all-reduce per optimizer step",
-            "rescale": "the labels' count, one all-reduce per optimizer step, gradients rescaled",
-        }[self.normalization]
-        self._setup_notes = [cut.describe(), f"loss normalization: {how} ({why})"]
-
-    def reader_config(self, layout: TrainerLayout) -> ReaderConfig:
-        """The readers' configuration under the trainer's ``layout``: the arguments, ``plan``'s
-        knobs, the trainer's world size, ranks per node and accumulation, and the collate's
-        layout. An explicit value that contradicts the trainer is refused, saying which wins."""
-        canonical = self.elastic.canonical_ranks is not None
-        old_accum = self._old_grad_accum
-        for name, given, wins, source in (
-            ("ranks_per_node", self.ranks_per_node, layout.process.ranks_per_node,
-             "data-parallel ranks per node"),
-            ("plan.grad_accum", old_accum, layout.grad_accum, "accumulate_grad_batches"),
-        ):  # fmt: skip
-            if given is not None and wins is not None and given != wins:
-                raise ValueError(
-                    f"BCLDataModule {name}={given} contradicts the trainer's {source} ({wins}); "
-                    f"the trainer's setting wins: remove {name} (or change the trainer)"
-                )
-        if canonical:
-            accum = self.elastic.canonical_grad_accum or 1
-        else:
-            accum = layout.grad_accum or old_accum or 1
-        config = ReaderConfig.build(
-            **{**asdict(self.plan), "layout": self.batch.collate},
-            world_size=layout.process.world_size,
-            ranks_per_node=layout.process.ranks_per_node,
-            grad_accum=accum,
-            seed=self.seed,
-            cost_model=self.cost_model,
-            max_seq_len=self.fed_max_seq_len,
-            packing=self.packing,
-            tokens=self.tokens,  # None: the cost index's own source (the readers resolve it)
-            canonical_ranks=self.elastic.canonical_ranks,
-            canonical_ranks_per_node=self.elastic.canonical_ranks_per_node,
-        )
-        check_accumulation(config, layout.grad_accum)
-        return config
+        self.dataset, self.resolved, self.layout_used = training.dataset, training.resolved, layout
 
     def _require_dataset(self) -> PlanDataset:
         if self.dataset is None:
@@ -371,14 +370,9 @@ class BCLDataModule(pl.LightningDataModule):
 
     def collate_for(self, dataset: PlanDataset) -> PackCollate:
         """The collate function of a reader (training, or an evaluation reader's own index)."""
-        return PackCollate.for_dataset(
-            dataset.index,
-            self.cost_model,
-            self.batch.collate,
-            self.fed_max_seq_len,
-            self.batch.labels,
-            step_records=self.plan.pack_size if contract(self.plan.contract).step_records else None,
-        )
+        self._require_dataset()
+        assert self.resolved is not None
+        return self.resolved.collate(dataset.index)
 
     def train_dataloader(self) -> PackLoader:
         """One loader per DataModule: it owns the cursor, so a second call returns it again.
@@ -412,7 +406,7 @@ class BCLDataModule(pl.LightningDataModule):
                 f"{ProcessLayout.of_plan(ds.config.plan).ranks_text()}"
                 f"{groups}; "
                 f"records of that epoch not yielded, by reason: {counts or 'none'}; "
-                + "; ".join(self._setup_notes)
+                + "; ".join(self.resolved.notes() if self.resolved is not None else [])
             )
         return loader
 
@@ -420,7 +414,7 @@ class BCLDataModule(pl.LightningDataModule):
         """The ``kind`` (``val``/``test``) loaders under the trainer's layout (after setup)."""
         self._require_dataset()
         assert self.layout_used is not None
-        config = self.reader_config(self.layout_used)
+        config = reader_config(self.knobs, self._context(self.layout_used))
         return self.evaluation.loaders(kind, config, self.layout_used.process.rank)
 
     def _make_loader(self) -> TrainerPackLoader:

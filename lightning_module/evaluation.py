@@ -26,12 +26,9 @@ from typing import Any
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader
 
-from bcl_stream.epoch.eval_plan import EVAL_PACKINGS
-from bcl_stream.epoch.plan import ReaderConfig
-from bcl_stream.formats.read_options import ReadOptions
-from bcl_stream.formats.reader_base import PlanDataset
-from bcl_stream.loading.collate import PackCollate
+from bcl_stream import PackCollate, PlanDataset, ReaderConfig, ReadOptions
 from bcl_stream.loading.evaluation import evaluation_dataset, evaluation_loader
+from bcl_stream.training import EVAL_PACKINGS
 from lightning_module.trainer_loader import explain_len_warning
 
 KINDS = ("val", "test")

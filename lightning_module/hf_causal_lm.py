@@ -22,8 +22,10 @@ divides by the step's trained tokens:
   are backpropagated and, before the optimizer step (and before gradient clipping), one
   all-reduce of the counts in the labels rescales the gradients. Each way DDP with
   accumulation G gives the gradient of one process on the whole step (tests check all three).
-- **Labels.** Both collate conventions work; ``labels=None`` follows the DataModule's
-  (``batch.labels`` of ``BCLDataModule``) and an explicit value that contradicts it is refused.
+- **Labels.** Both collate conventions work; ``labels=None`` follows the data's, read from the
+  core's resolved config (``trainer.datamodule.resolved``, a ``bcl_stream.ResolvedTraining``:
+  ``BCLDataModule`` sets it at ``setup``), never from the DataModule class; an explicit value
+  that contradicts it is refused.
 
 The model directory needs ``config.json``; with weights (``model.safetensors``,
 ``pytorch_model.bin`` or their sharded indexes) they are loaded, without them the model is
@@ -44,9 +46,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bcl_stream.epoch.loss_tokens import RANK_STEP_LOSS_TOKENS, STEP_LOSS_TOKENS
-from bcl_stream.loading.collate import IGNORE_INDEX, LABELS
-from lightning_module.datamodule import BCLDataModule
+from bcl_stream.training import (
+    IGNORE_INDEX,
+    LABELS,
+    RANK_STEP_LOSS_TOKENS,
+    STEP_LOSS_TOKENS,
+    ResolvedTraining,
+)
 from lightning_module.tinygpt import block_causal_mask
 from lightning_module.trainer_layout import data_parallel_dim, strategy_mesh
 
@@ -176,10 +182,10 @@ class HFCausalLM(L.LightningModule):
 
     # -- set-up ---------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
-        datamodule = getattr(self.trainer, "datamodule", None)
-        if not isinstance(datamodule, BCLDataModule):
+        resolved = getattr(getattr(self.trainer, "datamodule", None), "resolved", None)
+        if not isinstance(resolved, ResolvedTraining):
             return  # another DataModule: its batches follow this module's ``labels``
-        data_labels = datamodule.batch.labels
+        data_labels = resolved.labels
         if self.labels is not None and self.labels != data_labels:
             raise ValueError(
                 f"HFCausalLM labels={self.labels!r} contradicts the DataModule's "

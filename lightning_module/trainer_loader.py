@@ -12,7 +12,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from bcl_stream.loading.loader import PackLoader
+from bcl_stream import PackLoader
 
 
 class TrainerPackLoader(PackLoader):

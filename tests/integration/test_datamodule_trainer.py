@@ -22,6 +22,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from lightning_module.cli import BCLCLI
 from lightning_module.datamodule import BCLDataModule
+from lightning_module.options import ConfigError
 from lightning_module.parallel import tensor_parallel_plan
 from tests.hf_models import tiny_llama_dir
 
@@ -162,43 +163,32 @@ def test_accumulation_and_layout_reach_the_plan_and_the_cursor(
     [
         (
             {"plan": {"pack_size": 4, "window": 3, "grad_accum": 2}},
-            r"plan\.grad_accum=2 contradicts the trainer's accumulate_grad_batches \(3\); the "
-            r"trainer's setting wins",
+            r"^data\.plan\.grad_accum: the trainer's accumulate_grad_batches .* decides it; "
+            r"drop the key$",
         ),
         (
             {"plan": {"pack_size": 4, "window": 3}, "ranks_per_node": 4},
-            r"ranks_per_node=4 contradicts the trainer's data-parallel ranks per node \(1\); "
-            r"the trainer's setting wins",
+            r"^data\.ranks_per_node is not a key of BCLDataModule; the trainer's data-parallel "
+            r"ranks per node decides it: drop the key$",
+        ),
+        (
+            {"plan": {"world_size": 2}},
+            r"^data\.plan\.world_size: the trainer's data-parallel size decides it",
         ),
     ],
 )
-def test_a_value_that_contradicts_the_trainer_is_refused(
-    mds_dir: Path, tmp_path: Path, kwargs: dict[str, Any], match: str
+def test_a_key_the_trainer_decides_is_refused_naming_what_decides_it(
+    kwargs: dict[str, Any], match: str
 ) -> None:
-    """Keys of an earlier release that the trainer decides: still read (with the flat-key
-    warning) and checked against the trainer."""
-    trainer = pl.Trainer(
-        accelerator="cpu", devices=1, accumulate_grad_batches=3, logger=False,
-        default_root_dir=str(tmp_path),
-    )  # fmt: skip
-    with pytest.warns(FutureWarning, match="flat keys"):
-        module = BCLDataModule(str(mds_dir), **kwargs)
-    module.trainer = trainer
-    with pytest.raises(ValueError, match=match):
-        module.setup("fit")
-    with pytest.warns(FutureWarning, match=r"plan\.grad_accum \(drop it"):
-        agreeing = BCLDataModule(str(mds_dir), plan={"pack_size": 4, "window": 3, "grad_accum": 3})
-    agreeing.trainer = trainer
-    agreeing.setup("fit")  # equal to the trainer's: accepted
+    """What the trainer decides is no key: given anyway, it is refused in one line when the
+    DataModule is built (a ConfigError: ``python -m lightning_module`` prints that line)."""
+    with pytest.raises(ConfigError, match=match):
+        BCLDataModule("DIR", **kwargs)
 
 
-def test_a_planner_layout_that_contradicts_the_collate_is_refused() -> None:
-    """``plan.layout`` of an earlier release: read with the flat-key warning, and it must agree
-    with the collate."""
-    with (
-        pytest.warns(FutureWarning, match=r"plan\.layout \(drop it"),
-        pytest.raises(ValueError, match=r"plan\.layout='packed' contradicts layout='padded'"),
-    ):
+def test_a_planner_layout_is_refused_naming_the_collate() -> None:
+    """The plan's cost layout follows ``batch.collate``: a ``plan.layout`` is refused."""
+    with pytest.raises(ConfigError, match=r"^data\.plan\.layout: batch\.collate"):
         BCLDataModule("DIR", plan={"layout": "packed"})
-    with pytest.warns(FutureWarning, match="flat keys"):
-        BCLDataModule("DIR", batch={"collate": "packed"}, plan={"layout": "packed"})
+    with pytest.raises(ConfigError, match=r"^data\.layout is not a key.*batch\.collate"):
+        BCLDataModule("DIR", layout="packed")

@@ -3,8 +3,7 @@
 - ``fit`` with ``eval.val_data`` on 2 real DDP ranks (gloo) through ``python -m lightning_module``:
   every validation pass yields every validation record exactly once across the ranks, both
   ranks run the same number of validation steps (``sync_dist`` would hang otherwise), packs
-  hold at most B records, and training is unaffected (exactly B records per step); the config
-  uses the grouped keys only, so the run gives no flat-key warning;
+  hold at most B records, and training is unaffected (exactly B records per step);
 - ``eval.val_streams``: one loader per stream, each stream read whole;
 - ``Trainer.test`` with ``eval.test_data`` and balanced packing, in process; no validation data: no
   validation loader.
@@ -74,7 +73,6 @@ def test_fit_with_validation_on_two_ddp_ranks(mds_dir: Path, val_dir: Path, tmp_
     config = write_config(tmp_path, mds_dir, {"val_data": str(val_dir)})
     proc = lightning_cli(ROOT, "fit", "--config", str(config), cwd=tmp_path, path=[tmp_path])
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "BCLDataModule: flat keys" not in proc.stderr  # our configs are new-style
     ranks = [seen(tmp_path, r) for r in range(2)]
     passes = sorted({line["pass"] for line in ranks[0]})
     assert passes == [2, 4]  # val_check_interval=2, max_steps=4

@@ -3,10 +3,9 @@
 - The key list of docs/config.md is what ``lightning_module.config_doc.render`` makes from the
   dataclasses' fields, defaults and docstrings (regenerate it with
   ``python -m lightning_module.config_doc``);
-- every key of every shipped config is a documented key of this release (no flat key of an
-  earlier release);
-- an old flat config and its nested twin build the same DataModule through LightningCLI, the
-  old one with one warning line naming each new key; a key that never existed is refused.
+- every key of every shipped config is a documented key (no flat key);
+- a flat config is refused in one line naming the grouped key, in Python and through
+  ``python -m lightning_module``; the nested config builds the DataModule.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import pytest
 import yaml
 
 from bcl_stream import ProcessLayout
+from bcl_stream.training import reader_config
 from lightning_module.config_doc import DOC, documented, render
 from lightning_module.trainer_layout import TrainerLayout
 
@@ -59,11 +59,7 @@ MODEL = {
     "class_path": "lightning_module.tinygpt.TinyGPT",
     "init_args": {"config": {"vocab_size": 64, "d_model": 8, "n_layers": 1, "n_heads": 2}},
 }
-OLD = {
-    "data": "DIR", "pack_size": 4, "window": 3, "scope": "rank", "layout": "packed",
-    "max_seq_len": 64, "num_workers": 1, "val_data": "VAL", "eval_packing": "bcl",
-    "plan": {"carry_span": 5},
-}  # fmt: skip
+FLAT = {"data": "DIR", "window": 3, "num_workers": 1, "plan": {"carry_span": 5}}
 NEW = {
     "data": "DIR",
     "plan": {"pack_size": 4, "window": 3, "scope": "rank", "carry_span": 5},
@@ -94,27 +90,41 @@ def cli_module(tmp_path: Path, data: dict[str, Any], *args: str) -> tuple[Any, l
     return cli.datamodule, ours
 
 
-def test_an_old_flat_config_and_its_nested_twin_build_the_same_datamodule(tmp_path: Path) -> None:
+def test_the_nested_config_builds_the_datamodule(tmp_path: Path) -> None:
     layout = TrainerLayout(process=ProcessLayout(world_size=2), grad_accum=1)
-    old, old_warnings = cli_module(tmp_path, OLD)
     new, new_warnings = cli_module(tmp_path, NEW)
     assert new_warnings == []
-    assert len(old_warnings) == 1  # one line, naming every new key
-    for name in ("window -> plan.window", "layout -> batch.collate", "val_data -> eval.val_data"):
-        assert name in old_warnings[0], old_warnings[0]
-    assert old.reader_config(layout) == new.reader_config(layout)
-    assert (old.batch, old.loader_options) == (new.batch, new.loader_options)
-    assert old.evaluation.sources == new.evaluation.sources == {"val": ["VAL"], "test": []}
-    assert old.evaluation.packing == new.evaluation.packing == "bcl"
-    plan = new.reader_config(layout).plan
+    assert new.evaluation.sources == {"val": ["VAL"], "test": []}
+    assert new.evaluation.packing == "bcl"
+    assert (new.batch.max_seq_len, new.loader_options.num_workers) == (64, 1)
+    plan = reader_config(new.knobs, new._context(layout)).plan
     assert (plan.window, plan.scope, plan.carry_span, plan.layout) == (3, "rank", 5, "packed")
+
+
+def test_a_flat_config_is_refused_in_one_line_naming_the_grouped_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Through ``python -m lightning_module``: one line, exit 2, before LightningCLI's usage."""
+    from lightning_module.__main__ import run
+
+    config = tmp_path / "flat.yaml"
+    config.write_text(yaml.safe_dump({"model": MODEL, "data": {**FLAT, "data": str(tmp_path)}}))
+    assert run(["fit", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "python -m lightning_module: error: data.num_workers is not a key of BCLDataModule; "
+        "use data.loader.num_workers"
+    ]
+    nested = tmp_path / "nested.yaml"
+    here = {"data": str(tmp_path), "eval": {"val_data": str(tmp_path)}}
+    nested.write_text(yaml.safe_dump({"model": MODEL, "data": {**NEW, **here}}))
+    assert run(["fit", "--config", str(nested), "--data.window", "9"]) == 2
+    assert capsys.readouterr().err.strip().endswith("; use data.plan.window")
 
 
 def test_one_key_of_a_group_is_overridden_on_the_command_line(tmp_path: Path) -> None:
     module, _ = cli_module(tmp_path, NEW, "--data.plan.window", "7")
     assert (module.plan.window, module.plan.carry_span) == (7, 5)
-    old, seen = cli_module(tmp_path, NEW, "--data.window", "9")  # an old key still wins
-    assert old.plan.window == 9 and "window -> plan.window" in seen[0]
 
 
 def test_unknown_keys_are_refused_naming_where_they_go() -> None:
@@ -122,13 +132,14 @@ def test_unknown_keys_are_refused_naming_where_they_go() -> None:
 
     with pytest.raises(ValueError, match=r"plan has unknown keys \['num_workers'\].*loader"):
         BCLDataModule("DIR", plan={"num_workers": 2})
-    with pytest.raises(TypeError, match=r"unknown arguments \['windwo'\]"):
+    with pytest.raises(ValueError, match=r"^data\.windwo is not a key of BCLDataModule; docs/"):
         BCLDataModule("DIR", windwo=3)
-    with (
-        pytest.warns(FutureWarning, match="flat keys of an earlier release: layout"),
-        pytest.raises(ValueError, match=r"plan\.layout='padded' contradicts layout='packed'"),
-    ):
-        BCLDataModule("DIR", layout="packed", plan={"layout": "padded"})
+    with pytest.raises(ValueError, match=r"^data\.window is not a key.*; use data\.plan\.window$"):
+        BCLDataModule("DIR", window=3)
+    with pytest.raises(ValueError, match=r"^data\.layout is not a key.*batch\.collate"):
+        BCLDataModule("DIR", layout="packed")
+    with pytest.raises(ValueError, match=r"^data\.plan\.layout: batch\.collate .* decides it"):
+        BCLDataModule("DIR", plan={"layout": "padded"})
 
 
 @pytest.mark.parametrize(
@@ -136,7 +147,6 @@ def test_unknown_keys_are_refused_naming_where_they_go() -> None:
     [
         ["--config", "{cfg}"],  # data.eval.val_data in the YAML
         ["--data.data", "{tmp}", "--data.eval.val_data", "{tmp}/nope"],
-        ["--data.data", "{tmp}", "--data.val_data", "{tmp}/nope"],  # the earlier flat key
     ],
 )
 def test_the_early_path_check_reads_the_eval_group(tmp_path: Path, argv: list[str]) -> None:

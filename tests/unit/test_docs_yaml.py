@@ -1,6 +1,6 @@
 """The docs' YAML examples use this release's keys: every ```yaml block of README.md and
 docs/*.md parses, and each ``data`` section holds documented keys only (the grouped keys of
-docs/config.md), never a deprecated flat key. The shipped configs are held to the same rule in
+docs/config.md), never a flat key (refused). The shipped configs are held to the same rule in
 ``test_config_doc.py``; an example on a page is copied as often as a shipped file.
 
 Checked on the parsed YAML, and the checker is run on a planted flat key to show it catches it.
@@ -41,7 +41,7 @@ def offences(text: str, name: str) -> list[str]:
             if unknown:
                 found.append(
                     f"{name}:{first}: data keys {unknown} are not keys of this release "
-                    "(docs/config.md lists the grouped keys and the flat ones they replace)"
+                    "(docs/config.md lists the grouped keys)"
                 )
     return found
 
@@ -60,7 +60,7 @@ def test_the_checker_catches_a_flat_key_and_a_broken_block() -> None:
     flat = "text\n```yaml\ndata:\n  data: d\n  pack_size: 2\n  plan: {window: 4}\n```\n"
     assert offences(flat, "x.md") == [
         "x.md:3: data keys ['pack_size'] are not keys of this release (docs/config.md lists "
-        "the grouped keys and the flat ones they replace)"
+        "the grouped keys)"
     ]
     grouped = flat.replace("  pack_size: 2\n  plan: {window: 4}", "  plan: {pack_size: 2}")
     assert offences(grouped, "x.md") == []

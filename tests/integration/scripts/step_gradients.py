@@ -2,7 +2,8 @@
 accumulation 2, SGD with lr 1: the parameter change is minus the step's gradient.
 
 Usage: python step_gradients.py DATA MODEL OUT SCOPE MAX_SEQ_LEN (0: none) [BUDGET] (a token
-budget: ``contract="tokens"`` with ``max_tokens`` BUDGET; none: B=2 records a micro-batch). Writes OUT/init.pt (parameters before),
+budget: ``contract="tokens"`` with ``max_tokens`` BUDGET; none: B=2 records a micro-batch)
+[COLLATE] (``packed`` by default, or ``padded``). Writes OUT/init.pt (parameters before),
 OUT/final.pt (after the step, rank 0), OUT/batches_rank{r}.json (each micro-batch's record ids,
 trained tokens and ``step_loss_tokens`` if any) and OUT/normalization.txt (the DataModule's).
 """
@@ -51,7 +52,15 @@ class Record(pl.Callback):
             (self.out / "normalization.txt").write_text(str(trainer.datamodule.normalization))
 
 
-def main(data: str, model: str, out: str, scope: str, max_seq_len: str, budget: str = "0") -> None:
+def main(
+    data: str,
+    model: str,
+    out: str,
+    scope: str,
+    max_seq_len: str,
+    budget: str = "0",
+    collate: str = "packed",
+) -> None:
     out_dir = Path(out)
     torch.manual_seed(0)
     module = SGDCausalLM(model, attention="sdpa")
@@ -60,7 +69,7 @@ def main(data: str, model: str, out: str, scope: str, max_seq_len: str, budget: 
         data,
         plan={"pack_size": 2, "window": 2, "scope": scope}
         | ({"contract": "tokens", "max_tokens": int(budget)} if int(budget) else {}),
-        batch={"collate": "packed", "labels": "unshifted", "max_seq_len": int(max_seq_len) or None},
+        batch={"collate": collate, "labels": "unshifted", "max_seq_len": int(max_seq_len) or None},
         seed=3,
     )
     trainer = pl.Trainer(
@@ -80,4 +89,4 @@ def main(data: str, model: str, out: str, scope: str, max_seq_len: str, budget: 
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:7])
+    main(*sys.argv[1:8])

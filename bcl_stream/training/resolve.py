@@ -1,0 +1,195 @@
+"""The resolve step: the knobs, the trainer's context and the opened index in; everything the
+readers and the collate need out (the reader config, truncation, planning costs of truncated
+records, the loss normalization path and the label convention).
+
+Why in the core: these rules decide what each rank trains on. Decided in one trainer adapter
+only, a plain ``PackLoader`` user (torchrun, Hugging Face Accelerate or Trainer) got none of
+them, and the same record could be planned at one cost and trained at another depending on the
+entry point. ``BCLDataModule`` and a plain loop both call :func:`open_training` (or
+:func:`reader_config` then :func:`resolve`), so both plan and feed the same records alike.
+
+What is decided, once, identically on every rank (from the shared cost index):
+
+- **Truncation.** Records are fed at most min(``batch.max_seq_len``, the model's limit)
+  tokens; longer ones are planned at their truncated cost (``epoch/truncation.py``). Where
+  the limit cuts no record the reader config drops it, so the plan and the cursor are those of
+  untruncated data (a checkpoint of untruncated data resumes).
+- **Normalization.** Where each optimizer step's loss denominator comes from
+  (``epoch/loss_tokens.py``): ``plan`` (batches carry ``step_loss_tokens``, no
+  communication), ``all_reduce`` (``rank_step_loss_tokens``, one scalar all-reduce per step)
+  or ``rescale`` (the labels' count, one all-reduce, gradients rescaled).
+- **Accumulation.** The trainer's, or G_c under canonical ranks, whose physical accumulation
+  G_c x V/R is checked against the trainer's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from bcl_stream.epoch.loss_tokens import normalization
+from bcl_stream.epoch.plan import PlanData, ReaderConfig
+from bcl_stream.epoch.truncation import Truncation, truncation
+from bcl_stream.formats.open_dataset import open_dataset
+from bcl_stream.formats.read_options import ReadOptions
+from bcl_stream.formats.reader_base import PlanDataset
+from bcl_stream.loading.collate import PackCollate
+from bcl_stream.loading.loader import PackLoader
+from bcl_stream.planner.contracts import contract
+from bcl_stream.training.context import TrainingContext
+from bcl_stream.training.knobs import TrainingKnobs
+
+HOW = {
+    "plan": "step_loss_tokens from the plan, no communication",
+    "all_reduce": "each rank's planned count, one all-reduce per optimizer step",
+    "rescale": "the labels' count, one all-reduce per optimizer step, gradients rescaled",
+}
+"""Each normalization path in one phrase (the set-up line)."""
+
+
+def fed_max_seq_len(knobs: TrainingKnobs, context: TrainingContext) -> int | None:
+    """Tokens a record is fed at most: ``batch.max_seq_len``, or the model's limit where it
+    states one and it is lower."""
+    own, model = knobs.batch.max_seq_len, context.max_seq_len
+    if model is None:
+        return own
+    return model if own is None else min(own, model)
+
+
+def reader_config(knobs: TrainingKnobs, context: TrainingContext) -> ReaderConfig:
+    """The readers' configuration before the index is read: the knobs under the trainer's
+    layout, the plan's cost layout following the collate's. Refuses a trainer accumulation
+    that canonical ranks contradict."""
+    canonical = knobs.canonical_ranks is not None
+    accum = (knobs.canonical_grad_accum or 1) if canonical else (context.grad_accum or 1)
+    config = ReaderConfig.build(
+        **{**asdict(knobs.plan), "layout": knobs.batch.collate},
+        world_size=context.process.world_size,
+        ranks_per_node=context.process.ranks_per_node,
+        grad_accum=accum,
+        seed=knobs.seed,
+        cost_model=knobs.cost_model,
+        max_seq_len=fed_max_seq_len(knobs, context),
+        packing=knobs.packing,
+        tokens=knobs.tokens,  # None: the cost index's own source (the readers resolve it)
+        canonical_ranks=knobs.canonical_ranks,
+        canonical_ranks_per_node=knobs.canonical_ranks_per_node,
+    )
+    check_accumulation(config, context.grad_accum)
+    return config
+
+
+def check_accumulation(config: ReaderConfig, accumulate: int | None) -> None:
+    """Refuse a trainer accumulation that is not G_c * V/R, saying in one line what to set."""
+    if config.canonical_ranks is None or accumulate is None:
+        return
+    want = config.micro_batches_per_step
+    if accumulate != want:
+        raise ValueError(
+            f"accumulate_grad_batches={accumulate} but canonical_ranks={config.canonical_ranks} "
+            f"on {config.plan.world_size} data-parallel ranks with plan.grad_accum="
+            f"{config.plan.grad_accum} runs {want} micro-batches per optimizer step: set "
+            f"accumulate_grad_batches={want} (the global batch stays {config.canonical_ranks} x "
+            f"{config.plan.grad_accum} packs)"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedTraining:
+    """What the readers and the collate follow, decided once from the knobs, the context and
+    the cost index (the same on every rank)."""
+
+    config: ReaderConfig
+    """The readers' config: ``max_seq_len`` None where it cuts no record."""
+    max_seq_len: int | None
+    """Tokens a record is fed at most (the collate truncates to it; evaluation readers too)."""
+    truncation: Truncation
+    """What ``max_seq_len`` cuts from the training data."""
+    normalization: str
+    """``plan``, ``all_reduce`` or ``rescale`` (module docstring)."""
+    why: str
+    """Why that path (one phrase)."""
+    labels: str
+    """The batches' label convention: ``shifted`` or ``unshifted`` (the model shifts)."""
+
+    @property
+    def step_loss_tokens(self) -> bool:
+        """Whether the readers attach each step's planned count (not on ``rescale``)."""
+        return self.normalization != "rescale"
+
+    def notes(self) -> list[str]:
+        """Phrases for a set-up line: the truncation and the normalization path."""
+        how = HOW[self.normalization]
+        return [self.truncation.describe(), f"loss normalization: {how} ({self.why})"]
+
+    def collate(self, index: PlanData) -> PackCollate:
+        """The collate of a reader over ``index`` (training, or an evaluation reader's own)."""
+        plan = self.config.plan
+        return PackCollate.for_dataset(
+            index,
+            self.config.cost_model,
+            plan.layout,
+            self.max_seq_len,
+            self.labels,
+            step_records=plan.pack_size if contract(plan.contract).step_records else None,
+        )
+
+
+def resolve(knobs: TrainingKnobs, context: TrainingContext, index: PlanData) -> ResolvedTraining:
+    """The resolve step (module docstring): pure, the same on every rank."""
+    config = reader_config(knobs, context)
+    cut = truncation(index, config.max_seq_len)
+    fed = config.max_seq_len
+    if fed is not None and not cut.records:
+        config = replace(config, max_seq_len=None)
+    how, why = normalization(index, config)
+    return ResolvedTraining(config, fed, cut, how, why, knobs.batch.labels)
+
+
+@dataclass(frozen=True, slots=True)
+class Training:
+    """One rank's training reader and what it was resolved to."""
+
+    dataset: PlanDataset
+    resolved: ResolvedTraining
+
+    def collate(self) -> PackCollate:
+        """The training batches' collate."""
+        return self.resolved.collate(self.dataset.index)
+
+    def loader(self, **kwargs: Any) -> PackLoader:
+        """A ``PackLoader`` over the reader with the resolved collate (``kwargs``: the
+        loader's, e.g. ``num_workers``)."""
+        return PackLoader(self.dataset, collate_fn=self.collate(), **kwargs)
+
+
+def open_training(
+    data: str | os.PathLike[str] | Sequence[Any] | None,
+    knobs: TrainingKnobs,
+    context: TrainingContext,
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    epoch_size: int | None = None,
+    format: str | None = None,
+    options: ReadOptions | None = None,
+) -> Training:
+    """Open ``data`` (one dataset or a mixture, as :func:`~bcl_stream.open_dataset`) for
+    training under ``context``, resolved: the reader follows the resolved config and attaches
+    each step's planned count where the plan knows it."""
+    dataset = open_dataset(
+        data,
+        reader_config(knobs, context),
+        context.process.rank,
+        cache_dir,
+        epoch_size=epoch_size,
+        format=format,
+        options=options,
+    )
+    resolved = resolve(knobs, context, dataset.index)
+    if resolved.config.max_seq_len != dataset.config.max_seq_len:
+        # the reader resolved its token source into its config: keep it, drop the unused cut
+        dataset.config = replace(dataset.config, max_seq_len=resolved.config.max_seq_len)
+    dataset.step_loss_tokens = resolved.step_loss_tokens
+    return Training(dataset, resolved)
