@@ -75,17 +75,6 @@ def test_relative_paths_resolve_against_the_config_files_root(
     assert "data.cache_dir" not in got and "ckpt_path" not in got  # a URL, Lightning's "last"
 
 
-def test_the_flat_keys_of_an_earlier_release_resolve_too(tmp_path: Path) -> None:
-    """An older config (``data.val_data``, ``data.test_streams``) still runs, with the
-    DataModule's warning: its paths resolve as the nested keys' do."""
-    data = {"data": "data/mds", "val_data": "data/v", "test_streams": ["data/c:repeat=2"]}
-    config = write(tmp_path / "proj" / "run.yaml", {"root": ".", "data": data})
-    got = options(resolve_config_paths(["fit", "--config", str(config)], env={}))
-    proj = tmp_path / "proj"
-    assert got["data.val_data"] == f"{proj}/data/v"
-    assert got["data.test_streams"] == [f"{proj}/data/c:repeat=2"]
-
-
 def test_without_a_root_key_the_files_own_directory_is_the_root(tmp_path: Path) -> None:
     config = write(tmp_path / "configs" / "run.yaml", CONFIG)
     got = options(resolve_config_paths(["fit", "--config", str(config)], env={}))
