@@ -24,8 +24,8 @@ from bcl_stream.errors import StateError
 from bcl_stream.planner import PlanConfig
 from bcl_stream.planner.config import LAYOUT_FIELDS
 from bcl_stream.planner.partition import ALGORITHMS
+from bcl_stream.training import TrainingContext, reader_config
 from lightning_module.datamodule import BCLDataModule
-from lightning_module.trainer_layout import TrainerLayout
 
 BASE = {"world_size": 4, "pack_size": 3, "window": 5}
 """The required fields, at values other than any default."""
@@ -129,7 +129,8 @@ def test_every_field_through_the_datamodule(name: str) -> None:
         knobs[name] = value
     module = BCLDataModule("DIR", plan=knobs, batch=batch)
     accum = layout.pop("grad_accum")
-    config = module.reader_config(TrainerLayout(process=ProcessLayout(**layout), grad_accum=accum))
+    context = TrainingContext(process=ProcessLayout(**layout), grad_accum=accum)
+    config = reader_config(module.knobs, context)
     assert getattr(config.plan, name) == value
 
 
@@ -137,7 +138,7 @@ def test_every_field_through_the_datamodule(name: str) -> None:
     ("plan", "match"),
     [
         ({"bogus": 1}, r"unknown keys \['bogus'\]"),
-        ({"world_size": 4}, r"plan.world_size: the trainer decides the data-parallel size"),
+        ({"world_size": 4}, r"plan.world_size: the trainer's data-parallel size decides it"),
         ({"carry_span": -1}, "carry_span"),
     ],
 )
@@ -208,7 +209,7 @@ def test_datamodule_plan_from_yaml_as_lightning_cli_reads_it() -> None:
     parser.add_class_arguments(BCLDataModule, "data")
     text = "data:\n  data: DIR\n  plan: {window: 4, carry_span: 32, stratify: false}\n"
     module = BCLDataModule(**parser.parse_string(text).data.as_dict())
-    plan = module.reader_config(TrainerLayout(process=ProcessLayout(world_size=2))).plan
+    plan = reader_config(module.knobs, TrainingContext(process=ProcessLayout(world_size=2))).plan
     assert (plan.window, plan.carry_span, plan.stratify) == (4, 32, False)
 
 

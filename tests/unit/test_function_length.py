@@ -21,11 +21,6 @@ PACKAGES = ("bcl_stream", "lightning_module")
 MAX_LINES = 80
 
 ALLOWED: Mapping[str, str] = {
-    "lightning_module/datamodule.py:BCLDataModule.__init__": (
-        "the DataModule's constructor carries the flat keys' compatibility layer; issue #40 "
-        "item 4 deletes it and item 1 moves the training rules to the core (another change "
-        "owns this file)"
-    ),
     "bcl_stream/preprocess/annotate.py:annotate": (
         "restates the token-source knobs flat (14 parameters); issue #40 item 3's one "
         "record-source declaration reshapes its signature and source building (another "
