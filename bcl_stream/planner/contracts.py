@@ -78,7 +78,7 @@ REGISTRY: dict[str, Contract] = {
             step_records=False,
             budget=True,
             canonical=False,
-            layouts=("packed",),
+            layouts=("packed", "padded"),
         ),
     )
 }

@@ -23,10 +23,12 @@ pytestmark = pytest.mark.slow
 T, G, W = 128, 2, 4
 
 
-def module(root: Path, scope: str = "node", workers: int = 0, **kwargs: Any) -> BCLDataModule:
+def module(
+    root: Path, scope: str = "node", workers: int = 0, collate: str = "packed", **kwargs: Any
+) -> BCLDataModule:
     plan = {"window": W, "scope": scope, "contract": "tokens", "max_tokens": T}
     loader = {"num_workers": workers}
-    batch = {"collate": "packed"}
+    batch = {"collate": collate}
     return BCLDataModule(str(root), plan=plan, seed=2, loader=loader, batch=batch, **kwargs)
 
 
@@ -73,6 +75,44 @@ def test_budget_equal_counts_every_record_once(
     assert len(sizes) > 1  # records per micro-batch vary
     again = list(setup(root, 0, world, per_node, format=fmt, scope=scope).train_dataloader())
     assert [pack_key(b) for b in again] == [pack_key(b) for b in ranks[0]]
+
+
+PADDED = [("mds", "node", 2, 2), ("wds", "rank", 2, 1), ("wds", "world", 4, 2)]
+
+
+@pytest.mark.parametrize(("fmt", "scope", "world", "per_node"), PADDED)
+def test_padded_rows_times_longest_within_the_budget(
+    mds_dir: Path, wds_dir: Path, fmt: str, scope: str, world: int, per_node: int
+) -> None:
+    """The padded layout: every micro-batch's rows x longest record <= T (the collate's
+    (rows, longest) tensor), equal counts, every record once or reported, and a resume in
+    mid-epoch with workers replays the run exactly."""
+    root = mds_dir if fmt == "mds" else wds_dir
+    kw: dict[str, Any] = {"format": fmt, "scope": scope, "collate": "padded"}
+    modules = [setup(root, r, world, per_node, **kw) for r in range(world)]
+    assert modules[0].dataset.config.plan.layout == "padded"  # type: ignore[union-attr]
+    ranks = [list(dm.train_dataloader()) for dm in modules]
+    counts = {len(rank) for rank in ranks}
+    assert len(counts) == 1 and counts.pop() % G == 0
+    for rank in ranks:
+        for batch in rank:
+            rows, width = batch["input_ids"].shape
+            assert rows == batch["sample_ids"].numel() >= 1
+            assert rows * width <= T
+    ids = [int(i) for rank in ranks for b in rank for i in b["sample_ids"]]
+    plan = full_plan(modules[0].dataset.index, modules[0].dataset.config, 0)  # type: ignore[union-attr]
+    check_every_record_once(ids, 300, plan.plan.remainder)
+    assert len({int(b["sample_ids"].numel()) for rank in ranks for b in rank}) > 1
+    full = [pack_key(b) for b in ranks[world - 1]]
+    run_test_save_load_state(
+        lambda: DataModuleLoader(module(root, **kw), world - 1, world, per_node, grad_accum=G),
+        epochs=1,
+        positions=[1, G + 1, len(full) - 1],
+        make_resumed=lambda: DataModuleLoader(
+            module(root, workers=2, **kw), world - 1, world, per_node, grad_accum=G
+        ),
+        reference=[full],
+    )
 
 
 @pytest.mark.parametrize("fmt", ["mds", "wds"])

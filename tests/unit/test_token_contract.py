@@ -12,8 +12,11 @@ from bcl_stream.planner import PlanConfig, ShardTable, build_node_streams, shard
 from bcl_stream.planner.token_contract import (
     EMPTY,
     TokenWalker,
+    mean_fed_tokens,
     micro_batches_per_window,
     pack_window,
+    pack_window_padded,
+    padded_room,
     plan_tokens,
     token_geometry,
 )
@@ -54,6 +57,10 @@ LAYOUTS = [
     (8, 2, "world", 4, "packed"),
     (8, 1, "world", 2, "packed"),
     (4, 2, "node", 3, "packed"),
+    (1, 1, "rank", 1, "padded"),
+    (4, 4, "rank", 2, "padded"),
+    (4, 4, "node", 4, "padded"),
+    (8, 2, "world", 4, "padded"),
 ]
 
 
@@ -160,23 +167,40 @@ def test_pack_window_never_leaves_a_bin_empty_and_respects_capacity():
     assert np.allclose(np.bincount(where[placed], weights=cost[placed], minlength=24), load)
 
 
-def test_needs_a_budget_and_the_packed_layout():
+def test_needs_a_budget():
     with pytest.raises(ValueError, match="needs max_tokens"):
         PlanConfig(world_size=2, contract="tokens")
-    with pytest.raises(ValueError, match="packed layout only"):
-        PlanConfig(world_size=2, contract="tokens", max_tokens=T, layout="padded")
 
 
-def test_the_fill_follows_the_bins_a_row_packs() -> None:
-    from bcl_stream.planner.token_contract import FILL, FILL_NARROW, fill
+def test_pack_window_padded_keeps_rows_times_longest_within_capacity():
+    rng = np.random.default_rng(2)
+    tok = np.minimum((rng.pareto(1.3, 400) * 60 + 8).astype(np.int64), 2048)
+    cost = resolve("llama3-8b").cost(tok)
+    where, load = pack_window_padded(np.arange(400), tok, cost, 24, 2048)
+    placed = where >= 0
+    assert set(where[placed].tolist()) == set(range(24))  # no bin empty
+    rows = np.bincount(where[placed], minlength=24)
+    longest = np.zeros(24, dtype=np.int64)
+    np.maximum.at(longest, where[placed], tok[placed])
+    assert (rows * longest).max() <= 2048
+    priciest = np.zeros(24)
+    np.maximum.at(priciest, where[placed], cost[placed])
+    assert np.allclose(rows * priciest, load)  # padded cost: rows x costliest record
+    # what is left out is the shortest: carried, it fits a later window first
+    if (~placed).any():
+        assert tok[~placed].max() <= tok[placed].min()
+    # few long records: chunks are halved until every bin holds one
+    few = np.full(30, 100, dtype=np.int64)
+    where, _ = pack_window_padded(np.arange(30), few, few * 1.0, 24, 2048)
+    assert (where >= 0).all() and np.bincount(where, minlength=24).min() >= 1
 
-    node = PlanConfig(world_size=8, ranks_per_node=8, contract="tokens", max_tokens=T)
-    assert fill(node) == fill(node, 64) == FILL  # 16 micro-batches x 8 ranks
-    rank = PlanConfig(world_size=8, ranks_per_node=8, scope="rank", contract="tokens", max_tokens=T)
-    assert fill(rank) == FILL_NARROW  # 16 bins a window
-    world = PlanConfig(
-        world_size=8, ranks_per_node=1, scope="world", contract="tokens", max_tokens=T
-    )
-    assert fill(world) == FILL_NARROW  # a node alone holds one rank
-    assert world.rows_for(64).row_ranks == 8
-    assert fill(world, 64) == FILL  # scope world plans the 8 nodes as one row
+
+def test_the_padded_intake_counts_the_room_a_record_takes():
+    tokens = np.full(1000, 1000)
+    # 4 rows of 1,000 tokens in 4,096: each record takes 1,024 of the budget, a little more
+    # where a window's last chunk is short
+    assert 1024 <= padded_room(tokens, 4096, 16, 0.9) <= 1.1 * 1024
+    tokens, _, _ = _corpus()
+    wide = padded_room(tokens, T, 512, 0.95)
+    narrow = padded_room(tokens, T, 8, 0.95)
+    assert mean_fed_tokens(tokens, T) < wide < narrow  # fewer bins: farther neighbours
