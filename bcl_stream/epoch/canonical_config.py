@@ -43,7 +43,7 @@ def check_canonical(config: ReaderConfig) -> None:
         )
     if not contract(config.plan.contract).canonical:
         raise ValueError(
-            f"canonical_ranks needs contract='pack', got {config.plan.contract!r}: the step "
-            "contract re-cuts each step among the ranks of a node, which depends on the "
-            "physical layout, and the tokens contract does not plan canonical ranks yet"
+            f"canonical_ranks needs contract='pack' or 'tokens', got {config.plan.contract!r}: "
+            "the step contract re-cuts each step among the ranks of a node, which depends on "
+            "the physical layout"
         )

@@ -463,11 +463,19 @@ class ReaderPlan:
     ) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
         """(index of the first pack, packs (len(ranks), n, B)) of several ranks from pack
         ``start`` on, planning only their rows (canonical ranks hosted by one physical rank:
-        ``epoch/canonical.py``)."""
+        ``epoch/canonical.py``); under the tokens contract (len(ranks), n, widest), padded
+        with ``EMPTY``."""
         config = self._streams.config
         places = [config.row_of(r) for r in ranks]
         rows = sorted({row for row, _ in places})
         take = [rows.index(row) * config.row_ranks + place for row, place in places]
+        if self._tokens_walker is not None:
+            per_window = self._tokens_walker.per_window
+            for tb in self._tokens_walker.walk(rows, start // per_window):
+                _warn_over_budget(tb.dropped, rows)
+                skip = max(start - tb.first_pack, 0)
+                yield tb.first_pack + skip, tb.packs[take, skip:]
+            return
         first = start // self.config.plan.window
         for batch in iter_windows(self._streams, self._costs, self._tokens, rows, first):
             skip = max(start - batch.first_pack, 0)
@@ -563,11 +571,12 @@ def _costs_and_table(index: PlanData, config: ReaderConfig) -> tuple[Any, ShardT
     return cached(key, make)
 
 
-def _warn_over_budget(dropped: npt.NDArray[np.int64], row: int) -> None:
-    """Report records that ended a carry chain unplaced (``over_token_budget``)."""
+def _warn_over_budget(dropped: npt.NDArray[np.int64], row: int | list[int]) -> None:
+    """Report records that ended a carry chain unplaced (``over_token_budget``) in planning
+    ``row`` (or rows)."""
     if dropped.size:
         log.warning(
-            "planning row %d: %d records found no room under max_tokens before their carry "
+            "planning row %s: %d records found no room under max_tokens before their carry "
             "chain ended and are left out of this epoch (%s; first ids %s): raise carry_span "
             "(0: one chain per epoch) or max_tokens",
             row,

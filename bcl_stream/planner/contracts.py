@@ -77,7 +77,7 @@ REGISTRY: dict[str, Contract] = {
             recut_steps=False,
             step_records=False,
             budget=True,
-            canonical=False,
+            canonical=True,
             layouts=("packed", "padded"),
         ),
     )

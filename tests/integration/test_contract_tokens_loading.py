@@ -279,3 +279,67 @@ def test_fabric_save_load_resumes_the_token_micro_batches_exactly(
         return run(tmp_path / f"resumed{step}", resume=ckpt)
 
     check_resumed_runs(full, resume, saves)
+
+
+@pytest.mark.parametrize("fmt", ["mds", "wds"])
+def test_canonical_ranks_keep_the_steps_and_resume_on_another_size(
+    mds_dir: Path, wds_dir: Path, fmt: str
+) -> None:
+    """Canonical ranks V = 4 under the token contract through the real readers: on R = 4 and
+    on R = 2 every optimizer step holds the same micro-batches (each within T; a rank runs
+    G * V/R per step, the same count on every rank); a state saved on R = 4 at a step boundary
+    resumes on R = 2 at that step, with workers, and every record of the epoch is yielded once."""
+    from resume_harness import take
+
+    from bcl_stream.epoch.plan import ReaderConfig
+    from bcl_stream.formats.open_dataset import open_dataset
+    from bcl_stream.loading.loader import PackLoader
+
+    root = mds_dir if fmt == "mds" else wds_dir
+    v = 4
+    common: dict[str, Any] = {
+        "window": W, "grad_accum": G, "contract": "tokens", "max_tokens": T, "seed": 2,
+        "scope": "world", "canonical_ranks": v, "canonical_ranks_per_node": 2,
+    }  # fmt: skip
+    sizes = {r: ReaderConfig.build(world_size=r, ranks_per_node=2, **common) for r in (4, 2)}
+    tokens = open_dataset(str(root), sizes[4], 0).index.tokens
+
+    def run(r: int) -> list[list[tuple[int, ...]]]:
+        ranks = [
+            [pack_key(p) for p in PackLoader(open_dataset(str(root), sizes[r], i))]
+            for i in range(r)
+        ]
+        assert len({len(rank) for rank in ranks}) == 1  # equal counts
+        per = G * v // r
+        assert len(ranks[0]) % per == 0
+        for rank in ranks:
+            for mb in rank:
+                assert len(mb) >= 1 and sum(int(tokens[i]) for i in mb) <= T
+        return [
+            sorted(mb for rank in ranks for mb in rank[s : s + per])
+            for s in range(0, len(ranks[0]), per)
+        ]
+
+    steps = run(4)
+    assert run(2) == steps
+    k = 2  # steps before the save
+    before: list[list[Any]] = []
+    state: dict[str, Any] = {}
+    for rank in range(4):
+        loader = PackLoader(open_dataset(str(root), sizes[4], rank))
+        before.append(take(loader, k * G)[0])
+        state = json.loads(json.dumps(loader.state_dict()))
+    after = []
+    for rank in range(2):
+        loader = PackLoader(open_dataset(str(root), sizes[2], rank), num_workers=2)
+        loader.load_state_dict(state)
+        after.append([pack_key(p) for p in loader])
+    per = G * v // 2
+    resumed = [
+        sorted(mb for rank in after for mb in rank[s : s + per])
+        for s in range(0, len(after[0]), per)
+    ]
+    assert resumed == steps[k:]
+    dataset = loader.plan_dataset
+    left = full_plan(dataset.index, dataset.config, 0).plan.remainder
+    check_every_record_once([*before, *after], 300, left_out=left)
