@@ -51,7 +51,7 @@ from bcl_stream.peers import (
     plan_pooled,
     rename_hint,
 )
-from bcl_stream.planner.bcl import build_node_streams, plan_streams, validate_costs
+from bcl_stream.planner.bcl import build_node_streams, plan_epoch, plan_streams, validate_costs
 from bcl_stream.planner.canonical import physical_packs
 from bcl_stream.planner.config import PlanConfig, PlanKnobs
 from bcl_stream.planner.node_streams import NodeStreams
@@ -59,11 +59,8 @@ from bcl_stream.planner.padded import Packs, check_layout, ragged_pack_costs
 from bcl_stream.planner.shard_table import Draw, ShardTable, shard_weights
 from bcl_stream.planner.step_contract import node_micro_batches
 from bcl_stream.planner.token_contract import (
-    TokenWalker,
     fill,
     mean_fed_tokens,
-    plan_tokens,
-    token_geometry,
 )
 
 STRATEGIES = ("sequential", *PEERS, "bcl-rank", "bcl-node", "bcl-world")
@@ -283,12 +280,12 @@ def plan_schedules(
             )
             out[name] = schedule(bins, used, left_count, steps)
         elif name.startswith("bcl-") and config.contract == "tokens":
+            # the planner's one entry for a whole epoch, as ``bcl-stream plan`` and the readers'
+            # streams (``build_token_streams``) take it
             planner = plan_config(config, name.removeprefix("bcl-"))
-            streams = streams_for(token_geometry(planner, tok, table.counts.size), True)
-            packs3, _ = plan_tokens(TokenWalker(streams, costs, tok, planner))
-            ragged = [[row[row >= 0] for row in rank] for rank in packs3]
-            used = int(np.count_nonzero(packs3 >= 0))
-            out[name] = schedule(ragged, used, int(table.usable.sum()) - used + _too_long(streams))
+            whole = plan_epoch(costs, table, planner, seed=seed, epoch=epoch, tokens=tok, draw=draw)
+            ragged = [[row[row >= 0] for row in rank] for rank in whole.packs]
+            out[name] = schedule(ragged, whole.records_used, whole.records_left)
         elif name.startswith("bcl-"):
             planner = plan_config(config, name.removeprefix("bcl-"))
             streams = streams_for(planner, True)
@@ -330,12 +327,6 @@ def pool_records(tokens: npt.NDArray[np.integer], config: SimConfig) -> int:
     mean = mean_fed_tokens(tokens, config.max_tokens)
     aim = fill(plan_config(config, "node"))  # a node's rows (scope world may widen them)
     return max(1, round(config.max_tokens * aim / max(mean, 1.0)))
-
-
-def _too_long(streams: NodeStreams) -> int:
-    """Records the streams' filter left out over the memory cap (0 without one)."""
-    keep = streams.keep
-    return 0 if keep is None else int(keep.too_long().size)
 
 
 def budget(tokens: npt.NDArray[np.integer], config: SimConfig) -> int:

@@ -37,6 +37,7 @@ from bcl_stream.planner import (
     PlanConfig,
     ShardTable,
     build_node_streams,
+    build_token_streams,
     iter_windows,
     plan_streams,
     shard_weights,
@@ -49,7 +50,6 @@ from bcl_stream.planner.token_contract import (
     REASON_OVER_BUDGET,
     TokenWalker,
     plan_tokens,
-    token_geometry,
 )
 
 log = logging.getLogger(__name__)
@@ -362,24 +362,23 @@ class ReaderPlan:
         )
         draw = epoch_draw(index, config, epoch)
         self._tokens_walker: TokenWalker | None = None
-        geometry = config.plan
+        streams_kwargs: dict[str, Any] = {
+            "seed": config.seed,
+            "epoch": epoch,
+            "excluded": self.consumed if self.consumed.size else None,
+            "draw": draw,
+            "balanced": config.packing == "bcl",
+        }
         if contract(config.plan.contract).budget:
             assert self._tokens is not None  # a budget contract needs max_tokens
-            geometry = token_geometry(config.plan, self._tokens, table.counts.size)
-        self._streams = build_node_streams(
-            costs,
-            table,
-            geometry,
-            seed=config.seed,
-            epoch=epoch,
-            tokens=self._tokens,
-            excluded=self.consumed if self.consumed.size else None,
-            draw=draw,
-            balanced=config.packing == "bcl",
-        )
-        if geometry is not config.plan:
-            assert self._tokens is not None
+            self._streams = build_token_streams(
+                costs, table, config.plan, tokens=self._tokens, **streams_kwargs
+            )
             self._tokens_walker = TokenWalker(self._streams, costs, self._tokens, config.plan)
+        else:
+            self._streams = build_node_streams(
+                costs, table, config.plan, tokens=self._tokens, **streams_kwargs
+            )
         # Records the filter removed are the too-long ones plus the consumed ones that were not
         # too long: derived from the table the streams already built (no second pass).
         removed = epoch_records(index, draw) - int(self._streams.table.usable.sum())

@@ -165,6 +165,38 @@ def token_geometry(
     return replace(config, pack_size=per_step, window=steps, carry=0, lane=0)
 
 
+TAIL_STEP = 0.5
+"""The least share of a step's intake (:func:`token_geometry`'s ``pack_size``) the records
+past the shortest stream's last whole step must hold to become one more step
+(:func:`even_steps`)."""
+
+
+def even_steps(geometry: PlanConfig, shortest: int, stream_ranks: int) -> PlanConfig:
+    """``geometry`` with the step's intake lowered so the shortest stream (``shortest``
+    records, ``stream_ranks`` ranks reading it) divides into one more whole step, where the
+    records past its last whole step hold at least :data:`TAIL_STEP` of a step; else
+    ``geometry`` unchanged.
+
+    Why: the streams emit whole steps (the shortest stream decides their number) and what is
+    past the last one is the epoch's tail, up to a step per rank. With many steps that is lost
+    in rounding; with few (64 nodes x 8 ranks on a 1M-record corpus: 5.9 steps per rank) it was
+    12-15% of the records. Spreading a partial step over the whole ones lowers the fill by
+    less than 1 / (steps + 1) and never raises it (the over-budget carry stays as it was); a
+    smaller partial step is left in the tail, where it costs fewer records than one more step
+    of micro-batches costs overhead. Where a step reads few records the intake moves by whole
+    records: evening is skipped when a record less per step would lower the fill by more than
+    the partial step adds (changelogs at 64 x 8: 14 records a step, 139.5 steps). A pure function of the index and the config, like the
+    geometry itself."""
+    step = stream_ranks * geometry.pack_size
+    whole, part = divmod(shortest, step)
+    if part < TAIL_STEP * step:
+        return geometry
+    size = shortest // ((whole + 1) * stream_ranks)
+    if size < geometry.grad_accum or size * (whole + 1) < (whole + TAIL_STEP) * geometry.pack_size:
+        return geometry  # a whole record less a step reads less than the partial step adds
+    return replace(geometry, pack_size=size)
+
+
 @dataclass(frozen=True, slots=True)
 class TokenBatch:
     """Micro-batches of a range of windows for some rows."""
