@@ -147,7 +147,8 @@ def token_geometry(
     FILL / mean)`` (at least G), with the mean fed length over records within the budget (a
     pure function of the index and T: the same on every rank, and across an elastic
     resume), and ``window`` = M / G steps. So the epoch's last window may hold fewer steps,
-    and what no rank reads (``epoch_tail``) is less than a step per rank. The record
+    and what no rank reads (``epoch_tail``) is less than a step per rank, under half a step
+    once :func:`even_steps` has evened the intake (``planner.bcl.build_token_streams``). The record
     contract's carry and heavy lane are off (this contract carries what does not fit, and
     its records are bounded by T). ``n_shards``: the dataset's shard count, which decides
     scope ``world``'s rows (:func:`fill`). Under the ``padded`` layout the mean is the room a
