@@ -114,8 +114,6 @@ class SimConfig(PlanKnobs):
             raise ValueError(
                 f"micro_batch_overhead must be a number >= 0, got {self.micro_batch_overhead!r}"
             )
-        if self.canonical_ranks is not None and self.contract == "tokens":
-            raise ValueError("canonical_ranks is not planned under contract='tokens' yet")
         if self.shard_records < 1:
             raise ValueError(f"shard_records must be >= 1, got {self.shard_records}")
         v = self.canonical_ranks
@@ -284,7 +282,17 @@ def plan_schedules(
             # streams (``build_token_streams``) take it
             planner = plan_config(config, name.removeprefix("bcl-"))
             whole = plan_epoch(costs, table, planner, seed=seed, epoch=epoch, tokens=tok, draw=draw)
-            ragged = [[row[row >= 0] for row in rank] for rank in whole.packs]
+            packs3 = whole.packs
+            if config.canonical_ranks is not None:  # each physical micro-batch a canonical one
+                packs3 = physical_packs(
+                    packs3,
+                    costs,
+                    config.ranks,
+                    config.ranks_per_node,
+                    planner.ranks_per_node,
+                    planner.grad_accum,
+                )
+            ragged = [[row[row >= 0] for row in rank] for rank in packs3]
             out[name] = schedule(ragged, whole.records_used, whole.records_left)
         elif name.startswith("bcl-"):
             planner = plan_config(config, name.removeprefix("bcl-"))

@@ -125,3 +125,23 @@ def test_cursor_counts_steps_and_resumes_at_the_same_step_on_any_size() -> None:
 def test_the_step_contract_is_still_refused() -> None:
     with pytest.raises(ValueError, match="contract='pack' or 'tokens'"):
         config(2, contract="step", layout="padded", max_tokens=None, pack_size=4)
+
+
+def test_the_simulator_runs_the_readers_physical_micro_batches() -> None:
+    """``simulate --canonical-ranks`` under the token contract scores what the readers run:
+    each physical micro-batch one canonical micro-batch, G_c*V/R per rank and step."""
+    from bcl_stream.analysis.sim import SimConfig, plan_schedules, shard_table
+
+    tok = TOKENS
+    costs = np.asarray(INDEX.costs())
+    sim = SimConfig(
+        ranks=4, ranks_per_node=2, grad_accum=4, contract="tokens", max_tokens=T, window=4,
+        canonical_ranks=V, canonical_ranks_per_node=4, shard_records=200, seed=3,
+    )  # fmt: skip
+    s = plan_schedules(tok, costs, shard_table(tok, costs, 200), sim, ("bcl-world",))["bcl-world"]
+    assert len({len(rank) for rank in s.packs}) == 1  # equal counts
+    assert all(int(tok[p].sum()) <= T for rank in s.packs for p in rank)
+    got = [tuple(p.tolist()) for rank in s.packs for p in rank]
+    cfg = config(4, ranks_per_node=2)
+    whole = full_plan(INDEX, cfg, 0).plan.packs
+    assert sorted(got) == sorted(batches(whole))

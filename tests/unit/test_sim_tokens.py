@@ -83,8 +83,11 @@ def test_pool_records_match_a_bcl_step_under_the_tokens_contract() -> None:
 def test_refused_settings() -> None:
     with pytest.raises(ValueError, match="micro_batch_overhead"):
         SimConfig(micro_batch_overhead=-1.0)
-    with pytest.raises(ValueError, match="canonical_ranks"):
-        SimConfig(contract="tokens", max_tokens=T, canonical_ranks=16)
+    SimConfig(
+        contract="tokens", max_tokens=T, canonical_ranks=16
+    )  # planned (test_canonical_tokens)
+    with pytest.raises(ValueError, match="canonical_ranks=12 needs ranks dividing it"):
+        SimConfig(contract="tokens", max_tokens=T, canonical_ranks=12)
 
 
 def test_cli_json_reports_the_budget_figures(
