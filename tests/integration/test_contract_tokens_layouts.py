@@ -120,3 +120,27 @@ def test_canonical_ranks_keep_the_steps_and_resume_on_another_size(
     dataset = loader.plan_dataset
     left = full_plan(dataset.index, dataset.config, 0).plan.remainder
     check_every_record_once([*before, *after], 300, left_out=left)
+
+
+def test_the_datamodule_runs_canonical_ranks_under_the_token_contract(mds_dir: Path) -> None:
+    """``BCLDataModule(plan={"contract": "tokens", ...}, elastic={"canonical_ranks": 4})``:
+    on 4 ranks (G_c = G) and on 2 ranks (accumulation 2G) every optimizer step holds the same
+    collated micro-batches, each within T, the same count on every rank."""
+    elastic = {"canonical_ranks": 4, "canonical_ranks_per_node": 2, "canonical_grad_accum": G}
+
+    def steps(world: int) -> list[list[tuple[int, ...]]]:
+        accum = G * 4 // world
+        ranks = []
+        for r in range(world):
+            dm = module(mds_dir, elastic=elastic)
+            dm.setup_for(r, world, 2, grad_accum=accum)
+            ranks.append([pack_key(b) for b in dm.train_dataloader()])
+            for b in dm.train_dataloader():
+                assert b["input_ids"].numel() <= T
+        assert len({len(rank) for rank in ranks}) == 1
+        return [
+            sorted(mb for rank in ranks for mb in rank[s : s + accum])
+            for s in range(0, len(ranks[0]), accum)
+        ]
+
+    assert steps(2) == steps(4)
