@@ -347,7 +347,9 @@ class BCLDataModule(pl.LightningDataModule):
 
     def setup_layout(self, layout: TrainerLayout) -> None:
         """Open the training reader under ``layout`` through the core's resolve step."""
-        set_streaming_env(layout.process.local_processes)  # physical: see trainer_layout's docstring
+        set_streaming_env(
+            layout.process.local_processes
+        )  # physical: see trainer_layout's docstring
         training = open_training(
             self.data if self.streams is None else self.streams,
             self.knobs,

@@ -51,7 +51,7 @@ from bcl_stream.peers import (
     plan_pooled,
     rename_hint,
 )
-from bcl_stream.planner.bcl import build_node_streams, plan_streams, validate_costs
+from bcl_stream.planner.bcl import build_node_streams, plan_epoch, plan_streams, validate_costs
 from bcl_stream.planner.canonical import physical_packs
 from bcl_stream.planner.config import PlanConfig, PlanKnobs
 from bcl_stream.planner.node_streams import NodeStreams
@@ -59,11 +59,8 @@ from bcl_stream.planner.padded import Packs, check_layout, ragged_pack_costs
 from bcl_stream.planner.shard_table import Draw, ShardTable, shard_weights
 from bcl_stream.planner.step_contract import node_micro_batches
 from bcl_stream.planner.token_contract import (
-    TokenWalker,
     fill,
     mean_fed_tokens,
-    plan_tokens,
-    token_geometry,
 )
 
 STRATEGIES = ("sequential", *PEERS, "bcl-rank", "bcl-node", "bcl-world")
@@ -117,8 +114,6 @@ class SimConfig(PlanKnobs):
             raise ValueError(
                 f"micro_batch_overhead must be a number >= 0, got {self.micro_batch_overhead!r}"
             )
-        if self.canonical_ranks is not None and self.contract == "tokens":
-            raise ValueError("canonical_ranks is not planned under contract='tokens' yet")
         if self.shard_records < 1:
             raise ValueError(f"shard_records must be >= 1, got {self.shard_records}")
         v = self.canonical_ranks
@@ -321,13 +316,28 @@ def _peer(e: _SimEpoch, name: str) -> Schedule:
 
 
 def _bcl_tokens(e: _SimEpoch, name: str) -> Schedule:
-    """BCL under the tokens contract: micro-batches of at most ``max_tokens`` tokens."""
-    planner = plan_config(e.config, name.removeprefix("bcl-"))
-    streams = e.streams_for(token_geometry(planner, e.tokens, e.table.counts.size), True)
-    packs3, _ = plan_tokens(TokenWalker(streams, e.costs, e.tokens, planner))
+    """BCL under the tokens contract: micro-batches of at most ``max_tokens`` tokens, planned
+    by the planner's one entry for a whole epoch, as ``bcl-stream plan`` and the readers'
+    streams (``build_token_streams``) take it; each physical micro-batch a canonical one where
+    the config sets canonical ranks."""
+    config = e.config
+    planner = plan_config(config, name.removeprefix("bcl-"))
+    whole = plan_epoch(
+        e.costs, e.table, planner, seed=config.seed, epoch=config.epoch, tokens=e.tokens,
+        draw=e.draw,
+    )  # fmt: skip
+    packs3 = whole.packs
+    if config.canonical_ranks is not None:
+        packs3 = physical_packs(
+            packs3,
+            e.costs,
+            config.ranks,
+            config.ranks_per_node,
+            planner.ranks_per_node,
+            planner.grad_accum,
+        )
     ragged = [[row[row >= 0] for row in rank] for rank in packs3]
-    used = int(np.count_nonzero(packs3 >= 0))
-    return e.schedule(ragged, used, int(e.table.usable.sum()) - used + _too_long(streams))
+    return e.schedule(ragged, whole.records_used, whole.records_left)
 
 
 def _bcl(e: _SimEpoch, name: str) -> Schedule:
@@ -369,12 +379,6 @@ def pool_records(tokens: npt.NDArray[np.integer], config: SimConfig) -> int:
     mean = mean_fed_tokens(tokens, config.max_tokens)
     aim = fill(plan_config(config, "node"))  # a node's rows (scope world may widen them)
     return max(1, round(config.max_tokens * aim / max(mean, 1.0)))
-
-
-def _too_long(streams: NodeStreams) -> int:
-    """Records the streams' filter left out over the memory cap (0 without one)."""
-    keep = streams.keep
-    return 0 if keep is None else int(keep.too_long().size)
 
 
 def budget(tokens: npt.NDArray[np.integer], config: SimConfig) -> int:

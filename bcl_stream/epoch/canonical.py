@@ -34,7 +34,7 @@ from bcl_stream.epoch.plan import (
     _costs_and_table,
     reader_plan,
 )
-from bcl_stream.epoch.steps import whole_steps
+from bcl_stream.epoch.steps import whole_steps, widened
 from bcl_stream.planner import Plan
 from bcl_stream.planner.canonical import deal_step, node_hosts
 
@@ -87,7 +87,7 @@ class CanonicalPlan:
         """(index of the first micro-batch, packs (n, B)) of physical ``rank`` from micro-batch
         ``start`` on, whole steps at a time (the first one cut at ``start``)."""
         if group:
-            raise ValueError("canonical plans keep the pack contract (no step re-cut)")
+            raise ValueError("canonical plans are walked rank by rank (no step re-cut)")
         g, k = self.config.plan.grad_accum, self.config.hosted
         per_node = self.config.plan.ranks_per_node
         step0 = start // (g * k)
@@ -106,15 +106,16 @@ class CanonicalPlan:
                 yield at + skip, out[skip:]
 
     def rank_packs(self, rank: int) -> npt.NDArray[np.int64]:
-        """(n_packs, pack_size) record ids of physical ``rank``, in micro-batch order."""
+        """(n_packs, pack_size) record ids of physical ``rank``, in micro-batch order (the
+        tokens contract: (n_packs, widest), padded with -1)."""
         parts = [packs for _, packs in self.iter_rank_packs(rank)]
         size = self.config.plan.pack_size
-        return np.concatenate(parts) if parts else np.empty((0, size), dtype=np.int64)
+        return np.concatenate(widened(parts)) if parts else np.empty((0, size), dtype=np.int64)
 
     def whole(self) -> EpochPlan:
         """Every physical rank's micro-batches, materialized (``bcl-stream plan``, tests)."""
         canonical = self.canonical.whole()
-        packs = np.stack([self.rank_packs(r) for r in range(self.config.plan.world_size)])
+        packs = np.stack(widened([self.rank_packs(r) for r in range(self.config.plan.world_size)]))
         return EpochPlan(Plan(packs, canonical.plan.remainder), self.epoch, canonical.consumed)
 
     def step_packs(self, step: int) -> npt.NDArray[np.int64]:

@@ -40,7 +40,7 @@ def check_canonical(plan: PlanConfig, v: int | None, per_node: int | None) -> No
         )
     if not contract(plan.contract).canonical:
         raise ValueError(
-            f"canonical_ranks needs contract='pack', got {plan.contract!r}: the step "
-            "contract re-cuts each step among the ranks of a node, which depends on the "
-            "physical layout, and the tokens contract does not plan canonical ranks yet"
+            f"canonical_ranks needs contract='pack' or 'tokens', got {plan.contract!r}: "
+            "the step contract re-cuts each step among the ranks of a node, which depends on "
+            "the physical layout"
         )

@@ -89,10 +89,12 @@ class EvalPlan:
         return self._packs[rank]
 
     def iter_rank_packs(
-        self, rank: int, start: int = 0
+        self, rank: int, start: int = 0, group: bool = False
     ) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
         """(index of the first pack, packs (n, width)) from pack ``start`` on, in runs of packs
         of one size (what the readers' ``_read_packs`` takes)."""
+        if group:
+            raise ValueError("an evaluation plan is walked rank by rank (no steps)")
         packs = self.rank_packs(rank)
         t = start
         while t < len(packs):

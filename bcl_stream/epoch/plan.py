@@ -36,6 +36,7 @@ from bcl_stream.planner import (
     PlanConfig,
     ShardTable,
     build_node_streams,
+    build_token_streams,
     iter_windows,
     plan_streams,
     shard_weights,
@@ -48,7 +49,6 @@ from bcl_stream.planner.token_contract import (
     REASON_OVER_BUDGET,
     TokenWalker,
     plan_tokens,
-    token_geometry,
 )
 from bcl_stream.process_layout import ProcessLayout
 from bcl_stream.records.source import RecordSource
@@ -373,24 +373,23 @@ class ReaderPlan:
         )
         draw = epoch_draw(index, config, epoch)
         self._tokens_walker: TokenWalker | None = None
-        geometry = config.plan
+        streams_kwargs: dict[str, Any] = {
+            "seed": config.seed,
+            "epoch": epoch,
+            "excluded": self.consumed if self.consumed.size else None,
+            "draw": draw,
+            "balanced": config.packing == "bcl",
+        }
         if contract(config.plan.contract).budget:
             assert self._tokens is not None  # a budget contract needs max_tokens
-            geometry = token_geometry(config.plan, self._tokens, table.counts.size)
-        self._streams = build_node_streams(
-            costs,
-            table,
-            geometry,
-            seed=config.seed,
-            epoch=epoch,
-            tokens=self._tokens,
-            excluded=self.consumed if self.consumed.size else None,
-            draw=draw,
-            balanced=config.packing == "bcl",
-        )
-        if geometry is not config.plan:
-            assert self._tokens is not None
+            self._streams = build_token_streams(
+                costs, table, config.plan, tokens=self._tokens, **streams_kwargs
+            )
             self._tokens_walker = TokenWalker(self._streams, costs, self._tokens, config.plan)
+        else:
+            self._streams = build_node_streams(
+                costs, table, config.plan, tokens=self._tokens, **streams_kwargs
+            )
         # Records the filter removed are the too-long ones plus the consumed ones that were not
         # too long: derived from the table the streams already built (no second pass).
         removed = epoch_records(index, draw) - int(self._streams.table.usable.sum())
@@ -474,11 +473,19 @@ class ReaderPlan:
     ) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
         """(index of the first pack, packs (len(ranks), n, B)) of several ranks from pack
         ``start`` on, planning only their rows (canonical ranks hosted by one physical rank:
-        ``epoch/canonical.py``)."""
+        ``epoch/canonical.py``); under the tokens contract (len(ranks), n, widest), padded
+        with ``EMPTY``."""
         config = self._streams.config
         places = [config.row_of(r) for r in ranks]
         rows = sorted({row for row, _ in places})
         take = [rows.index(row) * config.row_ranks + place for row, place in places]
+        if self._tokens_walker is not None:
+            per_window = self._tokens_walker.per_window
+            for tb in self._tokens_walker.walk(rows, start // per_window):
+                _warn_over_budget(tb.dropped, rows)
+                skip = max(start - tb.first_pack, 0)
+                yield tb.first_pack + skip, tb.packs[take, skip:]
+            return
         first = start // self.config.plan.window
         for batch in iter_windows(self._streams, self._costs, self._tokens, rows, first):
             skip = max(start - batch.first_pack, 0)
@@ -574,11 +581,12 @@ def _costs_and_table(index: PlanData, config: ReaderConfig) -> tuple[Any, ShardT
     return cached(key, make)
 
 
-def _warn_over_budget(dropped: npt.NDArray[np.int64], row: int) -> None:
-    """Report records that ended a carry chain unplaced (``over_token_budget``)."""
+def _warn_over_budget(dropped: npt.NDArray[np.int64], row: int | list[int]) -> None:
+    """Report records that ended a carry chain unplaced (``over_token_budget``) in planning
+    ``row`` (or rows)."""
     if dropped.size:
         log.warning(
-            "planning row %d: %d records found no room under max_tokens before their carry "
+            "planning row %s: %d records found no room under max_tokens before their carry "
             "chain ended and are left out of this epoch (%s; first ids %s): raise carry_span "
             "(0: one chain per epoch) or max_tokens",
             row,

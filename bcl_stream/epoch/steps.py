@@ -21,6 +21,7 @@ from bcl_stream.epoch.plan import PlanData, ReaderConfig, _costs_and_table
 from bcl_stream.epoch.truncation import fed_tokens
 from bcl_stream.planner.contracts import contract
 from bcl_stream.planner.step_contract import deal_step, recut_step
+from bcl_stream.planner.token_contract import EMPTY
 
 
 @dataclass(frozen=True)
@@ -65,12 +66,14 @@ def whole_steps(
     batches: Iterator[tuple[int, npt.NDArray[np.int64]]], grad_accum: int
 ) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
     """The plan's (first pack, packs (P, n, B)) batches regrouped so each holds whole steps
-    (the last one of the epoch may be short). The first batch starts at a step boundary."""
+    (the last one of the epoch may be short). The first batch starts at a step boundary.
+    Batches of different widths (the tokens contract's micro-batches padded with ``EMPTY``)
+    are joined at the widest."""
     held: npt.NDArray[np.int64] | None = None
     held_first = 0
     for first, packs in batches:
         if held is not None:
-            packs = np.concatenate([held, packs], axis=1)
+            packs = np.concatenate(widened([held, packs]), axis=1)
             first = held_first
         n = packs.shape[1]
         cut = n - n % grad_accum
@@ -79,3 +82,17 @@ def whole_steps(
         held, held_first = (packs[:, cut:], first + cut) if cut < n else (None, 0)
     if held is not None:
         yield held_first, held
+
+
+def widened(parts: list[npt.NDArray[np.int64]]) -> list[npt.NDArray[np.int64]]:
+    """``parts`` padded on the last axis to the widest with ``EMPTY`` (-1, the tokens
+    contract's padding past a micro-batch's records), so they can be joined; parts of one
+    width (the record contracts') come back as they are."""
+    width = max((p.shape[-1] for p in parts), default=0)
+    pad = [(0, 0)] * (parts[0].ndim - 1) if parts else []
+    return [
+        p
+        if p.shape[-1] == width
+        else np.pad(p, [*pad, (0, width - p.shape[-1])], constant_values=EMPTY)
+        for p in parts
+    ]

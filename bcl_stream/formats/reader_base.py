@@ -41,7 +41,7 @@ from bcl_stream.epoch.loss_tokens import StepTokens, step_tokens
 from bcl_stream.epoch.plan import PlanData, ReaderConfig, ReaderPlan, Segment, reader_plan
 from bcl_stream.epoch.process_group import process_group
 from bcl_stream.epoch.schedule import Schedule
-from bcl_stream.epoch.steps import step_cut, whole_steps
+from bcl_stream.epoch.steps import StepCut, step_cut, whole_steps
 from bcl_stream.errors import DatasetError, StateError
 from bcl_stream.formats.read_options import ReadOptions
 from bcl_stream.formats.token_ids import resolve_source
@@ -210,63 +210,85 @@ class PlanDataset(IterableDataset[Pack]):
 
     def _mine(self) -> Iterator[tuple[int, Pack]]:
         """(item id, pack) of the packs this worker yields, from the cursor on: item c holds
-        packs start + c*packs_per_item ...; worker w takes items w, w+workers, ... Under the ``step``
-        contract a pack is a micro-batch of its step's re-cut (``epoch/steps.py``): a worker
-        reads the whole step of every micro-batch it yields. Where the plan knows each step's
-        trained tokens (``epoch/loss_tokens.py``), every record carries its step's count."""
+        packs start + c*packs_per_item ...; worker w takes items w, w+workers, ...
+
+        One walk over the plan's :class:`~bcl_stream.epoch.schedule.Schedule`, whatever the
+        contract and whatever made the plan (lazy, canonical, evaluation). Rank by rank, unless
+        a step must be seen whole (:meth:`_step_view`): then the packs of the rank's planning
+        group (``group=True``), whole steps at a time, each turned into this rank's
+        micro-batches by :meth:`_step_packs`."""
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         start, per_item = self.start, self.packs_per_item
-        cut = step_cut(self.index, self.config)
-        steps = None
-        if self._evaluation is None and self.step_loss_tokens:
-            steps = step_tokens(self.index, self.config, self.segments)
-        if self._evaluation is not None or (cut is None and steps is None):
-            plan: Schedule = self._evaluation or self.epoch_plan()
-            for first, packs in plan.iter_rank_packs(self.rank, start):
-                position = first - start + np.arange(packs.shape[0])
-                ids = position // per_item
-                mask = ids % workers == worker
-                if mask.any():
-                    yield from zip(ids[mask].tolist(), self._read_rows(packs[mask]), strict=True)
-            return
-        g = self.config.plan.grad_accum
-        batches = self.epoch_plan().iter_rank_packs(self.rank, start - start % g, group=True)
-        for first, group in whole_steps(batches, g):
-            position = first - start + np.arange(group.shape[1])
+        plan: Schedule = self._evaluation or self.epoch_plan()
+        view = self._step_view()
+        g = 1 if view is None else self.config.plan.grad_accum
+        batches = plan.iter_rank_packs(self.rank, start - start % g, group=view is not None)
+        if view is not None:
+            batches = whole_steps(batches, g)
+        for first, packs in batches:
+            position = first - start + np.arange(packs.shape[-2])
             ids = np.where(position >= 0, position // per_item, -1)
             mask = (position >= 0) & (ids % workers == worker)
             if not mask.any():
                 continue
-            local = self.rank % group.shape[0]  # its place among the ranks of its group
-            totals = None
-            if steps is not None:
-                totals = steps.totals(group if steps.world else group[local : local + 1])
-            if cut is None:
-                chosen = np.flatnonzero(mask)
-                read = self._read_rows(group[local][chosen])
-                for j, pack in zip(chosen.tolist(), read, strict=True):
-                    yield int(ids[j]), _tagged(pack, steps, totals, j)
-                continue
-            steps_here = np.unique(np.flatnonzero(mask) // g).tolist()
-            cuts = [cut(group[:, k * g : k * g + g], local) for k in steps_here]
-            rows = np.concatenate(
-                [mine.reshape(-1, self.config.plan.pack_size) for mine, _ in cuts]
-            )
-            read = self._read_packs(rows)
-            for k, (mine, sizes) in zip(steps_here, cuts, strict=True):
-                if steps is not None and totals is not None and not steps.world:
-                    # the re-cut deals a step's records among the group's ranks: the rank's
-                    # share is what it received, not its planned packs
-                    totals[k * g : k * g + g] = steps.count(mine)
-                records = [
-                    r for _ in range(mine.size // self.config.plan.pack_size) for r in next(read)
-                ]
-                ends = np.cumsum(sizes)
-                for j in range(sizes.size):
-                    if mask[k * g + j]:
-                        pack = records[ends[j] - sizes[j] : ends[j]]
-                        yield int(ids[k * g + j]), _tagged(pack, steps, totals, k * g + j)
+            if view is None:
+                yield from zip(ids[mask].tolist(), self._read_rows(packs[mask]), strict=True)
+            else:
+                yield from self._step_packs(packs, mask, ids, *view)
+
+    def _step_view(self) -> tuple[StepCut | None, StepTokens | None] | None:
+        """What makes a reader see each step whole: the ``step`` contract's re-cut
+        (``epoch/steps.py``) and each step's trained-token count where the plan knows it
+        (``epoch/loss_tokens.py``); None when neither applies (evaluation included)."""
+        if self._evaluation is not None:
+            return None
+        cut = step_cut(self.index, self.config)
+        steps = None
+        if self.step_loss_tokens:
+            steps = step_tokens(self.index, self.config, self.segments)
+        return None if cut is None and steps is None else (cut, steps)
+
+    def _step_packs(
+        self,
+        group: npt.NDArray[np.int64],
+        mask: npt.NDArray[np.bool_],
+        ids: npt.NDArray[np.int64],
+        cut: StepCut | None,
+        steps: StepTokens | None,
+    ) -> Iterator[tuple[int, Pack]]:
+        """This worker's (item id, micro-batch) of whole steps ``group`` (row_ranks, n, width)
+        of the rank's planning group: its own packs, or under the ``step`` contract its share
+        of each step's re-cut (a worker reads the whole step of every micro-batch it yields);
+        every record tagged with its step's trained tokens where ``steps`` knows them."""
+        g = self.config.plan.grad_accum
+        local = self.rank % group.shape[0]  # its place among the ranks of its group
+        totals = None
+        if steps is not None:
+            totals = steps.totals(group if steps.world else group[local : local + 1])
+        if cut is None:
+            chosen = np.flatnonzero(mask)
+            read = self._read_rows(group[local][chosen])
+            for j, pack in zip(chosen.tolist(), read, strict=True):
+                yield int(ids[j]), _tagged(pack, steps, totals, j)
+            return
+        steps_here = np.unique(np.flatnonzero(mask) // g).tolist()
+        cuts = [cut(group[:, k * g : k * g + g], local) for k in steps_here]
+        rows = np.concatenate([mine.reshape(-1, self.config.plan.pack_size) for mine, _ in cuts])
+        read = self._read_packs(rows)
+        for k, (mine, sizes) in zip(steps_here, cuts, strict=True):
+            if steps is not None and totals is not None and not steps.world:
+                # the re-cut deals a step's records among the group's ranks: the rank's
+                # share is what it received, not its planned packs
+                totals[k * g : k * g + g] = steps.count(mine)
+            records = [
+                r for _ in range(mine.size // self.config.plan.pack_size) for r in next(read)
+            ]
+            ends = np.cumsum(sizes)
+            for j in range(sizes.size):
+                if mask[k * g + j]:
+                    pack = records[ends[j] - sizes[j] : ends[j]]
+                    yield int(ids[k * g + j]), _tagged(pack, steps, totals, k * g + j)
 
     def _read_packs(self, packs: npt.NDArray[np.int64]) -> Iterator[Pack]:
         """Yield one list of record dicts per row of ``packs`` (global record ids), in order."""

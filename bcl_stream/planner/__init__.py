@@ -6,7 +6,13 @@ the systems it is measured against are reproduced in ``bcl_stream.peers``, which
 the planner but is never imported by it.
 """
 
-from bcl_stream.planner.bcl import build_node_streams, iter_windows, plan_epoch, plan_streams
+from bcl_stream.planner.bcl import (
+    build_node_streams,
+    build_token_streams,
+    iter_windows,
+    plan_epoch,
+    plan_streams,
+)
 from bcl_stream.planner.config import SCOPES, Plan, PlanConfig
 from bcl_stream.planner.shard_table import KeepFilter, ShardTable, shard_weights
 from bcl_stream.planner.windows import WindowBatch, plan_windows
@@ -19,6 +25,7 @@ __all__ = [
     "ShardTable",
     "WindowBatch",
     "build_node_streams",
+    "build_token_streams",
     "iter_windows",
     "plan_epoch",
     "plan_streams",

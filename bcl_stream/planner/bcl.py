@@ -27,6 +27,7 @@ rank 1's slightly heavy pack; ``stream`` keeps partition order.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -38,6 +39,7 @@ from bcl_stream.planner.shard_table import Draw, Ids, KeepFilter, ShardTable
 from bcl_stream.planner.token_contract import (
     REASON_OVER_BUDGET,
     TokenWalker,
+    even_steps,
     plan_tokens,
     token_geometry,
 )
@@ -88,6 +90,34 @@ def build_node_streams(
     keep = KeepFilter(tokens, config.max_tokens, excluded, draw)
     layout = config if balanced else config.unbalanced()
     return NodeStreams(keep.kept_table(table, costs), layout, seed, epoch, keep, costs)
+
+
+def build_token_streams(
+    costs: npt.NDArray[np.floating],
+    table: ShardTable,
+    config: PlanConfig,
+    *,
+    seed: int,
+    epoch: int,
+    tokens: npt.NDArray[np.integer],
+    excluded: Ids | None = None,
+    draw: Draw | None = None,
+    balanced: bool = True,
+) -> NodeStreams:
+    """The node streams of a budget contract's epoch (readers, ``plan_epoch`` and the
+    simulator build them here alone): the geometry from the budget (``token_geometry``), with
+    the step's intake evened so the shortest stream divides into whole steps
+    (``token_contract.even_steps``; the streams are built again when that moves it, since
+    their order follows the intake)."""
+    geometry = token_geometry(config, tokens, table.counts.size)
+    kwargs: dict[str, Any] = {
+        "seed": seed, "epoch": epoch, "tokens": tokens, "excluded": excluded, "draw": draw,
+        "balanced": balanced,
+    }  # fmt: skip
+    streams = build_node_streams(costs, table, geometry, **kwargs)
+    shortest = min(len(s) for s in streams.nodes)
+    even = even_steps(geometry, shortest, streams.config.stream_ranks)
+    return streams if even is geometry else build_node_streams(costs, table, even, **kwargs)
 
 
 def plan_epoch(
@@ -141,9 +171,8 @@ def _plan_budget_epoch(
     from the budget), its walker over every row, and the remainder by reason."""
     if tokens is None:
         raise ValueError(f"contract {config.contract!r} needs the records' tokens")
-    geometry = token_geometry(config, tokens, table.counts.size)
-    streams = build_node_streams(
-        costs, table, geometry, seed=seed, epoch=epoch, tokens=tokens, excluded=excluded, draw=draw
+    streams = build_token_streams(
+        costs, table, config, seed=seed, epoch=epoch, tokens=tokens, excluded=excluded, draw=draw
     )
     packs, dropped = plan_tokens(TokenWalker(streams, costs, tokens, config))
     tails = [streams.tail(n) for n in range(len(streams.nodes))]

@@ -68,14 +68,19 @@ def deal_step(
     step: npt.NDArray[np.int64], costs: Any, ranks_per_node: int, balanced: bool = True
 ) -> npt.NDArray[np.int64]:
     """One node's step: ``step`` (H, g, B) packs of its H hosted canonical ranks -> (P, H*g/P, B)
-    micro-batches of its P ranks (module docstring)."""
+    micro-batches of its P ranks (module docstring). Under the tokens contract B is the widest
+    micro-batch and rows are padded with -1 (no record): a micro-batch moves whole, so each
+    physical micro-batch is one canonical one, within the budget."""
     hosted, g, size = step.shape
     k = hosted // ranks_per_node
     if not balanced:
         mine = step.reshape(ranks_per_node, k, g, size).transpose(0, 2, 1, 3)
         return mine.reshape(ranks_per_node, k * g, size)
     packs = step.transpose(1, 0, 2).reshape(-1, size)  # micro-batch t of every hosted rank
-    cost = np.asarray(costs[packs.ravel()], dtype=np.float64).reshape(packs.shape).sum(axis=1)
+    real = packs >= 0  # the tokens contract pads micro-batches with -1
+    ids = np.where(real, packs, 0).ravel()
+    record = np.asarray(costs[ids], dtype=np.float64).reshape(packs.shape)
+    cost = np.where(real, record, 0.0).sum(axis=1)
     rounds = np.argsort(-cost, kind="stable").reshape(k * g, ranks_per_node)
     rounds[1::2] = rounds[1::2, ::-1]  # snake: the lightest of a round meets the heaviest next
     return packs[rounds.T]

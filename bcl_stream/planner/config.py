@@ -132,7 +132,8 @@ class PlanKnobs:
     ``step``, exactly G*B per rank and optimizer step, the step's records re-cut into G
     micro-batches of varying size (beyond the paper; suits the padded layout); ``tokens``,
     at most ``max_tokens`` tokens, records vary, balanced on cost, G micro-batches per step on
-    every rank (``planner/token_contract.py``; packed layout)."""
+    every rank (``planner/token_contract.py``; packed: the records' tokens <= T, padded: rows
+    x longest <= T)."""
 
     def __post_init__(self) -> None:
         """Check every knob's type and range; a ValueError names the field and the value."""
@@ -175,9 +176,7 @@ class PlanKnobs:
         if self.layout not in promise.layouts:
             raise ValueError(
                 f"contract={self.contract!r} plans the {' and '.join(promise.layouts)} layout "
-                f"only in this release, got layout={self.layout!r} (a padded micro-batch's "
-                "rows x longest record would need an intake estimate of its own); use "
-                "layout='packed', or contract='step' for padded batches"
+                f"only, got layout={self.layout!r}"
             )
 
     def build(

@@ -4,8 +4,15 @@ Every contract keeps the promises all of them share (docs/balance.md): every ran
 same number of micro-batches per optimizer step and per epoch, computed from the replicated
 index alone, and every record is yielded once per epoch or reported. What differs is what a
 micro-batch holds, and so which parts of the reader and the trainer follow it; the places that
-used to test ``contract == "step"`` ask the contract's :class:`Contract` instead, so a new
-contract is one planning module, one entry here, and its tests.
+used to test ``contract == "step"`` ask the contract's :class:`Contract` instead.
+
+What a new contract touches: its planning module, its entry here, and its tests. Readers walk
+any plan through one interface (``epoch/schedule.py``; ``formats/reader_base.py`` has one walk),
+the configuration, the cursor, canonical ranks and the DataModule read the flags below. Only a
+contract that plans its own micro-batches with a walker of its own (as ``tokens`` does) adds
+where that walker is picked, by its flags: ``ReaderPlan`` (``epoch/plan.py``) for readers,
+``plan_epoch`` and ``build_token_streams`` (``planner/bcl.py``) for whole epochs, which the
+simulator plans through too.
 
 - ``pack`` (default, the paper's): exactly B records per micro-batch (``planner/windows.py``).
 - ``step``: exactly G*B records per rank and optimizer step, re-cut into G micro-batches of
@@ -77,8 +84,8 @@ REGISTRY: dict[str, Contract] = {
             recut_steps=False,
             step_records=False,
             budget=True,
-            canonical=False,
-            layouts=("packed",),
+            canonical=True,
+            layouts=("packed", "padded"),
         ),
     )
 }

@@ -24,10 +24,12 @@ pytestmark = pytest.mark.slow
 T, G, W = 128, 2, 4
 
 
-def module(root: Path, scope: str = "node", workers: int = 0, **kwargs: Any) -> BCLDataModule:
+def module(
+    root: Path, scope: str = "node", workers: int = 0, collate: str = "packed", **kwargs: Any
+) -> BCLDataModule:
     plan = {"window": W, "scope": scope, "contract": "tokens", "max_tokens": T}
     loader = {"num_workers": workers}
-    batch = {"collate": "packed"}
+    batch = {"collate": collate}
     return BCLDataModule(str(root), plan=plan, seed=2, loader=loader, batch=batch, **kwargs)
 
 

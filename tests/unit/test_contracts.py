@@ -28,7 +28,8 @@ def test_every_contract_is_one_entry_with_its_module() -> None:
     assert [n for n, c in REGISTRY.items() if c.fixed_records] == ["pack"]
     assert [n for n, c in REGISTRY.items() if c.recut_steps] == ["step"]
     assert [n for n, c in REGISTRY.items() if c.budget] == ["tokens"]
-    assert [n for n, c in REGISTRY.items() if c.canonical] == ["pack"]
+    assert [n for n, c in REGISTRY.items() if c.canonical] == ["pack", "tokens"]
+    assert all(c.layouts == ("packed", "padded") for c in REGISTRY.values())
 
 
 def test_the_options_offer_the_registry() -> None:
@@ -42,8 +43,6 @@ def test_unknown_and_refused() -> None:
         PlanConfig(world_size=2, contract="bytes")
     with pytest.raises(ValueError, match="needs max_tokens"):
         PlanConfig(world_size=2, contract="tokens")
-    with pytest.raises(ValueError, match="packed layout only"):
-        PlanConfig(world_size=2, contract="tokens", max_tokens=64, layout="padded")
 
 
 def test_every_plan_a_reader_walks_is_a_schedule() -> None:

@@ -83,8 +83,11 @@ def test_pool_records_match_a_bcl_step_under_the_tokens_contract() -> None:
 def test_refused_settings() -> None:
     with pytest.raises(ValueError, match="micro_batch_overhead"):
         SimConfig(micro_batch_overhead=-1.0)
-    with pytest.raises(ValueError, match="canonical_ranks"):
-        SimConfig(contract="tokens", max_tokens=T, canonical_ranks=16)
+    SimConfig(
+        contract="tokens", max_tokens=T, canonical_ranks=16
+    )  # planned (test_canonical_tokens)
+    with pytest.raises(ValueError, match="canonical_ranks=12 needs ranks dividing it"):
+        SimConfig(contract="tokens", max_tokens=T, canonical_ranks=12)
 
 
 def test_cli_json_reports_the_budget_figures(
@@ -106,3 +109,25 @@ def test_cli_json_reports_the_budget_figures(
     assert out["strategies"]["bcl-node"]["micro_batch_tokens"]["max"] <= T
     node = out["strategies"]["bcl-node"]["micro_batches_per_rank"]
     assert node["min"] == node["max"]
+
+
+def test_the_simulated_plan_is_plan_epochs_and_counts_each_record_once() -> None:
+    """The simulator plans ``bcl-*`` under the budget through ``plan_epoch``, the planner's one
+    entry: the same micro-batches, and records used plus records left are the corpus (the
+    simulator's own walk counted the records over the budget twice)."""
+    from bcl_stream.planner import plan_epoch
+
+    tok = _lengths()
+    tok[::97] = T + 5  # over the budget: left out as too_long, once
+    costs = resolve("llama3-8b").cost(tok)
+    config = SimConfig(contract="tokens", max_tokens=T, shard_records=500)
+    table = shard_table(tok, costs, config.shard_records)
+    s = plan_schedules(tok, costs, table, config, ("bcl-node",))["bcl-node"]
+    assert s.records_used + s.records_left == tok.size
+    from bcl_stream.analysis.sim import plan_config
+
+    whole = plan_epoch(costs, table, plan_config(config, "node"), seed=0, tokens=tok)
+    assert [[p.tolist() for p in rank] for rank in s.packs] == [
+        [row[row >= 0].tolist() for row in rank] for rank in whole.packs
+    ]
+    assert whole.remainder_counts()["longer_than_max_tokens"] == tok[::97].size

@@ -4,16 +4,29 @@ determinism, windowed plans equal to the whole epoch's, and balance on cost."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from bcl_stream.cost import resolve
-from bcl_stream.planner import PlanConfig, ShardTable, build_node_streams, shard_weights
+from bcl_stream.planner import (
+    PlanConfig,
+    ShardTable,
+    build_node_streams,
+    build_token_streams,
+    shard_weights,
+)
 from bcl_stream.planner.token_contract import (
     EMPTY,
+    TAIL_STEP,
     TokenWalker,
+    even_steps,
+    mean_fed_tokens,
     micro_batches_per_window,
     pack_window,
+    pack_window_padded,
+    padded_room,
     plan_tokens,
     token_geometry,
 )
@@ -34,8 +47,7 @@ def _corpus(n: int = 30_000, seed: int = 0, sorted_by_length: bool = False):
 
 
 def _plan(config: PlanConfig, tokens, costs, table, seed: int = 0, epoch: int = 0):
-    geometry = token_geometry(config, tokens)
-    streams = build_node_streams(costs, table, geometry, seed=seed, epoch=epoch, tokens=tokens)
+    streams = build_token_streams(costs, table, config, seed=seed, epoch=epoch, tokens=tokens)
     walker = TokenWalker(streams, costs, tokens, config)
     packs, dropped = plan_tokens(walker)
     return walker, packs, dropped, streams
@@ -54,6 +66,10 @@ LAYOUTS = [
     (8, 2, "world", 4, "packed"),
     (8, 1, "world", 2, "packed"),
     (4, 2, "node", 3, "packed"),
+    (1, 1, "rank", 1, "padded"),
+    (4, 4, "rank", 2, "padded"),
+    (4, 4, "node", 4, "padded"),
+    (8, 2, "world", 4, "padded"),
 ]
 
 
@@ -160,23 +176,88 @@ def test_pack_window_never_leaves_a_bin_empty_and_respects_capacity():
     assert np.allclose(np.bincount(where[placed], weights=cost[placed], minlength=24), load)
 
 
-def test_needs_a_budget_and_the_packed_layout():
+def test_needs_a_budget():
     with pytest.raises(ValueError, match="needs max_tokens"):
         PlanConfig(world_size=2, contract="tokens")
-    with pytest.raises(ValueError, match="packed layout only"):
-        PlanConfig(world_size=2, contract="tokens", max_tokens=T, layout="padded")
 
 
-def test_the_fill_follows_the_bins_a_row_packs() -> None:
-    from bcl_stream.planner.token_contract import FILL, FILL_NARROW, fill
+def test_pack_window_padded_keeps_rows_times_longest_within_capacity():
+    rng = np.random.default_rng(2)
+    tok = np.minimum((rng.pareto(1.3, 400) * 60 + 8).astype(np.int64), 2048)
+    cost = resolve("llama3-8b").cost(tok)
+    where, load = pack_window_padded(np.arange(400), tok, cost, 24, 2048)
+    placed = where >= 0
+    assert set(where[placed].tolist()) == set(range(24))  # no bin empty
+    rows = np.bincount(where[placed], minlength=24)
+    longest = np.zeros(24, dtype=np.int64)
+    np.maximum.at(longest, where[placed], tok[placed])
+    assert (rows * longest).max() <= 2048
+    priciest = np.zeros(24)
+    np.maximum.at(priciest, where[placed], cost[placed])
+    assert np.allclose(rows * priciest, load)  # padded cost: rows x costliest record
+    # what is left out is the shortest: carried, it fits a later window first
+    if (~placed).any():
+        assert tok[~placed].max() <= tok[placed].min()
+    # few long records: chunks are halved until every bin holds one
+    few = np.full(30, 100, dtype=np.int64)
+    where, _ = pack_window_padded(np.arange(30), few, few * 1.0, 24, 2048)
+    assert (where >= 0).all() and np.bincount(where, minlength=24).min() >= 1
 
-    node = PlanConfig(world_size=8, ranks_per_node=8, contract="tokens", max_tokens=T)
-    assert fill(node) == fill(node, 64) == FILL  # 16 micro-batches x 8 ranks
-    rank = PlanConfig(world_size=8, ranks_per_node=8, scope="rank", contract="tokens", max_tokens=T)
-    assert fill(rank) == FILL_NARROW  # 16 bins a window
-    world = PlanConfig(
-        world_size=8, ranks_per_node=1, scope="world", contract="tokens", max_tokens=T
-    )
-    assert fill(world) == FILL_NARROW  # a node alone holds one rank
-    assert world.rows_for(64).row_ranks == 8
-    assert fill(world, 64) == FILL  # scope world plans the 8 nodes as one row
+
+def test_the_padded_intake_counts_the_room_a_record_takes():
+    tokens = np.full(1000, 1000)
+    # 4 rows of 1,000 tokens in 4,096: each record takes 1,024 of the budget, a little more
+    # where a window's last chunk is short
+    assert 1024 <= padded_room(tokens, 4096, 16, 0.9) <= 1.1 * 1024
+    tokens, _, _ = _corpus()
+    wide = padded_room(tokens, T, 512, 0.95)
+    narrow = padded_room(tokens, T, 8, 0.95)
+    assert mean_fed_tokens(tokens, T) < wide < narrow  # fewer bins: farther neighbours
+
+
+def test_few_steps_an_epoch_leave_no_step_in_the_tail():
+    """With few steps per rank (a small epoch on many ranks) the partial step past the last
+    whole one used to be the epoch's tail, up to a step per rank (12-15% of the records at
+    64 x 8 on 1M records); the intake is evened so the epoch divides into whole steps."""
+    tokens, costs, table = _corpus(30_000)
+    config = PlanConfig(
+        world_size=64, ranks_per_node=8, scope="world", grad_accum=4, contract="tokens",
+        max_tokens=T, window=4,
+    )  # fmt: skip
+    aimed = token_geometry(config, tokens, table.counts.size)
+    plain = build_node_streams(costs, table, aimed, seed=0, epoch=0, tokens=tokens)
+    steps = len(plain.nodes[0]) / (plain.config.stream_ranks * aimed.pack_size)
+    assert steps >= 1 and steps % 1 > 0.3  # the case: a large partial step
+    _, packs, dropped, streams = _plan(config, tokens, costs, table)
+    assert streams.n_packs == int(steps) + 1  # one more whole step
+    assert streams.config.pack_size < aimed.pack_size  # each step reads a little less
+    n = streams.n_packs
+    assert streams.config.pack_size >= (n - 1 + TAIL_STEP) / n * aimed.pack_size - 1
+    tail = sum(streams.tail(n).size for n in range(len(streams.nodes)))
+    per_step = streams.config.stream_ranks * streams.config.pack_size
+    assert tail < streams.config.stream_ranks * streams.n_packs  # under a record a rank-step
+    assert tail < 0.1 * per_step
+    tokens_valid = packs != EMPTY
+    assert _loads(packs, tokens).max() <= T and tokens_valid.sum(axis=2).min() >= 1
+    left = {
+        "epoch_tail": np.concatenate([streams.tail(n) for n in range(len(streams.nodes))]),
+        "over_token_budget": dropped,
+        "too_long": np.flatnonzero(tokens > T),
+    }
+    check_every_record_once(packs[tokens_valid], tokens.size, left)
+
+
+def test_even_steps_keeps_the_geometry_where_a_step_would_read_too_little():
+    config = PlanConfig(world_size=8, contract="tokens", max_tokens=T, grad_accum=4)
+    geometry = token_geometry(config, np.full(100, 400))
+    step = 8 * geometry.pack_size
+    assert even_steps(geometry, 5 * step, 8) is geometry  # whole steps already
+    assert even_steps(geometry, 5 * step + step // 10, 8) is geometry  # 5.1 steps: keep 5
+    assert even_steps(geometry, 5 * step + step * 4 // 10, 8) is geometry  # 5.4: keep 5
+    for tenths in (6, 9):  # 5.6 and 5.9 steps: six of 0.92 and 0.97 the intake
+        evened = even_steps(geometry, 5 * step + step * tenths // 10, 8)
+        assert evened.pack_size == (5 * step + step * tenths // 10) // (6 * 8)
+    evened = even_steps(geometry, step * 6 // 10, 8)  # 0.6 of a step: one step, not none
+    assert evened.pack_size == step * 6 // 10 // 8
+    few = replace(geometry, pack_size=14)  # 139.5 steps of 14 records: 13 a step would read
+    assert even_steps(few, 8 * (139 * 14 + 7), 8) is few  # 150 steps, not 140
