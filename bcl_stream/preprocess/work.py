@@ -32,8 +32,9 @@ from typing import Any
 from bcl_stream.preprocess.sources import Raw, check_text, parse_payload
 from bcl_stream.text.layouts import Bad, Layout, LayoutOptions, Text, read_layout
 from bcl_stream.text.templates import Encoded, Encoder, encode_layout
+from bcl_stream.vision.encode import ImageEncoded, ImageTextEncoder, encode_record
 
-Result = tuple[str, "Encoded | Bad"]
+Result = tuple[str, "Encoded | ImageEncoded | Bad"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +48,17 @@ class EncodeOptions:
     """``--chat-template FILE``: renders conversations instead of the tokenizer's own."""
     template_kwargs: dict[str, Any] | None = None
     """``--chat-template-kwargs``: template variables for every record."""
+    processor: str | None = None
+    """``--processor DIR``: image-text records through that Hugging Face processor (its
+    tokenizer and chat template; ``tokenizer`` is then unused)."""
+    max_image_pixels: int | None = None
+    """Images above this many pixels are bad records (None: PIL's decompression-bomb limit)."""
 
-    def encoder(self) -> Encoder:
+    def encoder(self) -> Encoder | ImageTextEncoder:
+        if self.processor is not None:
+            return ImageTextEncoder(
+                self.processor, self.loss_on, max_image_pixels=self.max_image_pixels
+            )
         return Encoder(
             self.tokenizer,
             self.loss_on,
@@ -109,7 +119,7 @@ def read_shape(source: str, payload: Any, layout: LayoutOptions) -> Layout | Bad
 
 
 def encode_raw(source: str, payload: Any, encoder: Encoder, layout: LayoutOptions) -> Result:
-    """One raw record -> (source, its ids and mask, or why it has none)."""
+    """One raw text record -> (source, its ids and mask, or why it has none)."""
     shape = read_shape(source, payload, layout)
     return source, shape if isinstance(shape, Bad) else encode_layout(source, shape, encoder)
 
@@ -117,12 +127,22 @@ def encode_raw(source: str, payload: Any, encoder: Encoder, layout: LayoutOption
 def _chunk(raws: list[Raw]) -> tuple[list[Result], float, float]:
     """Results of one chunk, plus seconds spent parsing and tokenizing (for the report:
     parsing is the JSON and the layout, tokenizing the template and the tokenizer)."""
-    encoder: Encoder = _STATE["encoder"]
+    encoder: Encoder | ImageTextEncoder = _STATE["encoder"]
     layout: LayoutOptions = _STATE["layout"]
     out: list[Result] = []
     parse = encode = 0.0
     for source, payload in raws:
         t0 = time.perf_counter()
+        if isinstance(encoder, ImageTextEncoder):  # image-text: bcl_stream/vision/encode.py
+            record = parse_payload(source, payload)
+            t1 = time.perf_counter()
+            parse += t1 - t0
+            if not isinstance(record, Bad):
+                out.append((source, encode_record(source, record, encoder, layout)))
+            else:
+                out.append((source, record))
+            encode += time.perf_counter() - t1
+            continue
         shape = read_shape(source, payload, layout)
         t1 = time.perf_counter()
         parse += t1 - t0

@@ -23,15 +23,16 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.errors import DatasetError
-from bcl_stream.text.templates import Encoded, Encoder, TemplateError
+from bcl_stream.text.layouts import Bad, LayoutOptions, read_layout
+from bcl_stream.text.templates import Encoded, Encoder, TemplateError, encode_layout
 from bcl_stream.vision.geometry import (
     PREPROCESSOR_CONFIG,
     ImageGeometry,
     ImageSizeError,
     from_preprocessor_config,
 )
-from bcl_stream.vision.image_header import image_size
-from bcl_stream.vision.records import ImageRecord
+from bcl_stream.vision.image_header import ImageError, image_size
+from bcl_stream.vision.records import ImageRecord, has_images, input_dir, read_image_record
 
 PROCESSOR_CONFIG = "processor_config.json"
 
@@ -41,6 +42,8 @@ class ImageEncoded:
     """One image-text record: ids with the image tokens expanded, mask, and components."""
 
     encoded: Encoded
+    images: tuple[bytes, ...]
+    """Each image's file bytes (stored in the shards for the reader to decode)."""
     sizes: tuple[tuple[int, int], ...]
     """(width, height) of each image, from its header."""
     image_tokens: int
@@ -79,8 +82,17 @@ class ImageTextEncoder:
         self.image_token_id = int(token_id)
         self.max_image_pixels = max_image_pixels
 
-    def describe(self) -> dict[str, Any]:
-        """Provenance stored in the cost index."""
+    @property
+    def tokenizer(self) -> Any:
+        """The processor's tokenizer, as the text path names it."""
+        return self.text.tokenizer
+
+    def describe(self) -> str:
+        """The chat template records are rendered with (as the text path's ``describe``)."""
+        return self.text.describe()
+
+    def provenance(self) -> dict[str, Any]:
+        """What the cost index stores about the processor (``extra.vision``)."""
         return {
             "processor": os.path.basename(self.processor_dir),
             "geometry": self.geometry.to_dict(),
@@ -98,7 +110,7 @@ class ImageTextEncoder:
             counts = [self.geometry.tokens(w, h) for w, h in sizes]
             patches = tuple(self.geometry.patches(w, h) for w, h in sizes)
         except ImageSizeError as exc:
-            raise TemplateError(f"{exc}") from exc
+            raise ImageError(f"{source}: {exc}", "image_aspect") from exc
         base = self.text.encode(record.conversation)
         at = np.flatnonzero(base.ids == self.image_token_id)
         if at.size != len(sizes):
@@ -106,7 +118,9 @@ class ImageTextEncoder:
                 f"the chat template rendered {at.size} {self.image_token} tokens for "
                 f"{len(sizes)} images; the record's text must not hold the image token itself"
             )
-        return ImageEncoded(expand(base, at, counts), tuple(sizes), sum(counts), patches)
+        return ImageEncoded(
+            expand(base, at, counts), record.images, tuple(sizes), sum(counts), patches
+        )
 
 
 def image_token_of(root: Path, geometry: ImageGeometry) -> str:
@@ -138,3 +152,39 @@ def expand(base: Encoded, at: npt.NDArray[np.int64], counts: list[int]) -> Encod
     spans = base.spans.astype(np.int64)
     moved = spans + shift[spans]
     return Encoded(out, moved.astype(np.uint32))
+
+
+def encode_record(
+    source: str, record: dict[str, Any], encoder: ImageTextEncoder, layout: LayoutOptions
+) -> ImageEncoded | Bad:
+    """One parsed record of an image-text input -> its :class:`ImageEncoded`, or why it is bad
+    (a bad image under its reason: ``image_missing``, ``image_unreadable``, ...). A record
+    without images (a text or a conversation) is encoded as text, with no image."""
+    if has_images(record):
+        got = read_image_record(source, record, layout, input_dir(source))
+        if isinstance(got, Bad):
+            return got
+        try:
+            out = encoder.encode(got, source)
+        except ImageError as exc:
+            message = str(exc)  # named by the source already: the report adds it again
+            if message.startswith(source):
+                message = message[len(source) :].lstrip(": ")
+            return Bad(source, exc.reason, message)
+        except TemplateError as exc:
+            return Bad(source, "template_error", str(exc))
+        if out.encoded.spans is not None and out.encoded.trained == 0:
+            return Bad(
+                source,
+                "no_trained_tokens",
+                f"the record has no token to train under --loss-on {encoder.text.loss_on} "
+                "(no assistant turn with content)",
+            )
+        return out
+    shape = read_layout(source, record, layout)
+    if isinstance(shape, Bad):
+        return shape
+    encoded = encode_layout(source, shape, encoder.text)
+    if isinstance(encoded, Bad):
+        return encoded
+    return ImageEncoded(encoded, (), (), 0, ())

@@ -215,8 +215,11 @@ def test_bad_images_raise_with_the_record_named(qwen) -> None:
     with pytest.raises(ImageError, match=r"in.jsonl:3 image 0: image is not an image") as info:
         encoder.encode(conv(b"not an image"), "in.jsonl:3")
     assert info.value.reason == "image_unreadable"
-    with pytest.raises(TemplateError, match=r"aspect ratio 300\.0 is above 200"):
+    with pytest.raises(
+        ImageError, match=r"in.jsonl:3: image size 600x2: aspect ratio 300\.0"
+    ) as info:
         encoder.encode(conv(_png(600, 2)), "in.jsonl:3")
+    assert info.value.reason == "image_aspect"
 
 
 def test_image_token_in_the_text_is_refused(qwen) -> None:
