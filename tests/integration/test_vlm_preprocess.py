@@ -5,7 +5,6 @@ index, ``inspect --json`` reporting them, and every bad image named (or skipped 
 
 from __future__ import annotations
 
-import base64
 import io
 import json
 import struct
@@ -26,16 +25,9 @@ from bcl_stream.loading.loader import PackLoader
 from bcl_stream.preprocess import preprocess
 from bcl_stream.vision.components import read_components
 from bcl_stream.vision.storage import stored_images
+from tests.vlm_processors import image_bytes, image_text_inputs
 
 transformers = pytest.importorskip("transformers")
-
-
-def _image(width: int, height: int, fmt: str = "PNG", seed: int = 0) -> bytes:
-    rng = np.random.default_rng(seed + width * 131 + height)
-    pixels = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format=fmt)
-    return buf.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -43,46 +35,6 @@ def proc_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     from tests.vlm_processors import qwen2_vl_processor_dir
 
     return str(qwen2_vl_processor_dir(tmp_path_factory.mktemp("qwen2vl")))
-
-
-def _inputs(root: Path) -> tuple[list[str], list[list[bytes]]]:
-    """A JSONL file (image parts by path and data URI, LLaVA placeholders, a text-only
-    conversation) and a Parquet file (HF image dicts with bytes, captions); each record's
-    image bytes in input order."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    (root / "img").mkdir(parents=True)
-    a, b, c = _image(64, 40, "JPEG"), _image(300, 20), _image(9, 700, "WEBP")
-    (root / "img" / "a.jpg").write_bytes(a)
-    (root / "img" / "b.png").write_bytes(b)
-    uri = "data:image/webp;base64," + base64.b64encode(c).decode()
-    jsonl = [
-        {"messages": [
-            {"role": "user", "content": [{"type": "image", "image": "img/a.jpg"},
-                                         {"type": "text", "text": "What is it?"}]},
-            {"role": "assistant", "content": "A photo."}]},
-        {"image": "img/b.png", "conversations": [
-            {"from": "human", "value": "<image>\nDescribe."}, {"from": "gpt", "value": "Wide."}]},
-        {"messages": [{"role": "user", "content": "no picture"},
-                      {"role": "assistant", "content": "fine"}]},
-        {"messages": [
-            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": uri}},
-                                         {"type": "text", "text": "and"},
-                                         {"type": "image", "image": "img/a.jpg"}]},
-            {"role": "assistant", "content": "Two."}]},
-    ]  # fmt: skip
-    (root / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in jsonl))
-    d, e = _image(640, 480, "JPEG"), _image(100, 100)
-    table = pa.table(
-        {
-            "image": [{"bytes": d, "path": None}, {"bytes": e, "path": "e.png"}],
-            "caption": ["A large photo.", "A square."],
-        }
-    )
-    pq.write_table(table, root / "captions.parquet")
-    files = [str(root / "chat.jsonl"), str(root / "captions.parquet")]
-    return files, [[a], [b], [], [c, a], [d], [e]]
 
 
 def _read_back(fmt: str, root: Path) -> list[dict]:
@@ -94,7 +46,7 @@ def _read_back(fmt: str, root: Path) -> list[dict]:
 
 @pytest.mark.parametrize("fmt", ["mds", "wds"])
 def test_every_layout_is_stored_exactly(tmp_path: Path, proc_dir: str, fmt: str) -> None:
-    files, images = _inputs(tmp_path / "in")
+    files, images = image_text_inputs(tmp_path / "in")
     out = tmp_path / "out"
     report = preprocess(files, str(out), format=fmt, processor=proc_dir, progress=False)
     assert report.records_written == 6
@@ -133,7 +85,7 @@ def _collapse(text: str) -> str:
 def test_inspect_json_reports_image_tokens_and_patches(
     tmp_path: Path, proc_dir: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    files, _ = _inputs(tmp_path / "in")
+    files, _ = image_text_inputs(tmp_path / "in")
     out = tmp_path / "out"
     preprocess(files, str(out), format="wds", processor=proc_dir, progress=False)
     comps = read_components(out)
@@ -163,7 +115,7 @@ BAD = {
     "image_empty": lambda d: _file(d, "empty.png", b""),
     "image_unreadable": lambda d: _file(d, "text.png", b"plain text, not an image"),
     "image_too_large": lambda d: _file(d, "bomb.png", _bomb_png(12000)),
-    "image_aspect": lambda d: _file(d, "thin.png", _image(402, 2)),  # aspect 201
+    "image_aspect": lambda d: _file(d, "thin.png", image_bytes(402, 2)),  # aspect 201
 }
 
 
@@ -178,7 +130,7 @@ def test_each_bad_image_is_named_or_skipped_and_counted(
 ) -> None:
     root = tmp_path / "in"
     root.mkdir()
-    good = _file(root, "good.png", _image(50, 50))
+    good = _file(root, "good.png", image_bytes(50, 50))
     bad = BAD[reason](root)
     rows = [
         {"image": good, "caption": "fine"},
