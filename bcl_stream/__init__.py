@@ -7,6 +7,8 @@ open_dataset, PackLoader, ReaderConfig``). The modules behind it may move; these
   :class:`WDSPackDataset`, :class:`MixturePackDataset`, :class:`PackLoader` (the loader that
   owns the resume cursor), :class:`ReaderConfig` and its planner part :class:`PlanConfig`,
   :class:`ReadOptions`, :class:`TokenSource`, :class:`StreamSpec`;
+- batches: :class:`PackCollate` (padded or packed), :class:`ImageCollate` (image-text records:
+  the model's ``pixel_values``, ``image_grid_thw``);
 - writing: :class:`CostedMDSWriter`, :class:`CostedWDSWriter`;
 - cost models: :class:`CostModel`, :func:`get_preset`, :func:`preset_names`;
 - errors: :class:`BCLStreamError` and its subclasses.
@@ -42,8 +44,10 @@ if TYPE_CHECKING:
     from bcl_stream.formats.wds_reader import WDSPackDataset
     from bcl_stream.formats.wds_writer import CostedWDSWriter
     from bcl_stream.io.streaming_compat import UnsupportedLibraryError
+    from bcl_stream.loading.collate import PackCollate
     from bcl_stream.loading.loader import PackLoader
     from bcl_stream.planner.config import PlanConfig
+    from bcl_stream.vision.batch import ImageCollate
 
 _HOMES: dict[str, str] = {
     "BCLStreamError": "bcl_stream.errors",
@@ -52,8 +56,10 @@ _HOMES: dict[str, str] = {
     "CostedMDSWriter": "bcl_stream.formats.mds_writer",
     "CostedWDSWriter": "bcl_stream.formats.wds_writer",
     "DatasetError": "bcl_stream.errors",
+    "ImageCollate": "bcl_stream.vision.batch",
     "MDSPackDataset": "bcl_stream.formats.mds_reader",
     "MixturePackDataset": "bcl_stream.formats.mixture_reader",
+    "PackCollate": "bcl_stream.loading.collate",
     "PackLoader": "bcl_stream.loading.loader",
     "PlanConfig": "bcl_stream.planner.config",
     "PlanError": "bcl_stream.errors",
@@ -78,8 +84,10 @@ __all__ = [
     "CostedMDSWriter",
     "CostedWDSWriter",
     "DatasetError",
+    "ImageCollate",
     "MDSPackDataset",
     "MixturePackDataset",
+    "PackCollate",
     "PackLoader",
     "PlanConfig",
     "PlanError",
