@@ -6,7 +6,7 @@ open_dataset, PackLoader, ReaderConfig``). The modules behind it may move; these
 - reading: :func:`open_dataset` (one dataset or a mixture), :class:`MDSPackDataset`,
   :class:`WDSPackDataset`, :class:`MixturePackDataset`, :class:`PackLoader` (the loader that
   owns the resume cursor), :class:`ReaderConfig` and its planner part :class:`PlanConfig`,
-  :class:`ReadOptions`, :class:`TokenSource`, :class:`StreamSpec`;
+  :class:`ReadOptions`, :class:`RecordSource`, :class:`StreamSpec`;
 - batches: :class:`PackCollate` (padded or packed), :class:`ImageCollate` (image-text records:
   the model's ``pixel_values``, ``image_grid_thw``);
 - writing: :class:`CostedMDSWriter`, :class:`CostedWDSWriter`;
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from bcl_stream.cost import CostModel, get_preset, preset_names
     from bcl_stream.epoch.mixture_index import StreamSpec
     from bcl_stream.epoch.plan import ReaderConfig
-    from bcl_stream.epoch.token_source import TokenSource
     from bcl_stream.errors import (
         BCLStreamError,
         CostIndexError,
@@ -47,6 +46,7 @@ if TYPE_CHECKING:
     from bcl_stream.loading.collate import PackCollate
     from bcl_stream.loading.loader import PackLoader
     from bcl_stream.planner.config import PlanConfig
+    from bcl_stream.records.source import RecordSource
     from bcl_stream.vision.batch import ImageCollate
 
 _HOMES: dict[str, str] = {
@@ -68,7 +68,7 @@ _HOMES: dict[str, str] = {
     "RemoteAccessError": "bcl_stream.errors",
     "StateError": "bcl_stream.errors",
     "StreamSpec": "bcl_stream.epoch.mixture_index",
-    "TokenSource": "bcl_stream.epoch.token_source",
+    "RecordSource": "bcl_stream.records.source",
     "UnsupportedLibraryError": "bcl_stream.io.streaming_compat",
     "WDSPackDataset": "bcl_stream.formats.wds_reader",
     "get_preset": "bcl_stream.cost",
@@ -93,10 +93,10 @@ __all__ = [
     "PlanError",
     "ReadOptions",
     "ReaderConfig",
+    "RecordSource",
     "RemoteAccessError",
     "StateError",
     "StreamSpec",
-    "TokenSource",
     "UnsupportedLibraryError",
     "WDSPackDataset",
     "get_preset",

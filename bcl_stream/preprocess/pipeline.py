@@ -38,10 +38,9 @@ from bcl_stream.preprocess.output import check_output, prepare_output, remove_if
 from bcl_stream.preprocess.parts import Part, input_identity, input_slices, part_record
 from bcl_stream.preprocess.sources import InputSlice, check_inputs, read_records
 from bcl_stream.preprocess.work import EncodeOptions, tokenize_stream
-from bcl_stream.text.layouts import Bad, LayoutOptions
+from bcl_stream.records.kind import Bad, LayoutOptions
 from bcl_stream.text.loss_spans import trained_count
 from bcl_stream.text.templates import LOSS_ON, Encoded
-from bcl_stream.vision.encode import ImageEncoded
 from bcl_stream.vision.preprocess import ImageColumns
 
 T = TypeVar("T")
@@ -255,7 +254,7 @@ def preprocess(
 ) -> PreprocessReport:
     """Tokenize ``inputs`` (JSONL/Parquet) into a costed dataset at ``output`` (dir or s3://).
 
-    Records are read in any layout of ``text/layouts.py`` (``messages_field`` names a
+    Records are read as any kind of ``records/registry.py`` (``messages_field`` names a
     conversation field other than ``messages``/``conversations``). ``tokenizer``: ``cl100k``,
     a ``tokenizer.json``, or a Hugging Face tokenizer directory, whose chat template then
     renders conversations (``text/templates.py``). ``loss_on`` (``assistant``, ``last``,
@@ -266,7 +265,7 @@ def preprocess(
     record's own ``chat_template_kwargs`` take precedence).
 
     ``processor`` (``--processor DIR``, a Hugging Face processor directory): image-text
-    records (``vision/records.py``), ids exactly as that processor gives them, images stored in
+    records (``records/image_text.py``), ids exactly as that processor gives them, images stored in
     the shards and their cost components beside the cost index (``vision/preprocess.py``);
     ``max_image_pixels`` refuses larger images (default: PIL's decompression-bomb limit).
 
@@ -393,8 +392,7 @@ def _preprocess(
                 skipped[result.reason] += 1
                 skip_list.add(writer, result)
                 continue
-            if isinstance(result, ImageEncoded):
-                assert images is not None
+            if images is not None:  # --processor: image fields and components (vision/)
                 image_result = images.admit(source, result, policy.max_record_tokens, policy.policy)
                 if isinstance(image_result, Bad):
                     if not skip_bad:

@@ -23,8 +23,8 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.errors import DatasetError
-from bcl_stream.text.layouts import Bad, LayoutOptions, read_layout
-from bcl_stream.text.templates import Encoded, Encoder, TemplateError, encode_layout
+from bcl_stream.text.chat import Conversation
+from bcl_stream.text.templates import Encoded, Encoder, TemplateError
 from bcl_stream.vision.geometry import (
     PREPROCESSOR_CONFIG,
     ImageGeometry,
@@ -32,31 +32,44 @@ from bcl_stream.vision.geometry import (
     from_preprocessor_config,
 )
 from bcl_stream.vision.image_header import ImageError, image_size
-from bcl_stream.vision.records import ImageRecord, has_images, input_dir, read_image_record
 
 PROCESSOR_CONFIG = "processor_config.json"
 
 
 @dataclass(frozen=True, slots=True)
-class ImageEncoded:
-    """One image-text record: ids with the image tokens expanded, mask, and components."""
+class ImageRecord:
+    """A record's conversation (image parts ``{"type": "image"}``) and its images' bytes (the
+    shape of the image-text record kind, ``bcl_stream/records/image_text.py``)."""
 
-    encoded: Encoded
+    conversation: Conversation
     images: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ImageEncoded(Encoded):
+    """One image-text record's ids (image tokens expanded) and mask, as every record kind's
+    :class:`Encoded`, plus its images and cost components."""
+
+    images: tuple[bytes, ...] = ()
     """Each image's file bytes (stored in the shards for the reader to decode)."""
-    sizes: tuple[tuple[int, int], ...]
+    sizes: tuple[tuple[int, int], ...] = ()
     """(width, height) of each image, from its header."""
-    image_tokens: int
-    patches: tuple[int, ...]
+    image_tokens: int = 0
+    patches: tuple[int, ...] = ()
     """Encoder patches of each image."""
 
     @property
+    def encoded(self) -> Encoded:
+        """The ids and mask alone."""
+        return Encoded(self.ids, self.spans)
+
+    @property
     def text_tokens(self) -> int:
-        return int(self.encoded.ids.size) - self.image_tokens
+        return int(self.ids.size) - self.image_tokens
 
 
 class ImageTextEncoder:
-    """Encodes :class:`~bcl_stream.vision.records.ImageRecord` s under one processor directory
+    """Encodes :class:`ImageRecord` s under one processor directory
     (a Hugging Face processor saved with ``save_pretrained``: tokenizer files, chat template,
     ``preprocessor_config.json``). Built once per worker process."""
 
@@ -111,16 +124,15 @@ class ImageTextEncoder:
             patches = tuple(self.geometry.patches(w, h) for w, h in sizes)
         except ImageSizeError as exc:
             raise ImageError(f"{source}: {exc}", "image_aspect") from exc
-        base = self.text.encode(record.conversation)
+        base = self.text.conversation(record.conversation)
         at = np.flatnonzero(base.ids == self.image_token_id)
         if at.size != len(sizes):
             raise TemplateError(
                 f"the chat template rendered {at.size} {self.image_token} tokens for "
                 f"{len(sizes)} images; the record's text must not hold the image token itself"
             )
-        return ImageEncoded(
-            expand(base, at, counts), record.images, tuple(sizes), sum(counts), patches
-        )
+        out = expand(base, at, counts)
+        return ImageEncoded(out.ids, out.spans, record.images, tuple(sizes), sum(counts), patches)
 
 
 def image_token_of(root: Path, geometry: ImageGeometry) -> str:
@@ -152,39 +164,3 @@ def expand(base: Encoded, at: npt.NDArray[np.int64], counts: list[int]) -> Encod
     spans = base.spans.astype(np.int64)
     moved = spans + shift[spans]
     return Encoded(out, moved.astype(np.uint32))
-
-
-def encode_record(
-    source: str, record: dict[str, Any], encoder: ImageTextEncoder, layout: LayoutOptions
-) -> ImageEncoded | Bad:
-    """One parsed record of an image-text input -> its :class:`ImageEncoded`, or why it is bad
-    (a bad image under its reason: ``image_missing``, ``image_unreadable``, ...). A record
-    without images (a text or a conversation) is encoded as text, with no image."""
-    if has_images(record):
-        got = read_image_record(source, record, layout, input_dir(source))
-        if isinstance(got, Bad):
-            return got
-        try:
-            out = encoder.encode(got, source)
-        except ImageError as exc:
-            message = str(exc)  # named by the source already: the report adds it again
-            if message.startswith(source):
-                message = message[len(source) :].lstrip(": ")
-            return Bad(source, exc.reason, message)
-        except TemplateError as exc:
-            return Bad(source, "template_error", str(exc))
-        if out.encoded.spans is not None and out.encoded.trained == 0:
-            return Bad(
-                source,
-                "no_trained_tokens",
-                f"the record has no token to train under --loss-on {encoder.text.loss_on} "
-                "(no assistant turn with content)",
-            )
-        return out
-    shape = read_layout(source, record, layout)
-    if isinstance(shape, Bad):
-        return shape
-    encoded = encode_layout(source, shape, encoder.text)
-    if isinstance(encoded, Bad):
-        return encoded
-    return ImageEncoded(encoded, (), (), 0, ())

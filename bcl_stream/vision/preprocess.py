@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from bcl_stream.text.layouts import Bad
+from bcl_stream.records.kind import Bad
+from bcl_stream.text.templates import Encoded
 from bcl_stream.vision.components import COMPONENTS_KEY, RecordComponents, write_components
 from bcl_stream.vision.encode import ImageEncoded, ImageTextEncoder
 from bcl_stream.vision.storage import MDS_IMAGE_COLUMNS, image_fields
@@ -46,11 +47,15 @@ class ImageColumns:
         return dict(MDS_IMAGE_COLUMNS) if self.format == "mds" else {}
 
     def admit(
-        self, source: str, encoded: ImageEncoded, max_tokens: int | None, policy: str
+        self, source: str, result: Encoded, max_tokens: int | None, policy: str
     ) -> ImageEncoded | Bad:
-        """``encoded`` if it may be written as the outlier policy would leave it, else why not
-        (a record with images above ``max_tokens`` under ``truncate``)."""
-        n = int(encoded.encoded.ids.size)
+        """``result`` (an image-text record's :class:`ImageEncoded`, or a text record's
+        :class:`Encoded`: no image) if it may be written as the outlier policy would leave it,
+        else why not (a record with images above ``max_tokens`` under ``truncate``)."""
+        encoded = (
+            result if isinstance(result, ImageEncoded) else ImageEncoded(result.ids, result.spans)
+        )
+        n = int(encoded.ids.size)
         if encoded.images and max_tokens is not None and n > max_tokens and policy == "truncate":
             return Bad(
                 source,

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bcl_stream.text.layouts import Bad, LayoutOptions
+from bcl_stream.records.image_text import read_image_record
+from bcl_stream.records.kind import Bad, LayoutOptions
 from bcl_stream.text.loss_spans import mask_from_spans
 from bcl_stream.text.templates import TemplateError
-from bcl_stream.vision.encode import ImageTextEncoder
+from bcl_stream.vision.encode import ImageRecord, ImageTextEncoder
 from bcl_stream.vision.image_header import ImageError
-from bcl_stream.vision.records import ImageRecord, read_image_record
 
 transformers = pytest.importorskip("transformers")
 
@@ -112,7 +112,7 @@ def test_ids_equal_the_processor_on_every_layout(qwen, tmp_path: Path) -> None:
         assert isinstance(record, ImageRecord), record
         out = encoder.encode(record, source)
         want = _oracle(processor, record)
-        ids = out.encoded.ids
+        ids = out.ids
         assert ids.tolist() == want["input_ids"][0].tolist(), i
         grids = want["image_grid_thw"].tolist() if record.images else []
         assert [encoder.geometry.grid(w, h) for w, h in out.sizes] == [tuple(g) for g in grids]
@@ -120,7 +120,7 @@ def test_ids_equal_the_processor_on_every_layout(qwen, tmp_path: Path) -> None:
         assert list(out.patches) == [int(np.prod(g)) for g in grids]
         assert out.text_tokens + out.image_tokens == ids.size
         # the mask: each assistant answer and its end-of-turn, never an image token
-        mask = mask_from_spans(out.encoded.spans, ids.size)
+        mask = mask_from_spans(out.spans, ids.size)
         assert not mask[ids == pad].any()
         trained = processor.tokenizer.decode(ids[mask])
         answers = [
@@ -167,7 +167,7 @@ def test_llava_processor_ids_are_exact(tmp_path: Path) -> None:
     want = processor(
         text=text, images=[Image.open(io.BytesIO(b)).convert("RGB") for b in record.images]
     )
-    assert out.encoded.ids.tolist() == list(want["input_ids"][0])
+    assert out.ids.tolist() == list(want["input_ids"][0])
     assert out.image_tokens == 2 * 576 and out.patches == (576, 576)
 
 
@@ -234,3 +234,23 @@ def test_image_token_in_the_text_is_refused(qwen) -> None:
     assert isinstance(record, ImageRecord)
     with pytest.raises(TemplateError, match="rendered 1 <\\|image_pad\\|> tokens for 0 images"):
         encoder.encode(record, "x:1")
+
+
+def test_a_caption_record_without_a_processor_is_refused_not_read_as_text(tmp_path: Path) -> None:
+    """The image-text kind is registered last: a record whose content is an image and a
+    caption is detected as image-text, and a text encoder refuses it (``needs_processor``)
+    instead of training the caption with its image dropped."""
+    import json
+
+    from bcl_stream.preprocess.work import EncodeOptions, tokenize_stream
+
+    f = tmp_path / "in.jsonl"
+    raws = [
+        (f"{f}:1", json.dumps({"image": "a.png", "caption": "a cat"}).encode()),
+        (f"{f}:2", json.dumps({"text": "plain", "image": "a.png"}).encode()),  # text first
+    ]
+    (tmp_path / "a.png").write_bytes(_png(20, 20))
+    out = dict(tokenize_stream(iter(raws), EncodeOptions("cl100k"), workers=1))
+    first = out[f"{f}:1"]
+    assert isinstance(first, Bad) and first.reason == "needs_processor", first
+    assert not isinstance(out[f"{f}:2"], Bad)

@@ -9,9 +9,13 @@ Layouts (each becomes a :class:`~bcl_stream.text.layouts.Conversation` whose ima
 - **LLaVA style**: ``<image>`` placeholders inside message text (ShareGPT ``conversations`` or
   ``messages``) and the record's ``image`` (one source) or ``images`` (a list) field, matched
   in order; a count that differs is a bad record;
-- **caption** (img2dataset's WebDataset: ``NNN.jpg`` + ``NNN.txt``, Parquet/JSONL with
-  ``image`` + ``caption``/``text``): a user turn holding the image, and the caption as the
-  assistant's answer, so the caption is what is trained.
+- **caption** (img2dataset's layout: Parquet/JSONL with ``image`` + ``caption``/``txt``/
+  ``text``): a user turn holding the image, and the caption as the assistant's answer, so the
+  caption is what is trained.
+
+As a record kind (:data:`IMAGE_TEXT`, registered last in ``records/registry.py``), a record
+with an image field and no messages is image-text; without ``--processor`` it is refused
+(``needs_processor``) rather than read as text with its image dropped.
 
 A source is a path (relative to the input file's directory), a ``file://`` URL, a
 ``data:image/...;base64,`` URI, raw bytes (Parquet binary), or Hugging Face datasets' image
@@ -25,11 +29,17 @@ from __future__ import annotations
 import base64
 import binascii
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bcl_stream.text.layouts import Bad, Conversation, LayoutOptions, read_layout
+from bcl_stream.errors import DatasetError
+from bcl_stream.records.chat import CHAT, MESSAGES_FIELDS
+from bcl_stream.records.kind import Bad, Encoders, Ids, LayoutOptions, finish
+from bcl_stream.records.source import RecordSource
+from bcl_stream.text.chat import Conversation
+from bcl_stream.text.templates import Encoded, Encoder
+from bcl_stream.vision.encode import ImageEncoded, ImageRecord, ImageTextEncoder
+from bcl_stream.vision.image_header import ImageError
 
 IMAGE_TOKEN_LLAVA = "<image>"
 """LLaVA's placeholder in message text (one per image, in order)."""
@@ -41,19 +51,11 @@ _MARK = "\x00bcl-image\x00"
 reads text parts only); put back as ``{"type": "image"}`` afterwards."""
 
 
-@dataclass(frozen=True, slots=True)
-class ImageRecord:
-    """A record's conversation (image parts ``{"type": "image"}``) and its images' bytes."""
-
-    conversation: Conversation
-    images: tuple[bytes, ...]
-
-
 def has_images(record: dict[str, Any]) -> bool:
     """Whether a parsed record is image-text (an image field, or an image part in a message)."""
     if any(record.get(name) is not None for name in IMAGE_FIELDS):
         return True
-    for name in ("messages", "conversations"):
+    for name in MESSAGES_FIELDS:
         messages = record.get(name)
         if isinstance(messages, list):
             for m in messages:
@@ -87,22 +89,16 @@ def read_image_record(
     field_sources = _field_images(record)
     if isinstance(field_sources, Bad):
         return Bad(source, field_sources.reason, field_sources.message)
-    if not any(name in record for name in ("messages", "conversations")) and not (
-        options.messages_field and options.messages_field in record
-    ):
+    fields = CHAT.detect(record, options)
+    if fields is None:
         return _caption_record(source, record, field_sources, base)
     raw_sources: list[Any] = []
     plain: dict[str, Any] = dict(record)
-    for name in (
-        (options.messages_field,) if options.messages_field else ("messages", "conversations")
-    ):
-        if isinstance(record.get(name), list):
-            plain[name] = [_marked_message(m, raw_sources) for m in record[name]]
-    layout = read_layout(source, plain, options)
+    if isinstance(record.get(fields[0]), list):
+        plain[fields[0]] = [_marked_message(m, raw_sources) for m in record[fields[0]]]
+    layout = CHAT.read(source, plain, fields)
     if isinstance(layout, Bad):
         return layout
-    if not isinstance(layout, Conversation):
-        return Bad(source, "bad_messages", "an image-text record needs a conversation")
     placeholders = sum(_count_llava(m) for m in layout.messages)
     if raw_sources and (placeholders or field_sources):
         return Bad(
@@ -266,3 +262,85 @@ def input_dir(source: str) -> str | None:
     """The directory of a ``file:line`` record source (relative image paths start there)."""
     path = source.rsplit(":", 1)[0]
     return os.path.dirname(os.path.abspath(path)) if path else None
+
+
+def encode_image_record(
+    source: str, record: dict[str, Any], encoder: ImageTextEncoder, layout: LayoutOptions
+) -> ImageEncoded | Bad:
+    """One parsed record holding images -> its :class:`ImageEncoded`, or why it is bad (a bad
+    image under its reason: ``image_missing``, ``image_unreadable``, ...)."""
+    got = read_image_record(source, record, layout, input_dir(source))
+    if isinstance(got, Bad):
+        return got
+    return IMAGE_TEXT.encode(source, got, encoder)  # type: ignore[arg-type, return-value]
+
+
+class ImageTextKind:
+    """Image-text records (the module docstring) as a record kind. Detected last: a record
+    whose only content is an image field and a caption (img2dataset's layout); records with
+    image parts or ``<image>`` placeholders in their messages are read as image-text by
+    ``preprocess --processor``, which looks at every record's content."""
+
+    name = "image_text"
+    shape: type = ImageRecord
+    what = "an image column"
+    knobs: tuple[str, ...] = ()
+    """None of :class:`RecordSource`: image-text records are read from preprocessed shards only
+    (``--processor`` is a ``preprocess`` option)."""
+
+    def detect(self, names: Any, options: LayoutOptions) -> tuple[str, ...] | None:
+        for name in IMAGE_FIELDS:
+            if name in names:
+                return (name,)
+        return None
+
+    def read(self, where: str, record: dict[str, Any], fields: tuple[str, ...]) -> Any:
+        return read_image_record(where, record, LayoutOptions(), input_dir(where))
+
+    def encode(self, where: str, shape: Any, encoder: Encoder) -> Encoded | Bad:
+        if not isinstance(encoder, ImageTextEncoder):
+            return Bad(
+                where,
+                "needs_processor",
+                "the record holds images; pass --processor DIR (the model's Hugging Face "
+                "processor directory) to encode them, or drop the image field",
+            )
+        try:
+            out = encoder.encode(shape, where)
+        except ImageError as exc:
+            message = str(exc)  # named by the source already: the report adds it again
+            if message.startswith(where):
+                message = message[len(where) :].lstrip(": ")
+            return Bad(where, exc.reason, message)
+        result = finish(where, out)
+        if isinstance(result, Bad) and result.reason == "no_trained_tokens":
+            return Bad(
+                where,
+                "no_trained_tokens",
+                f"the record has no token to train under --loss-on {encoder.text.loss_on} "
+                "(no assistant turn with content)",
+            )
+        return result
+
+    def declared(
+        self,
+        fields: tuple[str, ...],
+        columns: dict[str, str],
+        tokenizer: str | None,
+        loss_on: str | None,
+        where: str,
+    ) -> RecordSource:
+        raise DatasetError(
+            f"{where}: holds image column {fields[0]!r}; annotating an existing image-text "
+            "dataset in place is not supported yet: write it with `bcl-stream preprocess "
+            "--processor DIR` from its source records (docs/vlm.md)"
+        )
+
+    def reads(self, source: RecordSource) -> bool:
+        return False  # no stored source declares image-text records (not annotated in place)
+
+    def stored(self, values: Any, source: RecordSource, where: str, encoders: Encoders) -> Ids:
+        raise DatasetError(f"{where}: image-text records are read from preprocessed shards only")
+
+
+IMAGE_TEXT = ImageTextKind()
