@@ -43,7 +43,9 @@ from bcl_stream.vision.image_header import ImageError
 
 IMAGE_TOKEN_LLAVA = "<image>"
 """LLaVA's placeholder in message text (one per image, in order)."""
-IMAGE_FIELDS = ("image", "images")
+IMAGE_FIELDS = ("image", "images", "jpg", "jpeg", "png", "webp")
+"""A record's image field: ``image``/``images`` (JSONL, Parquet), or a WebDataset member's
+extension (img2dataset writes ``jpg``)."""
 CAPTION_FIELDS = ("caption", "txt", "text")
 """Where a caption record's text is (img2dataset writes ``txt``; its parquet ``caption``)."""
 _MARK = "\x00bcl-image\x00"

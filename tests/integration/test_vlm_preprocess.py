@@ -151,3 +151,46 @@ def test_each_bad_image_is_named_or_skipped_and_counted(
                  "--processor", proc_dir, "--no-progress"])  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and f"{src}:2" in err[0], err
+
+
+def test_img2dataset_webdataset_trains_the_caption_as_the_answer(
+    tmp_path: Path, proc_dir: str
+) -> None:
+    """img2dataset's layout, a tar of ``NNN.jpg`` + ``NNN.txt`` + ``NNN.json``, as input: one
+    record per key, the caption trained as the assistant's answer to the image."""
+    import tarfile
+
+    from bcl_stream.text.loss_spans import mask_from_spans
+
+    shard = tmp_path / "00000.tar"
+    captions = ["a red square", "two dogs on grass", "a tall tower"]
+    sizes = [(64, 64), (320, 200), (30, 400)]
+    with tarfile.open(shard, "w") as tar:
+        for i, (caption, (w, h)) in enumerate(zip(captions, sizes, strict=True)):
+            meta = {"caption": caption, "width": w, "height": h, "status": "success"}
+            for ext, data in (
+                ("jpg", image_bytes(w, h, "JPEG", seed=i)),
+                ("txt", caption.encode()),
+                ("json", json.dumps(meta).encode()),
+            ):
+                info = tarfile.TarInfo(f"{i:09d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    out = tmp_path / "out"
+    report = preprocess([str(shard)], str(out), format="wds", processor=proc_dir, progress=False)
+    assert report.records_written == 3
+    processor = transformers.AutoProcessor.from_pretrained(proc_dir)
+    for i, sample in enumerate(_read_back("wds", out)):
+        ids = np.asarray(sample["input_ids"])
+        messages = [
+            {"role": "user", "content": [{"type": "image"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": captions[i]}]},
+        ]
+        text = processor.apply_chat_template(messages, tokenize=False)
+        pil = Image.open(io.BytesIO(stored_images(sample, "r")[0][0])).convert("RGB")
+        assert pil.size == sizes[i]
+        want = processor(text=[text], images=[pil], return_tensors="pt")
+        assert ids.tolist() == want["input_ids"][0].tolist()
+        trained = processor.tokenizer.decode(ids[mask_from_spans(sample["loss_spans"], ids.size)])
+        assert trained == f"{captions[i]}<|im_end|>\n"
+        assert sample["json"]["source"] == f"{shard}:{i:09d}"
