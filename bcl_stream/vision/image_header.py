@@ -63,25 +63,21 @@ def image_size(
     """
     limit = default_max_pixels() if max_pixels is None else max_pixels
     where = f"{record}: image" if isinstance(image, bytes) else f"{record}: image {image}"
-    if not isinstance(image, bytes):
-        path = Path(image)
-        if not path.is_file():
-            raise ImageError(
-                f"{where} not found; fix the path (relative paths are resolved against the "
-                "input file's directory) or drop the record",
-                "image_missing",
-            )
-        if path.stat().st_size == 0:
-            raise ImageError(f"{where} is an empty file (0 bytes); replace it", "image_empty")
-    elif not image:
+    if isinstance(image, bytes) and not image:
         raise ImageError(f"{where} is empty (0 bytes); replace it", "image_empty")
     source = io.BytesIO(image) if isinstance(image, bytes) else Path(image)
-    try:
+    try:  # no stat before: a missing or empty file is told apart only when the open fails
         with warnings.catch_warnings():
             # The size is compared with ``limit`` below; PIL's warning would only repeat it.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(source) as im:  # parses the header; no load()
                 width, height = im.size
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+        raise ImageError(
+            f"{where} not found; fix the path (relative paths are resolved against the "
+            "input file's directory) or drop the record",
+            "image_missing",
+        ) from exc
     except Image.DecompressionBombError as exc:
         raise ImageError(
             f"{where} is a decompression bomb ({exc}); drop the record or re-encode the image "
@@ -89,6 +85,10 @@ def image_size(
             "image_too_large",
         ) from exc
     except UnidentifiedImageError as exc:
+        if isinstance(source, Path) and source.stat().st_size == 0:
+            raise ImageError(
+                f"{where} is an empty file (0 bytes); replace it", "image_empty"
+            ) from exc
         raise ImageError(
             f"{where} is not an image PIL can read (unknown format or damaged header); "
             "re-encode it as JPEG/PNG/WebP or drop the record",
