@@ -23,6 +23,7 @@ from bcl_stream.formats.wds_reader import WDSPackDataset
 from bcl_stream.io.index import read_index
 from bcl_stream.loading.loader import PackLoader
 from bcl_stream.preprocess import preprocess
+from bcl_stream.preprocess.annotate import annotate
 from bcl_stream.vision.components import read_components
 from bcl_stream.vision.storage import stored_images
 from tests.vlm_processors import image_bytes, image_text_inputs
@@ -194,3 +195,14 @@ def test_img2dataset_webdataset_trains_the_caption_as_the_answer(
         trained = processor.tokenizer.decode(ids[mask_from_spans(sample["loss_spans"], ids.size)])
         assert trained == f"{captions[i]}<|im_end|>\n"
         assert sample["json"]["source"] == f"{shard}:{i:09d}"
+
+
+def test_annotate_refuses_an_image_text_dataset(tmp_path: Path, proc_dir: str) -> None:
+    """A new index from annotate would drop the image cost components: refused, one line."""
+    files, _ = image_text_inputs(tmp_path / "in")
+    out = tmp_path / "out"
+    preprocess(files, str(out), processor=proc_dir, progress=False)
+    before = (out / "bcl_index.json").read_bytes()
+    with pytest.raises(DatasetError, match=r"an image-text dataset .*preprocess --processor"):
+        annotate(str(out), overwrite=True)
+    assert (out / "bcl_index.json").read_bytes() == before
