@@ -50,6 +50,7 @@ from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.io.streaming_compat import close_shard_at
 from bcl_stream.preprocess.annotate import annotate
 from bcl_stream.preprocess.pipeline import preprocess
+from bcl_stream.records.source import RecordSource
 
 B = 8
 """Records per pack, and the stock loaders' ``batch_size``."""
@@ -119,7 +120,10 @@ def build_datasets(cache: Path, n_tokens: int, n_text: int) -> dict[str, Path]:
             shutil.rmtree(root, ignore_errors=True)
             write_text(fmt, root, texts)
             annotate(
-                root, text_field="text", tokenizer="cl100k", cost_model="llama3-8b", progress=False
+                root,
+                source=RecordSource(text_field="text", tokenizer="cl100k"),
+                cost_model="llama3-8b",
+                progress=False,
             )
         out[f"{fmt}-text"] = root
     return out

@@ -51,6 +51,7 @@ import numpy as np
 
 from bcl_bench.harness import RESULTS, ROOT, bench_parser, checkout_env, machine_stamp, write_result
 from bcl_stream.preprocess import pipeline, preprocess
+from bcl_stream.records.source import RecordSource
 
 WORDS = [
     "the",
@@ -138,7 +139,7 @@ def workers_scaling(
             report = preprocess(
                 [str(src)],
                 str(tmp / f"workers{workers}"),
-                tokenizer=tokenizer,
+                source=RecordSource(tokenizer=tokenizer),
                 workers=workers,
                 overwrite=True,
                 progress=False,
@@ -231,8 +232,7 @@ def main() -> None:
                 [str(src)],
                 str(Path(tmp) / "out"),
                 format="wds",
-                tokenizer=tokenizer,
-                loss_on=loss_on,
+                source=RecordSource(tokenizer=tokenizer, loss_on=loss_on),
                 workers=1,
                 overwrite=True,
                 progress=False,

@@ -7,6 +7,7 @@ from typing import Any
 
 from bcl_stream.commands.write_options import add_write_options
 from bcl_stream.preprocess.annotate import annotate
+from bcl_stream.records.source import RecordSource
 from bcl_stream.text.templates import LOSS_ON
 
 
@@ -86,14 +87,8 @@ def run(args: argparse.Namespace) -> int:
         )
     index = annotate(
         args.directory,
-        tokens_field=args.tokens_field,
-        tokens_dtype=args.tokens_dtype,
-        text_field=args.text_field,
-        tokenizer=args.tokenizer,
+        source=RecordSource.from_options(vars(args)),
         length_field=args.length_field,
-        response_field=args.response_field,
-        messages_field=args.messages_field,
-        loss_on=args.loss_on,
         cost_model=args.cost_model,
         overwrite=args.overwrite,
         progress=not args.no_progress,

@@ -12,6 +12,7 @@ from bcl_stream.preprocess import preprocess
 from bcl_stream.preprocess.distributed import preprocess_parts
 from bcl_stream.preprocess.outliers import POLICIES
 from bcl_stream.preprocess.pipeline import DEFAULT_WORKERS, parse_size
+from bcl_stream.records.source import RecordSource
 from bcl_stream.text.templates import LOSS_ON
 
 
@@ -144,12 +145,7 @@ def _json_object(text: str) -> dict[str, Any]:
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "format": args.format,
-        "text_field": args.text_field,
-        "messages_field": args.messages_field,
-        "tokenizer": args.tokenizer,
-        "loss_on": args.loss_on,
-        "chat_template": args.chat_template,
-        "chat_template_kwargs": args.chat_template_kwargs,
+        "source": RecordSource.from_options(vars(args)),
         "processor": args.processor,
         "max_image_pixels": args.max_image_pixels,
         "cost_model": args.cost_model,

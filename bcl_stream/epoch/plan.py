@@ -120,6 +120,8 @@ class ReaderConfig:
         check_canonical(self)
         if self.tokens is not None and not isinstance(self.tokens, RecordSource):
             raise ValueError(f"tokens must be a RecordSource or None, got {self.tokens!r}")
+        if self.tokens is not None:
+            self.tokens.checked()
         if self.packing not in PACKINGS:
             raise ValueError(f"packing must be one of {PACKINGS}, got {self.packing!r}")
         if not isinstance(self.plan, PlanConfig):

@@ -82,7 +82,7 @@ from bcl_stream.preprocess.parts import Part, part_record, shard_span
 from bcl_stream.preprocess.shard_pool import map_shards
 from bcl_stream.preprocess.source_layout import detected_source, mds_columns, wds_columns
 from bcl_stream.preprocess.wds_keys import NAMES, RECORD_KEYS, key_ids, keys_are_names
-from bcl_stream.records.source import DEFAULT_FIELD, RecordSource
+from bcl_stream.records.source import RecordSource
 from bcl_stream.text.tokenizers import tokenizer_identity
 
 
@@ -140,14 +140,8 @@ def _fetcher(location: str, tmp: Path) -> tuple[Any, Any]:
 def annotate(
     directory: str | os.PathLike[str],
     *,
-    tokens_field: str = "input_ids",
-    tokens_dtype: str | None = None,
-    text_field: str | None = None,
-    tokenizer: str | None = None,
+    source: RecordSource | None = None,
     length_field: str | None = None,
-    response_field: str | None = None,
-    messages_field: str | None = None,
-    loss_on: str | None = None,
     cost_model: str | CostModel = "llama3-8b",
     overwrite: bool = False,
     progress: bool = True,
@@ -156,12 +150,14 @@ def annotate(
 ) -> CostIndex:
     """Write the cost index of a dataset directory or remote URL; output: the index written.
 
-    Counted: the ids of ``tokens_field`` (an integer array, or raw bytes of ``tokens_dtype``),
-    the tokens of ``text_field`` under ``tokenizer``, or the values of ``length_field`` (then
+    ``source`` (a :class:`RecordSource`) names the columns counted: the ids of its
+    ``tokens_field`` (an integer array, or raw bytes of ``tokens_dtype``), the tokens of its
+    ``text_field`` under its ``tokenizer``; or the values of ``length_field`` (then
     checked against the token column on a sample of shards). The index records which
     (``extra.annotate``), and the readers read the same column by default.
 
-    Nothing named (every column argument at its default): stored ``input_ids``, else the
+    Nothing named (``source`` None, or naming no column: only a ``tokenizer`` or
+    ``loss_on``): stored ``input_ids``, else the
     layout ``preprocess`` recognises from the column names (``preprocess/source_layout.py``:
     a ``text`` column, ``messages``/``conversations``, or ``prompt`` + ``response``/
     ``completion``), its text counted under ``tokenizer``.
@@ -185,29 +181,15 @@ def annotate(
     if isinstance(part, str):
         part = Part.parse(part)
     target = location if part is None else part.location(location)
-    if response_field is not None and length_field is not None:
+    given = RecordSource() if source is None else source
+    if given.response_field is not None and length_field is not None:
         raise ValueError(
             "--response-field and --length-field do not go together: a prompt/response "
             "record's length is counted from its two columns"
         )
-    named = (
-        tokens_field != DEFAULT_FIELD
-        or any(v is not None for v in (tokens_dtype, text_field, response_field, messages_field))
-        or length_field is not None
-    )
-    source = (
-        RecordSource(
-            tokens_field=tokens_field,
-            tokens_dtype=tokens_dtype,
-            text_field=text_field,
-            tokenizer=tokenizer,
-            response_field=response_field,
-            messages_field=messages_field,
-            loss_on=loss_on,
-        )
-        if named
-        else None
-    )
+    # Nothing named: the columns are found by their names, with the source's tokenizer and
+    # loss_on (below); else the source names them exactly.
+    chosen = given.checked() if given.named or length_field is not None else None
     with (
         output_lock(target, "annotate"),
         tempfile.TemporaryDirectory(prefix="bcl_annotate_") as tmp,
@@ -235,16 +217,16 @@ def annotate(
             if names is not None
             else wds_shards_on_disk(root)
         )
-        if source is None and not everything:
-            source = RecordSource()  # no shard to look at: refused below as holding no records
-        if source is None:  # nothing named: the layout preprocess would see (source_layout.py)
+        if chosen is None and not everything:
+            chosen = RecordSource()  # no shard to look at: refused below as holding no records
+        if chosen is None:  # nothing named: the kind preprocess would see (source_layout.py)
             columns = (
                 mds_columns(mds[0])
                 if mds
                 else wds_columns(_first_tar(location, root, everything, names, Path(tmp)))
             )
-            source = detected_source(columns, tokenizer, loss_on, location)
-        counting = Counting(source, length_field)
+            chosen = detected_source(columns, given.tokenizer, given.loss_on, location)
+        counting = Counting(chosen, length_field)
         span = range(len(everything)) if part is None else shard_span(len(everything), part)
         checked_shards = set(spread(list(span), LENGTH_CHECK_SHARDS))
         jobs = [
@@ -296,8 +278,8 @@ def annotate(
         if not counts and part is None:
             raise DatasetError(f"{location}: the dataset holds no records; nothing to annotate")
         record = counting.record()
-        if source.tokenizer is not None:
-            record["tokenizer_id"] = tokenizer_identity(source.tokenizer)
+        if chosen.tokenizer is not None:
+            record["tokenizer_id"] = tokenizer_identity(chosen.tokenizer)
         extra: dict[str, Any] = {"annotate": record}
         if key_names and part is None:
             extra[RECORD_KEYS] = NAMES

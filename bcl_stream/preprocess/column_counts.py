@@ -195,19 +195,12 @@ def mds_shard_counts(
     trained; ``preprocess/trained_counts.py``), records on which a length column was checked
     against the token column: with ``check``, when the shard has that column)."""
     source = counting.source
+    if tc.encoded_in_place(source):
+        enc_counts, enc_trained = _mds_encoded(root, shard, source)
+        return enc_counts, enc_trained, 0
     if source.response_field is not None:
         pr_counts, pr_trained = _mds_prompt_response(root, shard, source)
         return pr_counts, pr_trained, 0
-    if source.is_conversation:
-        raw = shard["raw_data"]["basename"]
-        tc.check_response_column(root, shard, source)
-        values = column_bytes(root / raw, shard, source.field)
-        if values is None:
-            values = _decoded(root, shard, source.field, None)
-        pairs = [
-            tc.conversation_record(v, source, f"{raw} sample {i}") for i, v in enumerate(values)
-        ]
-        return [n for n, _ in pairs], [t for _, t in pairs], 0
     counts = _mds_counts(root, shard, counting)
     trained: list[int] | None = None
     if tc.mds_has_spans(shard):
@@ -230,23 +223,31 @@ def mds_shard_counts(
 def _mds_prompt_response(
     root: Path, shard: dict[str, Any], source: RecordSource
 ) -> tuple[list[int], list[int]]:
-    """(tokens, trained) of a prompt/response shard, as the readers will build its records."""
+    """(tokens, trained) of a prompt/response shard of stored ids, counted column by column
+    (no record is built): the prompt's and the response's ids, the response trained."""
     tc.check_response_column(root, shard, source)
-    if not source.is_text:
-        prompt = _mds_counts(root, shard, Counting(tc.prompt_source(source)))
-        response = _mds_counts(root, shard, Counting(tc.response_source(source)))
-        return (
-            [p + r for p, r in zip(prompt, response, strict=True)],
-            [tc.ids_trained(p, r) for p, r in zip(prompt, response, strict=True)],
-        )
+    prompt = _mds_counts(root, shard, Counting(tc.prompt_source(source)))
+    response = _mds_counts(root, shard, Counting(tc.response_source(source)))
+    return (
+        [p + r for p, r in zip(prompt, response, strict=True)],
+        [tc.ids_trained(p, r) for p, r in zip(prompt, response, strict=True)],
+    )
+
+
+def _mds_encoded(
+    root: Path, shard: dict[str, Any], source: RecordSource
+) -> tuple[list[int], list[int]]:
+    """(tokens, trained) of a shard whose records are encoded one at a time, as the readers
+    will build them (:func:`~bcl_stream.preprocess.trained_counts.encoded_in_place`)."""
+    tc.check_response_column(root, shard, source)
     raw = shard["raw_data"]["basename"]
     columns = []
     for name in source.fields:
         values = column_bytes(root / raw, shard, name)
         columns.append(values if values is not None else _decoded(root, shard, name, None))
     pairs = [
-        tc.text_record(p, r, source, f"{raw} sample {i}")
-        for i, (p, r) in enumerate(zip(*columns, strict=True))
+        tc.stored_record(values, source, f"{raw} sample {i}")
+        for i, values in enumerate(zip(*columns, strict=True))
     ]
     return [n for n, _ in pairs], [t for _, t in pairs]
 
@@ -269,13 +270,12 @@ def wds_shard_counts(
             where = f"{name} sample {key}"
             hashes.append(record_digest(members.items()))
             source = counting.source
-            if source.response_field is not None or source.is_conversation:
-                if source.is_conversation:
-                    value = wds_column(members, source.field, where)
-                    n, t = tc.conversation_record(value, source, where)
+            if tc.encoded_in_place(source) or source.response_field is not None:
+                values = [wds_column(members, f, where) for f in source.fields]
+                if tc.encoded_in_place(source):
+                    n, t = tc.stored_record(values, source, where)
                 else:
-                    prompt, response = (wds_column(members, f, where) for f in source.fields)
-                    n, t = _wds_prompt_response(prompt, response, source, where)
+                    n, t = _wds_prompt_response(values[0], values[1], source, where)
                 counts.append(n)
                 trained.append(t)
                 continue
@@ -306,8 +306,7 @@ def wds_shard_counts(
 def _wds_prompt_response(
     prompt: Any, response: Any, source: RecordSource, where: str
 ) -> tuple[int, int]:
-    if source.is_text:
-        return tc.text_record(prompt, response, source, where)
+    """(tokens, trained) of a prompt/response record of stored ids, without building it."""
     p = token_count(prompt, tc.prompt_source(source), where)
     r = token_count(response, tc.response_source(source), where)
     return p + r, tc.ids_trained(p, r)

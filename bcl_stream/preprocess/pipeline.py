@@ -38,9 +38,10 @@ from bcl_stream.preprocess.output import check_output, prepare_output, remove_if
 from bcl_stream.preprocess.parts import Part, input_identity, input_slices, part_record
 from bcl_stream.preprocess.sources import InputSlice, check_inputs, read_records
 from bcl_stream.preprocess.work import EncodeOptions, tokenize_stream
-from bcl_stream.records.kind import Bad, LayoutOptions
+from bcl_stream.records.kind import Bad
+from bcl_stream.records.source import RecordSource
 from bcl_stream.text.loss_spans import trained_count
-from bcl_stream.text.templates import LOSS_ON, Encoded
+from bcl_stream.text.templates import Encoded
 from bcl_stream.vision.preprocess import ImageColumns
 
 T = TypeVar("T")
@@ -231,13 +232,8 @@ def preprocess(
     inputs: list[str],
     output: str,
     *,
+    source: RecordSource | None = None,
     format: str = "mds",
-    text_field: str = "text",
-    messages_field: str | None = None,
-    tokenizer: str = "cl100k",
-    loss_on: str = "assistant",
-    chat_template: str | None = None,
-    chat_template_kwargs: dict[str, Any] | None = None,
     processor: str | None = None,
     max_image_pixels: int | None = None,
     cost_model: str | CostModel = "llama3-8b",
@@ -254,15 +250,17 @@ def preprocess(
 ) -> PreprocessReport:
     """Tokenize ``inputs`` (JSONL/Parquet) into a costed dataset at ``output`` (dir or s3://).
 
-    Records are read as any kind of ``records/registry.py`` (``messages_field`` names a
-    conversation field other than ``messages``/``conversations``). ``tokenizer``: ``cl100k``,
-    a ``tokenizer.json``, or a Hugging Face tokenizer directory, whose chat template then
-    renders conversations (``text/templates.py``). ``loss_on`` (``assistant``, ``last``,
-    ``all``) decides each conversation's stored loss mask; prompt/response records train the
-    response unless ``all``. ``chat_template``: a file whose template renders conversations
-    instead of the tokenizer directory's own (Jinja text, or a JSON file with
-    ``chat_template``); ``chat_template_kwargs``: template variables for every record (a
-    record's own ``chat_template_kwargs`` take precedence).
+    Records are read as any kind of ``records/registry.py``, by ``source`` (a
+    :class:`RecordSource`; None: every knob at its default): ``text_field`` (default
+    ``text``), ``messages_field`` (a conversation field other than
+    ``messages``/``conversations``), ``tokenizer`` (default ``cl100k``; a ``tokenizer.json``,
+    or a Hugging Face tokenizer directory, whose chat template then renders conversations,
+    ``text/templates.py``), ``loss_on`` (``assistant`` by default, ``last``, ``all``: each
+    conversation's stored loss mask; prompt/response records train the response unless
+    ``all``), ``chat_template`` (a file whose template renders conversations instead of the
+    tokenizer directory's own: Jinja text, or a JSON file with ``chat_template``) and
+    ``chat_template_kwargs`` (template variables for every record; a record's own
+    ``chat_template_kwargs`` take precedence).
 
     ``processor`` (``--processor DIR``, a Hugging Face processor directory): image-text
     records (``records/image_text.py``), ids exactly as that processor gives them, images stored in
@@ -282,8 +280,6 @@ def preprocess(
     """
     if format not in FORMATS:
         raise ValueError(f"--format must be one of {FORMATS}, got {format!r}")
-    if loss_on not in LOSS_ON:
-        raise ValueError(f"--loss-on must be one of {LOSS_ON}, got {loss_on!r}")
     check_inputs(inputs)
     if isinstance(part, str):
         part = Part.parse(part)
@@ -300,13 +296,7 @@ def preprocess(
             part,
             format=format,
             options=EncodeOptions(
-                tokenizer,
-                LayoutOptions(text_field, messages_field),
-                loss_on,
-                chat_template,
-                chat_template_kwargs,
-                processor,
-                max_image_pixels,
+                RecordSource() if source is None else source, processor, max_image_pixels
             ),
             cost_model=cost_model,
             max_record_tokens=max_record_tokens,

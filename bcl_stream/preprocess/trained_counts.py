@@ -18,14 +18,16 @@ Anything else trains every token: no counts (the index then stores ``max(L - 1, 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from bcl_stream.errors import DatasetError
-from bcl_stream.records.chat import CHAT
-from bcl_stream.records.prompt_response import prompt_response_ids
+from bcl_stream.records.prompt_response import PROMPT_RESPONSE
+from bcl_stream.records.registry import kind_reading
 from bcl_stream.records.source import RecordSource
+from bcl_stream.records.text import TEXT
 from bcl_stream.text.loss_spans import LOSS_SPANS, LossSpansError, check_spans, trained_count
 from bcl_stream.text.templates import encoder_for
 
@@ -59,15 +61,18 @@ def spans_trained(spans: Any, tokens: int, where: str) -> int:
         ) from exc
 
 
-def text_record(prompt: Any, response: Any, source: RecordSource, where: str) -> tuple[int, int]:
-    """(tokens, trained) of a text prompt/response record, as the readers will build it."""
-    ids, spans = prompt_response_ids(prompt, response, source, where, encoder_for)
-    return int(ids.size), trained_count(spans, int(ids.size))
+def encoded_in_place(source: RecordSource) -> bool:
+    """Whether ``source``'s records are counted one at a time, encoded as the readers will
+    build them (a conversation, text prompt/response, any kind but stored ids or a plain
+    text/ids column, whose columns are counted directly)."""
+    kind = kind_reading(source)
+    return kind is not TEXT and not (kind is PROMPT_RESPONSE and not source.is_text)
 
 
-def conversation_record(value: Any, source: RecordSource, where: str) -> tuple[int, int]:
-    """(tokens, trained) of a stored conversation, as the readers will render it."""
-    ids, spans = CHAT.stored([value], source, where, encoder_for)
+def stored_record(values: Sequence[Any], source: RecordSource, where: str) -> tuple[int, int]:
+    """(tokens, trained) of a stored record whose ``source.fields`` hold ``values``, as the
+    readers will build it (its kind's ``stored``: ``records/registry.py``)."""
+    ids, spans = kind_reading(source).stored(values, source, where, encoder_for)
     return int(ids.size), trained_count(spans, int(ids.size))
 
 

@@ -33,28 +33,49 @@ from bcl_stream.preprocess.sources import Raw, parse_payload
 from bcl_stream.records.image_text import encode_image_record, has_images
 from bcl_stream.records.kind import Bad, LayoutOptions
 from bcl_stream.records.registry import encode_record, read_record
+from bcl_stream.records.source import RecordSource
 from bcl_stream.text.templates import Encoded, Encoder
 from bcl_stream.vision.encode import ImageEncoded, ImageTextEncoder
 
 Result = tuple[str, "Encoded | ImageEncoded | Bad"]
 
 
+DEFAULT_TOKENIZER = "cl100k"
+DEFAULT_TEXT_FIELD = "text"
+DEFAULT_LOSS_ON = "assistant"
+"""What ``preprocess`` takes for a knob its record source leaves unset."""
+
+
 @dataclass(frozen=True, slots=True)
 class EncodeOptions:
-    """How every worker reads and encodes records (picklable)."""
+    """How every worker reads and encodes records (picklable): the record source as
+    ``preprocess`` reads it, each knob left unset taking its default."""
 
-    tokenizer: str = "cl100k"
-    layout: LayoutOptions = field(default_factory=LayoutOptions)
-    loss_on: str = "assistant"
-    chat_template: str | None = None
-    """``--chat-template FILE``: renders conversations instead of the tokenizer's own."""
-    template_kwargs: dict[str, Any] | None = None
-    """``--chat-template-kwargs``: template variables for every record."""
+    source: RecordSource = field(default_factory=RecordSource)
     processor: str | None = None
     """``--processor DIR``: image-text records through that Hugging Face processor (its
-    tokenizer and chat template; ``tokenizer`` is then unused)."""
+    tokenizer and chat template; the source's ``tokenizer`` is then unused)."""
     max_image_pixels: int | None = None
     """Images above this many pixels are bad records (None: PIL's decompression-bomb limit)."""
+
+    @property
+    def tokenizer(self) -> str:
+        return self.source.tokenizer or DEFAULT_TOKENIZER
+
+    @property
+    def loss_on(self) -> str:
+        return self.source.loss_on or DEFAULT_LOSS_ON
+
+    @property
+    def layout(self) -> LayoutOptions:
+        """Where a record's content is looked for."""
+        return LayoutOptions(
+            self.source.text_field or DEFAULT_TEXT_FIELD, self.source.messages_field
+        )
+
+    @property
+    def template_kwargs(self) -> dict[str, Any] | None:
+        return self.source.chat_template_kwargs
 
     def encoder(self) -> Encoder | ImageTextEncoder:
         if self.processor is not None:
@@ -64,7 +85,7 @@ class EncodeOptions:
         return Encoder(
             self.tokenizer,
             self.loss_on,
-            chat_template=self.chat_template,
+            chat_template=self.source.chat_template,
             template_kwargs=self.template_kwargs,
         )
 

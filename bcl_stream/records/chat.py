@@ -155,7 +155,13 @@ class ChatKind:
     name = "messages"
     shape: type = Conversation
     what = "a conversation column"
-    knobs: tuple[str, ...] = ("messages_field", "tokenizer", "loss_on")
+    knobs: tuple[str, ...] = (
+        "messages_field",
+        "tokenizer",
+        "loss_on",
+        "chat_template",
+        "chat_template_kwargs",
+    )
 
     def detect(self, names: Collection[str], options: LayoutOptions) -> tuple[str, ...] | None:
         for name in (options.messages_field,) if options.messages_field else MESSAGES_FIELDS:
@@ -211,7 +217,12 @@ class ChatKind:
                     f"list of messages ({exc})"
                 ) from exc
         shape = self.read(where, {source.field: value}, (source.field,))
-        encoder = encoders(str(source.tokenizer), source.loss_on or "assistant")
+        encoder = encoders(
+            str(source.tokenizer),
+            source.loss_on or "assistant",
+            source.chat_template,
+            source.chat_template_kwargs,
+        )
         encoded = shape if isinstance(shape, Bad) else encode_checked(self, where, shape, encoder)
         if isinstance(encoded, Bad):
             raise DatasetError(

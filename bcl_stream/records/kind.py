@@ -83,8 +83,9 @@ IDS, TEXT, OTHER = "ids", "text", "other"
 """What a stored column holds, as far as choosing a record source goes (``annotate``)."""
 
 
-Encoders = Callable[[str, str], Encoder]
-"""``(tokenizer spec, loss_on) -> encoder``: the readers' per-process encoder cache."""
+Encoders = Callable[..., Encoder]
+"""``(tokenizer spec, loss_on, chat_template=None, template_kwargs=None) -> encoder``: the
+readers' per-process encoder cache (``text/templates.py`` ``encoder_for``)."""
 Ids = tuple[npt.NDArray[Any], "npt.NDArray[np.uint32] | None"]
 """A stored record's ``input_ids`` and ``loss_spans`` (None: no mask; every token trained)."""
 

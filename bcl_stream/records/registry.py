@@ -88,7 +88,10 @@ def read_record(where: str, record: dict[str, Any], options: LayoutOptions) -> A
 
 
 def encode(shape: Any, encoder: Encoder) -> Encoded:
-    """``shape``'s ids and mask by its kind, unchecked (may raise the encoder's errors)."""
+    """``shape``'s ids and mask by its kind, without the checks :func:`encode_record` makes
+    (the encoder's errors propagate; a kind's own refusal, such as a conversation with nothing
+    to train, is a :class:`ValueError` with its message). For tools and tests that encode a
+    shape they built."""
     result = kind_of(shape).encode("", shape, encoder)
     if isinstance(result, Bad):
         raise ValueError(result.message)

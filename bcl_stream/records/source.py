@@ -1,5 +1,13 @@
-"""Where a record's token ids come from: a column of ids of any name, raw integer bytes, or a
-text column tokenized on the fly.
+"""The one declaration of a record source: where a record's token ids come from (a column of
+ids of any name, raw integer bytes, or a text column tokenized on the fly), and the tokenizer,
+fields and chat-template knobs that turn a record into ids and a loss mask.
+
+One frozen :class:`RecordSource` is built once from the CLI flags (``preprocess``,
+``annotate``) or the YAML ``data.tokens`` group (the DataModule) and handed to ``preprocess``,
+``annotate`` and the readers; none of them restates its knobs. ``preprocess`` reads it as
+where to look in a source record (a field not given takes its default: ``text_field``
+``text``, ``tokenizer`` ``cl100k``, ``loss_on`` ``assistant``); the readers and ``annotate``
+read it as the exact columns of an existing dataset, with the rules of :meth:`checked`.
 
 Why: existing datasets are not all laid out as bcl-stream writes them (``input_ids``, an
 ``ndarray:uint32`` column). llm-foundry's ``convert_dataset_hf --concat_tokens`` writes a
@@ -25,10 +33,13 @@ turns a column's value into ids and counts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from bcl_stream.text.templates import LOSS_ON
 
 DEFAULT_FIELD = "input_ids"
 KEYS = (
@@ -39,7 +50,10 @@ KEYS = (
     "response_field",
     "messages_field",
     "loss_on",
+    "chat_template",
+    "chat_template_kwargs",
 )
+"""Every knob, in the order indexes and cursors record them."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,13 +81,50 @@ class RecordSource:
     ``tokenizer``'s chat template (or the built-in ChatML) as ``preprocess`` renders it; its
     mask follows ``loss_on``. Needs ``tokenizer``; excludes the other columns."""
     loss_on: str | None = None
-    """With ``messages_field``: ``assistant`` (None means it), ``last`` or ``all``."""
+    """The trained tokens of a conversation: ``assistant`` (None means it), ``last`` or
+    ``all`` (``preprocess``: also ``all`` for prompt/response records, which then store no
+    mask)."""
+    chat_template: str | None = None
+    """A file whose template renders conversations instead of the tokenizer directory's own
+    (Jinja text, or a JSON file with ``chat_template``); needs a Hugging Face tokenizer
+    directory."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Template variables given to every conversation (a record's own
+    ``chat_template_kwargs`` take precedence)."""
 
     def __post_init__(self) -> None:
         for name in KEYS:
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value):
+            if name == "chat_template_kwargs":
+                if value is not None and not isinstance(value, dict):
+                    raise ValueError(f"{name} must be a dict or None, got {value!r}")
+            elif value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"{name} must be a non-empty string or None, got {value!r}")
+        if self.loss_on not in (None, *LOSS_ON):
+            raise ValueError(f"loss_on must be one of {LOSS_ON}, got {self.loss_on!r}")
+        if self.tokens_dtype is not None:
+            try:
+                dtype = np.dtype(self.tokens_dtype)
+            except TypeError as exc:
+                raise ValueError(f"tokens_dtype {self.tokens_dtype!r} is not a dtype") from exc
+            if not np.issubdtype(dtype, np.integer):
+                raise ValueError(
+                    f"tokens_dtype must be an integer dtype (int64, uint32, ...), got "
+                    f"{self.tokens_dtype!r}"
+                )
+
+    @property
+    def named(self) -> bool:
+        """Whether a column is named (else ``annotate`` finds the columns by their names)."""
+        return self.tokens_field != DEFAULT_FIELD or any(
+            getattr(self, k) is not None
+            for k in ("tokens_dtype", "text_field", "response_field", "messages_field")
+        )
+
+    def checked(self) -> RecordSource:
+        """``self`` if it names the columns of an existing dataset consistently (what the
+        readers and ``annotate`` read), else a :class:`ValueError` saying which knobs do not
+        go together."""
         if self.messages_field is not None:
             if (
                 self.tokenizer is None
@@ -87,11 +138,14 @@ class RecordSource:
                     "messages_field takes a tokenizer (whose chat template renders it) and no "
                     "other column (tokens_field, tokens_dtype, text_field, response_field)"
                 )
-            if self.loss_on not in (None, "assistant", "last", "all"):
-                raise ValueError(f"loss_on must be assistant, last or all, got {self.loss_on!r}")
-            return
+            return self
         if self.loss_on is not None:
             raise ValueError("loss_on goes with messages_field (a conversation column)")
+        if self.chat_template is not None or self.chat_template_kwargs is not None:
+            raise ValueError(
+                "chat_template and chat_template_kwargs go with messages_field (a "
+                "conversation column)"
+            )
         if (self.text_field is None) != (self.tokenizer is None):
             raise ValueError(
                 "text_field and tokenizer go together: a text column is tokenized with a "
@@ -109,16 +163,7 @@ class RecordSource:
                 f"response_field {self.response_field!r} is the prompt column too; name the "
                 "prompt with tokens_field or text_field and the response apart"
             )
-        if self.tokens_dtype is not None:
-            try:
-                dtype = np.dtype(self.tokens_dtype)
-            except TypeError as exc:
-                raise ValueError(f"tokens_dtype {self.tokens_dtype!r} is not a dtype") from exc
-            if not np.issubdtype(dtype, np.integer):
-                raise ValueError(
-                    f"tokens_dtype must be an integer dtype (int64, uint32, ...), got "
-                    f"{self.tokens_dtype!r}"
-                )
+        return self
 
     @property
     def is_text(self) -> bool:
@@ -157,20 +202,30 @@ class RecordSource:
             return f"prompt {what} + response column {self.response_field!r}{tail}"
         return what + tail
 
-    def to_dict(self) -> dict[str, str]:
+    def to_dict(self) -> dict[str, Any]:
         """The fields that differ from the default (what indexes and cursors record)."""
         default = RecordSource()
         return {k: getattr(self, k) for k in KEYS if getattr(self, k) != getattr(default, k)}
 
     @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> RecordSource:
+        """The source the command-line options name (``vars(args)``: ``--text-field`` is
+        ``text_field``, ...): every knob among ``options`` that is set, the rest at their
+        defaults. Built once, then handed to ``preprocess`` or ``annotate``."""
+        return cls(**{k: options[k] for k in KEYS if options.get(k) is not None})
+
+    @classmethod
     def from_dict(cls, data: Any) -> RecordSource:
         if not isinstance(data, dict) or set(data) - set(KEYS):
             raise ValueError(f"a token source is a dict with keys among {KEYS}, got {data!r}")
-        return cls(**data)
+        return cls(**data).checked()
 
     @classmethod
     def of(cls, value: RecordSource | dict[str, Any] | None) -> RecordSource | None:
         """``value`` as a source; None and the default source are None (the stored
         ``input_ids``, what every earlier cursor meant)."""
-        source = value if isinstance(value, RecordSource) or value is None else cls.from_dict(value)
+        if isinstance(value, RecordSource):
+            source: RecordSource | None = value.checked()
+        else:
+            source = None if value is None else cls.from_dict(value)
         return None if source is None or source == cls() else source

@@ -48,6 +48,7 @@ record (``no_trained_tokens``): an error naming ``file:line`` unless ``--skip-ba
 from __future__ import annotations
 
 import functools
+import json
 import re
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -375,7 +376,6 @@ def _check_parts(messages: list[dict[str, Any]], text: str) -> None:
 def read_chat_template(path: str) -> str:
     """A chat template file (Jinja text, or a ``tokenizer_config.json`` / ``.json`` holding
     ``chat_template``), as ``--chat-template`` names it."""
-    import json
 
     try:
         with open(path, encoding="utf-8") as fh:
@@ -408,9 +408,24 @@ def _refuse_prefix(turn: int) -> NoReturn:
     )
 
 
+def encoder_for(
+    spec: str,
+    loss_on: str,
+    chat_template: str | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> Encoder:
+    """The encoder ``preprocess`` uses, one per settings and process: a record the readers or
+    ``annotate`` encode is encoded exactly as ``preprocess`` writes one, and a tokenizer
+    directory is loaded once, whichever kind asks first."""
+    kwargs = None if template_kwargs is None else json.dumps(template_kwargs, sort_keys=True)
+    return _encoder(spec, loss_on, chat_template, kwargs)
+
+
 @functools.cache
-def encoder_for(spec: str, loss_on: str) -> Encoder:
-    """The encoder ``preprocess`` uses, one per (tokenizer, loss_on) and process: a record the
-    readers or ``annotate`` encode is encoded exactly as ``preprocess`` writes one, and a
-    tokenizer directory is loaded once, whichever kind asks first."""
-    return Encoder(spec, loss_on)
+def _encoder(spec: str, loss_on: str, chat_template: str | None, kwargs: str | None) -> Encoder:
+    return Encoder(
+        spec,
+        loss_on,
+        chat_template=chat_template,
+        template_kwargs=None if kwargs is None else json.loads(kwargs),
+    )

@@ -22,6 +22,7 @@ from bcl_stream.loading.collate import collate_packed
 from bcl_stream.loading.loader import PackLoader
 from bcl_stream.preprocess.annotate import annotate
 from bcl_stream.records.prompt_response import PromptResponse, encode_prompt_response
+from bcl_stream.records.source import RecordSource
 from bcl_stream.text.loss_spans import trained_count
 from bcl_stream.text.templates import Encoder
 from bcl_stream.text.tokenizers import load_hf_tokenizer
@@ -113,7 +114,9 @@ def test_llm_foundry_pretokenized_prompt_response_mds(tmp_path: Path) -> None:
     with MDSWriter(out=str(tmp_path), columns=columns, size_limit=1024) as w:
         for prompt, response in rows:
             w.write({"input_ids": prompt, "labels": response})
-    index = annotate(tmp_path, response_field="labels", cost_model="tokens", progress=False)
+    index = annotate(
+        tmp_path, source=RecordSource(response_field="labels"), cost_model="tokens", progress=False
+    )
     assert index.tokens.tolist() == [p.size + r.size for p, r in rows]
     # the same ids under preprocess's names are found without a flag
     named = tmp_path / "named"
@@ -144,7 +147,12 @@ def test_prompt_response_webdataset(tmp_path: Path, tok_dir: str, named: bool) -
         for i, (prompt, response) in enumerate(PAIRS):
             sink.write({"__key__": f"{i:06d}", "json": {"prompt": prompt, "completion": response}})
     fields = {"text_field": "prompt", "response_field": "completion"} if named else {}
-    index = annotate(tmp_path, **fields, tokenizer=tok_dir, cost_model="tokens", progress=False)
+    index = annotate(
+        tmp_path,
+        source=RecordSource(**fields, tokenizer=tok_dir),
+        cost_model="tokens",
+        progress=False,
+    )
     assert index.extra["annotate"]["response_field"] == "completion"
     encoder = Encoder(tok_dir)
     want = [encode_prompt_response(PromptResponse(p, r), encoder) for p, r in PAIRS]
@@ -226,12 +234,12 @@ def test_what_cannot_be_found_by_name_is_refused_naming_the_fix(tmp_path: Path) 
     with pytest.raises(
         DatasetError, match=r"no layout preprocess recognises.*\['answer', 'question'\]"
     ):
-        annotate(other, tokenizer="cl100k", progress=False)
+        annotate(other, source=RecordSource(tokenizer="cl100k"), progress=False)
     ids = tmp_path / "ids"
     with MDSWriter(out=str(ids), columns={"input_ids": "ndarray:uint32"}) as w:
         w.write({"input_ids": np.arange(3, dtype=np.uint32)})
     with pytest.raises(DatasetError, match=r"token ids in column 'input_ids'.*drop them"):
-        annotate(ids, tokenizer="cl100k", progress=False)
+        annotate(ids, source=RecordSource(tokenizer="cl100k"), progress=False)
     for root in (text, other, ids):  # nothing written
         assert json.loads((root / "index.json").read_text()).get("bcl_index") is None
 
@@ -247,9 +255,7 @@ def test_a_missing_response_column_is_named(tmp_path: Path) -> None:
     ):
         annotate(
             tmp_path,
-            text_field="prompt",
-            response_field="response",
-            tokenizer="cl100k",
+            source=RecordSource(text_field="prompt", response_field="response", tokenizer="cl100k"),
             progress=False,
         )
     assert json.loads((tmp_path / "index.json").read_text()).get("bcl_index") is None
@@ -289,7 +295,12 @@ def test_stored_conversations_are_rendered_as_preprocess_renders_them(
             for i, messages in enumerate(CONVERSATIONS):
                 sink.write({"__key__": f"{i:06d}", "json": {"messages": messages}})
     # the conversation column is found by its name, as preprocess finds it in a record
-    index = annotate(data, tokenizer=tok, loss_on=loss_on, cost_model="tokens", progress=False)
+    index = annotate(
+        data,
+        source=RecordSource(tokenizer=tok, loss_on=loss_on),
+        cost_model="tokens",
+        progress=False,
+    )
     assert index.extra["annotate"]["messages_field"] == "messages"
     encoder = Encoder(tok, loss_on)
     from bcl_stream.records.registry import encode
@@ -316,8 +327,14 @@ def test_a_stored_conversation_with_nothing_to_train_is_named(tmp_path: Path) ->
         DatasetError,
         match=r"shard\.00000\.mds sample 1: the conversation has no assistant turn.*cannot be left out",
     ):
-        annotate(tmp_path, messages_field="messages", tokenizer="cl100k", progress=False)
+        annotate(
+            tmp_path,
+            source=RecordSource(messages_field="messages", tokenizer="cl100k"),
+            progress=False,
+        )
     index = annotate(
-        tmp_path, messages_field="messages", tokenizer="cl100k", loss_on="all", progress=False
+        tmp_path,
+        source=RecordSource(messages_field="messages", tokenizer="cl100k", loss_on="all"),
+        progress=False,
     )
     assert index.trained.tolist() == (index.tokens - 1).tolist()

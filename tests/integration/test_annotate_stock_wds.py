@@ -23,6 +23,7 @@ from bcl_stream.errors import DatasetError
 from bcl_stream.formats.wds_reader import WDSPackDataset
 from bcl_stream.loading.loader import PackLoader
 from bcl_stream.preprocess.annotate import annotate
+from bcl_stream.records.source import RecordSource
 
 pytestmark = pytest.mark.shared_process
 
@@ -61,7 +62,9 @@ def read_all(root: Path) -> dict[int, int]:
 
 def test_numbered_keys_with_gaps_are_read(tmp_path: Path) -> None:
     root = filtered_corpus(tmp_path / "ds")
-    index = annotate(root, tokens_field="tokens", cost_model="tokens", progress=False)
+    index = annotate(
+        root, source=RecordSource(tokens_field="tokens"), cost_model="tokens", progress=False
+    )
     assert index.extra["record_keys"] == "names" and len(index) == len(KEPT)
     seen = read_all(root)
     # record n of the dataset (shard order) is the n-th kept record: its ids say which
@@ -79,7 +82,9 @@ def test_keys_that_are_the_record_ids_keep_the_key_check(tmp_path: Path) -> None
         with wds.TarWriter(str(root / f"shard-{shard:06d}.tar")) as sink:
             for i in range(shard * 20, shard * 20 + 20):
                 sink.write({"__key__": f"{i:010d}", "tokens.npy": np.full(4, i, np.int32)})
-    index = annotate(root, tokens_field="tokens", cost_model="tokens", progress=False)
+    index = annotate(
+        root, source=RecordSource(tokens_field="tokens"), cost_model="tokens", progress=False
+    )
     assert "record_keys" not in index.extra
     assert all(sid == value for sid, value in read_all(root).items())
     a, b = root / "shard-000000.tar", root / "shard-000001.tar"
@@ -120,7 +125,9 @@ def test_a_link_member_is_refused_naming_shard_and_member(
         match=rf"^shard-000000\.tar: member '000004\.tokens\.npy' is a {word} link \(to "
         r"'000003\.tokens\.npy'\): .*Rewrite the shard with the files themselves",
     ):
-        annotate(root, tokens_field="tokens", cost_model="tokens", progress=False)
+        annotate(
+            root, source=RecordSource(tokens_field="tokens"), cost_model="tokens", progress=False
+        )
     assert not (root / "bcl_index.json").exists()
 
 
@@ -139,12 +146,17 @@ def test_token_ids_no_vocabulary_holds_are_refused(tmp_path: Path, bad: int) -> 
         for i in range(3):
             sink.write({"__key__": f"{i:06d}", "tokens.npy": ids if i == 1 else ids[:2]})
     with pytest.raises(DatasetError, match=rf"sample 000001: .*token id {bad} at position 2"):
-        annotate(wroot, tokens_field="tokens", cost_model="tokens", progress=False)
+        annotate(
+            wroot, source=RecordSource(tokens_field="tokens"), cost_model="tokens", progress=False
+        )
     mroot = tmp_path / "mds"
     with MDSWriter(out=str(mroot), columns={"tokens": "bytes"}) as writer:
         for i in range(3):
             writer.write({"tokens": (ids if i == 2 else ids[:2]).tobytes()})
     with pytest.raises(DatasetError, match=rf"sample 2: .*token id {bad} at position 2"):
         annotate(
-            mroot, tokens_field="tokens", tokens_dtype="int64", cost_model="tokens", progress=False
+            mroot,
+            source=RecordSource(tokens_field="tokens", tokens_dtype="int64"),
+            cost_model="tokens",
+            progress=False,
         )

@@ -17,6 +17,7 @@ from bcl_stream.formats.wds_reader import WDSPackDataset
 from bcl_stream.io.index import read_index
 from bcl_stream.loading.loader import PackLoader
 from bcl_stream.preprocess import preprocess
+from bcl_stream.records.source import RecordSource
 from bcl_stream.text.loss_spans import mask_from_spans, trained_count
 from bcl_stream.text.tokenizers import load_hf_tokenizer
 from tests.hf_tokenizers import LLAMA3, LLAMA3_GENERATION, build_tokenizer_dir
@@ -72,7 +73,11 @@ def test_messages_are_stored_as_the_template_renders_them_with_their_masks(
     src = write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in convs])
     out = tmp_path / "out"
     report = preprocess(
-        [str(src)], str(out), format=fmt, tokenizer=tok_dirs[template], progress=False
+        [str(src)],
+        str(out),
+        format=fmt,
+        source=RecordSource(tokenizer=tok_dirs[template]),
+        progress=False,
     )
     oracle = load_hf_tokenizer(tok_dirs["generation"])
     index = read_index(out)
@@ -117,7 +122,13 @@ def test_layouts_from_jsonl_and_parquet(tmp_path: Path, tok_dirs: dict[str, str]
     ]
     src = write_jsonl(tmp_path / "mixed.jsonl", rows)
     out = tmp_path / "out"
-    preprocess([str(src)], str(out), format="wds", tokenizer=tok_dirs["plain"], progress=False)
+    preprocess(
+        [str(src)],
+        str(out),
+        format="wds",
+        source=RecordSource(tokenizer=tok_dirs["plain"]),
+        progress=False,
+    )
     got = read_back("wds", out)
     tok = load_hf_tokenizer(tok_dirs["plain"])
     chat = tok.apply_chat_template(hello, tokenize=True)
@@ -140,8 +151,7 @@ def test_layouts_from_jsonl_and_parquet(tmp_path: Path, tok_dirs: dict[str, str]
     preprocess(
         [str(tmp_path / "sharegpt.parquet")],
         str(out2),
-        messages_field="dialog",
-        tokenizer=tok_dirs["plain"],
+        source=RecordSource(messages_field="dialog", tokenizer=tok_dirs["plain"]),
         progress=False,
     )
     assert [r["input_ids"].tolist() for r in read_back("mds", out2).values()] == [list(chat)] * 2
@@ -173,8 +183,7 @@ def test_loss_on_last_and_all(tmp_path: Path, tok_dirs: dict[str, str]) -> None:
             [str(src)],
             str(out),
             format="wds",
-            tokenizer=tok_dirs["generation"],
-            loss_on=loss_on,
+            source=RecordSource(tokenizer=tok_dirs["generation"], loss_on=loss_on),
             progress=False,
         )
         index = read_index(out)
@@ -205,9 +214,18 @@ def test_bad_conversations_are_errors_naming_the_line_or_skipped_and_listed(
     with pytest.raises(
         DatasetError, match=rf"{src}:4: the conversation has no assistant turn .*--skip-bad"
     ):
-        preprocess([str(src)], str(tmp_path / "a"), tokenizer=tok_dirs["plain"], progress=False)
+        preprocess(
+            [str(src)],
+            str(tmp_path / "a"),
+            source=RecordSource(tokenizer=tok_dirs["plain"]),
+            progress=False,
+        )
     report = preprocess(
-        [str(src)], str(tmp_path / "b"), tokenizer=tok_dirs["plain"], skip_bad=True, progress=False
+        [str(src)],
+        str(tmp_path / "b"),
+        source=RecordSource(tokenizer=tok_dirs["plain"]),
+        skip_bad=True,
+        progress=False,
     )
     assert report.records_written == 4
     assert report.skipped_bad == {"no_trained_tokens": 9}
@@ -241,7 +259,7 @@ def test_truncation_cuts_the_mask_and_a_response_cut_away_leaves_the_record_out(
         [str(src)],
         str(tmp_path / "b"),
         format="wds",
-        tokenizer=tok_dirs["plain"],
+        source=RecordSource(tokenizer=tok_dirs["plain"]),
         max_record_tokens=20,
         outliers="truncate",
         progress=False,
@@ -259,7 +277,11 @@ def test_truncation_cuts_the_mask_and_a_response_cut_away_leaves_the_record_out(
     assert first["input_ids"].size == 20 and first["loss_spans"][-1] == 20
     assert read_index(tmp_path / "b").trained.tolist()[0] == trained_count(first["loss_spans"], 20)
     full = preprocess(
-        [str(src)], str(tmp_path / "c"), format="wds", tokenizer=tok_dirs["plain"], progress=False
+        [str(src)],
+        str(tmp_path / "c"),
+        format="wds",
+        source=RecordSource(tokenizer=tok_dirs["plain"]),
+        progress=False,
     )
     assert o["tokens_removed"] == full.tokens_written - report.tokens_written
 
@@ -283,7 +305,9 @@ def test_text_and_conversations_in_one_dataset(tmp_path: Path) -> None:
         read_index(tmp_path / "wds").trained.tolist()
         == read_index(tmp_path / "mds").trained.tolist()
     )
-    preprocess([str(src)], str(tmp_path / "all"), loss_on="all", progress=False)
+    preprocess(
+        [str(src)], str(tmp_path / "all"), source=RecordSource(loss_on="all"), progress=False
+    )
     assert all("loss_spans" not in r for r in read_back("mds", tmp_path / "all").values())
 
 
@@ -337,7 +361,7 @@ def test_worker_processes_write_the_same_sft_dataset_as_one(
             [str(src)],
             str(tmp_path / f"w{workers}"),
             format="wds",
-            tokenizer=tok_dirs["plain"],
+            source=RecordSource(tokenizer=tok_dirs["plain"]),
             workers=workers,
             progress=False,
         )
@@ -358,7 +382,7 @@ def test_a_tokenizer_worker_loads_transformers_without_torch(tok_dirs: dict[str,
     from bcl_stream.records.kind import Bad, LayoutOptions
     from bcl_stream.text.templates import Encoder
 
-    options = EncodeOptions(tokenizer=tok_dirs["plain"])
+    options = EncodeOptions(RecordSource(tokenizer=tok_dirs["plain"]))
     chats = enumerate(conversations(6))
     raws = [(f"c.jsonl:{i}", json.dumps({"messages": m}).encode()) for i, m in chats]
     with tokenizer_pool(2, options) as pool:
@@ -385,7 +409,14 @@ def test_parts_with_other_masks_are_not_merged(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in conversations(30)])
     out = tmp_path / "out"
     preprocess([str(src)], str(out), format="wds", part="0/2", progress=False)
-    preprocess([str(src)], str(out), format="wds", part="1/2", loss_on="all", progress=False)
+    preprocess(
+        [str(src)],
+        str(out),
+        format="wds",
+        part="1/2",
+        source=RecordSource(loss_on="all"),
+        progress=False,
+    )
     with pytest.raises(
         DatasetError, match=r"part-1-of-2: its loss_on is 'all', part 0's is 'assistant'"
     ):

@@ -22,6 +22,7 @@ from bcl_stream.epoch.plan import ReaderConfig
 from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.io.index import read_index
 from bcl_stream.loading.loader import PackLoader
+from bcl_stream.records.source import RecordSource
 from bcl_stream.text.loss_spans import mask_from_spans
 from bcl_stream.text.tokenizers import load_hf_tokenizer
 from tests.official_templates import (
@@ -234,9 +235,8 @@ def test_parts_with_other_template_kwargs_are_not_merged(
     src = write_jsonl(tmp_path / "chat.jsonl", [{"messages": CHAT}] * 8)
     out, tok = tmp_path / "out", str(dirs["llama3_1"])
     given = {"date_string": "01 Jan 2025"}
-    preprocess([str(src)], str(out), tokenizer=tok, part="0/2", progress=False)
-    preprocess([str(src)], str(out), tokenizer=tok, part="1/2", progress=False,
-               chat_template_kwargs=given)  # fmt: skip
+    preprocess([str(src)], str(out), source=RecordSource(tokenizer=tok), part="0/2", progress=False)
+    preprocess([str(src)], str(out), source=RecordSource(tokenizer=tok, chat_template_kwargs=given), part="1/2", progress=False)  # fmt: skip
     with pytest.raises(DatasetError, match=r"part-1-of-2: its chat_template_kwargs is \{'date"):
         merge(out)
     assert read_index(out / "part-1-of-2").extra["preprocess"]["chat_template_kwargs"] == given

@@ -15,6 +15,7 @@ from bcl_stream.formats.mds_writer import CostedMDSWriter
 from bcl_stream.formats.wds_writer import CostedWDSWriter
 from bcl_stream.io.index import read_index
 from bcl_stream.preprocess import pipeline, preprocess
+from bcl_stream.records.source import RecordSource
 
 
 def _records(n: int, seed: int = 1) -> list[np.ndarray]:
@@ -164,7 +165,7 @@ def test_preprocess_text_field_and_parquet(tmp_path: Path) -> None:
     preprocess(
         [str(tmp_path / "a.parquet"), str(tmp_path / "b.jsonl")],
         str(out),
-        text_field="body",
+        source=RecordSource(text_field="body"),
         progress=False,
     )
     index = open_layout(out).index
@@ -200,7 +201,7 @@ def test_preprocess_with_a_local_tokenizer_json(tmp_path: Path) -> None:
         [str(src)],
         str(tmp_path / "out"),
         format="wds",
-        tokenizer=str(tmp_path / "tokenizer.json"),
+        source=RecordSource(tokenizer=str(tmp_path / "tokenizer.json")),
         shard_size_limit="1mb",
         progress=False,
     )

@@ -13,6 +13,7 @@ from bcl_stream.cli import main
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.dataset_files import check_integrity, open_layout
 from bcl_stream.preprocess.annotate import annotate
+from bcl_stream.records.source import RecordSource
 
 pytestmark = pytest.mark.shared_process
 
@@ -80,11 +81,11 @@ def test_annotate_names_a_missing_field(tmp_path: Path) -> None:
     out = tmp_path / "mds"
     _stock_mds(out)
     with pytest.raises(DatasetError, match=r"no column 'ids'.*--tokens-field"):
-        annotate(out, tokens_field="ids", progress=False)
+        annotate(out, source=RecordSource(tokens_field="ids"), progress=False)
     wds_out = tmp_path / "wds"
     _stock_wds(wds_out)
     with pytest.raises(DatasetError, match=r"no member tokens\.npy"):
-        annotate(wds_out, tokens_field="tokens", progress=False)
+        annotate(wds_out, source=RecordSource(tokens_field="tokens"), progress=False)
 
 
 @pytest.mark.parametrize("fmt", ["mds", "wds"])

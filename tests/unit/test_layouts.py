@@ -1,4 +1,5 @@
-"""The layouts SFT records come in, read into a text, a conversation or a prompt/response."""
+"""The record kinds SFT records come in (``records/``), read into a text, a conversation or a
+prompt/response."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 
 from bcl_stream.records.kind import Bad, LayoutOptions
 from bcl_stream.records.prompt_response import PromptResponse
-from bcl_stream.records.registry import read_record as read_layout
+from bcl_stream.records.registry import read_record
 from bcl_stream.records.text import Text
 from bcl_stream.text.chat import Conversation
 
@@ -14,11 +15,11 @@ HI = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello
 
 
 def test_messages_and_conversations_are_found_or_named() -> None:
-    assert read_layout("f:1", {"messages": HI}, LayoutOptions()) == Conversation(HI)
-    assert read_layout("f:1", {"conversations": HI}, LayoutOptions()) == Conversation(HI)
+    assert read_record("f:1", {"messages": HI}, LayoutOptions()) == Conversation(HI)
+    assert read_record("f:1", {"conversations": HI}, LayoutOptions()) == Conversation(HI)
     named = LayoutOptions(messages_field="dialog")
-    assert read_layout("f:1", {"dialog": HI, "text": "x"}, named) == Conversation(HI)
-    bad = read_layout("f:3", {"messages": HI}, named)
+    assert read_record("f:1", {"dialog": HI, "text": "x"}, named) == Conversation(HI)
+    bad = read_record("f:3", {"messages": HI}, named)
     assert isinstance(bad, Bad) and bad.reason == "missing_field" and "'dialog'" in bad.message
 
 
@@ -31,7 +32,7 @@ def test_sharegpt_roles_are_mapped_and_other_keys_kept() -> None:
             {"from": "observation", "value": "42"},
         ]
     }
-    shape = read_layout("f:1", record, LayoutOptions())
+    shape = read_record("f:1", record, LayoutOptions())
     assert isinstance(shape, Conversation)
     assert shape.messages == [
         {"role": "system", "content": "be brief"},
@@ -39,7 +40,7 @@ def test_sharegpt_roles_are_mapped_and_other_keys_kept() -> None:
         {"role": "assistant", "content": "hello"},
         {"role": "tool", "content": "42"},
     ]
-    bad = read_layout("f:2", {"conversations": [{"from": "robot", "value": "x"}]}, LayoutOptions())
+    bad = read_record("f:2", {"conversations": [{"from": "robot", "value": "x"}]}, LayoutOptions())
     assert isinstance(bad, Bad) and "ShareGPT role 'robot'" in bad.message
 
 
@@ -50,7 +51,7 @@ def test_parts_tool_calls_and_tools_reach_the_template() -> None:
         {"role": "assistant", "content": None, "tool_calls": [call]},
     ]
     tools = [{"type": "function", "function": {"name": "f"}}]
-    shape = read_layout("f:1", {"messages": messages, "tools": tools}, LayoutOptions())
+    shape = read_record("f:1", {"messages": messages, "tools": tools}, LayoutOptions())
     assert shape == Conversation(messages, tools)
 
 
@@ -67,7 +68,7 @@ def test_sharegpt_function_call_becomes_tool_calls_and_tools_text_is_parsed() ->
         "tools": '[{"name": "get", "parameters": {}}]',
         "chat_template_kwargs": {"enable_thinking": False},
     }
-    shape = read_layout("f:1", record, LayoutOptions())
+    shape = read_record("f:1", record, LayoutOptions())
     call = {"type": "function", "function": {"name": "get", "arguments": {"city": "Oslo"}}}
     assert shape == Conversation(
         [
@@ -79,7 +80,7 @@ def test_sharegpt_function_call_becomes_tool_calls_and_tools_text_is_parsed() ->
         [{"name": "get", "parameters": {}}],
         template_kwargs={"enable_thinking": False},
     )
-    empty = read_layout("f:1", {"messages": HI, "tools": []}, LayoutOptions())
+    empty = read_record("f:1", {"messages": HI, "tools": []}, LayoutOptions())
     assert isinstance(empty, Conversation) and empty.tools == []
     for bad_record, match in [
         ({"conversations": [{"from": "function_call", "value": "get("}]}, "is not JSON"),
@@ -88,7 +89,7 @@ def test_sharegpt_function_call_becomes_tool_calls_and_tools_text_is_parsed() ->
         ({"messages": HI, "tools": {"a": 1}}, "'tools' is a dict"),
         ({"messages": HI, "chat_template_kwargs": [1]}, "'chat_template_kwargs' is a list"),
     ]:
-        bad = read_layout("f:4", bad_record, LayoutOptions())
+        bad = read_record("f:4", bad_record, LayoutOptions())
         assert isinstance(bad, Bad) and match in bad.message, bad
 
 
@@ -108,28 +109,28 @@ def test_sharegpt_function_call_becomes_tool_calls_and_tools_text_is_parsed() ->
     ],
 )
 def test_malformed_messages_name_the_message(messages: object, match: str) -> None:
-    bad = read_layout("data.jsonl:5", {"messages": messages}, LayoutOptions())
+    bad = read_record("data.jsonl:5", {"messages": messages}, LayoutOptions())
     assert isinstance(bad, Bad)
     assert (bad.source, bad.reason) == ("data.jsonl:5", "bad_messages")
     assert match in bad.message
 
 
 def test_prompt_response_and_prompt_completion() -> None:
-    assert read_layout("f:1", {"prompt": "p", "response": "r"}, LayoutOptions()) == PromptResponse(
+    assert read_record("f:1", {"prompt": "p", "response": "r"}, LayoutOptions()) == PromptResponse(
         "p", "r"
     )
-    assert read_layout(
+    assert read_record(
         "f:1", {"prompt": "p", "completion": "c"}, LayoutOptions()
     ) == PromptResponse("p", "c", ("prompt", "completion"))
-    assert read_layout("f:1", {"prompt": [1, 2], "response": [3]}, LayoutOptions()) == (
+    assert read_record("f:1", {"prompt": [1, 2], "response": [3]}, LayoutOptions()) == (
         PromptResponse([1, 2], [3])
     )
-    mixed = read_layout("f:2", {"prompt": "p", "response": [3]}, LayoutOptions())
+    mixed = read_record("f:2", {"prompt": "p", "response": [3]}, LayoutOptions())
     assert isinstance(mixed, Bad) and "both be text or both ids" in mixed.message
-    wrong = read_layout("f:2", {"prompt": 5, "response": "r"}, LayoutOptions())
+    wrong = read_record("f:2", {"prompt": 5, "response": "r"}, LayoutOptions())
     assert isinstance(wrong, Bad) and "field 'prompt' is a int" in wrong.message
     for empty in ("", []):  # nothing to train but the EOS: refused, as an empty completion is
-        bad = read_layout("f:3", {"prompt": "p" if empty == "" else [1], "completion": empty},
+        bad = read_record("f:3", {"prompt": "p" if empty == "" else [1], "completion": empty},
                           LayoutOptions())  # fmt: skip
         assert isinstance(bad, Bad) and bad.reason == "no_trained_tokens"
         assert "the 'completion' is empty" in bad.message
@@ -137,25 +138,23 @@ def test_prompt_response_and_prompt_completion() -> None:
 
 def test_a_text_field_wins_and_a_record_without_any_layout_is_named() -> None:
     both = {"text": "plain", "messages": HI}
-    assert read_layout("f:1", both, LayoutOptions()) == Text("plain")
-    bad = read_layout("f:7", {"body": "x"}, LayoutOptions())
+    assert read_record("f:1", both, LayoutOptions()) == Text("plain")
+    bad = read_record("f:7", {"body": "x"}, LayoutOptions())
     assert isinstance(bad, Bad) and bad.reason == "missing_field"
     assert "no 'text' field, no messages" in bad.message and "--messages-field" in bad.message
 
 
-def test_layout_fields_is_the_order_read_layout_follows() -> None:
+def test_detect_is_the_order_read_record_follows() -> None:
     from bcl_stream.records.kind import Fields
-    from bcl_stream.records.registry import detect as layout_fields
+    from bcl_stream.records.registry import detect
 
     plain = LayoutOptions()
-    assert layout_fields(["text", "messages"], plain) == Fields("text", ("text",))
-    assert layout_fields(["conversations", "prompt"], plain) == Fields(
-        "messages", ("conversations",)
-    )
-    assert layout_fields(["prompt", "completion"], plain) == Fields(
+    assert detect(["text", "messages"], plain) == Fields("text", ("text",))
+    assert detect(["conversations", "prompt"], plain) == Fields("messages", ("conversations",))
+    assert detect(["prompt", "completion"], plain) == Fields(
         "prompt_response", ("prompt", "completion")
     )
-    assert layout_fields(["prompt", "answer"], plain) is None
+    assert detect(["prompt", "answer"], plain) is None
     named = LayoutOptions(messages_field="dialog")
-    assert layout_fields(["text", "dialog"], named) == Fields("messages", ("dialog",))
-    assert layout_fields(["prompt", "response"], named) is None
+    assert detect(["text", "dialog"], named) == Fields("messages", ("dialog",))
+    assert detect(["prompt", "response"], named) is None

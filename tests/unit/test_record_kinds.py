@@ -7,16 +7,20 @@ from __future__ import annotations
 import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from bcl_stream.cli import build_parser
 from bcl_stream.preprocess.work import EncodeOptions, tokenize_stream
 from bcl_stream.records import registry
 from bcl_stream.records.kind import Bad, Encoders, Ids, LayoutOptions
 from bcl_stream.records.source import RecordSource
+from bcl_stream.text.chat import Conversation
 from bcl_stream.text.templates import Encoded, Encoder
+from tests.hf_tokenizers import CHATML, LLAMA3, build_tokenizer_dir
 
 KNOBS = {f.name for f in fields(RecordSource)}
 
@@ -100,7 +104,9 @@ def test_a_registered_kind_is_read_and_encoded_by_preprocess(
         ("f:2", json.dumps({"shout": 5}).encode()),
         ("f:3", json.dumps({"text": "plain"}).encode()),  # an earlier kind still comes first
     ]
-    out = dict(tokenize_stream(iter(raws), EncodeOptions("cl100k"), workers=1))
+    out = dict(
+        tokenize_stream(iter(raws), EncodeOptions(RecordSource(tokenizer="cl100k")), workers=1)
+    )
     encoder = Encoder("cl100k")
     first = out["f:1"]
     assert isinstance(first, Encoded) and first.spans is None
@@ -109,3 +115,37 @@ def test_a_registered_kind_is_read_and_encoded_by_preprocess(
     third = out["f:3"]
     assert isinstance(third, Encoded)
     np.testing.assert_array_equal(third.ids, encoder.tokenizer.ids("plain"))
+
+
+def test_the_commands_build_one_declaration_from_their_flags(tmp_path: Path) -> None:
+    """``preprocess`` and ``annotate`` keep their flags; each builds one RecordSource."""
+    parser = build_parser()
+    args = parser.parse_args(
+        ["preprocess", "in.jsonl", "--output", "o", "--loss-on", "last", "--messages-field", "m"]
+    )
+    assert RecordSource.from_options(vars(args)) == RecordSource(
+        text_field="text", messages_field="m", tokenizer="cl100k", loss_on="last"
+    )
+    args = parser.parse_args(["annotate", "d", "--text-field", "body", "--tokenizer", "cl100k"])
+    source = RecordSource.from_options(vars(args))
+    assert source == RecordSource(text_field="body", tokenizer="cl100k")
+    assert source.named and source.checked() is source
+    assert not RecordSource.from_options(vars(parser.parse_args(["annotate", "d"]))).named
+
+
+def test_a_read_conversation_uses_the_declared_chat_template(tmp_path: Path) -> None:
+    """A conversation column read with ``chat_template`` is rendered with that template, as
+    ``preprocess`` renders it (before the declaration, readers had no such knob)."""
+    tok = build_tokenizer_dir(tmp_path / "tok", LLAMA3)
+    template = tmp_path / "chatml.jinja"
+    template.write_text(CHATML)
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    record = {"m": json.dumps(messages)}
+    plain = RecordSource(messages_field="m", tokenizer=str(tok))
+    declared = RecordSource(messages_field="m", tokenizer=str(tok), chat_template=str(template))
+    want = registry.encode(Conversation(messages), Encoder(str(tok), chat_template=str(template)))
+    got = registry.record_ids(dict(record), declared, "r")
+    np.testing.assert_array_equal(got["input_ids"], want.ids)
+    np.testing.assert_array_equal(got["loss_spans"], want.spans)
+    other = registry.record_ids(dict(record), plain, "r")["input_ids"]
+    assert other.tolist() != want.ids.tolist()  # the template is not the directory's own

@@ -33,11 +33,17 @@ TEXT = RecordSource(text_field="text", tokenizer="cl100k")
         ),
         ({"messages_field": "m", "tokenizer": "cl100k", "loss_on": "some"}, "loss_on must be"),
         ({"loss_on": "last"}, "loss_on goes with messages_field"),
+        ({"text_field": "t", "tokenizer": "cl100k", "chat_template": "t.jinja"}, "go with"),
+        ({"chat_template_kwargs": ["x"]}, "must be a dict"),
     ],
 )
 def test_a_source_refuses_what_cannot_be_read(kwargs: dict, says: str) -> None:  # type: ignore[type-arg]
+    """Per-knob values are refused when built; columns that do not go together when read
+    (``checked``: the readers, ``annotate``, a saved cursor or config)."""
     with pytest.raises(ValueError, match=says):
-        RecordSource(**kwargs)
+        RecordSource(**kwargs).checked()
+    with pytest.raises(ValueError, match=says):
+        RecordSource.from_dict(kwargs)
 
 
 def test_ids_and_counts_agree_and_refuse_what_is_not_ids() -> None:

@@ -243,6 +243,7 @@ def test_a_caption_record_without_a_processor_is_refused_not_read_as_text(tmp_pa
     import json
 
     from bcl_stream.preprocess.work import EncodeOptions, tokenize_stream
+    from bcl_stream.records.source import RecordSource
 
     f = tmp_path / "in.jsonl"
     raws = [
@@ -250,7 +251,8 @@ def test_a_caption_record_without_a_processor_is_refused_not_read_as_text(tmp_pa
         (f"{f}:2", json.dumps({"text": "plain", "image": "a.png"}).encode()),  # text first
     ]
     (tmp_path / "a.png").write_bytes(_png(20, 20))
-    out = dict(tokenize_stream(iter(raws), EncodeOptions("cl100k"), workers=1))
+    options = EncodeOptions(RecordSource(tokenizer="cl100k"))
+    out = dict(tokenize_stream(iter(raws), options, workers=1))
     first = out[f"{f}:1"]
     assert isinstance(first, Bad) and first.reason == "needs_processor", first
     assert not isinstance(out[f"{f}:2"], Bad)
