@@ -5,9 +5,12 @@ open_dataset, PackLoader, ReaderConfig``). The modules behind it may move; these
 
 - reading: :func:`open_dataset` (one dataset or a mixture), :class:`MDSPackDataset`,
   :class:`WDSPackDataset`, :class:`MixturePackDataset` (each a :class:`PlanDataset`),
-  :class:`PackLoader` (the loader that owns the resume cursor), :class:`PackCollate`, :class:`ReaderConfig` and its planner part :class:`PlanConfig`,
-  :class:`ReadOptions`, :class:`RecordSource`, :class:`StreamSpec`, :class:`ProcessLayout`
-  (data-parallel rank, size and ranks per node, one type wherever they travel together);
+  :class:`PackLoader` (the loader that owns the resume cursor), :class:`ReaderConfig` and
+  its planner part :class:`PlanConfig`, :class:`ReadOptions`, :class:`RecordSource`,
+  :class:`StreamSpec`, :class:`ProcessLayout` (data-parallel rank, size and ranks per node,
+  one type wherever they travel together);
+- batches: :class:`PackCollate` (padded or packed), :class:`ImageCollate` (image-text records:
+  the model's ``pixel_values``, ``image_grid_thw``);
 - writing: :class:`CostedMDSWriter`, :class:`CostedWDSWriter`;
 - training (what every trainer gets: ``docs/pytorch.md``): :func:`open_training` opens a
   rank's reader for a :class:`TrainingContext` (the trainer's :class:`ProcessLayout`,
@@ -58,6 +61,7 @@ if TYPE_CHECKING:
     from bcl_stream.training.knobs import BatchOptions, TrainingKnobs
     from bcl_stream.training.normalize import step_loss_tokens
     from bcl_stream.training.resolve import ResolvedTraining, Training, open_training, resolve
+    from bcl_stream.vision.batch import ImageCollate
 
 _HOMES: dict[str, str] = {
     "BatchOptions": "bcl_stream.training.knobs",
@@ -67,6 +71,7 @@ _HOMES: dict[str, str] = {
     "CostedMDSWriter": "bcl_stream.formats.mds_writer",
     "CostedWDSWriter": "bcl_stream.formats.wds_writer",
     "DatasetError": "bcl_stream.errors",
+    "ImageCollate": "bcl_stream.vision.batch",
     "MDSPackDataset": "bcl_stream.formats.mds_reader",
     "MixturePackDataset": "bcl_stream.formats.mixture_reader",
     "PackCollate": "bcl_stream.loading.collate",
@@ -105,6 +110,7 @@ __all__ = [
     "CostedMDSWriter",
     "CostedWDSWriter",
     "DatasetError",
+    "ImageCollate",
     "MDSPackDataset",
     "MixturePackDataset",
     "PackCollate",

@@ -65,6 +65,7 @@ from bcl_stream.io.dataset_dir import (
     write_mds_index,
 )
 from bcl_stream.io.index import INDEX_JSON, CostIndex, ShardEntry, write_index
+from bcl_stream.io.index_meta import COMPONENTS_FILE
 from bcl_stream.io.names import path_under
 from bcl_stream.io.remote import download, is_remote, join
 from bcl_stream.preprocess.column_counts import (
@@ -201,6 +202,12 @@ def annotate(
             raise DatasetError(
                 f"{join(target, INDEX_JSON)} already exists; pass --overwrite to replace the "
                 "cost index"
+            )
+        if (root / COMPONENTS_FILE).is_file():  # an image-text dataset (docs/vlm.md)
+            raise DatasetError(
+                f"{location}: an image-text dataset ({COMPONENTS_FILE} holds its images' cost "
+                "components), which annotate cannot count; a new index would drop them: "
+                "re-run `bcl-stream preprocess --processor DIR` from its source records"
             )
         mds = read_mds_index(root)["shards"] if fmt == "mds" else None
         everything = (

@@ -1,10 +1,14 @@
-"""Input records: JSONL lines and Parquet rows, read in order, parsed in worker processes.
+"""Input records: JSONL lines, Parquet rows and WebDataset tar records, read in order, parsed
+in worker processes.
 
 The reader in the main process does as little as possible (split lines, slice Parquet batches)
 and hands chunks of raw records to the tokenizing workers: JSON parsing and UTF-8 decoding run
 there, in parallel, and every failure comes back as a :class:`Bad` that names ``file:line``.
 A record is a JSON object of one of the kinds ``records/registry.py`` reads (a text field,
-a conversation, a prompt and its response).
+a conversation, a prompt and its response, an image and its caption). A WebDataset tar's
+record (img2dataset: ``NNN.jpg``, ``NNN.txt``, ``NNN.json``) becomes one object keyed by member
+extension: ``txt`` decoded as UTF-8, ``json`` parsed, every other member its bytes; its source
+is ``file.tar:KEY``.
 """
 
 from __future__ import annotations
@@ -13,15 +17,18 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from bcl_stream.errors import DatasetError
+from bcl_stream.formats.tar_scan import TAR_ERRORS, tar_records
 from bcl_stream.records.kind import Bad
 from bcl_stream.records.text import check_text
 from bcl_stream.text.chat import ChatFormatError, render_messages
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
+TAR_SUFFIXES = (".tar",)
 
 Raw = tuple[str, "bytes | dict[str, Any]"]
 """(source "file:line", a JSONL line's bytes or a Parquet row)."""
@@ -34,10 +41,10 @@ def check_inputs(inputs: list[str]) -> None:
     for path in inputs:
         if not os.path.isfile(path):
             raise DatasetError(f"{path}: no such input file")
-        if not path.endswith(JSONL_SUFFIXES + PARQUET_SUFFIXES):
+        if not path.endswith(JSONL_SUFFIXES + PARQUET_SUFFIXES + TAR_SUFFIXES):
             raise ValueError(
-                f"{path}: unsupported input type; expected JSONL ({', '.join(JSONL_SUFFIXES)}) "
-                f"or Parquet ({', '.join(PARQUET_SUFFIXES)})"
+                f"{path}: unsupported input type; expected JSONL ({', '.join(JSONL_SUFFIXES)}), "
+                f"Parquet ({', '.join(PARQUET_SUFFIXES)}) or a WebDataset tar (.tar)"
             )
 
 
@@ -145,10 +152,38 @@ def _parquet(piece: InputSlice, counts: dict[str, int]) -> Iterator[Raw]:
                 yield f"{path}:{row}", record
 
 
+def _tar(piece: InputSlice, counts: dict[str, int]) -> Iterator[Raw]:
+    """A WebDataset tar's records (see the module docstring), whole files only."""
+    if not piece.whole:
+        raise DatasetError(
+            f"{piece.path}: a WebDataset tar input is read whole; --part cannot split it "
+            "(preprocess tars in one run, or give each part its own tars)"
+        )
+    try:
+        for key, members in tar_records(Path(piece.path)):
+            record: dict[str, Any] = {}
+            for ext, payload in members:
+                counts["bytes_read"] += len(payload)
+                if ext == "txt":
+                    record[ext] = payload.decode("utf-8", "replace")
+                elif ext == "json":
+                    try:
+                        record[ext] = json.loads(payload)
+                    except ValueError:
+                        record[ext] = payload
+                else:
+                    record[ext] = payload
+            yield f"{piece.path}:{key}", record
+    except TAR_ERRORS as exc:
+        raise DatasetError(f"{piece.path}: not a readable tar ({exc})") from exc
+
+
 def _has_records(path: str) -> bool:
-    """Whether a file holds any record (a non-blank line, a Parquet row)."""
+    """Whether a file holds any record (a non-blank line, a Parquet row, a tar member)."""
     if path.endswith(PARQUET_SUFFIXES):
         return bool(_parquet_file(path).metadata.num_rows)
+    if path.endswith(TAR_SUFFIXES):
+        return any(True for _ in tar_records(Path(path)))
     with open(path, "rb") as fh:
         return any(line.strip() for line in fh)
 
@@ -162,7 +197,13 @@ def read_records(
     for item in inputs:
         piece = item if isinstance(item, InputSlice) else InputSlice(item)
         before = counts["records_read"]
-        reader = _parquet if piece.path.endswith(PARQUET_SUFFIXES) else _jsonl
+        reader = (
+            _parquet
+            if piece.path.endswith(PARQUET_SUFFIXES)
+            else _tar
+            if piece.path.endswith(TAR_SUFFIXES)
+            else _jsonl
+        )
         for raw in reader(piece, counts):
             counts["records_read"] += 1
             yield raw

@@ -14,6 +14,7 @@ from typing import Any
 
 from bcl_stream.formats.token_ids import record_column
 from bcl_stream.records.chat import CHAT, MESSAGES_FIELDS
+from bcl_stream.records.image_text import IMAGE_TEXT
 from bcl_stream.records.kind import (
     Bad,
     Fields,
@@ -26,9 +27,10 @@ from bcl_stream.records.source import RecordSource
 from bcl_stream.records.text import TEXT
 from bcl_stream.text.templates import Encoded, Encoder, encoder_for
 
-KINDS: tuple[RecordKind, ...] = (TEXT, CHAT, PROMPT_RESPONSE)
+KINDS: tuple[RecordKind, ...] = (TEXT, CHAT, PROMPT_RESPONSE, IMAGE_TEXT)
 """Detection order: a record's text field if present, else its messages field, else
-prompt/response; the first kind whose :meth:`~RecordKind.detect` answers reads it."""
+prompt/response, else an image field (a caption record); the first kind whose
+:meth:`~RecordKind.detect` answers reads it."""
 
 
 def kind_named(name: str) -> RecordKind:

@@ -13,7 +13,8 @@ Layers, lowest first (:data:`LAYERS`; a module may import its own layer and thos
    Then ``records/source.py`` and ``records/kind.py``: the record-source declaration and the
    record-kind protocol (what the plan records and every kind shares);
 4. ``io``: dataset directory facts (``io/dataset_dir.py``), the cost index, remote stores,
-   streaming's hooks;
+   streaming's hooks; then ``vision``: image geometry, image headers, image-text components
+   and batches;
 5. ``epoch``: a reader's plan of an epoch, its cursor, mixtures;
 6. ``formats``: readers, writers, integrity checks, ``open_dataset``; beside them ``records``,
    the record kinds and their registry (a kind reads columns with ``formats/token_ids.py``,
@@ -85,6 +86,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("bcl_stream.text.*",),
     ("bcl_stream.records.source", "bcl_stream.records.kind"),
     ("bcl_stream.io.*",),
+    ("bcl_stream.vision.*",),
     ("bcl_stream.epoch.*",),
     ("bcl_stream.formats.*", "bcl_stream.records.*"),
     ("bcl_stream.loading.*",),

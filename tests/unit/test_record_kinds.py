@@ -27,7 +27,7 @@ KNOBS = {f.name for f in fields(RecordSource)}
 
 def test_every_kind_names_its_shape_and_knobs() -> None:
     names = [kind.name for kind in registry.KINDS]
-    assert names == ["text", "messages", "prompt_response"]  # the detection order
+    assert names == ["text", "messages", "prompt_response", "image_text"]  # detection order
     for kind in registry.KINDS:
         assert set(kind.knobs) <= KNOBS, kind.name
         assert registry.kind_named(kind.name) is kind
