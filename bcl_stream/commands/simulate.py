@@ -34,6 +34,7 @@ from bcl_stream.analysis.sim import (
     shard_table,
     speedups,
 )
+from bcl_stream.analysis.terms import TERM_KEYS, term_figures
 from bcl_stream.commands.config_options import PLAN_DEFAULTS, add_canonical_options, plan_fields
 from bcl_stream.commands.layout_options import Layout, add_planner_options, resolve_layout
 from bcl_stream.commands.plan import cache_dir, data_source, open_mixture
@@ -180,6 +181,13 @@ class SimInput:
     model: dict[str, Any]
     draw: EpochDraw | None = None
     streams: list[dict[str, Any]] | None = None
+    vision: np.ndarray | None = None
+    """Per-record vision-encoder costs of image-text data (``costs`` is then vision plus
+    language); None: text-only data, ``costs`` is the language model's alone."""
+
+    def language(self) -> np.ndarray:
+        """Per-record language-model costs: ``costs`` less the vision term."""
+        return self.costs if self.vision is None else self.costs - self.vision
 
 
 def sim_input(args: argparse.Namespace, config: SimConfig) -> SimInput:
@@ -275,14 +283,34 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         plot_step_costs({name: s.pack_costs for name, s in planned.items()}, args.plot)
 
-    def rows(plans: dict[str, Schedule], scored: dict[str, Metrics]) -> dict[str, Any]:
-        """Each strategy's metrics, its labelled efficiencies (``efficiencies``) and its
-        token-budget figures (``budget_figures``)."""
+    def rows(
+        plans: dict[str, Schedule], scored: dict[str, Metrics], layout: str = config.layout
+    ) -> dict[str, Any]:
+        """Each strategy's metrics, its labelled efficiencies (``efficiencies``), its per-term
+        efficiencies (``analysis/terms.py``) and its token-budget figures (``budget_figures``)."""
         both = efficiencies(plans, config)
         return {
-            name: {**m.to_dict(), **both[name], **budget_figures(plans[name], data.lengths)}
+            name: {
+                **m.to_dict(),
+                **both[name],
+                **terms(plans[name], layout),
+                **budget_figures(plans[name], data.lengths),
+            }
             for name, m in scored.items()
         }
+
+    def terms(s: Schedule, layout: str) -> dict[str, Any]:
+        """``efficiency_vision`` (None for text-only data) and ``efficiency_language``."""
+        figures = term_figures(
+            s.packs,
+            data.vision,
+            data.language(),
+            layout=layout,
+            sync=config.sync,
+            microbatches_per_step=config.grad_accum,
+            step_sizes=s.step_sizes,
+        )
+        return {key: figures[key] for key in TERM_KEYS}
 
     if args.json:
         settings = {key: getattr(config, key) for key in SimConfig.__slots__}
@@ -306,7 +334,7 @@ def run(args: argparse.Namespace) -> int:
             payload["speedup_vs"] = versus
         if len(layouts) > 1:
             payload["layouts"] = {
-                layout: rows(plans, scored) for layout, (plans, scored) in layouts.items()
+                layout: rows(plans, scored, layout) for layout, (plans, scored) in layouts.items()
             }
         print(json.dumps(_finite(payload), allow_nan=False))
         return 0

@@ -26,6 +26,7 @@ from bcl_stream.analysis.sim import (
     simulate,
     speedups,
 )
+from bcl_stream.analysis.terms import TERM_KEYS
 from bcl_stream.cli import main
 from bcl_stream.cost import get_preset
 
@@ -196,7 +197,8 @@ def test_cli_json_prints_exactly_one_object_with_the_documented_keys(
     fields = {f.name for f in dataclasses.fields(Metrics)}
     labelled = {"efficiency_per_micro_batch", "efficiency_per_step"}
     for metrics in payload["strategies"].values():
-        assert set(metrics) == fields | set(BUDGET_KEYS) | labelled
+        assert set(metrics) == fields | set(BUDGET_KEYS) | labelled | set(TERM_KEYS)
+        assert metrics["efficiency_vision"] is None  # text only: no vision term, not 1.0
     config = payload["config"]
     extra = {"cost_model", "records", "shards", "nodes", "node_layout"}
     assert set(SimConfig.__slots__) | extra == set(config)

@@ -1,0 +1,1 @@
+"""Image-text records: image geometry, per-record cost components and the two-term cost."""
