@@ -11,7 +11,10 @@ both ways:
 
 - ``time_separate_stages`` = sum_t (max_r V[r, t] + max_r L[r, t]): the encoder is a stage of
   its own;
-- ``time_one_stage`` = sum_t max_r (V[r, t] + L[r, t]): the encoder is part of one step.
+- ``time_one_stage`` = sum_t max_r (V[r, t] + L[r, t]): the encoder is part of one step;
+- ``time_balanced_stages`` = sum_t (mean_r V[r, t] + mean_r L[r, t]): the separate-stage time
+  if both terms were perfectly balanced at every micro-batch, the floor no reordering of the
+  same micro-batches can beat.
 
 Text-only data has no vision term: its ``efficiency_vision`` is None (absent), never 1.0.
 Numpy only, like ``analysis/metrics.py``.
@@ -42,7 +45,8 @@ def term_figures(
     step_sizes: npt.NDArray[np.integer] | None = None,
 ) -> dict[str, Any]:
     """``efficiency_vision``, ``efficiency_language``, ``efficiency_summed`` and the modeled
-    times (``time_separate_stages``, ``time_one_stage``, in the costs' unit) of one schedule.
+    times (``time_separate_stages``, ``time_one_stage``, ``time_balanced_stages``, in the
+    costs' unit) of one schedule.
 
     ``vision``, ``language``: per-record costs of each term, indexed by record id; ``vision``
     None: text-only data (the vision figures are None, the times those of the language term).
@@ -70,6 +74,7 @@ def term_figures(
             "efficiency_summed": eff_language,
             "time_separate_stages": time_language,
             "time_one_stage": time_language,
+            "time_balanced_stages": eff_language * time_language,
         }
     vis = ragged_pack_costs(packs, np.asarray(vision, dtype=np.float64), "packed")
     eff_vision, time_vision = scored(vis)
@@ -80,4 +85,5 @@ def term_figures(
         "efficiency_summed": eff_summed,
         "time_separate_stages": time_vision + time_language,
         "time_one_stage": time_summed,
+        "time_balanced_stages": eff_vision * time_vision + eff_language * time_language,
     }

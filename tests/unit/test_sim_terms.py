@@ -32,6 +32,8 @@ def test_a_pack_balanced_in_sum_can_leave_the_vision_stage_unbalanced() -> None:
     # separate stages: (4 + 5) + (4 + 5) = 18; one stage: 5 + 5 = 10
     assert got["time_separate_stages"] == pytest.approx(18.0)
     assert got["time_one_stage"] == pytest.approx(10.0)
+    # perfectly balanced terms: (2 + 3) + (2 + 3) = 10
+    assert got["time_balanced_stages"] == pytest.approx(10.0)
 
 
 def test_per_step_sync_sums_the_micro_batches_first() -> None:
