@@ -35,9 +35,13 @@ from bcl_stream.io.names import check_name
 INDEX_JSON = "bcl_index.json"
 COSTS_NPY = "bcl_costs.npy"
 HASHES_NPY = "bcl_hashes.npy"
-INDEX_FILES = (COSTS_NPY, HASHES_NPY, INDEX_JSON)
+COMPONENTS_FILE = "bcl_components.npz"
+"""Image-text records' cost components (:mod:`bcl_stream.vision.components`), named by the
+sealed ``extra.components``; text datasets have none."""
+INDEX_FILES = (COSTS_NPY, HASHES_NPY, COMPONENTS_FILE, INDEX_JSON)
 """Every file of a cost index, in the order it is written and uploaded: the arrays, then the
-JSON that seals them, so a reader that finds the JSON finds its arrays. MDS has no hashes file."""
+JSON that seals them, so a reader that finds the JSON finds its arrays. MDS has no hashes file;
+text datasets have no components file."""
 FORMAT_VERSION = 4
 """4: each record's trained-token count (field ``trained`` of ``bcl_costs.npy``, 12 bytes per
 record; summarized under ``summary.trained``); 3: adds ``fields_sha256`` (every field that

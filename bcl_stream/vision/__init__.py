@@ -1,1 +1,1 @@
-"""Image-text records: image geometry, per-record cost components and the two-term cost."""
+"""Image-text records: image geometry per model family, image headers, stored cost components."""

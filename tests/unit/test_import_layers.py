@@ -10,7 +10,8 @@ Layers, lowest first (:data:`LAYERS`; a module may import its own layer and thos
 3. ``text``: tokenizers, record layouts, chat templates, loss spans (what preprocess writes
    with and readers re-encode with);
 4. ``io``: dataset directory facts (``io/dataset_dir.py``), the cost index, remote stores,
-   streaming's hooks;
+   streaming's hooks; then ``vision``: image geometry, image headers, image-text components
+   and batches;
 5. ``epoch``: a reader's plan of an epoch, its cursor, mixtures;
 6. ``formats``: readers, writers, integrity checks, ``open_dataset``;
 7. ``loading``: the loader that owns the cursor, collation, evaluation loaders;
@@ -74,6 +75,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("bcl_stream.peers.*",),
     ("bcl_stream.text.*",),
     ("bcl_stream.io.*",),
+    ("bcl_stream.vision.*",),
     ("bcl_stream.epoch.*",),
     ("bcl_stream.formats.*",),
     ("bcl_stream.loading.*",),

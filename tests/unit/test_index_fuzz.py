@@ -25,6 +25,7 @@ from bcl_stream.io.index import (
     read_index,
     write_index,
 )
+from bcl_stream.io.index_meta import COMPONENTS_FILE
 
 FUZZ = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -39,7 +40,8 @@ WRITTEN = CostIndex.build(
     {"note": "fuzz"},
     record_hashes=np.arange(40, dtype=np.uint64) * 7919,
 )
-FILES = INDEX_FILES
+FILES = tuple(n for n in INDEX_FILES if n != COMPONENTS_FILE)
+"""A text index's files (image-text components: tests/unit/test_vision_components.py)."""
 
 
 def good_files(tmp_path: Path) -> dict[str, bytes]:
