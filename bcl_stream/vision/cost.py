@@ -33,9 +33,11 @@ sees a per-image overhead). A frozen encoder (no backward) costs a third of it:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -49,47 +51,19 @@ from bcl_stream.cost import (
     nonnegative_lstsq,
     r2_score,
 )
+from bcl_stream.vision.components import RecordComponents
 
 FORWARD_FLOPS_PER_PARAM = 2.0
 """A frozen encoder runs forward only: 2 FLOPs per parameter and patch."""
 
 
-class Components(Protocol):
-    """Per-record cost components of a dataset (``bcl_stream.vision.components``'s
-    ``RecordComponents``): what the two-term cost is computed from."""
-
-    @property
-    def text_tokens(self) -> npt.NDArray[np.int64]: ...
-    @property
-    def image_tokens(self) -> npt.NDArray[np.int64]: ...
-    @property
-    def image_offsets(self) -> npt.NDArray[np.int64]: ...
-    @property
-    def image_patches(self) -> npt.NDArray[np.int64]: ...
-
-
-def record_tokens(components: Components) -> npt.NDArray[np.int64]:
-    """L per record: text tokens plus image tokens, what the language model runs and what a
-    token budget T counts (the ``tokens`` contract)."""
-    text = np.asarray(components.text_tokens, dtype=np.int64)
-    return text + np.asarray(components.image_tokens, dtype=np.int64)
-
-
-def per_record_sum(components: Components, per_image: npt.ArrayLike) -> npt.NDArray[np.float64]:
+def per_record_sum(
+    components: RecordComponents, per_image: npt.ArrayLike
+) -> npt.NDArray[np.float64]:
     """Sum of a per-image quantity over each record's images (0 for a record without one)."""
     values = np.asarray(per_image, dtype=np.float64)
-    offsets = np.asarray(components.image_offsets, dtype=np.int64)
-    if offsets.ndim != 1 or offsets.size != np.asarray(components.text_tokens).size + 1:
-        raise ValueError(
-            f"image_offsets must hold n_records + 1 = {np.asarray(components.text_tokens).size + 1}"
-            f" entries, got shape {offsets.shape}"
-        )
-    if offsets[0] != 0 or offsets[-1] != values.size or np.any(np.diff(offsets) < 0):
-        raise ValueError(
-            f"image_offsets must rise from 0 to the {values.size} images, got "
-            f"{offsets[0]}..{offsets[-1]}"
-        )
     cumulative = np.concatenate([[0.0], np.cumsum(values)])
+    offsets = components.image_offsets
     return cumulative[offsets[1:]] - cumulative[offsets[:-1]]
 
 
@@ -118,7 +92,7 @@ class VisionCost:
         p = np.asarray(patches, dtype=np.float64)
         return self.a * p + self.b * p * p + self.k
 
-    def record_costs(self, components: Components) -> npt.NDArray[np.float64]:
+    def record_costs(self, components: RecordComponents) -> npt.NDArray[np.float64]:
         """Vision cost per record: the sum over its images (0 for a text-only record)."""
         return per_record_sum(components, self.image_costs(components.image_patches))
 
@@ -143,12 +117,13 @@ class TwoTermCost:
             )
 
     def terms(
-        self, components: Components
+        self, components: RecordComponents
     ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-        """(vision, language) cost per record."""
-        return self.vision.record_costs(components), self.language.cost(record_tokens(components))
+        """(vision, language) cost per record; the language model's L is text plus image tokens
+        (``RecordComponents.tokens``, what the cost index stores and a token budget counts)."""
+        return self.vision.record_costs(components), self.language.cost(components.tokens)
 
-    def cost(self, components: Components) -> npt.NDArray[np.float64]:
+    def cost(self, components: RecordComponents) -> npt.NDArray[np.float64]:
         """The summed cost per record: what the planner balances."""
         vision, language = self.terms(components)
         return vision + language
@@ -270,12 +245,12 @@ TWO_TERM_FEATURES = ("tokens", "tokens_sq", "records", "patches", "patches_sq", 
 1) and the per-image vision cost summed over its images (P, P^2, 1)."""
 
 
-def pack_two_term_features(packs: Sequence[Components]) -> npt.NDArray[np.float64]:
+def pack_two_term_features(packs: Sequence[RecordComponents]) -> npt.NDArray[np.float64]:
     """(n_packs, 6): :data:`TWO_TERM_FEATURES` of each pack (a pack given as the components
     of its records)."""
     rows = []
     for pack in packs:
-        tokens = record_tokens(pack).astype(np.float64)
+        tokens = pack.tokens.astype(np.float64)
         patches = np.asarray(pack.image_patches, dtype=np.float64)
         rows.append(
             (
@@ -291,7 +266,7 @@ def pack_two_term_features(packs: Sequence[Components]) -> npt.NDArray[np.float6
 
 
 def fit_two_term_cost(
-    packs: Sequence[Components],
+    packs: Sequence[RecordComponents],
     seconds: npt.ArrayLike,
     *,
     name: str = "fitted",
@@ -338,3 +313,25 @@ def fit_two_term_cost(
     return TwoTermFit(
         model, r2_score(pred[train], y[train]), r2_score(pred[hold], y[hold]), float(rel.mean())
     )
+
+
+def resolve_two_term(spec: str | None) -> TwoTermCost | None:
+    """A two-term preset name (:func:`two_term_preset_names`) or a JSON file holding a
+    :meth:`TwoTermCost.to_dict` (a ``vision`` key) as a :class:`TwoTermCost`; None for anything
+    else (a single-term preset or file: ``bcl_stream.cost.resolve`` reads those)."""
+    if spec is None:
+        return None
+    if spec in VISION_SHAPES:
+        return get_two_term_preset(spec)
+    if not spec.endswith(".json"):
+        return None
+    try:
+        data = json.loads(Path(spec).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None  # bcl_stream.cost.resolve reports an unreadable file
+    if not isinstance(data, dict) or "vision" not in data:
+        return None
+    try:
+        return TwoTermCost.from_dict(data)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"two-term cost model {spec}: {exc}") from exc

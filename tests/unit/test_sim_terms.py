@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,6 +14,10 @@ from bcl_stream.analysis.sim import SimConfig, plan_schedules, score, shard_tabl
 from bcl_stream.analysis.terms import term_figures
 from bcl_stream.cli import main
 from bcl_stream.cost import get_preset
+from bcl_stream.io.index import CostIndex, ShardEntry, write_index
+from bcl_stream.planner.shard_table import ShardTable, shard_weights
+from bcl_stream.vision.components import COMPONENTS_KEY, RecordComponents, write_components
+from bcl_stream.vision.cost import get_two_term_preset
 
 # Two ranks, two micro-batches, records 0..3: rank 0 runs [0], [1]; rank 1 runs [2], [3].
 PACKS = [[np.array([0]), np.array([1])], [np.array([2]), np.array([3])]]
@@ -83,3 +88,91 @@ def test_simulate_json_reports_both_terms(
     row = json.loads(capsys.readouterr().out)["strategies"]["bcl-world"]
     assert row["efficiency_vision"] is None
     assert row["efficiency_language"] == pytest.approx(row["efficiency"])
+
+
+def _image_text_index(root: Path, n: int = 512, seed: int = 0) -> RecordComponents:
+    """An image-text cost index with its components: every other record has one image of
+    varied size (Qwen2-VL: tokens = patches / 4), the rest are text only."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        patches = [int(rng.integers(16, 4096)) // 4 * 4] if i % 2 == 0 else []
+        rows.append((int(rng.integers(8, 1024)), sum(patches) // 4, patches))
+    comps = RecordComponents.build(rows)
+    extra = {COMPONENTS_KEY: write_components(root, comps)}
+    counts = [n // 2, n - n // 2]
+    shards = [ShardEntry(f"s{i}", c) for i, c in enumerate(counts)]
+    write_index(root, CostIndex.build(comps.tokens, get_preset("tokens"), shards, "mds", extra))
+    return comps
+
+
+def _simulate(args: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    assert main(["simulate", *args, "--json", "--strategies", "sequential,bcl-world"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_simulate_dataset_reports_the_vision_term_under_a_two_term_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    comps = _image_text_index(tmp_path)
+    payload = _simulate(["--dataset", str(tmp_path), "--cost-model", "qwen2-vl-7b"], capsys)
+    assert payload["config"]["cost_model"]["name"] == "qwen2-vl-7b"
+    model = get_two_term_preset("qwen2-vl-7b")
+    vision, language = model.terms(comps)
+    for row in payload["strategies"].values():
+        assert 0 < row["efficiency_vision"] <= 1
+        assert 0 < row["efficiency_language"] <= 1
+        assert row["efficiency_vision"] != pytest.approx(row["efficiency_language"])
+    # the same schedule scored by hand: the summed cost is what was planned
+    config = SimConfig(ranks=8, ranks_per_node=8, grad_accum=1, window=16)
+    costs = vision + language
+    table = ShardTable.build([256, 256], weight=shard_weights([256, 256], costs))
+    planned = plan_schedules(comps.tokens, costs, table, config, ("bcl-world",))
+    got = term_figures(planned["bcl-world"].packs, vision, language)
+    row = payload["strategies"]["bcl-world"]
+    assert row["efficiency_vision"] == pytest.approx(got["efficiency_vision"])
+    assert row["efficiency"] == pytest.approx(got["efficiency_summed"])
+
+
+def test_simulate_dataset_without_a_two_term_model_says_the_vision_term_is_not_modeled(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _image_text_index(tmp_path)
+    payload = _simulate(["--dataset", str(tmp_path)], capsys)
+    assert "not modeled" in payload["config"]["cost_model"]["vision_term"]
+    for row in payload["strategies"].values():
+        assert row["efficiency_vision"] is None
+
+
+def test_simulate_text_only_dataset_under_a_two_term_model_has_no_vision_term(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tokens = np.random.default_rng(2).integers(8, 2048, 512)
+    shards = [ShardEntry("s0", 256), ShardEntry("s1", 256)]
+    write_index(tmp_path, CostIndex.build(tokens, get_preset("tokens"), shards, "mds", {}))
+    payload = _simulate(["--dataset", str(tmp_path), "--cost-model", "qwen2-vl-2b"], capsys)
+    assert payload["config"]["cost_model"]["vision_term"] == "none: text-only data"
+    for row in payload["strategies"].values():
+        assert row["efficiency_vision"] is None
+        assert row["efficiency_language"] == pytest.approx(row["efficiency"])
+
+
+def test_image_tokens_count_toward_the_token_budget(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Records of 16 text tokens and one image of 256 tokens (1024 patches): under a budget of
+    T = 1024 a micro-batch holds at most 3 of them (3 x 272 = 816; 4 x 272 = 1088 > T), never
+    the 64 their text alone would allow."""
+    n = 960
+    comps = RecordComponents.build([(16, 256, [1024])] * n)
+    extra = {COMPONENTS_KEY: write_components(tmp_path, comps)}
+    shards = [ShardEntry("s0", n // 2), ShardEntry("s1", n // 2)]
+    write_index(tmp_path, CostIndex.build(comps.tokens, get_preset("tokens"), shards, "mds", extra))
+    args = ["simulate", "--dataset", str(tmp_path), "--cost-model", "qwen2-vl-2b", "--json"]
+    args += ["--contract", "tokens", "--max-tokens", "1024", "--strategies", "bcl-world"]
+    assert main(args) == 0
+    row = json.loads(capsys.readouterr().out)["strategies"]["bcl-world"]
+    assert row["micro_batch_tokens"]["max"] == 816
+    assert row["records_used"] > 0
+    per_rank = row["micro_batches_per_rank"]["max"]
+    assert per_rank >= row["records_used"] / (8 * 3)

@@ -2,40 +2,28 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from bcl_stream.cost import CostModel
+from bcl_stream.vision.components import RecordComponents
 from bcl_stream.vision.cost import (
     TwoTermCost,
     VisionCost,
     fit_two_term_cost,
     get_two_term_preset,
-    record_tokens,
+    resolve_two_term,
 )
 
 
-@dataclass(frozen=True)
-class Parts:
-    """Components as ``bcl_stream.vision.components.RecordComponents`` holds them."""
-
-    text_tokens: np.ndarray
-    image_tokens: np.ndarray
-    image_offsets: np.ndarray
-    image_patches: np.ndarray
-
-
-def parts(text: list[int], images: list[list[int]], merge: int = 4) -> Parts:
-    """Records of ``text[i]`` text tokens and images of ``images[i]`` patches each."""
-    flat = [p for record in images for p in record]
-    offsets = np.concatenate([[0], np.cumsum([len(r) for r in images])]).astype(np.int64)
-    return Parts(
-        np.asarray(text, dtype=np.int64),
-        np.asarray([sum(r) // merge for r in images], dtype=np.int64),
-        offsets,
-        np.asarray(flat, dtype=np.int64),
+def parts(text: list[int], images: list[list[int]], merge: int = 4) -> RecordComponents:
+    """Records of ``text[i]`` text tokens and images of ``images[i]`` patches each (an image's
+    tokens: its patches / ``merge``)."""
+    return RecordComponents.build(
+        (t, sum(r) // merge, r) for t, r in zip(text, images, strict=True)
     )
 
 
@@ -54,7 +42,7 @@ def test_two_term_cost_by_hand() -> None:
     # language on L = text + image tokens: 13 -> 13 + 42.25 + 1; 6 -> 6 + 9 + 1; 4 -> 4 + 4 + 1
     np.testing.assert_allclose(language, [56.25, 16.0, 9.0])
     np.testing.assert_allclose(model.cost(data), [126.25, 16.0, 172.0])
-    np.testing.assert_array_equal(record_tokens(data), [13, 6, 4])
+    np.testing.assert_array_equal(data.tokens, [13, 6, 4])
 
 
 def test_attention_is_per_image_not_per_record() -> None:
@@ -62,12 +50,6 @@ def test_attention_is_per_image_not_per_record() -> None:
     model = VisionCost(name="v", a=0.0, b=1.0)
     data = parts([0, 0], [[8, 8], [16]])
     np.testing.assert_allclose(model.record_costs(data), [128.0, 256.0])
-
-
-def test_bad_offsets_are_refused() -> None:
-    data = Parts(np.zeros(2, np.int64), np.zeros(2, np.int64), np.array([0, 1]), np.array([4]))
-    with pytest.raises(ValueError, match="n_records \\+ 1"):
-        VisionCost(name="v", a=1.0).record_costs(data)
 
 
 def test_units_must_agree() -> None:
@@ -145,3 +127,20 @@ def test_fit_recovers_planted_coefficients_of_both_terms() -> None:
 def test_fit_needs_enough_packs() -> None:
     with pytest.raises(ValueError, match="at least 12"):
         fit_two_term_cost([parts([1], [[4]])] * 5, [1.0] * 5)
+
+
+def test_resolve_two_term(tmp_path: Path) -> None:
+    """A two-term preset name or JSON resolves; a single-term preset or file is left to
+    ``bcl_stream.cost.resolve`` (None); a malformed two-term file is refused naming it."""
+    assert resolve_two_term("qwen2-vl-7b") == get_two_term_preset("qwen2-vl-7b")
+    assert resolve_two_term("llama3-8b") is None and resolve_two_term(None) is None
+    good = tmp_path / "two.json"
+    good.write_text(json.dumps(get_two_term_preset("qwen2-vl-2b").to_dict()))
+    assert resolve_two_term(str(good)) == get_two_term_preset("qwen2-vl-2b")
+    single = tmp_path / "one.json"
+    CostModel(name="x", a=1.0).save(single)
+    assert resolve_two_term(str(single)) is None
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"name": "x", "vision": {"name": "v", "a": -1.0}, "language": {}}))
+    with pytest.raises(ValueError, match=r"bad\.json"):
+        resolve_two_term(str(bad))
