@@ -7,16 +7,21 @@ with most of a micro-batch's images. This pass exchanges records between the ran
 node at the same micro-batch index, so no rank's record count, no micro-batch's position in
 the epoch and no node's records change (the node's stream and its locality are untouched):
 
-- a swap (record i of rank a for record j of rank b) is kept only if it lowers
-  J = max_r V + max_r L and does not raise S = max_r (V + L), so the one-stage time never
-  gets worse;
+- a swap (record i of rank a for record j of rank b) is kept only if it lowers J + S, the
+  micro-batch's time with the encoder as its own stage (J = max_r V + max_r L) plus its time
+  with the encoder in one step (S = max_r (V + L)): the two ways a trainer runs it. Requiring
+  S never to rise instead (J lowered, S kept) stalls where long text-only records fill the
+  ranks (a mixture): on the tune half of ``tools/bench_vlm.py`` it left the vision efficiency
+  at 0.884 (qwen2-vl-2b mix, B=8) where J + S reaches 0.958, for one-stage time 0.16% higher;
 - under a token budget the swapped micro-batches stay within it;
 - rank a is a rank holding max_r V or max_r L; the best swap over every other rank and every
   record pair (B x (P-1)B candidates, vectorized) is applied, at most ``iterations`` times per
   micro-batch.
 
-Deterministic (ties to the lowest index), numpy only, O(packs x iterations x P*B^2): 1.5 s
-(B=8) and 7.5 s (T=16,384, about 28 records per micro-batch) for 8,000 records on one core. Called
+Deterministic (ties to the lowest index), numpy only, O(packs x iterations x P*B^2): 2.2 s
+(B=8) and 6.3 s (T=16,384, about 28 records per micro-batch) for 8,000 records on one core of
+a shared machine: a simulator's and a benchmark's pass, too slow yet for a reader's per-window
+planning at scale. Called
 only where records carry a vision cost; text-only plans never reach it, so their plans (and
 ``tools/plan_hashes.py``) are unchanged.
 """
@@ -33,9 +38,9 @@ Ragged = list[list[npt.NDArray[np.int64]]]
 
 ITERATIONS = 32
 """Swaps per micro-batch at most. Chosen on the tune half of ``tools/bench_vlm.py`` (sft,
-qwen2-vl-7b, 1 x 8): vision efficiency 0.919 / 0.959 / 0.969 / 0.972 / 0.972 / 0.972 at B=8 and
-0.953 / 0.977 / 0.986 / 0.991 / 0.993 / 0.993 at T=16,384 for 0 / 4 / 8 / 16 / 32 / 64 swaps:
-nothing moves past 32."""
+qwen2-vl-7b, 1 x 8, 8,000 records): vision efficiency 0.919 / 0.968 / 0.981 / 0.985 / 0.986 /
+0.986 at B=8 and 0.953 / 0.983 / 0.992 / 0.998 / 0.999 / 0.999 at T=16,384 for
+0 / 4 / 8 / 16 / 32 / 64 swaps: the third decimal stops moving at 32."""
 
 
 def ragged(packs: Packs) -> Ragged:
@@ -54,7 +59,7 @@ def refine_two_terms(
     iterations: int = ITERATIONS,
 ) -> Ragged:
     """The plan with records exchanged between the ranks of each node at each micro-batch
-    index (the module docstring's rule). ``vision``, ``language``: per-record costs by id;
+    index while J + S drops (the module docstring's rule). ``vision``, ``language``: per-record costs by id;
     ``tokens`` and ``max_tokens``: the budget every micro-batch keeps (None: no budget)."""
     out = ragged(packs)
     if ranks_per_node < 2 or len(out) % ranks_per_node:
@@ -115,14 +120,14 @@ def _swap_once(
         cols = np.arange(owner.size)
         new_v[:, cols, owner] -= dv
         new_l[:, cols, owner] -= dl
-        j_new = new_v.max(axis=-1) + new_l.max(axis=-1)
-        ok = ((new_v + new_l).max(axis=-1) <= s_now + eps) & (j_new < j_now - eps)
+        both = new_v.max(axis=-1) + new_l.max(axis=-1) + (new_v + new_l).max(axis=-1)
+        ok = both < j_now + s_now - eps
         if tok is not None and ks is not None and max_tokens is not None:
             dk = tok[theirs][None, :] - tok[mine][:, None]
             ok &= (ks[a] + dk <= max_tokens) & (ks[owner][None, :] - dk <= max_tokens)
         if not ok.any():
             continue
-        score = np.where(ok, j_new, np.inf)
+        score = np.where(ok, both, np.inf)
         row, col = np.unravel_index(int(np.argmin(score)), score.shape)
         if best is None or score[row, col] < best[0]:
             best = (float(score[row, col]), a, int(row), int(owner[col]), int(slot[col]))
