@@ -188,26 +188,31 @@ def vision_from_shape(
     )
 
 
-_QWEN2_VL_TOWER = {
-    "depth": 32,
-    "embed_dim": 1280,
-    "mlp_ratio": 4.0,
-    "in_chans": 3,
-    "patch_size": 14,
-    "temporal_patch_size": 2,
-    "spatial_merge_size": 2,
-}
+def qwen2_vl_tower(out_hidden: int) -> VisionShape:
+    """Qwen2-VL's vision tower (``vision_config`` of the 2B and 7B models, the same tower)
+    feeding a language model of width ``out_hidden``."""
+    return VisionShape(
+        depth=32,
+        embed_dim=1280,
+        mlp_ratio=4.0,
+        in_chans=3,
+        patch_size=14,
+        temporal_patch_size=2,
+        spatial_merge_size=2,
+        out_hidden=out_hidden,
+    )
+
 
 VISION_SHAPES: dict[str, tuple[VisionShape, ModelShape, str]] = {
     "qwen2-vl-2b": (
-        VisionShape(**_QWEN2_VL_TOWER, out_hidden=1536),  # type: ignore[arg-type]
+        qwen2_vl_tower(1536),
         ModelShape(
             n_layers=28, d_model=1536, n_heads=12, n_kv_heads=2, ffn_hidden=8960, vocab_size=151936
         ),
         "Qwen/Qwen2-VL-2B-Instruct config.json (vision_config and text fields)",
     ),
     "qwen2-vl-7b": (
-        VisionShape(**_QWEN2_VL_TOWER, out_hidden=3584),  # type: ignore[arg-type]
+        qwen2_vl_tower(3584),
         SHAPES["qwen2.5-7b"][0],  # the same text shape: 28 x 3584, 28/4 heads, 18944, 152064
         "Qwen/Qwen2-VL-7B-Instruct config.json (vision_config and text fields)",
     ),
