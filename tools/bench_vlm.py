@@ -120,17 +120,13 @@ def score_all(
     vision, language = model.terms(data)
     summed = vision + language
     tok = data.tokens
-    # the plain loader reads B records per micro-batch whatever the budget (the simulator's
-    # ``sequential`` is the record contract's loader)
-    plain = replace(config, contract="pack")
     planned = {}
-    for label, costs, names, cfg in (
-        ("", summed, ("bcl-world", *PEERS), config),
-        ("", summed, ("sequential",), plain),
-        ("tokens_only", language, ("bcl-world",), config),
+    for label, costs, names in (
+        ("", summed, ("bcl-world", *PEERS, "sequential")),
+        ("tokens_only", language, ("bcl-world",)),
     ):
         table = shard_table(tok, costs, config.shard_records)
-        for name, s in plan_schedules(tok, costs, table, cfg, names).items():
+        for name, s in plan_schedules(tok, costs, table, config, names).items():
             key = "bcl" if name == "bcl-world" else name
             planned[f"{key}_{label}" if label else key] = s
     two = refine_two_terms(

@@ -265,7 +265,9 @@ def plan_schedules(
     out: dict[str, Schedule] = {}
     for name in strategies:
         if name == "sequential":
-            plan = plan_streams(streams_for(plan_config(config, "rank"), False), costs, tok)
+            # the record contract's plain loader whatever the contract (module docstring)
+            plain = plan_config(replace(config, contract="pack"), "rank")
+            plan = plan_streams(streams_for(plain, False), costs, tok)
             out[name] = schedule(plan.packs, plan.records_used, plan.records_left)
         elif name in PEERS:
             capacity = config.max_tokens or default_capacity(tok, config.pack_size)
