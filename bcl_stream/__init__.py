@@ -6,7 +6,9 @@ open_dataset, PackLoader, ReaderConfig``). The modules behind it may move; these
 - reading: :func:`open_dataset` (one dataset or a mixture), :class:`MDSPackDataset`,
   :class:`WDSPackDataset`, :class:`MixturePackDataset`, :class:`PackLoader` (the loader that
   owns the resume cursor), :class:`ReaderConfig` and its planner part :class:`PlanConfig`,
-  :class:`ReadOptions`, :class:`TokenSource`, :class:`StreamSpec`;
+  :class:`ReadOptions`, :class:`RecordSource`, :class:`StreamSpec`;
+- batches: :class:`PackCollate` (padded or packed), :class:`ImageCollate` (image-text records:
+  the model's ``pixel_values``, ``image_grid_thw``);
 - writing: :class:`CostedMDSWriter`, :class:`CostedWDSWriter`;
 - cost models: :class:`CostModel`, :func:`get_preset`, :func:`preset_names`;
 - errors: :class:`BCLStreamError` and its subclasses.
@@ -25,7 +27,6 @@ if TYPE_CHECKING:
     from bcl_stream.cost import CostModel, get_preset, preset_names
     from bcl_stream.epoch.mixture_index import StreamSpec
     from bcl_stream.epoch.plan import ReaderConfig
-    from bcl_stream.epoch.token_source import TokenSource
     from bcl_stream.errors import (
         BCLStreamError,
         CostIndexError,
@@ -42,8 +43,11 @@ if TYPE_CHECKING:
     from bcl_stream.formats.wds_reader import WDSPackDataset
     from bcl_stream.formats.wds_writer import CostedWDSWriter
     from bcl_stream.io.streaming_compat import UnsupportedLibraryError
+    from bcl_stream.loading.collate import PackCollate
     from bcl_stream.loading.loader import PackLoader
     from bcl_stream.planner.config import PlanConfig
+    from bcl_stream.records.source import RecordSource
+    from bcl_stream.vision.batch import ImageCollate
 
 _HOMES: dict[str, str] = {
     "BCLStreamError": "bcl_stream.errors",
@@ -52,8 +56,10 @@ _HOMES: dict[str, str] = {
     "CostedMDSWriter": "bcl_stream.formats.mds_writer",
     "CostedWDSWriter": "bcl_stream.formats.wds_writer",
     "DatasetError": "bcl_stream.errors",
+    "ImageCollate": "bcl_stream.vision.batch",
     "MDSPackDataset": "bcl_stream.formats.mds_reader",
     "MixturePackDataset": "bcl_stream.formats.mixture_reader",
+    "PackCollate": "bcl_stream.loading.collate",
     "PackLoader": "bcl_stream.loading.loader",
     "PlanConfig": "bcl_stream.planner.config",
     "PlanError": "bcl_stream.errors",
@@ -62,7 +68,7 @@ _HOMES: dict[str, str] = {
     "RemoteAccessError": "bcl_stream.errors",
     "StateError": "bcl_stream.errors",
     "StreamSpec": "bcl_stream.epoch.mixture_index",
-    "TokenSource": "bcl_stream.epoch.token_source",
+    "RecordSource": "bcl_stream.records.source",
     "UnsupportedLibraryError": "bcl_stream.io.streaming_compat",
     "WDSPackDataset": "bcl_stream.formats.wds_reader",
     "get_preset": "bcl_stream.cost",
@@ -78,17 +84,19 @@ __all__ = [
     "CostedMDSWriter",
     "CostedWDSWriter",
     "DatasetError",
+    "ImageCollate",
     "MDSPackDataset",
     "MixturePackDataset",
+    "PackCollate",
     "PackLoader",
     "PlanConfig",
     "PlanError",
     "ReadOptions",
     "ReaderConfig",
+    "RecordSource",
     "RemoteAccessError",
     "StateError",
     "StreamSpec",
-    "TokenSource",
     "UnsupportedLibraryError",
     "WDSPackDataset",
     "get_preset",

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from bcl_stream.commands.config_options import attribute_docs, option
-from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.formats.read_options import ReadOptions
 from bcl_stream.planner.config import LAYOUT_FIELDS, PlanConfig, PlanKnobs
+from bcl_stream.records.source import RecordSource
 from lightning_module.datamodule import BCLDataModule
 from lightning_module.options import (
     MOVED,
@@ -40,7 +40,7 @@ GROUPS: tuple[tuple[str, type, frozenset[str]], ...] = (
     ("batch", BatchOptions, frozenset()),
     ("loader", LoaderOptions, frozenset()),
     ("read", ReadOptions, frozenset()),
-    ("tokens", TokenSource, frozenset()),
+    ("tokens", RecordSource, frozenset()),
     ("eval", EvalOptions, frozenset()),
     ("elastic", ElasticOptions, frozenset()),
 )

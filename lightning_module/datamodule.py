@@ -48,7 +48,6 @@ from bcl_stream.epoch.cursor import MIXTURE_CHANGES
 from bcl_stream.epoch.loss_tokens import normalization
 from bcl_stream.epoch.mixture_index import StreamSpec
 from bcl_stream.epoch.plan import PACKINGS, ReaderConfig
-from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.epoch.truncation import truncation
 from bcl_stream.errors import StateError
 from bcl_stream.formats.open_dataset import open_dataset
@@ -60,6 +59,7 @@ from bcl_stream.loading.evaluation import evaluation_sources
 from bcl_stream.loading.loader import PackLoader
 from bcl_stream.planner.config import PlanKnobs
 from bcl_stream.planner.contracts import contract
+from bcl_stream.records.source import RecordSource
 from lightning_module.canonical import check_accumulation, shift_progress
 from lightning_module.evaluation import Evaluation, EvaluationHook
 from lightning_module.options import (
@@ -118,7 +118,7 @@ class BCLDataModule(pl.LightningDataModule):
             ``prefetch`` (``bcl_stream.formats.read_options.ReadOptions``; MDS: passed to
             Mosaic Streaming, which owns its cache).
         tokens: the column of token ids when it is not the one the cost index was counted
-            from, or a text column and its tokenizer (``bcl_stream.epoch.token_source``); a
+            from, or a text column and its tokenizer (``bcl_stream.records.source``); a
             source other than the cost index's is refused.
         eval: validation and test data and their packing (``EvalOptions``).
         elastic: resuming on another data-parallel size (``ElasticOptions``, docs/elastic.md).
@@ -148,7 +148,7 @@ class BCLDataModule(pl.LightningDataModule):
         batch: BatchOptions | dict[str, Any] | None = None,
         loader: LoaderOptions | dict[str, Any] | None = None,
         read: ReadOptions | dict[str, Any] | None = None,
-        tokens: TokenSource | dict[str, Any] | None = None,
+        tokens: RecordSource | dict[str, Any] | None = None,
         eval: EvalOptions | dict[str, Any] | None = None,
         elastic: ElasticOptions | dict[str, Any] | None = None,
         **moved: Any,
@@ -168,7 +168,7 @@ class BCLDataModule(pl.LightningDataModule):
                 "batch": group(batch, BatchOptions, "batch"),
                 "loader": group(loader, LoaderOptions, "loader"),
                 "read": group(read, ReadOptions, "read"),
-                "tokens": group(tokens, TokenSource, "tokens"),
+                "tokens": group(tokens, RecordSource, "tokens"),
                 "eval": group(eval, EvalOptions, "eval"),
                 "elastic": group(elastic, ElasticOptions, "elastic"),
             },
@@ -185,7 +185,7 @@ class BCLDataModule(pl.LightningDataModule):
             )
         self.loader_options: LoaderOptions = groups["loader"]
         self.options: ReadOptions = groups["read"]
-        self.tokens = TokenSource.of(groups["tokens"])
+        self.tokens = RecordSource.of(groups["tokens"])
         self.elastic: ElasticOptions = groups["elastic"]
         self.ranks_per_node: int | None = old.get("ranks_per_node")
         """Only from an earlier release's flat argument: checked against the trainer."""

@@ -4,7 +4,7 @@ keys of earlier releases.
 Each knob is declared once, as a dataclass field with its default and docstring: the planner's
 in :class:`~bcl_stream.planner.config.PlanKnobs` (``plan``), the readers' in
 :class:`~bcl_stream.formats.read_options.ReadOptions` (``read``) and
-:class:`~bcl_stream.epoch.token_source.TokenSource` (``tokens``), the DataModule's own below
+:class:`~bcl_stream.records.source.RecordSource` (``tokens``), the DataModule's own below
 (``batch``, ``loader``, ``eval``, ``elastic``). The YAML nests them the same way
 (``data.plan.window``, ``data.loader.num_workers``; docs/config.md lists every key, and a test
 checks it against these docstrings). What the trainer decides (world size, data-parallel ranks
@@ -24,12 +24,12 @@ from typing import Any, TypeVar
 from lightning.pytorch.utilities import rank_zero_warn
 
 from bcl_stream.epoch.eval_plan import EVAL_PACKINGS
-from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.errors import BCLStreamError
 from bcl_stream.formats.read_options import ReadOptions
 from bcl_stream.loading.collate import LABELS
 from bcl_stream.planner.config import LAYOUT_FIELDS, PlanKnobs
 from bcl_stream.planner.padded import LAYOUTS
+from bcl_stream.records.source import RecordSource
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -338,7 +338,7 @@ __all__ = [
     "LoaderOptions",
     "PlanKnobs",
     "ReadOptions",
-    "TokenSource",
+    "RecordSource",
     "apply_moved",
     "group",
     "moved_keys",

@@ -162,7 +162,8 @@ def workers_scaling(
 def mask_ratio(src: Path, plain: str, generation: str, repeats: int) -> dict[str, Any]:
     """Seconds to encode every record (template, tokenizer, mask) against a bare
     ``apply_chat_template(tokenize=True)`` loop, best of ``repeats``, interleaved."""
-    from bcl_stream.text.layouts import Conversation
+    from bcl_stream.records.registry import encode as encode_shape
+    from bcl_stream.text.chat import Conversation
     from bcl_stream.text.templates import Encoder
     from bcl_stream.text.tokenizers import load_hf_tokenizer
 
@@ -176,7 +177,7 @@ def mask_ratio(src: Path, plain: str, generation: str, repeats: int) -> dict[str
 
     def encode(encoder: Encoder) -> None:
         for messages in chats:
-            encoder.encode(Conversation(messages))
+            encode_shape(Conversation(messages), encoder)
 
     best: dict[str, float] = {}
     for _ in range(repeats):

@@ -43,9 +43,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bcl_stream.text.layouts import Bad, Conversation, LayoutOptions, read_layout
+from bcl_stream.records.kind import Bad, LayoutOptions
+from bcl_stream.records.registry import encode_record, read_record
+from bcl_stream.text.chat import Conversation
 from bcl_stream.text.loss_spans import mask_from_spans
-from bcl_stream.text.templates import Encoder, _refuse_prefix, encode_layout
+from bcl_stream.text.templates import Encoder, _refuse_prefix
 from tests.official_templates import generation_variant, official, records
 
 
@@ -66,7 +68,7 @@ def check(
         examples: list[str] = []
         for n, record in enumerate(records(path), start=1):
             source = f"{path.name}:{n}"
-            shape = read_layout(source, record, LayoutOptions())
+            shape = read_record(source, record, LayoutOptions())
             if isinstance(shape, Bad):
                 counts["layout_refused"] += 1
                 reasons[shape.reason] += 1
@@ -88,7 +90,7 @@ def check(
             except Exception:  # the template itself rejects the record
                 counts["hf_refuses"] += 1
                 continue
-            got = encode_layout(source, shape, encoder)
+            got = encode_record(source, shape, encoder)
             if isinstance(got, Bad):
                 counts["refused"] += 1
                 reasons[got.reason] += 1

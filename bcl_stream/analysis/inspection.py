@@ -1,7 +1,8 @@
 """``inspect``: what a dataset holds and whether its cost index still matches its shards.
 
 One dictionary (the ``--json`` output) with the record count, token and cost statistics,
-the cost model, outliers above a cap, the preprocessing report when there is one, and the
+for an image-text dataset its image tokens and encoder patches (``image_tokens``, ``patches``:
+total, mean, p50, p99, max; ``images``: counts; None for text), the cost model, outliers above a cap, the preprocessing report when there is one, and the
 integrity verdict (``ok`` plus a list of ``problems``). Nothing raises for a broken dataset:
 a broken dataset is exactly what ``inspect`` is for, so every failure becomes a problem line.
 A remote store that cannot be used at all (credentials, endpoint) is no verdict on the data:
@@ -26,6 +27,7 @@ from bcl_stream.io.index import CostIndex
 from bcl_stream.io.remote import is_remote
 from bcl_stream.planner.cuts import MIN_SHARDS_PER_NODE, TEAM_SHARDS
 from bcl_stream.preprocess.fetch import fetch_dataset
+from bcl_stream.vision.components import read_components
 
 EMPTY_STATS = {"total": 0.0, "mean": 0.0, "p50": 0.0, "p99": 0.0, "max": 0.0}
 
@@ -51,6 +53,9 @@ def _empty(location: str, max_tokens: int | None) -> dict[str, Any]:
         "tokens": dict(EMPTY_STATS),
         "cost": dict(EMPTY_STATS),
         "trained": dict(EMPTY_STATS),
+        "image_tokens": None,
+        "patches": None,
+        "images": None,
         "cost_model": {},
         "outliers": _outliers(np.zeros(0, np.uint32), max_tokens),
         "preprocess": None,
@@ -103,8 +108,20 @@ def inspect_dataset(
         outliers=_outliers(index.tokens, max_tokens),
         preprocess=index.extra.get("preprocess") or index.extra.get("annotate"),
     )
+    try:  # image-text datasets: their stored components (None for text)
+        components = read_components(root, index.tokens)
+    except BCLStreamError as exc:
+        report["problems"].append(str(exc))
+        components = None
+    if components is not None:
+        parts = components.summary()
+        report.update(
+            image_tokens=parts["image_tokens"],
+            patches=parts["patches"],
+            images={"count": parts["images"], "records_with_images": parts["records_with_images"]},
+        )
     started = time.perf_counter()
-    report["problems"] = check_integrity(root, index)
+    report["problems"] += check_integrity(root, index)
     report["checks"] = integrity_checks(root, index)
     report["integrity_seconds"] = time.perf_counter() - started
     report["ok"] = not report["problems"]

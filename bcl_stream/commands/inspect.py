@@ -61,6 +61,13 @@ def _text(report: dict[str, Any]) -> list[str]:
         f"({report['trained']['total'] / max(t['total'], 1):.1%} of the tokens)",
         f"cost model: {json.dumps(report['cost_model'])}",
     ]
+    if report.get("image_tokens") is not None:
+        i, p = report["image_tokens"], report["patches"]
+        lines.append(
+            f"images: {report['images']['count']} in {report['images']['records_with_images']} "
+            f"records; image tokens total {i['total']:.0f} (mean {i['mean']:.1f} per record); "
+            f"encoder patches total {p['total']:.0f} (max {p['max']:.0f} per image)"
+        )
     out = report["outliers"]
     if out["max_tokens"] is not None:
         largest = ", ".join(f"#{o['record']} ({o['tokens']})" for o in out["largest"])

@@ -41,6 +41,22 @@ def add_parser(sub: Any) -> None:
         "(its chat template renders conversations)",
     )
     p.add_argument(
+        "--processor",
+        default=None,
+        metavar="DIR",
+        help="image-text records: a local Hugging Face processor directory (tokenizer, chat "
+        "template, preprocessor_config.json); ids are exactly what it gives, images are "
+        "stored in the shards (replaces --tokenizer)",
+    )
+    p.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --processor: images above N pixels are bad records (default: PIL's "
+        "decompression-bomb limit, 89,478,485)",
+    )
+    p.add_argument(
         "--chat-template",
         default=None,
         metavar="FILE",
@@ -134,6 +150,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "loss_on": args.loss_on,
         "chat_template": args.chat_template,
         "chat_template_kwargs": args.chat_template_kwargs,
+        "processor": args.processor,
+        "max_image_pixels": args.max_image_pixels,
         "cost_model": args.cost_model,
         "max_record_tokens": args.max_record_tokens,
         "outliers": args.outliers,

@@ -28,7 +28,6 @@ from bcl_stream.epoch.cache import cached
 from bcl_stream.epoch.canonical_config import check_canonical
 from bcl_stream.epoch.mixture_index import MixtureIndex
 from bcl_stream.epoch.process_group import launcher_ranks_per_node, process_group
-from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.epoch.truncation import fed_costs, fed_tokens
 from bcl_stream.errors import StateError
 from bcl_stream.io.index import CostIndex
@@ -51,6 +50,7 @@ from bcl_stream.planner.token_contract import (
     plan_tokens,
     token_geometry,
 )
+from bcl_stream.records.source import RecordSource
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +88,8 @@ class ReaderConfig:
     packing: str = "bcl"
     """``bcl`` (balanced packs) or ``sequential`` (the baseline: each rank's next B records of
     the same epoch order, what a plain loader yields). Both follow the same node streams."""
-    tokens: TokenSource | None = None
-    """Where records' token ids come from (``epoch/token_source.py``); None: the ``input_ids``
+    tokens: RecordSource | None = None
+    """Where records' token ids come from (``records/source.py``); None: the ``input_ids``
     column bcl-stream writes. Recorded in the cursor: a resume reads the same ids."""
     max_seq_len: int | None = None
     """Tokens a record is fed at most (the collate truncates to it): longer records are
@@ -118,8 +118,8 @@ class ReaderConfig:
                 f"max_seq_len must be an integer >= 1 or None, got {self.max_seq_len!r}"
             )
         check_canonical(self)
-        if self.tokens is not None and not isinstance(self.tokens, TokenSource):
-            raise ValueError(f"tokens must be a TokenSource or None, got {self.tokens!r}")
+        if self.tokens is not None and not isinstance(self.tokens, RecordSource):
+            raise ValueError(f"tokens must be a RecordSource or None, got {self.tokens!r}")
         if self.packing not in PACKINGS:
             raise ValueError(f"packing must be one of {PACKINGS}, got {self.packing!r}")
         if not isinstance(self.plan, PlanConfig):
@@ -136,7 +136,7 @@ class ReaderConfig:
         seed: int = 0,
         cost_model: str | None = None,
         packing: str = "bcl",
-        tokens: TokenSource | None = None,
+        tokens: RecordSource | None = None,
         max_seq_len: int | None = None,
         canonical_ranks: int | None = None,
         canonical_ranks_per_node: int | None = None,
@@ -175,7 +175,7 @@ class ReaderConfig:
             seed=seed,
             cost_model=cost_model,
             packing=packing,
-            tokens=TokenSource.of(tokens),
+            tokens=RecordSource.of(tokens),
             max_seq_len=max_seq_len,
             canonical_ranks=canonical_ranks,
             canonical_ranks_per_node=canonical_ranks_per_node,
@@ -233,7 +233,7 @@ class ReaderConfig:
         if unknown:
             raise ValueError(f"reader config 'plan' has unknown keys {sorted(unknown)}")
         rest = {k: v for k, v in data.items() if k not in ("plan", "tokens")}
-        return cls(plan=PlanConfig(**plan), tokens=TokenSource.of(data.get("tokens")), **rest)
+        return cls(plan=PlanConfig(**plan), tokens=RecordSource.of(data.get("tokens")), **rest)
 
     def resized(self, world_size: int, ranks_per_node: int) -> ReaderConfig:
         """The same config under another world size (elastic resume)."""

@@ -30,13 +30,13 @@ import numpy.typing as npt
 from bcl_stream.errors import CostIndexError, DatasetError
 from bcl_stream.formats.integrity import ShardVerifier
 from bcl_stream.formats.reader_base import DatasetReader, Pack
-from bcl_stream.formats.token_ids import with_ids
 from bcl_stream.io.dataset_dir import MDS_INDEX, read_mds_index, shard_entries
 from bcl_stream.io.deadline import DownloadStalled
 from bcl_stream.io.index import CostIndex
 from bcl_stream.io.names import check_name
 from bcl_stream.io.remote import download, is_remote, join, open_cost_index
 from bcl_stream.io.streaming_compat import guard_downloads, shard_file_names
+from bcl_stream.records.registry import record_ids
 
 
 class _Prefetcher:
@@ -199,7 +199,7 @@ class MDSPackDataset(DatasetReader):
             ) from exc
         if self.remote:
             self.verifier.check_shard(shard)
-        with_ids(record, self.tokens, f"{self.location}: record {sample_id}")
+        record_ids(record, self.tokens, f"{self.location}: record {sample_id}")
         self.verifier.check_record(sample_id, record)
         record["sample_id"] = sample_id  # a fresh dict per call: safe to extend in place
         return record

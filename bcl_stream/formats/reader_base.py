@@ -42,7 +42,6 @@ from bcl_stream.epoch.plan import PlanData, ReaderConfig, ReaderPlan, Segment, r
 from bcl_stream.epoch.process_group import process_group
 from bcl_stream.epoch.schedule import Schedule
 from bcl_stream.epoch.steps import step_cut, whole_steps
-from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.errors import DatasetError, StateError
 from bcl_stream.formats.read_options import ReadOptions
 from bcl_stream.formats.token_ids import resolve_source
@@ -50,6 +49,7 @@ from bcl_stream.io.index import CostIndex
 from bcl_stream.io.remote import is_remote, open_cost_index
 from bcl_stream.planner import PlanConfig
 from bcl_stream.planner.token_contract import EMPTY
+from bcl_stream.records.source import RecordSource
 
 log = logging.getLogger(__name__)
 Record = dict[str, Any]
@@ -319,7 +319,7 @@ class DatasetReader(PlanDataset):
     """
 
     index: CostIndex
-    tokens: TokenSource | None = None
+    tokens: RecordSource | None = None
     """Where ``input_ids`` come from (None: the stored ``input_ids`` column)."""
     format: str = ""
     """``mds`` or ``wds`` (subclasses set it)."""

@@ -1,4 +1,4 @@
-"""A record's token ids from its column, by :class:`~bcl_stream.epoch.token_source.TokenSource`:
+"""A record's token ids from its column, by :class:`~bcl_stream.records.source.RecordSource`:
 one set of rules for ``annotate`` (which counts) and the readers (which yield ids), so a count
 in the cost index is by construction the length the reader yields.
 
@@ -23,12 +23,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bcl_stream.epoch.token_source import KEYS, TokenSource
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.npy import load_npy
 from bcl_stream.io.index import CostIndex
-from bcl_stream.text.layouts import Bad, LayoutOptions, PromptResponse, read_layout
-from bcl_stream.text.templates import Encoder, encode_layout
+from bcl_stream.records.source import KEYS, RecordSource
 from bcl_stream.text.tokenizers import load_tokenizer, tokenizer_identity
 
 QUOTE = 60
@@ -50,25 +48,16 @@ def _tokenizer(spec: str) -> Any:
     return load_tokenizer(spec)
 
 
-@functools.cache
-def _encoder(spec: str, loss_on: str) -> Any:
-    """The encoder ``preprocess`` uses (``text/templates.py``), one per (tokenizer, loss_on)
-    and process: a prompt/response or conversation read here is encoded exactly as
-    ``preprocess`` writes one, and a tokenizer directory is loaded once, whichever layout
-    asks first."""
-    return Encoder(spec, loss_on)
-
-
 def _kind(value: Any) -> str:
     if isinstance(value, np.ndarray):
         return f"an array of {value.dtype}"
     return f"a {type(value).__name__}"
 
 
-def token_ids(value: Any, source: TokenSource, where: str) -> npt.NDArray[np.integer[Any]]:
+def token_ids(value: Any, source: RecordSource, where: str) -> npt.NDArray[np.integer[Any]]:
     """The token ids ``value`` (a record's ``source.field``) holds, as a 1-D integer array."""
     if source.is_text:
-        value = _as_text(
+        value = as_text(
             value, None, source, where,
             hint="; for token ids use tokens_field (annotate --tokens-field) instead",
         )  # fmt: skip
@@ -117,7 +106,7 @@ lookup at training time (a device assert on a GPU, far from the record)."""
 
 
 def _in_range(
-    ids: npt.NDArray[np.integer[Any]], source: TokenSource, where: str
+    ids: npt.NDArray[np.integer[Any]], source: RecordSource, where: str
 ) -> npt.NDArray[np.integer[Any]]:
     """``ids`` if every id lies in ``[0, ID_LIMIT)`` (checked only where the dtype allows
     anything else), else a :class:`DatasetError` naming the record, the id and its position."""
@@ -137,7 +126,7 @@ def _in_range(
     )
 
 
-def token_count(value: Any, source: TokenSource, where: str) -> int:
+def token_count(value: Any, source: RecordSource, where: str) -> int:
     """len(:func:`token_ids`) without building the ids where the bytes tell (raw columns)."""
     if isinstance(value, bytes) and not source.is_text and source.tokens_dtype is not None:
         size = np.dtype(source.tokens_dtype).itemsize
@@ -205,7 +194,7 @@ def wds_column(members: Mapping[str, bytes], field: str, where: str) -> Any:
     )
 
 
-def recorded_source(index: CostIndex) -> TokenSource | None:
+def recorded_source(index: CostIndex) -> RecordSource | None:
     """The token source a cost index was counted from (``annotate`` records it), or None: the
     ``input_ids`` column (``preprocess``), or a length column checked against no token column."""
     record = index.extra.get("annotate")
@@ -214,14 +203,14 @@ def recorded_source(index: CostIndex) -> TokenSource | None:
     if "length_field" in record and not index.extra.get("length_check", {}).get("records"):
         return None
     try:
-        return TokenSource.of({k: record[k] for k in KEYS if k in record})
+        return RecordSource.of({k: record[k] for k in KEYS if k in record})
     except ValueError:
         return None  # an index written before sources were recorded: nothing to compare
 
 
 def resolve_source(
-    configured: TokenSource | None, index: CostIndex, location: str
-) -> TokenSource | None:
+    configured: RecordSource | None, index: CostIndex, location: str
+) -> RecordSource | None:
     """The source a reader reads: ``configured``, or the one the index was counted from. A
     configured source that differs from the recorded one (another column, dtype, or a
     tokenizer with other content) is refused: the plan would balance counts the reader does not
@@ -239,7 +228,7 @@ def resolve_source(
     )
 
 
-def _same(configured: TokenSource, recorded: TokenSource, index: CostIndex) -> bool:
+def _same(configured: RecordSource, recorded: RecordSource, index: CostIndex) -> bool:
     if configured.tokenizer is None or recorded.tokenizer is None:
         return configured == recorded
     stored = index.extra.get("annotate", {}).get("tokenizer_id")
@@ -248,35 +237,12 @@ def _same(configured: TokenSource, recorded: TokenSource, index: CostIndex) -> b
     return replace(configured, tokenizer=recorded.tokenizer) == recorded
 
 
-def _settings(source: TokenSource) -> str:
+def _settings(source: RecordSource) -> str:
     given = source.to_dict() or {"tokens_field": source.tokens_field}
     return ", ".join(f"{k}={v!r}" for k, v in given.items())
 
 
-def prompt_response_ids(
-    prompt: Any, response: Any, source: TokenSource, where: str
-) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32]]:
-    """(ids, loss spans) of a prompt/response record read with ``source.response_field``:
-    text encoded as ``preprocess`` encodes a prompt/response record (the response then the
-    tokenizer's EOS), ids concatenated as stored; the response is trained."""
-    if source.is_text:
-        texts = [
-            _as_text(v, f, source, where)
-            for v, f in ((prompt, source.field), (response, source.response_field))
-        ]
-        encoded = _encoder(str(source.tokenizer), "assistant").prompt_response(
-            PromptResponse(texts[0], texts[1])
-        )
-        assert encoded.spans is not None
-        return encoded.ids, encoded.spans
-    first = token_ids(prompt, source, where)
-    alone = replace(source, tokens_field=str(source.response_field), response_field=None)
-    second = token_ids(response, alone, where)
-    ids = np.concatenate([first, second]).astype(np.uint32)
-    return ids, np.asarray([first.size, ids.size] if second.size else [], dtype=np.uint32)
-
-
-def _as_text(value: Any, field: str | None, source: TokenSource, where: str, hint: str = "") -> str:
+def as_text(value: Any, field: str | None, source: RecordSource, where: str, hint: str = "") -> str:
     """``value`` as text (UTF-8 bytes decoded), else a :class:`DatasetError` naming the column
     (``field``; None: the source's own text column) and ending with ``hint``."""
     column = "text column" if field is None else f"column {field!r}"
@@ -293,51 +259,3 @@ def _as_text(value: Any, field: str | None, source: TokenSource, where: str, hin
             else f"{where}: {source.describe()}: {column} {held}"
         )
     return value
-
-
-def conversation_ids(
-    value: Any, source: TokenSource, where: str
-) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32] | None]:
-    """(ids, loss spans or None) of a stored conversation (a list of messages, or its JSON
-    text), rendered and masked exactly as ``preprocess`` does (``text/templates.py``)."""
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as exc:
-            raise DatasetError(
-                f"{where}: {source.describe()}: the column holds text that is not a JSON list of "
-                f"messages ({exc})"
-            ) from exc
-    layout = read_layout(where, {source.field: value}, LayoutOptions(messages_field=source.field))
-    encoder = _encoder(str(source.tokenizer), source.loss_on or "assistant")
-    encoded = layout if isinstance(layout, Bad) else encode_layout(where, layout, encoder)
-    if isinstance(encoded, Bad):
-        raise DatasetError(
-            f"{where}: {encoded.message}. A record cannot be left out of a dataset in place: "
-            "preprocess its source (with --skip-bad), or read it with loss_on all"
-        )
-    return encoded.ids, encoded.spans
-
-
-def with_ids(record: dict[str, Any], source: TokenSource | None, where: str) -> dict[str, Any]:
-    """``record`` with ``input_ids`` read from ``source`` (None: the stored ``input_ids``);
-    a prompt/response or conversation source also sets ``loss_spans``."""
-    if source is None:
-        return record
-    if source.messages_field is not None:
-        ids, spans = conversation_ids(record_column(record, source.field, where), source, where)
-        record["input_ids"] = ids
-        if spans is not None:
-            record["loss_spans"] = spans
-        return record
-    if source.response_field is not None:
-        prompt = record_column(record, source.field, where)
-        response = record_column(record, source.response_field, where)
-        record["input_ids"], record["loss_spans"] = prompt_response_ids(
-            prompt, response, source, where
-        )
-        return record
-    record["input_ids"] = token_ids(record_column(record, source.field, where), source, where)
-    return record

@@ -44,11 +44,11 @@ from bcl_stream.errors import DatasetError
 from bcl_stream.formats.npy import load_npy
 from bcl_stream.formats.reader_base import DatasetReader, Pack, Record
 from bcl_stream.formats.tar_scan import TarFormatError, tar_members
-from bcl_stream.formats.token_ids import with_ids
 from bcl_stream.formats.wds_shards import ShardCache, member_index_dir
 from bcl_stream.io.hashing import record_digest
 from bcl_stream.io.index import CostIndex
 from bcl_stream.io.remote import remote_sizes
+from bcl_stream.records.registry import record_ids
 from bcl_stream.text.loss_spans import LOSS_SPANS, check_record_spans
 
 Raw = dict[str, bytes]
@@ -330,7 +330,7 @@ class WDSPackDataset(DatasetReader):
                 key = records.key(i)
                 _check_hash(records.name, sid, key, members, hashes)
                 record = decode_sample(sid, key, members)
-                record = with_ids(record, self.tokens, f"{where} {sid}")
+                record = record_ids(record, self.tokens, f"{where} {sid}")
                 if LOSS_SPANS in record:  # a stored mask must train what the index says
                     check_record_spans(record, self.index.trained_of(sid), f"{where} {sid}")
                 pack.append(record)

@@ -52,7 +52,6 @@ import numpy as np
 from tqdm import tqdm
 
 from bcl_stream.cost import CostModel, resolve
-from bcl_stream.epoch.token_source import DEFAULT_FIELD, TokenSource
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.integrity import mds_record_hashes, raw_shard_bytes
 from bcl_stream.io.dataset_dir import (
@@ -82,6 +81,7 @@ from bcl_stream.preprocess.parts import Part, part_record, shard_span
 from bcl_stream.preprocess.shard_pool import map_shards
 from bcl_stream.preprocess.source_layout import detected_source, mds_columns, wds_columns
 from bcl_stream.preprocess.wds_keys import NAMES, RECORD_KEYS, key_ids, keys_are_names
+from bcl_stream.records.source import DEFAULT_FIELD, RecordSource
 from bcl_stream.text.tokenizers import tokenizer_identity
 
 
@@ -195,7 +195,7 @@ def annotate(
         or length_field is not None
     )
     source = (
-        TokenSource(
+        RecordSource(
             tokens_field=tokens_field,
             tokens_dtype=tokens_dtype,
             text_field=text_field,
@@ -229,7 +229,7 @@ def annotate(
             else wds_shards_on_disk(root)
         )
         if source is None and not everything:
-            source = TokenSource()  # no shard to look at: refused below as holding no records
+            source = RecordSource()  # no shard to look at: refused below as holding no records
         if source is None:  # nothing named: the layout preprocess would see (source_layout.py)
             columns = (
                 mds_columns(mds[0])

@@ -1,6 +1,6 @@
 """Token counts of an existing dataset's records, one shard at a time (``annotate``).
 
-What is counted (:class:`Counting`): the ids of a token column (:class:`TokenSource`: any
+What is counted (:class:`Counting`): the ids of a token column (:class:`RecordSource`: any
 name, an integer array or raw integer bytes of a declared dtype), the tokens of a text column
 under a tokenizer, or an integer length column. Anything else is refused before a record is
 read, in one line naming the column, what it holds and which option fits: a ``str`` column
@@ -26,7 +26,6 @@ from typing import Any
 
 import numpy as np
 
-from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.mds_lengths import column_bytes, shard_counts
 from bcl_stream.formats.npy import load_npy
@@ -41,6 +40,7 @@ from bcl_stream.io import streaming_compat
 from bcl_stream.io.dataset_dir import MDS_INDEX
 from bcl_stream.io.hashing import record_digest
 from bcl_stream.preprocess import trained_counts as tc
+from bcl_stream.records.source import RecordSource
 from bcl_stream.text.loss_spans import LOSS_SPANS
 
 LENGTH_CHECK_SHARDS = 4
@@ -54,7 +54,7 @@ class Counting:
     """What ``annotate`` counts: ``source``'s tokens, or ``length_field``'s values (then
     checked against ``source`` on a sample, when the records have its column)."""
 
-    source: TokenSource = field(default_factory=TokenSource)
+    source: RecordSource = field(default_factory=RecordSource)
     length_field: str | None = None
 
     @property
@@ -228,7 +228,7 @@ def mds_shard_counts(
 
 
 def _mds_prompt_response(
-    root: Path, shard: dict[str, Any], source: TokenSource
+    root: Path, shard: dict[str, Any], source: RecordSource
 ) -> tuple[list[int], list[int]]:
     """(tokens, trained) of a prompt/response shard, as the readers will build its records."""
     tc.check_response_column(root, shard, source)
@@ -304,7 +304,7 @@ def wds_shard_counts(
 
 
 def _wds_prompt_response(
-    prompt: Any, response: Any, source: TokenSource, where: str
+    prompt: Any, response: Any, source: RecordSource, where: str
 ) -> tuple[int, int]:
     if source.is_text:
         return tc.text_record(prompt, response, source, where)

@@ -38,9 +38,10 @@ from bcl_stream.preprocess.output import check_output, prepare_output, remove_if
 from bcl_stream.preprocess.parts import Part, input_identity, input_slices, part_record
 from bcl_stream.preprocess.sources import InputSlice, check_inputs, read_records
 from bcl_stream.preprocess.work import EncodeOptions, tokenize_stream
-from bcl_stream.text.layouts import Bad, LayoutOptions
+from bcl_stream.records.kind import Bad, LayoutOptions
 from bcl_stream.text.loss_spans import trained_count
 from bcl_stream.text.templates import LOSS_ON, Encoded
+from bcl_stream.vision.preprocess import ImageColumns
 
 T = TypeVar("T")
 FORMATS = ("mds", "wds")
@@ -195,6 +196,7 @@ def _open_writer(
     maxcount: int,
     key_prefix: str = "",
     loss_spans: bool = False,
+    columns: dict[str, str] | None = None,
 ) -> Any:
     if fmt == "mds":
         from bcl_stream.formats.mds_writer import CostedMDSWriter
@@ -202,7 +204,7 @@ def _open_writer(
         return CostedMDSWriter(
             output,
             cost_model=model,
-            columns={"input_ids": "ndarray:uint32", "source": "str"},
+            columns={"input_ids": "ndarray:uint32", "source": "str", **(columns or {})},
             compression=compression,
             size_limit=shard_size_limit,
             loss_spans=loss_spans,
@@ -236,6 +238,8 @@ def preprocess(
     loss_on: str = "assistant",
     chat_template: str | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
+    processor: str | None = None,
+    max_image_pixels: int | None = None,
     cost_model: str | CostModel = "llama3-8b",
     max_record_tokens: int | None = None,
     outliers: str = "error",
@@ -250,7 +254,7 @@ def preprocess(
 ) -> PreprocessReport:
     """Tokenize ``inputs`` (JSONL/Parquet) into a costed dataset at ``output`` (dir or s3://).
 
-    Records are read in any layout of ``text/layouts.py`` (``messages_field`` names a
+    Records are read as any kind of ``records/registry.py`` (``messages_field`` names a
     conversation field other than ``messages``/``conversations``). ``tokenizer``: ``cl100k``,
     a ``tokenizer.json``, or a Hugging Face tokenizer directory, whose chat template then
     renders conversations (``text/templates.py``). ``loss_on`` (``assistant``, ``last``,
@@ -259,6 +263,11 @@ def preprocess(
     instead of the tokenizer directory's own (Jinja text, or a JSON file with
     ``chat_template``); ``chat_template_kwargs``: template variables for every record (a
     record's own ``chat_template_kwargs`` take precedence).
+
+    ``processor`` (``--processor DIR``, a Hugging Face processor directory): image-text
+    records (``records/image_text.py``), ids exactly as that processor gives them, images stored in
+    the shards and their cost components beside the cost index (``vision/preprocess.py``);
+    ``max_image_pixels`` refuses larger images (default: PIL's decompression-bomb limit).
 
     ``workers``: tokenizer processes (default :data:`DEFAULT_WORKERS`, the fastest measured).
 
@@ -278,6 +287,11 @@ def preprocess(
     check_inputs(inputs)
     if isinstance(part, str):
         part = Part.parse(part)
+    if processor is not None and part is not None:
+        raise ValueError(
+            "--processor with --part: merging image-text parts (their cost components) is "
+            "not supported yet; preprocess image-text inputs in one run"
+        )
     target = output if part is None else part.location(output)
     with output_lock(target, "preprocess"):
         return _preprocess(
@@ -291,6 +305,8 @@ def preprocess(
                 loss_on,
                 chat_template,
                 chat_template_kwargs,
+                processor,
+                max_image_pixels,
             ),
             cost_model=cost_model,
             max_record_tokens=max_record_tokens,
@@ -346,9 +362,11 @@ def _preprocess(
     # MDS columns are fixed per dataset: every record gets loss_spans unless nothing is masked
     # (a text record stores [0, L]: every token trained, the count of no mask).
     masks = options.loss_on != "all"  # under "all" no record is masked
+    images = None if options.processor is None else ImageColumns(format, encoder)
     writer = _open_writer(
-        format, output, model, shard_size_limit, compression, maxcount, prefix, masks
-    )
+        format, output, model, shard_size_limit, compression, maxcount, prefix, masks,
+        None if images is None else images.mds_columns,
+    )  # fmt: skip
     start = time.perf_counter()  # after the writer's import of streaming (seconds, one-off)
     timing: dict[str, float] = {"read": 0.0, "write": 0.0}
     raws = _timed(read_records(pieces, counts, report.empty_inputs if skip_bad else None), timing)
@@ -374,6 +392,15 @@ def _preprocess(
                 skipped[result.reason] += 1
                 skip_list.add(writer, result)
                 continue
+            if images is not None:  # --processor: image fields and components (vision/)
+                image_result = images.admit(source, result, policy.max_record_tokens, policy.policy)
+                if isinstance(image_result, Bad):
+                    if not skip_bad:
+                        raise _bad_error(image_result)
+                    skipped[image_result.reason] += 1
+                    skip_list.add(writer, image_result)
+                    continue
+                result = image_result.encoded
             sample = _cut(source, result, policy)
             if sample is None:
                 continue
@@ -388,6 +415,8 @@ def _preprocess(
             record: dict[str, Any] = {"input_ids": sample.ids, "source": source}
             if sample.spans is not None:
                 record["loss_spans"] = sample.spans
+            if images is not None:
+                record.update(images.fields())
             writer.write(record)
             timing["write"] += time.perf_counter() - t0
             report.records_written += 1
@@ -418,6 +447,8 @@ def _preprocess(
         )
         if part is not None:
             writer.extra["part"] = part_record(part, "preprocess", input_identity(inputs))
+        if images is not None:
+            images.seal(writer)
         t0 = time.perf_counter()
         index = writer.finish()
         report.seconds_finish = time.perf_counter() - t0

@@ -1,7 +1,7 @@
 """Which columns ``annotate`` counts when none is named: the layout ``preprocess`` would see.
 
 Why: ``preprocess`` recognises a record's layout from its field names
-(:func:`bcl_stream.text.layouts.layout_fields`: a ``text`` field, else ``messages`` /
+(:func:`bcl_stream.records.registry.detect`: a ``text`` field, else ``messages`` /
 ``conversations``, else ``prompt`` + ``response``/``completion``). An existing dataset in one of
 those layouts (llm-foundry's finetuning MDS as its converter writes it with stock
 ``MDSWriter``: ``prompt`` + ``response`` text columns) should not need its columns named to be
@@ -20,19 +20,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bcl_stream.epoch.token_source import DEFAULT_FIELD, TokenSource
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.tar_scan import TAR_ERRORS, tar_records
 from bcl_stream.formats.token_ids import TEXT_MEMBERS
-from bcl_stream.text.layouts import LayoutOptions, layout_fields
-
-IDS, TEXT, OTHER = "ids", "text", "other"
-"""What a column holds, as far as choosing a token source goes."""
-WHAT = {
-    "text": "a text column",
-    "messages": "a conversation column",
-    "prompt_response": "prompt/response columns (llm-foundry's finetuning layout)",
-}
+from bcl_stream.records.kind import IDS, OTHER, TEXT
+from bcl_stream.records.registry import declared_source
+from bcl_stream.records.source import DEFAULT_FIELD, RecordSource
 
 
 def mds_columns(shard: dict[str, Any]) -> dict[str, str]:
@@ -83,9 +76,10 @@ def _json_kind(value: Any) -> str:
 
 def detected_source(
     columns: dict[str, str], tokenizer: str | None, loss_on: str | None, where: str
-) -> TokenSource:
+) -> RecordSource:
     """The token source of a dataset whose columns are ``columns`` when the caller named none:
-    stored ``input_ids``, else the layout :func:`layout_fields` finds. Refused in one line
+    stored ``input_ids``, else the kind :func:`~bcl_stream.records.registry.detect` finds
+    (its :meth:`~bcl_stream.records.kind.RecordKind.declared` source). Refused in one line
     when nothing fits, or when a layout's text needs a tokenizer that was not given (or a
     tokenizer was given for ids, which it would not count)."""
     if DEFAULT_FIELD in columns:
@@ -95,8 +89,8 @@ def detected_source(
                 "they are; --tokenizer and --loss-on are for a text or conversation column: "
                 "drop them, or name that column with --text-field or --messages-field"
             )
-        return TokenSource()
-    found = layout_fields(columns, LayoutOptions())
+        return RecordSource()
+    found = declared_source(columns, tokenizer, loss_on, where)
     if found is None:
         raise DatasetError(
             f"{where}: no token column {DEFAULT_FIELD!r} and no layout preprocess recognises "
@@ -104,20 +98,4 @@ def detected_source(
             f"'completion') among its columns {sorted(columns)[:12]}; name the column with "
             "--tokens-field, --text-field/--messages-field with --tokenizer, or --length-field"
         )
-    first = found.names[0]
-    if found.kind == "prompt_response" and columns[first] == IDS:
-        if loss_on is not None:
-            raise DatasetError(f"{where}: --loss-on goes with a conversation column")
-        return TokenSource(tokens_field=first, response_field=found.names[1])
-    if tokenizer is None:
-        raise DatasetError(
-            f"{where}: holds {WHAT[found.kind]} {', '.join(map(repr, found.names))}; pass "
-            "--tokenizer (cl100k, a tokenizer.json or a Hugging Face tokenizer directory) to "
-            "count their tokens"
-        )
-    if found.kind == "messages":
-        return TokenSource(messages_field=first, tokenizer=tokenizer, loss_on=loss_on)
-    if loss_on is not None:
-        raise DatasetError(f"{where}: --loss-on goes with a conversation column")
-    response = found.names[1] if found.kind == "prompt_response" else None
-    return TokenSource(text_field=first, tokenizer=tokenizer, response_field=response)
+    return found

@@ -3,7 +3,7 @@
 The reader in the main process does as little as possible (split lines, slice Parquet batches)
 and hands chunks of raw records to the tokenizing workers: JSON parsing and UTF-8 decoding run
 there, in parallel, and every failure comes back as a :class:`Bad` that names ``file:line``.
-A record is a JSON object in one of the layouts ``text/layouts.py`` reads (a text field,
+A record is a JSON object of one of the kinds ``records/registry.py`` reads (a text field,
 a conversation, a prompt and its response).
 """
 
@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from bcl_stream.errors import DatasetError
+from bcl_stream.records.kind import Bad
+from bcl_stream.records.text import check_text
 from bcl_stream.text.chat import ChatFormatError, render_messages
-from bcl_stream.text.layouts import Bad
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -207,21 +208,10 @@ def parse_payload(source: str, payload: bytes | dict[str, Any]) -> dict[str, Any
     return record
 
 
-def check_text(source: str, text: str) -> str | Bad:
-    """``text`` if it can be tokenized (valid UTF-8, not empty), else why not."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return Bad(source, "undecodable", f"text holds an unpaired surrogate at {exc.start}")
-    if not text:
-        return Bad(source, "empty_text", "the text is empty (0 tokens)")
-    return text
-
-
 def record_text(source: str, payload: bytes | dict[str, Any], text_field: str) -> str | Bad:
     """The text of one raw record under the built-in ChatML (a text field, or ``messages``
     with string contents), or why there is none. ``preprocess`` itself reads every layout
-    (``text/layouts.py``); this is the plain-text view of the two original ones."""
+    (``records/registry.py``); this is the plain-text view of the two original ones."""
     record = parse_payload(source, payload)
     if isinstance(record, Bad):
         return record

@@ -5,11 +5,11 @@ Two layouts carry what is trained without a rewrite:
 - a stored ``loss_spans`` column (MDS ``ndarray:uint32``) or member (WebDataset
   ``<key>.loss_spans.npy``), as ``preprocess`` writes it: each record's trained count is its
   spans' (:mod:`bcl_stream.text.loss_spans`), checked against the record's token count;
-- prompt/response columns (``TokenSource.response_field``, llm-foundry's finetuning layout as
+- prompt/response columns (``RecordSource.response_field``, llm-foundry's finetuning layout as
   its converter writes it with stock ``MDSWriter``): the readers build ``input_ids`` = prompt
-  ids + response ids and ``loss_spans`` = the response (``formats/token_ids.py``), so the
+  ids + response ids and ``loss_spans`` = the response (``records/prompt_response.py``), so the
   count is the response's (and, for text, its EOS). The token count is computed here too;
-- a conversation column (``TokenSource.messages_field``): rendered with the tokenizer's chat
+- a conversation column (``RecordSource.messages_field``): rendered with the tokenizer's chat
   template as ``preprocess`` renders it, its mask by ``loss_on``; the readers render it the
   same way on every read.
 
@@ -22,13 +22,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.token_ids import conversation_ids, prompt_response_ids
+from bcl_stream.records.chat import CHAT
+from bcl_stream.records.prompt_response import prompt_response_ids
+from bcl_stream.records.source import RecordSource
 from bcl_stream.text.loss_spans import LOSS_SPANS, LossSpansError, check_spans, trained_count
+from bcl_stream.text.templates import encoder_for
 
 
-def response_source(source: TokenSource) -> TokenSource:
+def response_source(source: RecordSource) -> RecordSource:
     """The response column read as the only column, like the prompt (ids or text)."""
     assert source.response_field is not None
     if source.is_text:
@@ -36,7 +38,7 @@ def response_source(source: TokenSource) -> TokenSource:
     return replace(source, tokens_field=source.response_field, response_field=None)
 
 
-def prompt_source(source: TokenSource) -> TokenSource:
+def prompt_source(source: RecordSource) -> RecordSource:
     return replace(source, response_field=None)
 
 
@@ -57,15 +59,15 @@ def spans_trained(spans: Any, tokens: int, where: str) -> int:
         ) from exc
 
 
-def text_record(prompt: Any, response: Any, source: TokenSource, where: str) -> tuple[int, int]:
+def text_record(prompt: Any, response: Any, source: RecordSource, where: str) -> tuple[int, int]:
     """(tokens, trained) of a text prompt/response record, as the readers will build it."""
-    ids, spans = prompt_response_ids(prompt, response, source, where)
+    ids, spans = prompt_response_ids(prompt, response, source, where, encoder_for)
     return int(ids.size), trained_count(spans, int(ids.size))
 
 
-def conversation_record(value: Any, source: TokenSource, where: str) -> tuple[int, int]:
+def conversation_record(value: Any, source: RecordSource, where: str) -> tuple[int, int]:
     """(tokens, trained) of a stored conversation, as the readers will render it."""
-    ids, spans = conversation_ids(value, source, where)
+    ids, spans = CHAT.stored([value], source, where, encoder_for)
     return int(ids.size), trained_count(spans, int(ids.size))
 
 
@@ -73,7 +75,7 @@ def mds_has_spans(shard: dict[str, Any]) -> bool:
     return LOSS_SPANS in list(shard.get("column_names") or [])
 
 
-def check_response_column(root: Path, shard: dict[str, Any], source: TokenSource) -> None:
+def check_response_column(root: Path, shard: dict[str, Any], source: RecordSource) -> None:
     """Refuse a shard that lacks a column the source reads (naming the columns it has)."""
     names = list(shard.get("column_names") or [])
     for name in source.fields:

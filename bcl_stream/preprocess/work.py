@@ -1,5 +1,5 @@
 """Worker side of preprocessing: raw record chunks -> token ids and loss masks, in a
-process pool (``text/layouts.py`` reads each record's layout, ``text/templates.py``
+process pool (``records/registry.py`` reads each record by its kind, ``text/templates.py``
 renders and tokenizes it).
 
 Tokenization is the expensive step (about 90 % of preprocessing time with cl100k), so it runs
@@ -29,11 +29,14 @@ from multiprocessing import get_context
 from multiprocessing.pool import AsyncResult, Pool
 from typing import Any
 
-from bcl_stream.preprocess.sources import Raw, check_text, parse_payload
-from bcl_stream.text.layouts import Bad, Layout, LayoutOptions, Text, read_layout
-from bcl_stream.text.templates import Encoded, Encoder, encode_layout
+from bcl_stream.preprocess.sources import Raw, parse_payload
+from bcl_stream.records.image_text import encode_image_record, has_images
+from bcl_stream.records.kind import Bad, LayoutOptions
+from bcl_stream.records.registry import encode_record, read_record
+from bcl_stream.text.templates import Encoded, Encoder
+from bcl_stream.vision.encode import ImageEncoded, ImageTextEncoder
 
-Result = tuple[str, "Encoded | Bad"]
+Result = tuple[str, "Encoded | ImageEncoded | Bad"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +50,17 @@ class EncodeOptions:
     """``--chat-template FILE``: renders conversations instead of the tokenizer's own."""
     template_kwargs: dict[str, Any] | None = None
     """``--chat-template-kwargs``: template variables for every record."""
+    processor: str | None = None
+    """``--processor DIR``: image-text records through that Hugging Face processor (its
+    tokenizer and chat template; ``tokenizer`` is then unused)."""
+    max_image_pixels: int | None = None
+    """Images above this many pixels are bad records (None: PIL's decompression-bomb limit)."""
 
-    def encoder(self) -> Encoder:
+    def encoder(self) -> Encoder | ImageTextEncoder:
+        if self.processor is not None:
+            return ImageTextEncoder(
+                self.processor, self.loss_on, max_image_pixels=self.max_image_pixels
+            )
         return Encoder(
             self.tokenizer,
             self.loss_on,
@@ -95,43 +107,59 @@ def tokenizer_pool(workers: int, options: EncodeOptions) -> Iterator[Pool]:
         yield pool
 
 
-def read_shape(source: str, payload: Any, layout: LayoutOptions) -> Layout | Bad:
-    """A raw record's layout (its JSON parsed, a text checked), or why it has none."""
+def read_shape(source: str, payload: Any, layout: LayoutOptions) -> Any:
+    """A raw record's shape by its kind (its JSON parsed), or a :class:`Bad`: why it has none."""
     record = parse_payload(source, payload)
     if isinstance(record, Bad):
         return record
-    shape = read_layout(source, record, layout)
-    if isinstance(shape, Text):
-        checked = check_text(source, shape.text)
-        if isinstance(checked, Bad):
-            return checked
-    return shape
+    return read_record(source, record, layout)
 
 
 def encode_raw(source: str, payload: Any, encoder: Encoder, layout: LayoutOptions) -> Result:
-    """One raw record -> (source, its ids and mask, or why it has none)."""
+    """One raw text record -> (source, its ids and mask, or why it has none)."""
     shape = read_shape(source, payload, layout)
-    return source, shape if isinstance(shape, Bad) else encode_layout(source, shape, encoder)
+    return source, shape if isinstance(shape, Bad) else encode_record(source, shape, encoder)
 
 
 def _chunk(raws: list[Raw]) -> tuple[list[Result], float, float]:
     """Results of one chunk, plus seconds spent parsing and tokenizing (for the report:
     parsing is the JSON and the layout, tokenizing the template and the tokenizer)."""
-    encoder: Encoder = _STATE["encoder"]
+    encoder: Encoder | ImageTextEncoder = _STATE["encoder"]
     layout: LayoutOptions = _STATE["layout"]
     out: list[Result] = []
     parse = encode = 0.0
     for source, payload in raws:
         t0 = time.perf_counter()
+        if isinstance(encoder, ImageTextEncoder):  # image-text: bcl_stream/vision/encode.py
+            record = parse_payload(source, payload)
+            t1 = time.perf_counter()
+            parse += t1 - t0
+            out.append((source, _image_text(source, record, encoder, layout)))
+            encode += time.perf_counter() - t1
+            continue
         shape = read_shape(source, payload, layout)
         t1 = time.perf_counter()
         parse += t1 - t0
         if isinstance(shape, Bad):
             out.append((source, shape))
             continue
-        out.append((source, encode_layout(source, shape, encoder)))
+        out.append((source, encode_record(source, shape, encoder)))
         encode += time.perf_counter() - t1
     return out, parse, encode
+
+
+def _image_text(
+    source: str, record: dict[str, Any] | Bad, encoder: ImageTextEncoder, layout: LayoutOptions
+) -> ImageEncoded | Encoded | Bad:
+    """A record under ``--processor``: with images, the image-text kind's encoding
+    (``records/image_text.py``: components and image bytes too); without, its own kind's,
+    under the processor's tokenizer and chat template."""
+    if isinstance(record, Bad):
+        return record
+    if has_images(record):
+        return encode_image_record(source, record, encoder, layout)
+    shape = read_record(source, record, layout)
+    return shape if isinstance(shape, Bad) else encode_record(source, shape, encoder.text)
 
 
 def _chunks(raws: Iterable[Raw], size: int) -> Iterator[list[Raw]]:

@@ -22,14 +22,43 @@ well inside what a cost model can tell apart.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
-
-from bcl_stream.text.layouts import message_text
 
 TEMPLATE = "<|im_start|>{role}\n{content}<|im_end|>\n"
 """The per-message template (documented in docs/preprocessing.md)."""
 END = "<|im_end|>"
 TOOL_CALL = "\n<tool_call>\n{call}\n</tool_call>"
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    messages: list[dict[str, Any]]
+    """Normalized: every message has a string ``role`` and its other keys as given."""
+    tools: list[Any] | None = None
+    """The record's ``tools`` as given (an empty list too: templates render ``[]`` otherwise
+    than no tools); None: the record has none."""
+    completion_from: int | None = None
+    """TRL conversational prompt-completion: messages from this index on are the completion
+    (what is trained); None: a conversation whose assistant turns are trained."""
+    template_kwargs: dict[str, Any] | None = None
+    """The record's ``chat_template_kwargs`` (TRL's and verl's key: ``enable_thinking``,
+    ``date_string``, ...), given to the template as extra variables."""
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """The text of a message's ``content`` (parts joined; null: empty)."""
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part if isinstance(part, str) else str(part.get("text", "")) for part in content)
+
+
+def trains_something(message: dict[str, Any]) -> bool:
+    """Whether an assistant message has something to train: text content or tool calls."""
+    return bool(message_text(message)) or bool(message.get("tool_calls"))
 
 
 class ChatFormatError(ValueError):
@@ -60,7 +89,7 @@ def render_messages(messages: Any) -> str:
 
 
 def render_turns(messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
-    """The text of normalized messages (``text/layouts.py``) under :data:`TEMPLATE`,
+    """The text of normalized messages (``records/chat.py``) under :data:`TEMPLATE`,
     and for each message the character range ``[start, end)`` of its content, tool calls and
     ``<|im_end|>`` (what an assistant turn trains). Equal to :func:`render_messages` for
     string contents without tool calls."""

@@ -47,6 +47,7 @@ record (``no_trained_tokens``): an error naming ``file:line`` unless ``--skip-ba
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -55,16 +56,8 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.errors import DatasetError
-from bcl_stream.text.chat import TEMPLATE, render_turns
+from bcl_stream.text.chat import TEMPLATE, Conversation, render_turns
 from bcl_stream.text.generation_variants import generation_variant
-from bcl_stream.text.layouts import (
-    Bad,
-    Conversation,
-    Layout,
-    PromptResponse,
-    Text,
-    trains_something,
-)
 from bcl_stream.text.loss_spans import mask_from_spans, spans_from_mask, trained_count
 from bcl_stream.text.tokenizers import (
     Tokenizer,
@@ -114,6 +107,12 @@ class TemplateError(ValueError):
 
 class TokenIdError(TemplateError):
     """A record's given token ids lie outside the tokenizer's vocabulary (named by the caller)."""
+
+
+class MissingTemplateError(DatasetError):
+    """A Hugging Face tokenizer directory without a chat template, asked to render a
+    conversation: a configuration error, not a bad record (every conversation would fail, so
+    ``--skip-bad`` does not skip it). ``transformers`` refuses the same case."""
 
 
 class Encoder:
@@ -174,12 +173,8 @@ class Encoder:
         """The template conversations are rendered with: the tokenizer's own, or ChatML."""
         return self.template if self.template is not None else TEMPLATE
 
-    def encode(self, layout: Layout) -> Encoded:
-        """Ids and mask of one record (:class:`TemplateError` if its template fails)."""
-        if isinstance(layout, Text):
-            return Encoded(self.tokenizer.ids(layout.text))
-        if isinstance(layout, PromptResponse):
-            return self.prompt_response(layout)
+    def conversation(self, conv: Conversation) -> Encoded:
+        """Ids and mask of a conversation (:class:`TemplateError` if its template fails)."""
         if self.template is None:
             if self.hf is not None:
                 raise MissingTemplateError(
@@ -188,51 +183,13 @@ class Encoder:
                     "--chat-template FILE (the model's Jinja template), or train text records "
                     "with --loss-on all"
                 )
-            return self._chatml(layout)
-        return self._hf(layout)
+            return self._chatml(conv)
+        return self._hf(conv)
 
     def turns(self, conv: Conversation) -> list[int]:
         """The assistant turns ``loss_on`` trains (all of them, or the last)."""
         turns = [i for i, m in enumerate(conv.messages) if m["role"] == "assistant"]
         return turns[-1:] if self.loss_on == "last" else turns
-
-    # -- prompt/response -------------------------------------------------------------------
-    def prompt_response(self, layout: PromptResponse) -> Encoded:
-        """Prompt ids, response ids, then EOS (when the tokenizer has one and the response
-        does not already end with it); the response and its EOS are trained."""
-        if isinstance(layout.prompt, str):
-            assert isinstance(layout.response, str)
-            prompt = self._prompt_ids(layout.prompt)
-            response = self.tokenizer.ids(layout.response)
-        else:
-            prompt = np.asarray(layout.prompt, dtype=np.uint32)
-            response = np.asarray(layout.response, dtype=np.uint32)
-            self._check_vocabulary(layout, prompt, response)
-        eos = self.eos_id
-        if eos is not None and (not response.size or int(response[-1]) != eos):
-            response = np.append(response, np.uint32(eos))
-        ids = np.concatenate([prompt, response]).astype(np.uint32)
-        if self.loss_on == "all":
-            return Encoded(ids)
-        return Encoded(ids, np.asarray([prompt.size, ids.size], dtype=np.uint32))
-
-    def _check_vocabulary(
-        self,
-        layout: PromptResponse,
-        prompt: npt.NDArray[np.uint32],
-        response: npt.NDArray[np.uint32],
-    ) -> None:
-        """Given ids must be ids of this tokenizer: one past its vocabulary would be an
-        out-of-range embedding lookup at training time (a device assert on a GPU)."""
-        size = self.vocab_size
-        for name, ids in zip(layout.fields, (prompt, response), strict=True):
-            if ids.size and int(ids.max()) >= size:
-                i = int(np.flatnonzero(ids >= size)[0])
-                raise TokenIdError(
-                    f"field {name!r} holds token id {int(ids[i])} at position {i}, outside the "
-                    f"vocabulary of tokenizer {self.tokenizer.name} ({size} ids); were the ids "
-                    "made with another tokenizer? Pass --tokenizer with the one that made them"
-                )
 
     @property
     def vocab_size(self) -> int:
@@ -241,7 +198,7 @@ class Encoder:
             return max(len(self.hf), self.tokenizer.vocab_size)
         return self.tokenizer.vocab_size
 
-    def _prompt_ids(self, text: str) -> npt.NDArray[np.uint32]:
+    def prompt_ids(self, text: str) -> npt.NDArray[np.uint32]:
         """A prompt as the model's tokenizer encodes a text (with the BOS or other tokens a
         Hugging Face directory's tokenizer adds); elsewhere with no special tokens."""
         if self.hf is not None:
@@ -415,12 +372,6 @@ def _check_parts(messages: list[dict[str, Any]], text: str) -> None:
             )
 
 
-class MissingTemplateError(DatasetError):
-    """A Hugging Face tokenizer directory without a chat template, asked to render a
-    conversation: a configuration error, not a bad record (every conversation would fail, so
-    ``--skip-bad`` does not skip it). ``transformers`` refuses the same case."""
-
-
 def read_chat_template(path: str) -> str:
     """A chat template file (Jinja text, or a ``tokenizer_config.json`` / ``.json`` holding
     ``chat_template``), as ``--chat-template`` names it."""
@@ -457,50 +408,9 @@ def _refuse_prefix(turn: int) -> NoReturn:
     )
 
 
-def encode_layout(source: str, layout: Layout, encoder: Encoder) -> Encoded | Bad:
-    """``layout`` encoded, or a :class:`Bad` (template failure, nothing trained) naming it."""
-    if isinstance(layout, Conversation) and encoder.loss_on != "all":
-        bad = _nothing_trained(source, layout, encoder)
-        if bad is not None:
-            return bad
-    try:
-        encoded = encoder.encode(layout)
-    except TokenIdError as exc:
-        return Bad(source, "bad_token_id", str(exc))
-    except TemplateError as exc:
-        return Bad(source, "template_error", str(exc))
-    except MissingTemplateError as exc:
-        raise MissingTemplateError(f"{source}: {exc}") from exc
-    if encoded.spans is not None and encoded.trained == 0:
-        return Bad(
-            source, "no_trained_tokens", "the record has no token to train (its mask is empty)"
-        )
-    if not encoded.ids.size:
-        return Bad(source, "empty_text", "the text is empty (0 tokens)")
-    return encoded
-
-
-def _nothing_trained(source: str, conv: Conversation, encoder: Encoder) -> Bad | None:
-    """A conversation whose trained turns are absent or empty (point of the outlier policy:
-    an error naming the record, or skipped under --skip-bad); None: it trains something."""
-    if conv.completion_from is not None:
-        turns = list(range(conv.completion_from, len(conv.messages)))
-    else:
-        turns = encoder.turns(conv)
-    if any(trains_something(conv.messages[i]) for i in turns):
-        return None
-    roles = ", ".join(m["role"] for m in conv.messages)
-    if conv.completion_from is not None:
-        what = "an empty completion"
-    elif not turns:
-        what = "no assistant turn"
-    elif encoder.loss_on == "last":
-        what = "an empty last assistant turn"
-    else:
-        what = "only empty assistant turns"
-    return Bad(
-        source,
-        "no_trained_tokens",
-        f"the conversation has {what} (roles: {roles}): no token to train under --loss-on "
-        f"{encoder.loss_on}",
-    )
+@functools.cache
+def encoder_for(spec: str, loss_on: str) -> Encoder:
+    """The encoder ``preprocess`` uses, one per (tokenizer, loss_on) and process: a record the
+    readers or ``annotate`` encode is encoded exactly as ``preprocess`` writes one, and a
+    tokenizer directory is loaded once, whichever kind asks first."""
+    return Encoder(spec, loss_on)

@@ -11,7 +11,9 @@ Every way an image can be bad is one :class:`ImageError` naming the record, with
 - ``image_empty``: zero bytes, or a side of zero pixels;
 - ``image_unreadable``: an unknown format, or a damaged or truncated header;
 - ``image_too_large``: more pixels than ``max_pixels`` (a decompression bomb: a small file
-  that would decode to gigabytes; PIL's own limit, ``Image.MAX_IMAGE_PIXELS``, by default).
+  that would decode to gigabytes; PIL's own limit, ``Image.MAX_IMAGE_PIXELS``, by default);
+- ``image_aspect``: a shape the model's processor refuses (aspect ratio above 200; raised by
+  :mod:`bcl_stream.vision.encode` from the geometry).
 
 Damage *after* the header is not seen here (no pixel is read); the DataLoader worker that
 decodes the image reports it, naming the record.
@@ -28,7 +30,13 @@ from PIL import Image, UnidentifiedImageError
 
 from bcl_stream.errors import DatasetError
 
-IMAGE_REASONS = ("image_missing", "image_empty", "image_unreadable", "image_too_large")
+IMAGE_REASONS = (
+    "image_missing",
+    "image_empty",
+    "image_unreadable",
+    "image_too_large",
+    "image_aspect",
+)
 
 
 class ImageError(DatasetError):

@@ -21,7 +21,7 @@ from bcl_stream.io.index import read_index
 from bcl_stream.loading.collate import collate_packed
 from bcl_stream.loading.loader import PackLoader
 from bcl_stream.preprocess.annotate import annotate
-from bcl_stream.text.layouts import PromptResponse
+from bcl_stream.records.prompt_response import PromptResponse, encode_prompt_response
 from bcl_stream.text.loss_spans import trained_count
 from bcl_stream.text.templates import Encoder
 from bcl_stream.text.tokenizers import load_hf_tokenizer
@@ -73,7 +73,7 @@ def test_llm_foundry_text_prompt_response_mds(
         "tokenizer_id": index.extra["annotate"]["tokenizer_id"],
     }
     encoder = Encoder(tok_dir)
-    want = [encoder.prompt_response(PromptResponse(p, r)) for p, r in PAIRS]
+    want = [encode_prompt_response(PromptResponse(p, r), encoder) for p, r in PAIRS]
     assert index.tokens.tolist() == [e.ids.size for e in want]
     assert index.trained.tolist() == [e.trained for e in want]
     got = read_all(tmp_path)
@@ -147,7 +147,7 @@ def test_prompt_response_webdataset(tmp_path: Path, tok_dir: str, named: bool) -
     index = annotate(tmp_path, **fields, tokenizer=tok_dir, cost_model="tokens", progress=False)
     assert index.extra["annotate"]["response_field"] == "completion"
     encoder = Encoder(tok_dir)
-    want = [encoder.prompt_response(PromptResponse(p, r)) for p, r in PAIRS]
+    want = [encode_prompt_response(PromptResponse(p, r), encoder) for p, r in PAIRS]
     assert index.trained.tolist() == [e.trained for e in want]
     for sid, sample in read_all(tmp_path, "wds").items():
         assert sample["input_ids"].tolist() == want[sid].ids.tolist()
@@ -292,9 +292,10 @@ def test_stored_conversations_are_rendered_as_preprocess_renders_them(
     index = annotate(data, tokenizer=tok, loss_on=loss_on, cost_model="tokens", progress=False)
     assert index.extra["annotate"]["messages_field"] == "messages"
     encoder = Encoder(tok, loss_on)
-    from bcl_stream.text.layouts import Conversation
+    from bcl_stream.records.registry import encode
+    from bcl_stream.text.chat import Conversation
 
-    want = [encoder.encode(Conversation(m)) for m in CONVERSATIONS]
+    want = [encode(Conversation(m), encoder) for m in CONVERSATIONS]
     assert index.tokens.tolist() == [e.ids.size for e in want]
     assert index.trained.tolist() == [e.trained for e in want]
     oracle = load_hf_tokenizer(tok)

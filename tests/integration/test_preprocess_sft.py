@@ -355,7 +355,7 @@ def test_a_tokenizer_worker_loads_transformers_without_torch(tok_dirs: dict[str,
     transformers without torch (whose import costs seconds per worker), and encodes as the
     test process's own torch-enabled transformers does."""
     from bcl_stream.preprocess.work import EncodeOptions, encode_raw, tokenizer_pool
-    from bcl_stream.text.layouts import Bad, LayoutOptions
+    from bcl_stream.records.kind import Bad, LayoutOptions
     from bcl_stream.text.templates import Encoder
 
     options = EncodeOptions(tokenizer=tok_dirs["plain"])

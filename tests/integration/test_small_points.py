@@ -2,7 +2,7 @@
 command or the real Trainer. Covered elsewhere: ``plan --json`` figures and ``--carry none``
 (``test_cli_defaults.py``), "at at column" and a failed preprocess's empty output
 (``test_usage_errors.py``), a long value quoted in a one-line error
-(``test_existing_layouts.py``, ``tests/unit/test_token_source.py``).
+(``test_existing_layouts.py``, ``tests/unit/test_record_source.py``).
 """
 
 from __future__ import annotations

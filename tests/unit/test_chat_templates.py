@@ -13,9 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bcl_stream.text.layouts import Bad, Conversation, LayoutOptions, PromptResponse, read_layout
+from bcl_stream.records.kind import Bad, LayoutOptions
+from bcl_stream.records.prompt_response import PromptResponse
+from bcl_stream.records.registry import encode, encode_record, read_record
+from bcl_stream.text.chat import Conversation
 from bcl_stream.text.loss_spans import mask_from_spans
-from bcl_stream.text.templates import Encoder, TemplateError, encode_layout
+from bcl_stream.text.templates import Encoder, TemplateError
 from bcl_stream.text.tokenizers import load_hf_tokenizer
 from tests.hf_tokenizers import CHATML, LLAMA3, LLAMA3_GENERATION, build_tokenizer_dir
 
@@ -60,7 +63,7 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def conv(messages: list[dict]) -> Conversation:
-    shape = read_layout("t:1", {"messages": messages}, LayoutOptions())
+    shape = read_record("t:1", {"messages": messages}, LayoutOptions())
     assert isinstance(shape, Conversation)
     return shape
 
@@ -74,9 +77,9 @@ def test_stored_ids_are_apply_chat_template(dirs: dict[str, Path], name: str, ca
     for loss_on in ("assistant", "last", "all"):
         if name == "chatml" and parts:  # prints the parts' Python list: refused, see below
             with pytest.raises(TemplateError, match="does not iterate"):
-                Encoder(str(dirs[name]), loss_on).encode(conv(messages))
+                encode(conv(messages), Encoder(str(dirs[name]), loss_on))
             continue
-        encoded = Encoder(str(dirs[name]), loss_on).encode(conv(messages))
+        encoded = encode(conv(messages), Encoder(str(dirs[name]), loss_on))
         assert encoded.ids.tolist() == list(tok.apply_chat_template(messages, tokenize=True))
 
 
@@ -89,10 +92,10 @@ def test_masks_are_return_assistant_tokens_mask_and_the_fallback_agrees(
     want = tok.apply_chat_template(
         messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
     )["assistant_masks"]
-    generation = Encoder(str(dirs["generation"])).encode(conv(messages))
+    generation = encode(conv(messages), Encoder(str(dirs["generation"])))
     assert generation.spans is not None
     assert mask_from_spans(generation.spans, generation.ids.size).astype(int).tolist() == want
-    fallback = Encoder(str(dirs["plain"])).encode(conv(messages))
+    fallback = encode(conv(messages), Encoder(str(dirs["plain"])))
     assert fallback.ids.tolist() == generation.ids.tolist()
     assert fallback.spans is not None and fallback.spans.tolist() == generation.spans.tolist()
 
@@ -100,9 +103,9 @@ def test_masks_are_return_assistant_tokens_mask_and_the_fallback_agrees(
 @pytest.mark.parametrize("case", range(len(CONVERSATIONS)))
 def test_last_trains_the_final_assistant_turn(dirs: dict[str, Path], case: int) -> None:
     messages = CONVERSATIONS[case]
-    every = Encoder(str(dirs["generation"])).encode(conv(messages))
-    last_gen = Encoder(str(dirs["generation"]), "last").encode(conv(messages))
-    last_plain = Encoder(str(dirs["plain"]), "last").encode(conv(messages))
+    every = encode(conv(messages), Encoder(str(dirs["generation"])))
+    last_gen = encode(conv(messages), Encoder(str(dirs["generation"]), "last"))
+    last_plain = encode(conv(messages), Encoder(str(dirs["plain"]), "last"))
     assert every.spans is not None and last_gen.spans is not None
     assert last_plain.spans is not None and last_plain.spans.tolist() == last_gen.spans.tolist()
     # the last run of the assistant mask: the final assistant turn's content and <|eot_id|>
@@ -115,7 +118,7 @@ def test_last_trains_the_final_assistant_turn(dirs: dict[str, Path], case: int) 
 
 
 def test_all_stores_no_mask(dirs: dict[str, Path]) -> None:
-    encoded = Encoder(str(dirs["plain"]), "all").encode(conv(CONVERSATIONS[1]))
+    encoded = encode(conv(CONVERSATIONS[1]), Encoder(str(dirs["plain"]), "all"))
     assert encoded.spans is None
     assert encoded.trained == encoded.ids.size - 1
 
@@ -129,7 +132,7 @@ def test_builtin_chatml_trains_assistant_content_and_its_end_marker(
     encoder = Encoder(spec)
     assert encoder.template is None
     messages = CONVERSATIONS[1]
-    encoded = encoder.encode(conv(messages))
+    encoded = encode(conv(messages), encoder)
     text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
     assert encoded.ids.tolist() == encoder.tokenizer.ids(text).tolist()
     assert encoded.spans is not None
@@ -157,7 +160,7 @@ def _decoder(encoder: Encoder):
 def test_prompt_response_trains_the_response_and_eos(dirs: dict[str, Path], name: str) -> None:
     spec = "cl100k" if name == "cl100k" else str(dirs[name])
     encoder = Encoder(spec)
-    encoded = encoder.encode(PromptResponse("Say hi to the fox", "hi fox"))
+    encoded = encode(PromptResponse("Say hi to the fox", "hi fox"), encoder)
     prompt = encoder.tokenizer.ids("Say hi to the fox")
     response = encoder.tokenizer.ids("hi fox")
     eos = encoder.tokenizer.eos_id
@@ -165,7 +168,7 @@ def test_prompt_response_trains_the_response_and_eos(dirs: dict[str, Path], name
     assert encoded.ids.tolist() == [*prompt.tolist(), *response.tolist(), eos]
     assert encoded.spans is not None
     assert encoded.spans.tolist() == [prompt.size, encoded.ids.size]
-    ids_layout = encoder.encode(PromptResponse([5, 6, 7], [8, eos]))  # ids: EOS not doubled
+    ids_layout = encode(PromptResponse([5, 6, 7], [8, eos]), encoder)  # ids: EOS not doubled
     assert ids_layout.ids.tolist() == [5, 6, 7, 8, eos]
     assert ids_layout.spans is not None and ids_layout.spans.tolist() == [3, 5]
 
@@ -175,10 +178,10 @@ def test_conversational_prompt_completion_trains_the_completion(dirs: dict[str, 
         "prompt": [{"role": "user", "content": "What is 2+2?"}],
         "completion": [{"role": "assistant", "content": "4"}],
     }
-    shape = read_layout("t:1", record, LayoutOptions())
+    shape = read_record("t:1", record, LayoutOptions())
     assert isinstance(shape, Conversation) and shape.completion_from == 1
     tok = load_hf_tokenizer(str(dirs["plain"]))
-    encoded = Encoder(str(dirs["plain"])).encode(shape)
+    encoded = encode(shape, Encoder(str(dirs["plain"])))
     messages = record["prompt"] + record["completion"]
     full = tok.apply_chat_template(messages, tokenize=True)
     assert encoded.ids.tolist() == list(full)
@@ -224,17 +227,17 @@ def test_a_conversation_with_nothing_to_train_is_bad(
     dirs: dict[str, Path], name: str, messages: list[dict], loss_on: str, match: str
 ) -> None:
     spec = "cl100k" if name == "cl100k" else str(dirs[name])
-    bad = encode_layout("data.jsonl:9", conv(messages), Encoder(spec, loss_on))
+    bad = encode_record("data.jsonl:9", conv(messages), Encoder(spec, loss_on))
     assert isinstance(bad, Bad)
     assert (bad.source, bad.reason) == ("data.jsonl:9", "no_trained_tokens")
     assert match in bad.message
-    assert not isinstance(encode_layout("f:1", conv(messages), Encoder(spec, "all")), Bad)
+    assert not isinstance(encode_record("f:1", conv(messages), Encoder(spec, "all")), Bad)
 
 
 def test_a_template_that_fails_names_its_error(tmp_path: Path) -> None:
     failing = "{% if messages[0]['role'] != 'system' %}{{ raise_exception('needs a system turn') }}{% endif %}ok"
     spec = str(build_tokenizer_dir(tmp_path / "failing", failing))
-    bad = encode_layout("d.jsonl:4", conv(CONVERSATIONS[0]), Encoder(spec))
+    bad = encode_record("d.jsonl:4", conv(CONVERSATIONS[0]), Encoder(spec))
     assert isinstance(bad, Bad) and bad.reason == "template_error"
     assert "the chat template failed to render it" in bad.message
     assert "needs a system turn" in bad.message
@@ -248,7 +251,7 @@ def test_a_template_that_is_not_prefix_wise_is_refused_for_the_record(tmp_path: 
     )
     spec = str(build_tokenizer_dir(tmp_path / "odd", odd))
     messages = CONVERSATIONS[1]
-    bad = encode_layout("d.jsonl:2", conv(messages), Encoder(spec))
+    bad = encode_record("d.jsonl:2", conv(messages), Encoder(spec))
     assert isinstance(bad, Bad) and bad.reason == "template_error"
     assert "prefix by prefix" in bad.message and "{% generation %}" in bad.message
 
@@ -261,7 +264,7 @@ def test_the_index_records_the_template_used(dirs: dict[str, Path]) -> None:
 
 
 def test_masks_are_compact_and_every_token_position_is_in_range(dirs: dict[str, Path]) -> None:
-    encoded = Encoder(str(dirs["plain"])).encode(conv(CONVERSATIONS[1]))
+    encoded = encode(conv(CONVERSATIONS[1]), Encoder(str(dirs["plain"])))
     assert encoded.spans is not None and encoded.spans.dtype == np.uint32
     assert encoded.spans.size == 4  # two assistant turns, one interval each
     assert int(encoded.spans.max()) <= encoded.ids.size
@@ -275,8 +278,8 @@ def test_a_records_tools_reach_the_template(tmp_path: Path) -> None:
     spec = str(build_tokenizer_dir(tmp_path / "tools", with_tools))
     tools = [{"type": "function", "function": {"name": "lookup"}}]
     record = {"messages": CONVERSATIONS[0], "tools": tools}
-    shape = read_layout("t:1", record, LayoutOptions())
-    encoded = Encoder(spec, "all").encode(shape)
+    shape = read_record("t:1", record, LayoutOptions())
+    encoded = encode(shape, Encoder(spec, "all"))
     tok = load_hf_tokenizer(spec)
     want = tok.apply_chat_template(CONVERSATIONS[0], tools=tools, tokenize=True)
     assert encoded.ids.tolist() == list(want)
@@ -290,6 +293,6 @@ def test_a_template_that_drops_earlier_contents_is_refused_not_guessed(tmp_path:
         "{% else %}{{ m['role'] }}|{% endif %}{% endfor %}"
     )
     spec = str(build_tokenizer_dir(tmp_path / "dropping", dropping))
-    bad = encode_layout("d.jsonl:3", conv(CONVERSATIONS[1]), Encoder(spec))
+    bad = encode_record("d.jsonl:3", conv(CONVERSATIONS[1]), Encoder(spec))
     assert isinstance(bad, Bad) and bad.reason == "template_error"
     assert "message 2" in bad.message and "{% generation %}" in bad.message

@@ -9,11 +9,15 @@ Layers, lowest first (:data:`LAYERS`; a module may import its own layer and thos
    the reproductions of other systems built on it;
 3. ``text``: tokenizers, record layouts, chat templates, loss spans (what preprocess writes
    with and readers re-encode with);
+   Then ``records/source.py`` and ``records/kind.py``: the record-source declaration and the
+   record-kind protocol (what the plan records and every kind shares);
 4. ``io``: dataset directory facts (``io/dataset_dir.py``), the cost index, remote stores,
    streaming's hooks; then ``vision``: image geometry, image headers, image-text components
    and batches;
 5. ``epoch``: a reader's plan of an epoch, its cursor, mixtures;
-6. ``formats``: readers, writers, integrity checks, ``open_dataset``;
+6. ``formats``: readers, writers, integrity checks, ``open_dataset``; beside them ``records``,
+   the record kinds and their registry (a kind reads columns with ``formats/token_ids.py``,
+   the readers turn stored records into ids through the registry);
 7. ``loading``: the loader that owns the cursor, collation, evaluation loaders;
 8. ``preprocess``: records in, costed shards out;
 9. ``analysis``: simulator, metrics, calibration, inspection;
@@ -74,10 +78,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("bcl_stream.planner.*",),
     ("bcl_stream.peers.*",),
     ("bcl_stream.text.*",),
+    ("bcl_stream.records.source", "bcl_stream.records.kind"),
     ("bcl_stream.io.*",),
     ("bcl_stream.vision.*",),
     ("bcl_stream.epoch.*",),
-    ("bcl_stream.formats.*",),
+    ("bcl_stream.formats.*", "bcl_stream.records.*"),
     ("bcl_stream.loading.*",),
     ("bcl_stream.preprocess.*",),
     ("bcl_stream.analysis.*",),

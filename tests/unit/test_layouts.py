@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from bcl_stream.text.layouts import (
-    Bad,
-    Conversation,
-    LayoutOptions,
-    PromptResponse,
-    Text,
-    read_layout,
-)
+from bcl_stream.records.kind import Bad, LayoutOptions
+from bcl_stream.records.prompt_response import PromptResponse
+from bcl_stream.records.registry import read_record as read_layout
+from bcl_stream.records.text import Text
+from bcl_stream.text.chat import Conversation
 
 HI = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
 
@@ -147,7 +144,8 @@ def test_a_text_field_wins_and_a_record_without_any_layout_is_named() -> None:
 
 
 def test_layout_fields_is_the_order_read_layout_follows() -> None:
-    from bcl_stream.text.layouts import Fields, layout_fields
+    from bcl_stream.records.kind import Fields
+    from bcl_stream.records.registry import detect as layout_fields
 
     plain = LayoutOptions()
     assert layout_fields(["text", "messages"], plain) == Fields("text", ("text",))

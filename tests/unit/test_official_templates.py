@@ -17,9 +17,11 @@ from typing import Any
 
 import pytest
 
-from bcl_stream.text.layouts import Bad, Conversation, LayoutOptions, read_layout
+from bcl_stream.records.kind import Bad, LayoutOptions
+from bcl_stream.records.registry import encode_record, read_record
+from bcl_stream.text.chat import Conversation
 from bcl_stream.text.loss_spans import mask_from_spans
-from bcl_stream.text.templates import Encoder, encode_layout
+from bcl_stream.text.templates import Encoder
 from bcl_stream.text.tokenizers import load_hf_tokenizer
 from tests.official_templates import (
     FAMILIES,
@@ -43,7 +45,7 @@ def conversations() -> list[tuple[str, Conversation]]:
     out = []
     for path in sorted(PUBLIC_DATA.glob("*.json*")):
         for n, record in enumerate(records(path), start=1):
-            shape = read_layout(f"{path.name}:{n}", record, LayoutOptions())
+            shape = read_record(f"{path.name}:{n}", record, LayoutOptions())
             assert isinstance(shape, Conversation), shape
             out.append((f"{path.name}:{n}", shape))
     return out
@@ -123,7 +125,7 @@ def test_ids_and_masks_are_exact_on_public_multi_turn_data(
                 continue  # Hugging Face refuses it too
             oracle = _hf(tok, shape, generation_variant(family), tokenize=True,
                          return_dict=True, return_assistant_tokens_mask=True, **kwargs)  # fmt: skip
-            got = encode_layout(source, shape, encoder)
+            got = encode_record(source, shape, encoder)
             assert not isinstance(got, Bad), got
             assert got.ids.tolist() == list(want), source
             assert got.spans is not None
@@ -146,6 +148,6 @@ def test_qwen3_multi_turn_needs_the_full_rendering(dirs: dict[str, Path], tmp_pa
     assert not full.startswith(prefix) and "<think>\n\n</think>" in prefix
     copy = tmp_path / "copy.jinja"  # a template whose hash is unknown: located by rendering
     copy.write_text("{# a copy #}" + official("qwen3"), encoding="utf-8")
-    got = encode_layout(source, shape, Encoder(str(dirs["qwen3"]), chat_template=str(copy)))
+    got = encode_record(source, shape, Encoder(str(dirs["qwen3"]), chat_template=str(copy)))
     assert not isinstance(got, Bad) and got.spans is not None
     assert got.spans.size == 2 * sum(m["role"] == "assistant" for m in shape.messages)

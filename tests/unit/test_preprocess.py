@@ -15,8 +15,8 @@ from bcl_stream.preprocess.outliers import OutlierPolicy
 from bcl_stream.preprocess.output import prepare_output
 from bcl_stream.preprocess.pipeline import parse_size
 from bcl_stream.preprocess.sources import check_inputs, read_records, record_text
+from bcl_stream.records.kind import Bad
 from bcl_stream.text.chat import TEMPLATE, ChatFormatError, render_messages
-from bcl_stream.text.layouts import Bad
 from bcl_stream.text.tokenizers import load_tokenizer
 
 

@@ -23,7 +23,7 @@ from bcl_stream.vision.geometry import (
 )
 
 transformers = pytest.importorskip("transformers")
-from transformers import CLIPImageProcessor, Qwen2VLImageProcessor  # noqa: E402
+from transformers import Qwen2VLImageProcessor  # noqa: E402
 from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize  # noqa: E402
 
 SMALL_BOUNDS = (4 * 28 * 28, 64 * 28 * 28)
@@ -122,25 +122,11 @@ def test_a_zero_side_is_refused(width: int, height: int) -> None:
 
 
 def _llava_processor(root: Path) -> object:
-    from transformers import AutoProcessor, LlavaProcessor
+    from transformers import AutoProcessor
 
-    from tests.hf_tokenizers import build_tokenizer_dir
+    from tests.vlm_processors import llava_processor_dir
 
-    tok_dir = build_tokenizer_dir(root, None, extra_special=["<image>"])
-    tok = transformers.AutoTokenizer.from_pretrained(tok_dir)
-    image_proc = CLIPImageProcessor(
-        size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336}
-    )
-    proc = LlavaProcessor(
-        image_processor=image_proc,
-        tokenizer=tok,
-        patch_size=14,
-        vision_feature_select_strategy="default",
-        num_additional_image_tokens=1,
-        image_token="<image>",
-    )
-    proc.save_pretrained(str(root))
-    return AutoProcessor.from_pretrained(str(root))
+    return AutoProcessor.from_pretrained(str(llava_processor_dir(root)))
 
 
 def test_llava_fixed_tile_matches_the_processor(tmp_path: Path) -> None:

@@ -43,7 +43,7 @@ KEYS = (
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TokenSource:
+class RecordSource:
     """The column a record's token ids are read from, and how."""
 
     tokens_field: str = DEFAULT_FIELD
@@ -159,18 +159,18 @@ class TokenSource:
 
     def to_dict(self) -> dict[str, str]:
         """The fields that differ from the default (what indexes and cursors record)."""
-        default = TokenSource()
+        default = RecordSource()
         return {k: getattr(self, k) for k in KEYS if getattr(self, k) != getattr(default, k)}
 
     @classmethod
-    def from_dict(cls, data: Any) -> TokenSource:
+    def from_dict(cls, data: Any) -> RecordSource:
         if not isinstance(data, dict) or set(data) - set(KEYS):
             raise ValueError(f"a token source is a dict with keys among {KEYS}, got {data!r}")
         return cls(**data)
 
     @classmethod
-    def of(cls, value: TokenSource | dict[str, Any] | None) -> TokenSource | None:
+    def of(cls, value: RecordSource | dict[str, Any] | None) -> RecordSource | None:
         """``value`` as a source; None and the default source are None (the stored
         ``input_ids``, what every earlier cursor meant)."""
-        source = value if isinstance(value, TokenSource) or value is None else cls.from_dict(value)
+        source = value if isinstance(value, RecordSource) or value is None else cls.from_dict(value)
         return None if source is None or source == cls() else source

@@ -1,4 +1,4 @@
-"""Where token ids come from (``epoch/token_source.py``, ``formats/token_ids.py``): one set of
+"""Where token ids come from (``records/source.py``, ``formats/token_ids.py``): one set of
 rules for annotate's counts and the readers' ids; recorded in the reader cursor."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import pytest
 
 from bcl_stream.epoch.cursor import STATE_VERSION, Cursor, parse_state
 from bcl_stream.epoch.plan import ReaderConfig
-from bcl_stream.epoch.token_source import TokenSource
 from bcl_stream.errors import DatasetError, StateError
 from bcl_stream.formats.token_ids import length_value, token_count, token_ids
+from bcl_stream.records.source import RecordSource
 
-RAW = TokenSource(tokens_field="tokens", tokens_dtype="int64")
-TEXT = TokenSource(text_field="text", tokenizer="cl100k")
+RAW = RecordSource(tokens_field="tokens", tokens_dtype="int64")
+TEXT = RecordSource(text_field="text", tokenizer="cl100k")
 
 
 @pytest.mark.parametrize(
@@ -37,22 +37,22 @@ TEXT = TokenSource(text_field="text", tokenizer="cl100k")
 )
 def test_a_source_refuses_what_cannot_be_read(kwargs: dict, says: str) -> None:  # type: ignore[type-arg]
     with pytest.raises(ValueError, match=says):
-        TokenSource(**kwargs)
+        RecordSource(**kwargs)
 
 
 def test_ids_and_counts_agree_and_refuse_what_is_not_ids() -> None:
     ids = np.arange(7, dtype=np.int64)
     assert token_ids(ids.tobytes(), RAW, "r").tolist() == ids.tolist()
     assert token_count(ids.tobytes(), RAW, "r") == 7
-    assert token_count(np.arange(5, dtype=np.uint32), TokenSource(), "r") == 5
+    assert token_count(np.arange(5, dtype=np.uint32), RecordSource(), "r") == 5
     text = "hello world, " * 20
     assert token_count(text, TEXT, "r") == token_ids(text.encode(), TEXT, "r").size > 10
     for value, source, says in [
-        (ids.tobytes(), TokenSource(tokens_field="tokens"), "declare the integer type"),
+        (ids.tobytes(), RecordSource(tokens_field="tokens"), "declare the integer type"),
         (ids.tobytes()[:-1], RAW, "not a whole number"),
-        ("some text " * 500, TokenSource(), "holds text"),
-        (np.ones(3, np.float32), TokenSource(), "not a 1-D array of integer"),
-        (np.int64(5), TokenSource(), "--length-field"),
+        ("some text " * 500, RecordSource(), "holds text"),
+        (np.ones(3, np.float32), RecordSource(), "not a 1-D array of integer"),
+        (np.int64(5), RecordSource(), "--length-field"),
         (ids, TEXT, "not text"),
     ]:
         with pytest.raises(DatasetError, match=says) as info:
@@ -66,7 +66,7 @@ def test_ids_and_counts_agree_and_refuse_what_is_not_ids() -> None:
 def test_the_cursor_records_the_source_and_refuses_version_3() -> None:
     plain = ReaderConfig.build(world_size=2, pack_size=4, window=4)
     assert "tokens" not in plain.to_dict()  # the stored input_ids: the layout of before
-    assert ReaderConfig.build(world_size=2, pack_size=4, window=4, tokens=TokenSource()) == plain
+    assert ReaderConfig.build(world_size=2, pack_size=4, window=4, tokens=RecordSource()) == plain
     raw = ReaderConfig.build(world_size=2, pack_size=4, window=4, tokens=RAW)
     assert raw.to_dict()["tokens"] == {"tokens_field": "tokens", "tokens_dtype": "int64"}
     assert ReaderConfig.from_dict(raw.to_dict()) == raw
@@ -91,13 +91,13 @@ def test_a_resume_with_another_source_is_refused() -> None:
 
 
 def test_sft_sources_describe_what_they_read_and_round_trip() -> None:
-    pr = TokenSource(text_field="prompt", tokenizer="cl100k", response_field="response")
+    pr = RecordSource(text_field="prompt", tokenizer="cl100k", response_field="response")
     assert pr.fields == ("prompt", "response")
     assert pr.describe() == (
         "prompt text column 'prompt' + response column 'response' tokenized with cl100k"
     )
-    chat = TokenSource(messages_field="conversations", tokenizer="cl100k", loss_on="last")
+    chat = RecordSource(messages_field="conversations", tokenizer="cl100k", loss_on="last")
     assert chat.field == "conversations" and chat.is_conversation and not chat.is_text
     assert "rendered with cl100k (loss on last)" in chat.describe()
     for source in (pr, chat):
-        assert TokenSource.from_dict(source.to_dict()) == source
+        assert RecordSource.from_dict(source.to_dict()) == source
