@@ -295,8 +295,10 @@ class _SimEpoch:
 
 
 def _sequential(e: _SimEpoch) -> Schedule:
-    """The baseline: BCL's node streams with balancing off, B records at a time."""
-    plan = plan_streams(e.streams_for(plan_config(e.config, "rank"), False), e.costs, e.tokens)
+    """The baseline: BCL's node streams with balancing off, B records at a time: the record
+    contract's plain loader whatever the contract (module docstring)."""
+    plain = plan_config(replace(e.config, contract="pack"), "rank")
+    plan = plan_streams(e.streams_for(plain, False), e.costs, e.tokens)
     return e.schedule(plan.packs, plan.records_used, plan.records_left)
 
 

@@ -34,17 +34,21 @@ from bcl_stream.analysis.sim import (
     shard_table,
     speedups,
 )
+from bcl_stream.analysis.terms import TERM_KEYS, term_figures
 from bcl_stream.commands.config_options import PLAN_DEFAULTS, add_canonical_options, plan_fields
 from bcl_stream.commands.layout_options import add_planner_options, resolve_layout
 from bcl_stream.commands.plan import cache_dir, data_source, open_mixture
 from bcl_stream.commands.write_options import DEFAULT_COST_MODEL
 from bcl_stream.cost import resolve
 from bcl_stream.epoch.checks import no_pack_error
-from bcl_stream.io.remote import open_cost_index
+from bcl_stream.io.index_meta import COMPONENTS_FILE, read_index_json
+from bcl_stream.io.remote import download, is_remote, join, open_cost_index
 from bcl_stream.planner.bcl import validate_costs
 from bcl_stream.planner.mixture import EpochDraw
 from bcl_stream.planner.shard_table import ShardTable, shard_weights
 from bcl_stream.process_layout import ProcessLayout
+from bcl_stream.vision.components import COMPONENTS_KEY, RecordComponents, read_components
+from bcl_stream.vision.cost import resolve_two_term, two_term_preset_names
 
 SIM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SimConfig)}
 LENGTHS_SHARD_RECORDS = 4096
@@ -89,7 +93,8 @@ def add_parser(sub: Any) -> None:
         "--cost-model",
         default=None,
         help="preset name or cost-model JSON (default: the dataset's own with --dataset, "
-        f"{DEFAULT_COST_MODEL} with --lengths)",
+        f"{DEFAULT_COST_MODEL} with --lengths); with --dataset also a two-term vision-language "
+        "model (qwen2-vl-2b, qwen2-vl-7b or its JSON: docs/vlm.md)",
     )
     p.add_argument(
         "--sync",
@@ -181,6 +186,13 @@ class SimInput:
     model: dict[str, Any]
     draw: EpochDraw | None = None
     streams: list[dict[str, Any]] | None = None
+    vision: np.ndarray | None = None
+    """Per-record vision-encoder costs of image-text data (``costs`` is then vision plus
+    language); None: text-only data, ``costs`` is the language model's alone."""
+
+    def language(self) -> np.ndarray:
+        """Per-record language-model costs: ``costs`` less the vision term."""
+        return self.costs if self.vision is None else self.costs - self.vision
 
 
 def sim_input(args: argparse.Namespace, config: SimConfig) -> SimInput:
@@ -217,15 +229,49 @@ def sim_input(args: argparse.Namespace, config: SimConfig) -> SimInput:
 def dataset_input(location: str, cache: str | None, cost_model: str | None) -> SimInput:
     """A costed dataset as ``plan`` reads it (its cost index only, no shard read): the same
     costs (the stored ones, or recomputed under ``cost_model``) and its real shard table, so
-    ``simulate --dataset`` and ``plan`` plan the same epoch from the same flags."""
-    index, _ = open_cost_index(location, cache)
+    ``simulate --dataset`` and ``plan`` plan the same epoch from the same flags.
+
+    A two-term ``cost_model`` (``bcl_stream.vision.cost``) on image-text data (components
+    stored beside the index) costs each record vision plus language and reports both terms;
+    on text-only data it is its language term. Image-text data under a single-term model has
+    no modeled vision term (``efficiency_vision`` null, said in ``cost_model``)."""
+    index, root = open_cost_index(location, cache)
     if not len(index):
         raise ValueError(f"--dataset {location}: the dataset holds no records")
-    model = index.cost_model if cost_model is None else resolve(cost_model)
-    costs = index.costs(model)
+    tokens = index.tokens.astype(np.int64)
+    components = dataset_components(location, root, tokens)
     counts = index.shard_counts
+    two_term = resolve_two_term(cost_model)
+    vision = None
+    if two_term is None:
+        model = index.cost_model if cost_model is None else resolve(cost_model)
+        costs = index.costs(model)
+        described = model.to_dict()
+        if components is not None:
+            described["vision_term"] = (
+                "not modeled: pass a two-term --cost-model "
+                f"({', '.join(two_term_preset_names())} or its JSON) to cost the images"
+            )
+    elif components is None:
+        costs = validate_costs(two_term.language.cost(tokens))
+        described = {**two_term.to_dict(), "vision_term": "none: text-only data"}
+    else:
+        vision, language = two_term.terms(components)
+        costs = validate_costs(vision + language)
+        described = two_term.to_dict()
     table = ShardTable.build(counts, weight=shard_weights(counts, costs))
-    return SimInput(index.tokens.astype(np.int64), costs, table, model.to_dict())
+    return SimInput(tokens, costs, table, described, vision=vision)
+
+
+def dataset_components(location: str, root: Path, tokens: np.ndarray) -> RecordComponents | None:
+    """The image-text components stored beside a dataset's index (fetched into the cache for
+    a remote dataset), or None for text-only data."""
+    if is_remote(location):
+        extra = read_index_json(root).get("extra")
+        if not isinstance(extra, dict) or extra.get(COMPONENTS_KEY) is None:
+            return None
+        download(join(location, COMPONENTS_FILE), root / COMPONENTS_FILE)
+    return read_components(root, tokens)
 
 
 def refuse_empty(label: str, config: SimConfig, data: SimInput, scored: dict[str, Metrics]) -> None:
@@ -276,14 +322,34 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         plot_step_costs({name: s.pack_costs for name, s in planned.items()}, args.plot)
 
-    def rows(plans: dict[str, Schedule], scored: dict[str, Metrics]) -> dict[str, Any]:
-        """Each strategy's metrics, its labelled efficiencies (``efficiencies``) and its
-        token-budget figures (``budget_figures``)."""
+    def rows(
+        plans: dict[str, Schedule], scored: dict[str, Metrics], layout: str = config.layout
+    ) -> dict[str, Any]:
+        """Each strategy's metrics, its labelled efficiencies (``efficiencies``), its per-term
+        efficiencies (``analysis/terms.py``) and its token-budget figures (``budget_figures``)."""
         both = efficiencies(plans, config)
         return {
-            name: {**m.to_dict(), **both[name], **budget_figures(plans[name], data.lengths)}
+            name: {
+                **m.to_dict(),
+                **both[name],
+                **terms(plans[name], layout),
+                **budget_figures(plans[name], data.lengths),
+            }
             for name, m in scored.items()
         }
+
+    def terms(s: Schedule, layout: str) -> dict[str, Any]:
+        """``efficiency_vision`` (None for text-only data) and ``efficiency_language``."""
+        figures = term_figures(
+            s.packs,
+            data.vision,
+            data.language(),
+            layout=layout,
+            sync=config.sync,
+            microbatches_per_step=config.grad_accum,
+            step_sizes=s.step_sizes,
+        )
+        return {key: figures[key] for key in TERM_KEYS}
 
     if args.json:
         settings = {key: getattr(config, key) for key in SimConfig.__slots__}
@@ -307,7 +373,7 @@ def run(args: argparse.Namespace) -> int:
             payload["speedup_vs"] = versus
         if len(layouts) > 1:
             payload["layouts"] = {
-                layout: rows(plans, scored) for layout, (plans, scored) in layouts.items()
+                layout: rows(plans, scored, layout) for layout, (plans, scored) in layouts.items()
             }
         print(json.dumps(_finite(payload), allow_nan=False))
         return 0

@@ -26,6 +26,7 @@ from bcl_stream.analysis.sim import (
     simulate,
     speedups,
 )
+from bcl_stream.analysis.terms import TERM_KEYS
 from bcl_stream.cli import main
 from bcl_stream.cost import get_preset
 
@@ -196,7 +197,8 @@ def test_cli_json_prints_exactly_one_object_with_the_documented_keys(
     fields = {f.name for f in dataclasses.fields(Metrics)}
     labelled = {"efficiency_per_micro_batch", "efficiency_per_step"}
     for metrics in payload["strategies"].values():
-        assert set(metrics) == fields | set(BUDGET_KEYS) | labelled
+        assert set(metrics) == fields | set(BUDGET_KEYS) | labelled | set(TERM_KEYS)
+        assert metrics["efficiency_vision"] is None  # text only: no vision term, not 1.0
     config = payload["config"]
     extra = {"cost_model", "records", "shards", "nodes", "node_layout"}
     assert set(SimConfig.__slots__) | extra == set(config)
@@ -365,3 +367,17 @@ def test_bench_speedup_is_time_per_unit_cost_and_cv_reduction_is_vs_sequential()
     assert own["cv_reduction"] == pytest.approx(0.0)
     assert own["efficiency"] == pytest.approx(16 / 2 / 10)
     assert own["cv_ranks_step"] == pytest.approx(2 / 8)
+
+
+def test_sequential_stays_the_record_contract_loader_under_the_token_budget() -> None:
+    """``sequential`` is the plain loader of B records per micro-batch whatever the contract
+    (the module docstring): under ``contract="tokens"`` it plans, and plans what it plans under
+    the record contract (it used to fail asking for the max_tokens it was given)."""
+    tok = _lengths(4096)
+    model = get_preset("llama3-8b")
+    pack = SimConfig(ranks=8, window=4, grad_accum=1, max_tokens=16384)
+    tokens = dataclasses.replace(pack, contract="tokens")
+    under_tokens = schedules(tok, model, tokens, ("sequential",))["sequential"]
+    under_pack = schedules(tok, model, pack, ("sequential",))["sequential"]
+    np.testing.assert_array_equal(np.asarray(under_tokens.packs), np.asarray(under_pack.packs))
+    assert under_tokens.records_used == under_pack.records_used > 0

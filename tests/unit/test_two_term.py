@@ -1,0 +1,107 @@
+"""The two-term refinement (``planner/two_term.py``): invariants on random plans, and a hand
+example where a plan balanced in sum leaves the vision stage unbalanced."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bcl_stream.analysis.terms import term_figures
+from bcl_stream.planner.two_term import ragged, refine_two_terms
+
+
+def test_a_summed_balance_is_split_into_both_terms() -> None:
+    """Rank 0 holds both images (vision 8, language 2), rank 1 text only (vision 0, language
+    10): equal sums, yet the vision stage waits on rank 0. One swap gives each rank one image."""
+    vision = np.array([4.0, 4.0, 0.0, 0.0])
+    language = np.array([1.0, 1.0, 5.0, 5.0])
+    packs = [[np.array([0, 1])], [np.array([2, 3])]]
+    before = term_figures(packs, vision, language)
+    assert before["efficiency_summed"] == pytest.approx(1.0)
+    assert before["efficiency_vision"] == pytest.approx(0.5)
+    after = refine_two_terms(packs, vision, language, 2)
+    got = term_figures(after, vision, language)
+    assert got["efficiency_vision"] == pytest.approx(1.0)
+    assert got["efficiency_language"] == pytest.approx(1.0)
+    assert sorted(np.concatenate([after[0][0], after[1][0]]).tolist()) == [0, 1, 2, 3]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    nodes=st.integers(1, 2),
+    per_node=st.integers(2, 4),
+    depth=st.integers(1, 3),
+    size=st.integers(1, 5),
+    budget=st.booleans(),
+    iterations=st.sampled_from([1, 3, 32]),
+    seed=st.integers(0, 2**16),
+)
+def test_invariants(
+    nodes: int, per_node: int, depth: int, size: int, budget: bool, iterations: int, seed: int
+) -> None:
+    """Every record stays once, in its node, at its micro-batch index, each rank keeps its
+    count; no micro-batch's separate-stage plus one-stage time rises; a token budget is
+    kept."""
+    rng = np.random.default_rng(seed)
+    ranks = nodes * per_node
+    n = ranks * depth * size
+    ids = rng.permutation(n)
+    packs = [[ids[(r * depth + t) * size : (r * depth + t + 1) * size] for t in range(depth)]
+             for r in range(ranks)]  # fmt: skip
+    vision = rng.uniform(0, 10, n) * (rng.uniform(size=n) < 0.6)
+    language = rng.uniform(0, 10, n)
+    tokens = rng.integers(1, 100, n)
+    cap = None
+    if budget:
+        cap = int(max(tokens[p].sum() for rank in packs for p in rank))
+    after = refine_two_terms(
+        packs,
+        vision,
+        language,
+        per_node,
+        tokens=tokens if budget else None,
+        max_tokens=cap,
+        iterations=iterations,
+    )
+    for node in range(nodes):
+        group = range(node * per_node, (node + 1) * per_node)
+        for t in range(depth):
+            old = [packs[r][t] for r in group]
+            new = [after[r][t] for r in group]
+            assert sorted(np.concatenate(old).tolist()) == sorted(np.concatenate(new).tolist())
+            assert [o.size for o in old] == [m.size for m in new]
+
+            def times(batch: list[np.ndarray]) -> tuple[float, float]:
+                v = np.array([vision[b].sum() for b in batch])
+                lang = np.array([language[b].sum() for b in batch])
+                return v.max() + lang.max(), (v + lang).max()
+
+            (j_old, s_old), (j_new, s_new) = times(old), times(new)
+            assert j_new + s_new <= j_old + s_old + 1e-9
+            if cap is not None:
+                assert all(tokens[m].sum() <= cap for m in new)
+
+
+def test_a_balanced_micro_batch_is_left_alone() -> None:
+    """Both ranks hold V = 4 and L = 6: no swap lowers J + S, so none is made (not even one
+    of two records with equal costs)."""
+    vision = np.array([4.0, 0.0, 4.0, 0.0])
+    language = np.array([1.0, 5.0, 1.0, 5.0])
+    packs = [[np.array([0, 1])], [np.array([2, 3])]]
+    after = refine_two_terms(packs, vision, language, 2, iterations=1)
+    assert [a[0].tolist() for a in after] == [[0, 1], [2, 3]]
+
+
+def test_tokens_contract_padding_is_dropped() -> None:
+    packs = np.array([[[0, 1, -1]], [[2, -1, -1]]])
+    assert [[p.tolist() for p in rank] for rank in ragged(packs)] == [[[0, 1]], [[2]]]
+
+
+def test_bad_arguments() -> None:
+    packs = [[np.array([0])], [np.array([1])]]
+    with pytest.raises(ValueError, match="divide"):
+        refine_two_terms(packs, np.ones(2), np.ones(2), 3)
+    with pytest.raises(ValueError, match="both tokens and max_tokens"):
+        refine_two_terms(packs, np.ones(2), np.ones(2), 2, tokens=np.ones(2))

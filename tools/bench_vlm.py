@@ -1,0 +1,338 @@
+"""Image-text balance on real image sizes: the two-term cost against token-only balancing.
+
+Records: COCO val2017's 5,000 images in the annotation file's own order
+(``bcl_bench/data/coco_val2017_sizes.csv``), each turned into Qwen2-VL patches and image tokens
+by the processor's own arithmetic (``bcl_stream.vision.geometry.qwen2_vl``, transformers'
+defaults: min_pixels 3136, max_pixels 1,003,520). Text lengths, three workloads:
+
+- ``captions``: each image with its own first caption (the real pairing; captioning data);
+- ``sft``: image i with record i of the committed stdlib chat corpus
+  (``tools/data/stdlib_cl100k_lengths.npy``, cl100k, its own order): instruction data whose
+  text is only loosely tied to its image;
+- ``mix``: the ``sft`` records, then as many text-only records, this machine's manual pages
+  (``bcl_bench.text_corpora``'s ``man`` corpus, capped at 8,192 tokens, in path order), source
+  after source as a writer stores them.
+
+Each workload is split in halves by image order: ``tune`` (the first 2,500 images and the first
+half of each text source) and ``held_out`` (the rest); each half repeated end to end to
+``--records``. Two choices were made on ``tune`` only: the two-term refinement's acceptance
+rule and its swap limit (``planner/two_term.py``); every planner setting is the default.
+
+Compared at 1 node x 8 ranks, G = 4, one sync per micro-batch, under the qwen2-vl-7b and
+qwen2-vl-2b training-FLOPs presets (``bcl_stream.vision.cost``: the 7B's language model
+outweighs its vision tower, the 2B's does not), under the record contract (B = 8) and the token
+budget (T = 16,384 tokens, image tokens included):
+
+- ``bcl``: bcl-world balancing the summed two-term cost;
+- ``bcl_two_term``: the same plan after the two-term refinement (``planner/two_term.py``);
+- ``bcl_tokens_only``: the same loader balancing the language model's cost alone
+  (c(text + image tokens)), blind to the vision encoder;
+- ``verl_dynbsz``, ``nemo_mffd``: the peers, over expanded tokens (text + image tokens);
+- ``sequential``: a plain loader.
+
+Every schedule is scored on both terms (``bcl_stream.analysis.terms``): efficiency of the
+vision term, the language term and their sum; modeled time with the vision encoder as its own
+stage (sum over micro-batches of max_r vision + max_r language) and as part of one step
+(sum of max_r of the sum), both per unit of useful cost, so a strategy that leaves records out
+gets no credit for it.
+
+    python tools/bench_vlm.py                 # results/bench_vlm.json and .png
+    python tools/bench_vlm.py --records 20000 --workloads sft
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from bcl_bench import text_corpora
+from bcl_bench.harness import RESULTS, ROOT, bench_parser, write_result
+from bcl_stream.analysis.sim import SimConfig, plan_schedules, shard_table
+from bcl_stream.analysis.terms import term_figures
+from bcl_stream.planner.padded import ragged_pack_costs
+from bcl_stream.planner.two_term import ITERATIONS, refine_two_terms
+from bcl_stream.vision.components import RecordComponents
+from bcl_stream.vision.cost import get_two_term_preset
+from bcl_stream.vision.geometry import qwen2_vl
+
+SIZES = ROOT / "bcl_bench" / "data" / "coco_val2017_sizes.csv"
+TEXTS = ROOT / "tools" / "data" / "stdlib_cl100k_lengths.npy"
+WORKLOADS = ("captions", "sft", "mix")
+HALVES = ("tune", "held_out")
+T, ACCUM, RANKS, B = 16_384, 4, 8, 8
+PEERS = ("verl_dynbsz", "nemo_mffd")
+STRATEGIES = ("bcl", "bcl_two_term", "bcl_tokens_only", *PEERS, "sequential")
+COST_MODELS = ("qwen2-vl-7b", "qwen2-vl-2b")
+MAN_CAP = 8192
+
+
+def records(text: npt.NDArray[np.int64], patches: npt.NDArray[np.int64]) -> RecordComponents:
+    """One workload's components in write order: ``patches[i]`` the patches of record i's one
+    image, 0 for a text-only record; image tokens by the geometry's merge."""
+    merge = qwen2_vl().merge_size ** 2
+    return RecordComponents.build(
+        (int(t), int(p) // merge, [int(p)] if p else []) for t, p in zip(text, patches, strict=True)
+    )
+
+
+def coco() -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """(patches, caption tokens) of every COCO val2017 image, in the file's order."""
+    geometry = qwen2_vl()
+    patches, captions = [], []
+    with SIZES.open() as fh:
+        for row in csv.DictReader(fh):
+            patches.append(geometry.patches(int(row["width"]), int(row["height"])))
+            captions.append(int(row["caption_tokens"]))
+    return np.asarray(patches, dtype=np.int64), np.asarray(captions, dtype=np.int64)
+
+
+def workload(name: str, half: str, n: int) -> RecordComponents:
+    """``n`` records of one workload's half (its records repeated end to end, order kept)."""
+    patches, captions = coco()
+    texts = np.load(TEXTS).astype(np.int64)
+    k = patches.size // 2
+    part = slice(0, k) if half == "tune" else slice(k, 2 * k)
+    t_half = texts.size // 2
+    text_part = slice(0, t_half) if half == "tune" else slice(t_half, 2 * t_half)
+    p = patches[part]
+    text = captions[part] if name == "captions" else np.resize(texts[text_part], p.size)
+    if name == "mix":
+        man = np.minimum(text_corpora.build("man", 2 * p.size, MAN_CAP), MAN_CAP)
+        only = man[: p.size] if half == "tune" else man[p.size :]
+        text = np.concatenate([text, only])
+        p = np.concatenate([p, np.zeros(only.size, dtype=np.int64)])
+    idx = np.resize(np.arange(p.size), n)
+    return records(text[idx], p[idx])
+
+
+def score_all(
+    data: RecordComponents, config: SimConfig, cost_model: str
+) -> dict[str, dict[str, Any]]:
+    """Each strategy's per-term figures on one workload under one setting."""
+    model = get_two_term_preset(cost_model)
+    vision, language = model.terms(data)
+    summed = vision + language
+    tok = data.tokens
+    planned = {}
+    for label, costs, names in (
+        ("", summed, ("bcl-world", *PEERS, "sequential")),
+        ("tokens_only", language, ("bcl-world",)),
+    ):
+        table = shard_table(tok, costs, config.shard_records)
+        for name, s in plan_schedules(tok, costs, table, config, names).items():
+            key = "bcl" if name == "bcl-world" else name
+            planned[f"{key}_{label}" if label else key] = s
+    two = refine_two_terms(
+        planned["bcl"].packs,
+        vision,
+        language,
+        config.ranks_per_node,
+        tokens=tok if config.contract == "tokens" else None,
+        max_tokens=config.max_tokens if config.contract == "tokens" else None,
+    )
+    planned["bcl_two_term"] = replace(planned["bcl"], packs=two)
+    out: dict[str, dict[str, Any]] = {}
+    for name in STRATEGIES:
+        s = planned[name]
+        figures = term_figures(
+            s.packs,
+            vision,
+            language,
+            sync=config.sync,
+            microbatches_per_step=config.grad_accum,
+            step_sizes=s.step_sizes,
+        )
+        useful = float(ragged_pack_costs(s.packs, summed, "packed").sum())
+        counts = [len(rank) for rank in s.packs]
+        out[name] = {
+            **figures,
+            "useful_cost": useful,
+            "time_separate_per_cost": figures["time_separate_stages"] / useful,
+            "time_one_stage_per_cost": figures["time_one_stage"] / useful,
+            "time_balanced_per_cost": figures["time_balanced_stages"] / useful,
+            "records_used": s.records_used,
+            "records_left": s.records_left,
+            "micro_batches_per_rank": {"min": min(counts), "max": max(counts)},
+        }
+    return out
+
+
+def settings() -> dict[str, SimConfig]:
+    """The two settings: the record contract (B = 8) and the token budget T."""
+    base = SimConfig(ranks=RANKS, ranks_per_node=RANKS, grad_accum=ACCUM, pack_size=B)
+    return {"record_B8": base, f"tokens_T{T}": replace(base, max_tokens=T, contract="tokens")}
+
+
+def versus(cells: dict[str, dict[str, Any]], me: str) -> dict[str, dict[str, float]]:
+    """``me``'s speedup (modeled time per unit of useful cost) over every other strategy, with
+    the vision encoder as its own stage and in one step; ``ceiling``: the most any reordering
+    of the token-only balancer's micro-batches could gain over it with separate stages (both
+    terms perfectly balanced at each micro-batch)."""
+    mine = cells[me]
+    out = {
+        other: {
+            "separate_stages": cells[other]["time_separate_per_cost"]
+            / mine["time_separate_per_cost"],
+            "one_stage": cells[other]["time_one_stage_per_cost"] / mine["time_one_stage_per_cost"],
+        }
+        for other in STRATEGIES
+        if other != me
+    }
+    tokens_only = cells["bcl_tokens_only"]
+    out["ceiling_over_tokens_only"] = {
+        "separate_stages": tokens_only["time_separate_per_cost"]
+        / tokens_only["time_balanced_per_cost"]
+    }
+    return out
+
+
+def describe(data: RecordComponents) -> dict[str, Any]:
+    """The workload's shape: records, images, tokens and patches per image."""
+    has = data.images_per_record > 0
+    p = data.image_patches
+    return {
+        "records": len(data),
+        "records_with_image": int(has.sum()),
+        "text_tokens_mean": float(data.text_tokens.mean()),
+        "image_tokens_mean_per_image": float(data.image_tokens[has].mean()) if has.any() else 0,
+        "patches_per_image": {
+            "min": int(p.min()),
+            "median": float(np.median(p)),
+            "max": int(p.max()),
+        }
+        if p.size
+        else None,
+    }
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Per workload and setting (held-out half, qwen2-vl-7b): each strategy's vision and
+    language efficiency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [
+        r for r in result["rows"] if r["half"] == "held_out" and r["cost_model"] == "qwen2-vl-7b"
+    ] or [r for r in result["rows"] if r["half"] == "held_out"]
+    fig, axes = plt.subplots(1, len(rows), figsize=(3.6 * len(rows), 3.6), squeeze=False)
+    for ax, row in zip(axes[0], rows, strict=True):
+        x = np.arange(len(STRATEGIES))
+        cells = row["strategies"]
+        vis = [cells[n]["efficiency_vision"] or 0.0 for n in STRATEGIES]
+        lang = [cells[n]["efficiency_language"] for n in STRATEGIES]
+        ax.bar(x - 0.2, vis, 0.4, label="vision efficiency")
+        ax.bar(x + 0.2, lang, 0.4, label="language efficiency")
+        ax.set_xticks(x, STRATEGIES, rotation=60, fontsize=7)
+        ax.set_ylim(0.0, 1.0)
+        ax.set_title(f"{row['cost_model']} {row['workload']}, {row['setting']}", fontsize=8)
+    axes[0, 0].legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The table docs/vlm.md carries: per row, each term's efficiency of bcl_two_term, bcl,
+    the token-only balancer and the best peer, and the separate-stage speedups."""
+    head = (
+        "| model | workload | half | setting | two-term: sum / vision / language "
+        "| bcl: sum / vision / language | tokens-only: sum / vision / language "
+        "| verl_dynbsz: sum / vision / language | two-term vs tokens-only, separate / one stage "
+        "| ceiling over tokens-only |\n|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+
+    def terms(cell: dict[str, Any]) -> str:
+        return (
+            f"{cell['efficiency_summed']:.3f} / {cell['efficiency_vision']:.3f} / "
+            f"{cell['efficiency_language']:.3f}"
+        )
+
+    lines = []
+    for r in result["rows"]:
+        c, vs = r["strategies"], r["bcl_two_term_speedup_vs"]
+        lines.append(
+            f"| {r['cost_model']} | {r['workload']} | {r['half']} | {r['setting']} "
+            f"| {terms(c['bcl_two_term'])} | {terms(c['bcl'])} | {terms(c['bcl_tokens_only'])} "
+            f"| {terms(c['verl_dynbsz'])} "
+            f"| {vs['bcl_tokens_only']['separate_stages']:.3f} / "
+            f"{vs['bcl_tokens_only']['one_stage']:.3f} "
+            f"| {vs['ceiling_over_tokens_only']['separate_stages']:.3f} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = bench_parser(__doc__, RESULTS / "bench_vlm.json")
+    parser.add_argument("--records", type=int, default=20_000, help="records per half")
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument("--cost-models", nargs="+", default=list(COST_MODELS), choices=COST_MODELS)
+    parser.add_argument(
+        "--markdown", type=Path, default=None, help="only print the table of this result JSON"
+    )
+    args = parser.parse_args(argv)
+    if args.markdown is not None:
+        print(markdown(json.loads(args.markdown.read_text())), end="")
+        return 0
+    rows = []
+    for cost_model in args.cost_models:
+        for name in args.workloads:
+            for half in HALVES:
+                data = workload(name, half, args.records)
+                for label, config in settings().items():
+                    t0 = time.perf_counter()
+                    cells = score_all(data, config, cost_model)
+                    rows.append(
+                        {
+                            "cost_model": cost_model,
+                            "workload": name,
+                            "half": half,
+                            "setting": label,
+                            "shape": describe(data),
+                            "strategies": cells,
+                            "bcl_speedup_vs": versus(cells, "bcl"),
+                            "bcl_two_term_speedup_vs": versus(cells, "bcl_two_term"),
+                            "seconds": time.perf_counter() - t0,
+                        }
+                    )
+                    b = cells["bcl_two_term"]
+                    vs = rows[-1]["bcl_two_term_speedup_vs"]["bcl_tokens_only"]
+                    print(
+                        f"{cost_model} {name:8s} {half:8s} {label:13s} two-term eff sum "
+                        f"{b['efficiency_summed']:.4f} vision {b['efficiency_vision']:.4f} "
+                        f"language {b['efficiency_language']:.4f} | "
+                        f"x{vs['separate_stages']:.3f} vs tokens-only (separate stages) "
+                        f"({rows[-1]['seconds']:.0f}s)",
+                        flush=True,
+                    )
+    result = {
+        "settings": {
+            "cost_models": args.cost_models,
+            "geometry": qwen2_vl().to_dict(),
+            "ranks": RANKS,
+            "grad_accum": ACCUM,
+            "pack_size": B,
+            "max_tokens": T,
+            "sync": "microbatch",
+            "records_per_half": args.records,
+            "sizes": "bcl_bench/data/coco_val2017_sizes.csv",
+            "texts": "tools/data/stdlib_cl100k_lengths.npy",
+            "text_only": f"bcl_bench.text_corpora man, capped at {MAN_CAP}",
+            "two_term_iterations": ITERATIONS,
+        },
+        "rows": rows,
+    }
+    write_result(result, Path(args.out), plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
