@@ -318,63 +318,11 @@ def run(args: argparse.Namespace) -> int:
     results = layouts[config.layout][1]
     refuse_empty(args.dataset or args.lengths or ",".join(args.stream), config, data, results)
     node_layout = ProcessLayout(world_size=config.ranks, ranks_per_node=config.ranks_per_node)
-    versus = speedups(planned, config, price=price)  # per unit of cost, over the real peers
     if args.plot is not None:
         plot_step_costs({name: s.pack_costs for name, s in planned.items()}, args.plot)
-
-    def rows(
-        plans: dict[str, Schedule], scored: dict[str, Metrics], layout: str = config.layout
-    ) -> dict[str, Any]:
-        """Each strategy's metrics, its labelled efficiencies (``efficiencies``), its per-term
-        efficiencies (``analysis/terms.py``) and its token-budget figures (``budget_figures``)."""
-        both = efficiencies(plans, config)
-        return {
-            name: {
-                **m.to_dict(),
-                **both[name],
-                **terms(plans[name], layout),
-                **budget_figures(plans[name], data.lengths),
-            }
-            for name, m in scored.items()
-        }
-
-    def terms(s: Schedule, layout: str) -> dict[str, Any]:
-        """``efficiency_vision`` (None for text-only data) and ``efficiency_language``."""
-        figures = term_figures(
-            s.packs,
-            data.vision,
-            data.language(),
-            layout=layout,
-            sync=config.sync,
-            microbatches_per_step=config.grad_accum,
-            step_sizes=s.step_sizes,
-        )
-        return {key: figures[key] for key in TERM_KEYS}
-
     if args.json:
-        settings = {key: getattr(config, key) for key in SimConfig.__slots__}
-        if args.lengths is None:
-            settings["shard_records"] = None  # the data's own shards
-        payload: dict[str, Any] = {
-            "config": {
-                **settings,
-                "cost_model": data.model,
-                "records": sim_records(data),
-                "shards": len(table.counts),
-                "nodes": node_layout.nodes,
-                "node_layout": node_layout.text(),
-            },
-            "efficiency_is": EFFICIENCY_IS[config.sync],
-            "strategies": rows(planned, results),
-        }
-        if data.streams is not None:
-            payload["streams"] = data.streams
-        if any(versus.values()):
-            payload["speedup_vs"] = versus
-        if len(layouts) > 1:
-            payload["layouts"] = {
-                layout: rows(plans, scored, layout) for layout, (plans, scored) in layouts.items()
-            }
+        versus = speedups(planned, config, price=price)  # per unit of cost, over the real peers
+        payload = _json_payload(args, config, data, node_layout, versus, layouts)
         print(json.dumps(_finite(payload), allow_nan=False))
         return 0
     print(
@@ -396,6 +344,77 @@ def run(args: argparse.Namespace) -> int:
         f"{EFFICIENCY_IS[config.sync]} (--sync {config.sync})"
     )
     return 0
+
+
+def _json_payload(
+    args: argparse.Namespace,
+    config: SimConfig,
+    data: SimInput,
+    node_layout: ProcessLayout,
+    versus: dict[str, Any],
+    layouts: dict[str, tuple[dict[str, Schedule], dict[str, Metrics]]],
+) -> dict[str, Any]:
+    """``simulate --json``'s document: the settings, per strategy its metrics, labelled
+    efficiencies, per-term efficiencies and token-budget figures, and the speedups over the
+    peers (``versus``) where there are any."""
+    settings = {key: getattr(config, key) for key in SimConfig.__slots__}
+    if args.lengths is None:
+        settings["shard_records"] = None  # the data's own shards
+    planned, results = layouts[config.layout]
+    payload: dict[str, Any] = {
+        "config": {
+            **settings,
+            "cost_model": data.model,
+            "records": sim_records(data),
+            "shards": len(data.table.counts),
+            "nodes": node_layout.nodes,
+            "node_layout": node_layout.text(),
+        },
+        "efficiency_is": EFFICIENCY_IS[config.sync],
+        "strategies": _rows(planned, results, config, data, config.layout),
+    }
+    if data.streams is not None:
+        payload["streams"] = data.streams
+    if any(versus.values()):
+        payload["speedup_vs"] = versus
+    if len(layouts) > 1:
+        payload["layouts"] = {
+            layout: _rows(plans, scored, config, data, layout)
+            for layout, (plans, scored) in layouts.items()
+        }
+    return payload
+
+
+def _rows(
+    plans: dict[str, Schedule],
+    scored: dict[str, Metrics],
+    config: SimConfig,
+    data: SimInput,
+    layout: str,
+) -> dict[str, Any]:
+    """Each strategy's metrics, its labelled efficiencies (``efficiencies``), its per-term
+    efficiencies (``efficiency_vision``, None for text-only data, and ``efficiency_language``;
+    ``analysis/terms.py``) and its token-budget figures (``budget_figures``)."""
+    both = efficiencies(plans, config)
+    rows: dict[str, Any] = {}
+    for name, m in scored.items():
+        s = plans[name]
+        figures = term_figures(
+            s.packs,
+            data.vision,
+            data.language(),
+            layout=layout,
+            sync=config.sync,
+            microbatches_per_step=config.grad_accum,
+            step_sizes=s.step_sizes,
+        )
+        rows[name] = {
+            **m.to_dict(),
+            **both[name],
+            **{key: figures[key] for key in TERM_KEYS},
+            **budget_figures(s, data.lengths),
+        }
+    return rows
 
 
 def _finite(value: Any) -> Any:
