@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.errors import DatasetError
+from bcl_stream.formats.mds_costing import CostedMDS
 from bcl_stream.formats.shard_limits import SHARD_BYTES, SHARD_RECORDS
 from bcl_stream.io.remote import join, upload
 from bcl_stream.preprocess.lock import output_lock
@@ -197,9 +198,14 @@ def _open_writer(
     loss_spans: bool = False,
 ) -> Any:
     if fmt == "mds":
-        from bcl_stream.formats.mds_writer import CostedMDSWriter
-
-        return CostedMDSWriter(
+        # A local uncompressed output is written without importing streaming (which imports
+        # torch: seconds before the first record); the same bytes either way.
+        mds: type[CostedMDS]
+        if "://" in output or compression:
+            from bcl_stream.formats.mds_writer import CostedMDSWriter as mds
+        else:
+            from bcl_stream.formats.mds_local import LocalCostedMDSWriter as mds
+        return mds(
             output,
             cost_model=model,
             columns={"input_ids": "ndarray:uint32", "source": "str"},
@@ -349,7 +355,7 @@ def _preprocess(
     writer = _open_writer(
         format, output, model, shard_size_limit, compression, maxcount, prefix, masks
     )
-    start = time.perf_counter()  # after the writer's import of streaming (seconds, one-off)
+    start = time.perf_counter()  # after the writer's imports (streaming for s3:// MDS: seconds)
     timing: dict[str, float] = {"read": 0.0, "write": 0.0}
     raws = _timed(read_records(pieces, counts, report.empty_inputs if skip_bad else None), timing)
     # The total is known in bytes (records are not counted before they are read): the bar
