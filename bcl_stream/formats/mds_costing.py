@@ -10,8 +10,8 @@ the same bytes for the same records (``tests/unit/test_mds_local.py``). This mod
 neither.
 
 The shard writer below :class:`CostedMDS` in the method order provides ``write``, ``finish``
-(flushing the last shard, then calling ``_write_index``), ``shards``, ``local``, ``remote``,
-``keep_local`` and ``columns``; the class itself provides the three hooks
+(flushing the last shard, then ending in :meth:`CostedMDS.write_dataset_index`), ``shards``,
+``local``, ``remote``, ``keep_local`` and ``columns``; the class itself provides the three hooks
 :meth:`CostedMDS._close_shard_at`, :meth:`CostedMDS._wait_for_uploads` and
 :meth:`CostedMDS._abandon_uploads`.
 """

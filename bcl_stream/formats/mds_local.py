@@ -151,7 +151,7 @@ class MDSShards:
         self.column_sizes = [None for _ in self.column_names]
         self.config_data = json.dumps(self.get_config(), sort_keys=True).encode("utf-8")
         self.shards: list[dict[str, Any]] = []
-        self._reset_cache()
+        self._start_shard()
 
     def get_config(self) -> dict[str, Any]:
         """The shard-writing configuration stored in every shard and its index entry."""
@@ -166,9 +166,9 @@ class MDSShards:
             "column_sizes": self.column_sizes,
         }
 
-    def _reset_cache(self) -> None:
-        self.new_samples: list[bytes] = []
-        self.new_shard_size = 4 + 4 + len(self.config_data)
+    def _start_shard(self) -> None:
+        self.pending: list[bytes] = []
+        self.pending_bytes = 4 + 4 + len(self.config_data)
 
     def encode_sample(self, sample: dict[str, Any]) -> bytes:
         data = [
@@ -182,19 +182,19 @@ class MDSShards:
         ``size_limit``."""
         encoded = self.encode_sample(sample)
         size = len(encoded) + self.extra_bytes_per_sample
-        if self.size_limit and self.size_limit < self.new_shard_size + size:
-            self.flush_shard()
-            self._reset_cache()
-        self.new_samples.append(encoded)
-        self.new_shard_size += size
+        if self.size_limit and self.size_limit < self.pending_bytes + size:
+            self.close_shard()
+            self._start_shard()
+        self.pending.append(encoded)
+        self.pending_bytes += size
 
-    def flush_shard(self) -> None:
+    def close_shard(self) -> None:
         """Write the open shard's file and record its index entry."""
-        count = np.uint32(len(self.new_samples))
-        sizes = [len(s) for s in self.new_samples]
+        count = np.uint32(len(self.pending))
+        sizes = [len(s) for s in self.pending]
         offsets = np.array([0, *sizes]).cumsum().astype(np.uint32)
         offsets += len(count.tobytes()) + len(offsets.tobytes()) + len(self.config_data)
-        data = count.tobytes() + offsets.tobytes() + self.config_data + b"".join(self.new_samples)
+        data = count.tobytes() + offsets.tobytes() + self.config_data + b"".join(self.pending)
         basename = f"shard.{len(self.shards):05}.{self.format}"
         with open(os.path.join(self.local, basename), "wb") as fh:
             fh.write(data)
@@ -203,18 +203,18 @@ class MDSShards:
             "bytes": len(data),
             "hashes": {algo: digest(algo, data) for algo in self.hashes},
         }
-        entry = {"samples": len(self.new_samples), "raw_data": raw, "zip_data": None}
+        entry = {"samples": len(self.pending), "raw_data": raw, "zip_data": None}
         entry.update(self.get_config())
         self.shards.append(entry)
 
     def finish(self) -> None:
-        """Write the last shard, then the index (:meth:`_write_index`)."""
-        if self.new_samples:
-            self.flush_shard()
-            self._reset_cache()
-        self._write_index()
+        """Write the last shard, then the index (:meth:`_end`)."""
+        if self.pending:
+            self.close_shard()
+            self._start_shard()
+        self._end()
 
-    def _write_index(self) -> None:
+    def _end(self) -> None:
         with open(os.path.join(self.local, "index.json"), "w") as fh:
             json.dump({"version": 2, "shards": self.shards}, fh, sort_keys=True)
 
@@ -224,17 +224,17 @@ class LocalCostedMDSWriter(CostedMDS, MDSShards):  # type: ignore[misc]
     a local directory without importing streaming (what ``preprocess`` writes there)."""
 
     def _close_shard_at(self, records: int | None) -> None:
-        if records is not None and len(self.new_samples) >= records:
-            self.flush_shard()
-            self._reset_cache()
+        if records is not None and len(self.pending) >= records:
+            self.close_shard()
+            self._start_shard()
 
     def _wait_for_uploads(self) -> bool:
-        if self.new_samples:
+        if self.pending:
             raise RuntimeError("internal error: not every sample was flushed before the index")
         return True  # a local directory: nothing is uploaded
 
     def _abandon_uploads(self) -> None:
         return None
 
-    def _write_index(self) -> None:
+    def _end(self) -> None:
         self.write_dataset_index()

