@@ -3,9 +3,10 @@
 Which template renders a conversation:
 
 - a Hugging Face tokenizer directory with a ``chat_template`` (or ``--chat-template FILE``):
-  that template, through ``transformers`` (``tokenizer.apply_chat_template``; no Jinja of
-  ours). The stored ids are exactly ``apply_chat_template(messages, tools=tools,
-  tokenize=True, **kwargs)``: special tokens as their ids, BOS where the template puts it.
+  that template, rendered as ``transformers`` renders it, without importing it
+  (``text/hf_dir.py``; a directory ``transformers`` changes on loading goes through
+  ``tokenizer.apply_chat_template`` itself). The stored ids are exactly
+  ``apply_chat_template(messages, tools=tools, tokenize=True, **kwargs)``: special tokens as their ids, BOS where the template puts it.
   Message keys besides role/content (``tool_calls``, ``name``, ``reasoning_content``), the
   record's ``tools`` (an empty list too) and its ``chat_template_kwargs`` (over
   ``--chat-template-kwargs``) reach the template as given. Content given as parts that the
@@ -122,9 +123,10 @@ class TokenIdError(TemplateError):
 class Encoder:
     """Turns a record's layout into :class:`Encoded` under one tokenizer and ``loss_on``.
 
-    Built once per worker process (the tokenizer loads then; a Hugging Face directory through
-    ``transformers``, a few seconds); :meth:`describe` says which template renders
-    conversations (stored in the cost index as ``chat_template``).
+    Built once per worker process (the tokenizer loads then: a Hugging Face directory with the
+    ``tokenizers`` library, tens of milliseconds; ``transformers`` only where :attr:`hf` is
+    asked for); :meth:`describe` says which template renders conversations (stored in the
+    cost index as ``chat_template``).
     """
 
     def __init__(
