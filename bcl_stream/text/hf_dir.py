@@ -153,7 +153,7 @@ def _chat_template(directory: str, config: dict[str, Any]) -> str | None:
     path = os.path.join(directory, "chat_template.jinja")
     if os.path.isfile(path):
         with open(path, encoding="utf-8") as fh:
-            return fh.read()
+            return fh.read() or None  # an empty template is none (as the old reading had it)
     template = config.get("chat_template")
     if isinstance(template, list):
         template = {t["name"]: t["template"] for t in template}.get("default")
