@@ -15,6 +15,8 @@ tokens added. This module reproduces exactly that (``transformers`` 4.57,
   escape HTML, and the ``raise_exception`` and ``strftime_now`` globals;
 - the template variables: the directory's special-tokens map (``bos_token``, ``eos_token``, ...,
   ``additional_special_tokens`` and the ``extra_special_tokens``), under the caller's variables;
+- the tokenizer as ``PreTrainedTokenizerFast`` sets it up: no padding, no truncation, the
+  pre-tokenizer's ``add_prefix_space`` set to the config's (False when it does not say);
 - the assistant mask of a ``{% generation %}`` template: every generation block's characters
   mapped to tokens by ``Encoding.char_to_token``, the rule (and the loop) of
   ``return_assistant_tokens_mask``.
@@ -22,8 +24,8 @@ tokens added. This module reproduces exactly that (``transformers`` 4.57,
 A directory whose loading ``transformers`` changes in ways not reproduced here is not read
 this way (:func:`read_hf_dir` says why, and the caller loads it with ``transformers``): a
 ``tokenizer_class`` outside :data:`CLASS_DEFAULTS` (their constructors' default special tokens
-are part of the map), ``add_prefix_space`` or ``from_slow`` (the tokenizer is rebuilt),
-``split_special_tokens``, an ``added_tokens.json``, added tokens the ``tokenizer.json`` does not
+are part of the map), ``from_slow``, ``split_special_tokens`` or a Llama tokenizer's
+``add_prefix_space`` (the tokenizer is rebuilt from sentencepiece), an ``added_tokens.json``, added tokens the ``tokenizer.json`` does not
 hold, or several named chat templates in files. ``tests/unit/test_hf_dir.py`` compares the
 special-tokens map, renderings, ids and masks with ``transformers`` on each class.
 """
@@ -61,9 +63,6 @@ CLASS_DEFAULTS: dict[str, dict[str, str | None]] = {
 """Tokenizer classes read here, each with the special tokens its fast class's constructor
 defaults to (a key missing from the directory's files takes that value in ``transformers``).
 ``Fast`` spellings of the names are the same classes."""
-CHANGES_THE_TOKENIZER = ("add_prefix_space", "from_slow", "split_special_tokens")
-"""``tokenizer_config.json`` keys under which ``transformers`` rebuilds or reconfigures the
-``tokenizer.json`` it loads (read with ``transformers`` then)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +103,11 @@ def read_hf_dir(directory: str) -> HFDir | str:
     defaults = {name.removesuffix("Fast"): d for name, d in CLASS_DEFAULTS.items()}
     if cls.removesuffix("Fast") not in defaults:
         return f"tokenizer_class {cls!r}"
-    changed = [key for key in CHANGES_THE_TOKENIZER if config.get(key) is not None]
-    if any(key != "split_special_tokens" or config[key] for key in changed):
-        return f"tokenizer_config.json sets {changed}"
+    if config.get("from_slow") or config.get("split_special_tokens"):
+        return "tokenizer_config.json sets from_slow or split_special_tokens"
+    prefix_space = config.get("add_prefix_space", False)
+    if not isinstance(prefix_space, bool) or (prefix_space and cls.startswith("Llama")):
+        return f"tokenizer_config.json sets add_prefix_space {prefix_space!r}"
     if os.path.exists(os.path.join(directory, "added_tokens.json")):
         return "an added_tokens.json"
     if os.path.isdir(os.path.join(directory, "additional_chat_templates")):
@@ -119,8 +120,25 @@ def read_hf_dir(directory: str) -> HFDir | str:
             return f"added token {added.get('content')!r} is not id {key} in tokenizer.json"
     tok.no_padding()  # what transformers does before encoding without padding/truncation
     tok.no_truncation()
+    _set_prefix_space(tok, prefix_space)
     special = _special_tokens(directory, config, defaults[cls.removesuffix("Fast")])
     return HFDir(directory, tok, special, _chat_template(directory, config))
+
+
+def _set_prefix_space(tok: Any, prefix_space: bool) -> None:
+    """What ``PreTrainedTokenizerFast.__init__`` does to every tokenizer it loads: a top-level
+    pre-tokenizer whose ``add_prefix_space`` differs from the config's (False when the config
+    does not say) is rebuilt with the config's value; one that cannot be read is left alone."""
+    from tokenizers import pre_tokenizers
+
+    try:
+        state = json.loads(tok.pre_tokenizer.__getstate__())
+        if state.get("add_prefix_space", prefix_space) != prefix_space:
+            kind = getattr(pre_tokenizers, state.pop("type"))
+            state["add_prefix_space"] = prefix_space
+            tok.pre_tokenizer = kind(**state)
+    except Exception:  # transformers ignores the same failures
+        pass
 
 
 def _special_tokens(

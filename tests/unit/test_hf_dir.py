@@ -146,12 +146,42 @@ def test_generation_masks_are_transformers(tmp_path: Path, template: str) -> Non
         )
 
 
+@pytest.mark.parametrize("in_file", [True, False])
+@pytest.mark.parametrize("in_config", [None, True, False])
+def test_add_prefix_space_is_set_as_transformers_sets_it(
+    tmp_path: Path, in_file: bool, in_config: bool | None
+) -> None:
+    """transformers rewrites the pre-tokenizer's ``add_prefix_space`` to the config's (False
+    when the config does not say) on every load: ids of text and of a rendering agree."""
+    directory = build_tokenizer_dir(tmp_path / "tok", LLAMA3)
+    _edit(
+        directory, "tokenizer.json", lambda t: t["pre_tokenizer"].update(add_prefix_space=in_file)
+    )
+    if in_config is not None:
+        _edit(directory, "tokenizer_config.json", lambda c: c.update(add_prefix_space=in_config))
+    tok, light = _auto(directory), read_hf_dir(str(directory))
+    assert not isinstance(light, str), light
+    for text in ("The quick fox", "x  y\n\nz"):
+        assert light.tokenizer.encode(text, add_special_tokens=False).ids == tok.encode(
+            text, add_special_tokens=False
+        )
+    conv = Conversation([{"role": "user", "content": "the fox"},
+                         {"role": "assistant", "content": "jumps over"}])  # fmt: skip
+    assert Encoder(str(directory)).encode(conv).ids.tolist() == tok.apply_chat_template(
+        conv.messages, tokenize=True
+    )
+
+
 @pytest.mark.parametrize(
     "change, reason",
     [
-        (lambda c: c.update(add_prefix_space=True), "add_prefix_space"),
+        (
+            lambda c: c.update(add_prefix_space=True, tokenizer_class="LlamaTokenizerFast"),
+            "add_prefix_space",
+        ),
         (lambda c: c.update(tokenizer_class="BertTokenizerFast"), "BertTokenizerFast"),
         (lambda c: c.update(split_special_tokens=True), "split_special_tokens"),
+        (lambda c: c.update(from_slow=True), "from_slow"),
     ],
 )
 def test_a_directory_transformers_changes_on_load_is_loaded_by_transformers(
@@ -161,8 +191,8 @@ def test_a_directory_transformers_changes_on_load_is_loaded_by_transformers(
     _edit(directory, "tokenizer_config.json", change)
     why = read_hf_dir(str(directory))
     assert isinstance(why, str) and reason in why
-    if reason == "BertTokenizerFast":
-        return  # transformers itself cannot load a BPE tokenizer.json as BERT's
+    if reason in ("BertTokenizerFast", "add_prefix_space", "from_slow"):
+        return  # transformers rebuilds these from files this directory does not have
     encoder = Encoder(str(directory))
     assert encoder.light is None
     conv = Conversation([{"role": "user", "content": "the fox"},
