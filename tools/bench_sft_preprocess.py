@@ -14,17 +14,22 @@ Then, with the Hugging Face directory (the mask found by rendering):
 
 - **start-up**: ``python -m bcl_stream.cli preprocess`` of a one-record file, as a user runs it
   (a fresh process: imports, tokenizer, writer, one record, the cost index), MDS and
-  WebDataset output, the median of ``--repeats`` runs; beside it the import of the writer's
-  library alone (``streaming``, ``webdataset``) and of ``transformers``' tokenizer, in fresh
-  processes too, which bound it from below;
+  WebDataset output, the median of ``--repeats`` runs after one that writes the bytecode
+  cache; beside it the import of ``streaming``, ``webdataset`` and ``transformers``' tokenizer
+  in fresh processes (what the start-up cost before they left the preprocess path);
 - **workers**: the same corpus preprocessed with ``--workers`` 1, 2 and 4 (MDS output), with
-  the Hugging Face directory and with cl100k, records per second over the whole call. The corpus is below the size under which ``preprocess``
-  keeps to one process (``SMALL_INPUT_BYTES``); that rule is switched off here so the pool is
-  really measured;
+  the Hugging Face directory and with cl100k: records per second over the whole call, and
+  the CPU seconds of the main process and of the workers per record (the pool's processes
+  are reaped at its end, so their CPU is counted), also less each worker's start-up (measured
+  on a pool given no work). The corpus is below the size under which
+  ``preprocess`` keeps to one process (``SMALL_INPUT_BYTES``); that rule is switched off here
+  so the pool is really measured;
 - **mask ratio**: encoding every record (chat template, tokenizer and mask) against a bare
   ``apply_chat_template(messages, tokenize=True)`` loop over the same messages with the same
-  tokenizer, in this process, best of ``--repeats`` each (interleaved), for the mask found by
-  rendering and for the ``{% generation %}`` mask.
+  template and tokenizer, in this process, best of ``--repeats`` each (interleaved): the
+  prefix-stable test template (mask by rendering), its ``{% generation %}`` copy, Qwen3's
+  official template (recognised by its hash: its tagged variant) and a copy of it whose hash
+  is unknown (not prefix-stable: turns located on the full rendering).
 
 The tokenizer directories are the test suite's (``tests/hf_tokenizers.py``: a small byte-level
 BPE trained on the spot, Llama-3-like special tokens), so token counts are not a real model's;
@@ -38,6 +43,7 @@ count and load average: on a shared machine the wall-clock figures move with the
 from __future__ import annotations
 
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -83,13 +89,13 @@ def corpus(path: Path, n: int, seed: int = 0) -> None:
             fh.write(json.dumps({"messages": messages}) + "\n")
 
 
-def _seconds(command: list[str]) -> tuple[float, float]:
+def _seconds(command: list[str], env: dict[str, str]) -> tuple[float, float]:
     """(wall, CPU) seconds of a fresh process running ``command`` (it must succeed); CPU is
     user + system of the process and its children, what a load on the machine does not
     inflate."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, env=checkout_env(), capture_output=True, text=True)
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode:
@@ -99,27 +105,38 @@ def _seconds(command: list[str]) -> tuple[float, float]:
 
 
 def startup(tmp: Path, tokenizer: str, repeats: int) -> dict[str, Any]:
-    """Median wall seconds of a one-record ``preprocess`` (MDS, WebDataset) and of the imports
-    that bound it from below, each in fresh processes."""
+    """Median wall and CPU seconds of a one-record ``preprocess`` (MDS, WebDataset) and of the
+    imports that bound the old start-up from below, each in fresh processes.
+
+    Bytecode is cached as for an installed package (``PYTHONPYCACHEPREFIX`` in the temporary
+    directory, written by a first run that is not counted): with ``PYTHONDONTWRITEBYTECODE``
+    every process would compile its sources again (about 0.7 s here), which no installed
+    package does."""
     one = tmp / "one.jsonl"
     corpus(one, 1)
     python = [sys.executable]
+    env = checkout_env(PYTHONPYCACHEPREFIX=str(tmp / "pycache"))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     runs: dict[str, list[tuple[float, float]]] = {}
-    for _ in range(repeats):
+    for repeat in range(repeats + 1):
         for fmt in ("mds", "wds"):
             command = [
                 *python, "-m", "bcl_stream.cli", "preprocess", str(one), "--output",
                 str(tmp / f"one-{fmt}"), "--format", fmt, "--tokenizer", tokenizer,
                 "--overwrite", "--no-progress",
             ]  # fmt: skip
-            runs.setdefault(f"preprocess_one_record_{fmt}", []).append(_seconds(command))
+            seconds = _seconds(command, env)
+            if repeat:  # the first run writes the bytecode cache
+                runs.setdefault(f"preprocess_one_record_{fmt}", []).append(seconds)
         for name, module in (
             ("import_streaming", "import streaming"),
             ("import_webdataset", "import webdataset"),
             ("import_transformers_tokenizer", "from transformers import AutoTokenizer"),
         ):
-            runs.setdefault(name, []).append(_seconds([*python, "-c", module]))
-    out: dict[str, Any] = {"repeats": repeats}
+            seconds = _seconds([*python, "-c", module], env)
+            if repeat:
+                runs.setdefault(name, []).append(seconds)
+    out: dict[str, Any] = {"repeats": repeats, "bytecode_cached": True}
     for name, values in runs.items():
         out[name] = round(statistics.median(v[0] for v in values), 2)
         out[f"{name}_cpu"] = round(statistics.median(v[1] for v in values), 2)
@@ -130,13 +147,33 @@ def workers_scaling(
     tmp: Path, src: Path, tokenizers: dict[str, str], counts: list[int]
 ) -> list[dict[str, Any]]:
     """Records per second of a whole ``preprocess`` call at each worker count (MDS output),
-    under each tokenizer."""
+    under each tokenizer, and the CPU seconds it took: the main process's (reading, writing;
+    all of it at 1 worker, which encodes in the main process) and the workers' (counted when
+    the pool's processes are reaped at its end). CPU per record per worker staying flat as
+    workers are added is scaling the machine's load does not hide; records/s is capped by the
+    cores left free. The load average before and after each run is in its row."""
     rows = []
+    # spawned workers cache their bytecode as an installed package has it (the first pool
+    # writes it): see startup()
+    os.environ["PYTHONPYCACHEPREFIX"] = str(tmp / "pycache")
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    startup = {t: (_worker_startup(t), _worker_startup(t))[1] for t in tokenizers.values()}
+    startup = {label: startup[tokenizer] for label, tokenizer in tokenizers.items()}
+    print(json.dumps({"worker_startup_cpu_seconds": startup}))
     for (label, tokenizer), workers in ((t, w) for t in tokenizers.items() for w in counts):
+        load = round(os.getloadavg()[0], 2)
+        self0 = resource.getrusage(resource.RUSAGE_SELF)
+        child0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         out = tmp / f"workers{workers}"
         report, wall = timed_preprocess(
             src, out, source=RecordSource(tokenizer=tokenizer), workers=workers
-        )
+        )  # the pool measured even where preprocess would not start it
+        self1 = resource.getrusage(resource.RUSAGE_SELF)
+        child1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        main = (self1.ru_utime - self0.ru_utime) + (self1.ru_stime - self0.ru_stime)
+        pool = (child1.ru_utime - child0.ru_utime) + (child1.ru_stime - child0.ru_stime)
+        n = max(report.records_written, 1)
+        started = startup[label] * workers if workers > 1 else 0.0
         rows.append(
             {
                 "tokenizer": label,
@@ -144,47 +181,83 @@ def workers_scaling(
                 "records": report.records_written,
                 "seconds_wall": round(wall, 2),
                 "records_per_second": round(report.records_written / wall, 1),
+                "cpu_seconds_main": round(main, 2),
+                "cpu_seconds_workers": round(pool, 2),
+                "cpu_ms_per_record": round(1e3 * (main + pool) / n, 3),
+                "cpu_ms_per_record_less_worker_startup": round(
+                    1e3 * (main + pool - started) / n, 3
+                ),
+                "load_average_1min": [load, round(os.getloadavg()[0], 2)],
             }
         )
         print(json.dumps(rows[-1]))
     return rows
 
 
-def mask_ratio(src: Path, plain: str, generation: str, repeats: int) -> dict[str, Any]:
+def _worker_startup(tokenizer: str) -> float:
+    """CPU seconds one spawned tokenizer worker spends before its first record (interpreter,
+    imports, its tokenizer), from a pool of 2 that is given no work."""
+    from bcl_stream.preprocess.work import EncodeOptions, tokenizer_pool
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with tokenizer_pool(2, EncodeOptions(tokenizer=tokenizer)) as pool:
+        pool.close()  # no work: each worker starts, then exits on the pool's sentinel
+        pool.join()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return round(cpu / 2, 3)
+
+
+def mask_ratio(
+    src: Path, templates: dict[str, tuple[str, str | None]], repeats: int
+) -> dict[str, Any]:
     """Seconds to encode every record (template, tokenizer, mask) against a bare
-    ``apply_chat_template(tokenize=True)`` loop, best of ``repeats``, interleaved."""
+    ``apply_chat_template(tokenize=True)`` loop with the same template and tokenizer, best of
+    ``repeats``, interleaved; ``templates``: name -> (tokenizer directory, template file or
+    None for the directory's own)."""
     from bcl_stream.records.registry import encode as encode_shape
     from bcl_stream.text.chat import Conversation
-    from bcl_stream.text.templates import Encoder
+    from bcl_stream.text.templates import Encoder, read_chat_template
     from bcl_stream.text.tokenizers import load_hf_tokenizer
 
     chats = [json.loads(line)["messages"] for line in src.read_text().splitlines()]
-    bare_tok = load_hf_tokenizer(plain)
-    encoders = {"mask_by_rendering": Encoder(plain), "generation_mask": Encoder(generation)}
+    runs: dict[str, Any] = {}
+    for name, (directory, template_file) in templates.items():
+        tok = load_hf_tokenizer(directory)
+        template = tok.chat_template if template_file is None else read_chat_template(template_file)
+        encoder = Encoder(directory, chat_template=template_file)
 
-    def bare() -> None:
-        for messages in chats:
-            bare_tok.apply_chat_template(messages, tokenize=True)
+        def bare(tok: Any = tok, template: str = template) -> None:
+            for messages in chats:
+                tok.apply_chat_template(messages, tokenize=True, chat_template=template)
 
-    def encode(encoder: Encoder) -> None:
-        for messages in chats:
-            encode_shape(Conversation(messages), encoder)
+        def encode(encoder: Encoder = encoder) -> None:
+            for messages in chats:
+                encode_shape(Conversation(messages), encoder)
 
-    best: dict[str, float] = {}
+        runs[name] = {"mask": "generation" if encoder.generation else "rendering"}
+        runs[name]["bare_apply_chat_template"] = bare
+        runs[name]["bcl_stream"] = encode
+    best: dict[str, dict[str, float]] = {name: {} for name in runs}
     for _ in range(repeats):
-        for name, run in (
-            ("bare_apply_chat_template", bare),
-            *((k, lambda e=e: encode(e)) for k, e in encoders.items()),
-        ):
-            t0 = time.perf_counter()
-            run()
-            best[name] = min(best.get(name, float("inf")), time.perf_counter() - t0)
-    base = best["bare_apply_chat_template"]
+        for name, run in runs.items():
+            for key in ("bare_apply_chat_template", "bcl_stream"):
+                t0 = time.perf_counter()
+                run[key]()
+                best[name][key] = min(best[name].get(key, float("inf")), time.perf_counter() - t0)
     return {
         "records": len(chats),
         "repeats": repeats,
-        "seconds_best": {k: round(v, 3) for k, v in best.items()},
-        "ratio_to_bare": {k: round(best[k] / base, 3) for k in encoders},
+        "templates": {
+            name: {
+                "mask": runs[name]["mask"],
+                "seconds_best": {k: round(v, 3) for k, v in best[name].items()},
+                "ratio_to_bare": round(
+                    best[name]["bcl_stream"] / best[name]["bare_apply_chat_template"], 3
+                ),
+            }
+            for name in runs
+        },
     }
 
 
@@ -250,7 +323,21 @@ def main() -> None:
             {"hf_mask_by_rendering": plain, "cl100k": "cl100k"},
             [int(w) for w in args.workers.split(",")],
         )
-        ratio = mask_ratio(src, plain, generation, args.repeats)
+        from tests.official_templates import official, tokenizer_dir
+
+        qwen3 = str(tokenizer_dir(Path(tmp) / "qwen3", "qwen3"))
+        copy = Path(tmp) / "qwen3_copy.jinja"  # an unknown hash: no tagged variant is used
+        copy.write_text("{# a copy #}" + official("qwen3"), encoding="utf-8")
+        ratio = mask_ratio(
+            src,
+            {
+                "llama3-like, prefix-stable": (plain, None),
+                "llama3-like, {% generation %}": (generation, None),
+                "qwen3 official (tagged variant by hash)": (qwen3, None),
+                "qwen3 copy, not prefix-stable": (qwen3, str(copy)),
+            },
+            args.repeats,
+        )
         print(json.dumps({"mask_ratio": ratio}))
     write_result(
         {

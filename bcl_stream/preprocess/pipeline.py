@@ -30,6 +30,8 @@ from tqdm import tqdm
 
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.errors import DatasetError
+from bcl_stream.formats.mds_costing import CostedMDS
+from bcl_stream.formats.mds_local import LocalCostedMDSWriter
 from bcl_stream.formats.shard_limits import SHARD_BYTES, SHARD_RECORDS
 from bcl_stream.io.remote import join, upload
 from bcl_stream.preprocess.lock import output_lock
@@ -200,9 +202,14 @@ def _open_writer(
     columns: dict[str, str] | None = None,
 ) -> Any:
     if fmt == "mds":
-        from bcl_stream.formats.mds_writer import CostedMDSWriter
+        # A local uncompressed output is written without importing streaming (which imports
+        # torch: seconds before the first record); the same bytes either way.
+        mds: type[CostedMDS] = LocalCostedMDSWriter
+        if "://" in output or compression:
+            from bcl_stream.formats.mds_writer import CostedMDSWriter
 
-        return CostedMDSWriter(
+            mds = CostedMDSWriter
+        return mds(
             output,
             cost_model=model,
             columns={"input_ids": "ndarray:uint32", "source": "str", **(columns or {})},
@@ -366,7 +373,7 @@ def _preprocess(
         format, output, model, shard_size_limit, compression, maxcount, prefix, masks,
         None if images is None else images.mds_columns,
     )  # fmt: skip
-    start = time.perf_counter()  # after the writer's import of streaming (seconds, one-off)
+    start = time.perf_counter()  # after the writer's imports (streaming for s3:// MDS: seconds)
     timing: dict[str, float] = {"read": 0.0, "write": 0.0}
     raws = _timed(read_records(pieces, counts, report.empty_inputs if skip_bad else None), timing)
     # The total is known in bytes (records are not counted before they are read): the bar

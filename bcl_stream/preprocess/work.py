@@ -7,14 +7,15 @@ in ``workers`` processes; chunks come back in submission order, which keeps the 
 (and so the cost index) identical for any worker count.
 
 A worker only tokenizes: it loads its tokenizer once (the pool's initializer) and imports no
-more than that needs. A Hugging Face tokenizer comes through ``transformers``, which by
-default imports torch and its model machinery when torch is installed (several seconds per
-process, all of it before the worker's first record, none of it used to tokenize); a spawned
-worker therefore loads ``transformers`` with ``USE_TORCH=0`` (and TensorFlow and Flax off),
-unless the environment sets those variables. Its tokenizer and chat template are the same
-Python and Rust code either way (``tests/integration/test_preprocess_sft.py`` checks the
-datasets written by 1 and 2 workers are byte-identical). The process calling
-:func:`tokenize_stream` with one worker is the caller's and is left as it is.
+more than that needs. A Hugging Face tokenizer directory is read with the ``tokenizers``
+library and its template rendered by ``text/hf_dir.py``, so a worker imports neither
+``transformers`` nor torch (``tests/integration/test_preprocess_sft.py`` checks a worker's
+modules, that it reads its directory once, and its ids against ``transformers``). Where
+``transformers`` is still needed (a directory it changes on loading, a text prompt's special
+tokens), a spawned worker loads it with ``USE_TORCH=0`` (and TensorFlow and Flax off) unless
+the environment sets those variables: transformers then imports no framework, several seconds
+per process that tokenizing does not use. The process calling :func:`tokenize_stream` with
+one worker is the caller's and is left as it is.
 """
 
 from __future__ import annotations

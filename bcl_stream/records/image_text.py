@@ -1,6 +1,6 @@
 """Image-text records in the layouts their users have, read into a conversation plus images.
 
-Layouts (each becomes a :class:`~bcl_stream.text.layouts.Conversation` whose image parts are
+Layouts (each becomes a :class:`~bcl_stream.text.chat.Conversation` whose image parts are
 ``{"type": "image"}``, in order, and the list of those images' sources):
 
 - **chat with image parts** (Hugging Face / OpenAI style): a message's ``content`` is a list of

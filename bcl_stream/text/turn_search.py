@@ -37,17 +37,34 @@ def header_end(prompt: str, full: str, first: int) -> int:
 
 
 def common_prefix(a: str, b: str) -> int:
-    """How many leading characters ``a`` and ``b`` share."""
-    n = min(len(a), len(b))
-    return next((k for k in range(n) if a[k] != b[k]), n)
+    """How many leading characters ``a`` and ``b`` share (a binary search over slice
+    comparisons, which run in C: a character loop in Python cost a fifth of the encoding time
+    of a template that is not prefix-stable)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def common_suffix(a: str, b: str, limit: int) -> int:
+    """How many trailing characters ``a`` and ``b`` share, at most ``limit``."""
+    low, high = 0, min(len(a), len(b), limit)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[len(a) - mid :] == b[len(b) - mid :]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def changed(text: str, other: str) -> tuple[int, int]:
     """(first character where ``text`` and ``other`` differ, start in ``text`` of their
     common suffix), the second at least the first."""
-    n = min(len(text), len(other))
     first = common_prefix(text, other)
-    suffix = 0
-    while suffix < n - first and text[-1 - suffix] == other[-1 - suffix]:
-        suffix += 1
+    suffix = common_suffix(text, other, min(len(text), len(other)) - first)
     return first, len(text) - suffix

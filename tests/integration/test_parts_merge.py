@@ -101,16 +101,16 @@ def _wds_plan_reads(root: Path) -> None:
 
 KILL = """
 import os, signal, sys
-from bcl_stream.formats.mds_writer import CostedMDSWriter
+from bcl_stream.formats.mds_costing import CostedMDS  # both MDS writers write through it
 from bcl_stream.preprocess import preprocess
 
-real, written = CostedMDSWriter.write, []
+real, written = CostedMDS.write, []
 def write(self, sample, tokens=None):
     real(self, sample, tokens)
     written.append(1)
     if len(written) == int(sys.argv[3]):
         os.kill(os.getpid(), signal.SIGKILL)
-CostedMDSWriter.write = write
+CostedMDS.write = write
 preprocess(sys.argv[4:], sys.argv[1], part=sys.argv[2], workers=1, progress=False,
            shard_size_limit=8192)
 """

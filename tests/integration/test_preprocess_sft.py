@@ -370,37 +370,42 @@ def test_worker_processes_write_the_same_sft_dataset_as_one(
     assert np.array_equal(one.record_hashes, two.record_hashes)  # ids and masks, byte for byte
 
 
-LOADED = "sorted(m for m in ('torch', 'transformers') if m in __import__('sys').modules)"
-"""Evaluated in a worker: which of the two it has imported."""
+LOADED = (
+    "(__import__('os').getpid(), id(__import__('bcl_stream.preprocess.work', fromlist=['_STATE'])"
+    "._STATE['encoder']), __import__('bcl_stream.text.tokenizers', fromlist=['light_hf_dir'])"
+    ".light_hf_dir.cache_info().misses, sorted(m for m in ('torch', 'transformers', "
+    "'streaming') if m in __import__('sys').modules))"
+)
+"""Evaluated in a worker: its pid, its encoder, how often it read a tokenizer directory, and
+which heavy libraries it has imported."""
 
 
-def test_a_tokenizer_worker_loads_transformers_without_torch(tok_dirs: dict[str, str]) -> None:
-    """A spawned worker only tokenizes: its Hugging Face tokenizer is loaded once, through
-    transformers without torch (whose import costs seconds per worker), and encodes as the
-    test process's own torch-enabled transformers does."""
-    from bcl_stream.preprocess.work import EncodeOptions, encode_raw, tokenizer_pool
-    from bcl_stream.records.kind import Bad, LayoutOptions
-    from bcl_stream.text.templates import Encoder
+def test_a_tokenizer_worker_loads_its_tokenizer_once_and_no_framework(
+    tok_dirs: dict[str, str],
+) -> None:
+    """A spawned worker only tokenizes: its Hugging Face tokenizer directory is read once (the
+    pool's initializer), without transformers or torch (whose imports cost seconds per
+    worker), and it encodes exactly as transformers' ``apply_chat_template`` does."""
+    from transformers import AutoTokenizer
+
+    from bcl_stream.preprocess.work import EncodeOptions, _chunk, tokenizer_pool
+    from bcl_stream.records.kind import Bad
 
     options = EncodeOptions(RecordSource(tokenizer=tok_dirs["plain"]))
-    chats = enumerate(conversations(6))
+    chats = list(enumerate(conversations(6)))
     raws = [(f"c.jsonl:{i}", json.dumps({"messages": m}).encode()) for i, m in chats]
     with tokenizer_pool(2, options) as pool:
-        loaded = [pool.apply(eval, (LOADED,)) for _ in range(4)]
-        got = pool.apply(_encode_all, (raws,))
-    assert loaded == [["transformers"]] * 4
-    here = Encoder(tok_dirs["plain"])
-    for (source, payload), (_, encoded) in zip(raws, got, strict=True):
-        _, want = encode_raw(source, payload, here, LayoutOptions())
+        before = [pool.apply(eval, (LOADED,)) for _ in range(8)]
+        got = [r for _ in range(4) for r in pool.apply(_chunk, (raws,))[0]]
+        after = [pool.apply(eval, (LOADED,)) for _ in range(8)]
+    encoders = {pid: {e} for pid, e, _, _ in before}
+    for pid, encoder, reads, heavy in before + after:
+        assert encoders.setdefault(pid, {encoder}) == {encoder}  # built once per worker
+        assert reads == 1 and heavy == []
+    tok = AutoTokenizer.from_pretrained(tok_dirs["plain"], local_files_only=True)
+    for (_, messages), (_, encoded) in zip(chats * 4, got, strict=True):
         assert not isinstance(encoded, Bad), encoded
-        assert encoded.ids.tolist() == want.ids.tolist()  # type: ignore[union-attr]
-        assert encoded.spans.tolist() == want.spans.tolist()  # type: ignore[union-attr]
-
-
-def _encode_all(raws: list[tuple[str, bytes]]) -> list[tuple[str, object]]:
-    from bcl_stream.preprocess.work import _chunk
-
-    return _chunk(raws)[0]
+        assert encoded.ids.tolist() == tok.apply_chat_template(messages, tokenize=True)  # type: ignore[union-attr]
 
 
 def test_parts_with_other_masks_are_not_merged(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats import mds_writer, wds_writer
+from bcl_stream.formats import mds_costing, wds_writer
 from bcl_stream.formats.mds_writer import CostedMDSWriter
 from bcl_stream.io.remote import download, open_cost_index
 from bcl_stream.preprocess import preprocess
@@ -44,8 +44,9 @@ def _corpus(path: Path, n: int = 80) -> str:
 def _record_uploads(
     monkeypatch: pytest.MonkeyPatch, module: object, marker: str
 ) -> list[tuple[str, set[str]]]:
-    """Wrap ``upload`` in the writer module and in ``bcl_stream.io.remote`` (whose
-    ``upload_index`` uploads the cost index for both writers): note each name and what the
+    """Wrap ``upload`` in the writer module (``mds_costing`` for MDS: the ending both MDS
+    writers share) and in ``bcl_stream.io.remote`` (whose ``upload_index`` uploads the cost
+    index for both writers): note each name and what the
     bucket held when the marker went up; the list they are noted in is returned."""
     from bcl_stream.io import remote
 
@@ -67,7 +68,7 @@ def test_mds_to_s3_uploads_costs_before_index_json(
     moto_s3: Callable[[str], str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     remote = moto_s3("bcl-w-mds") + "/ds"
-    seen = _record_uploads(monkeypatch, mds_writer, "index.json")
+    seen = _record_uploads(monkeypatch, mds_costing, "index.json")
     report = preprocess(
         [_corpus(tmp_path / "c.jsonl")], remote, progress=False, shard_size_limit=2048
     )
