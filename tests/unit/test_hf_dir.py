@@ -167,7 +167,7 @@ def test_add_prefix_space_is_set_as_transformers_sets_it(
         )
     conv = Conversation([{"role": "user", "content": "the fox"},
                          {"role": "assistant", "content": "jumps over"}])  # fmt: skip
-    assert Encoder(str(directory)).encode(conv).ids.tolist() == tok.apply_chat_template(
+    assert Encoder(str(directory)).conversation(conv).ids.tolist() == tok.apply_chat_template(
         conv.messages, tokenize=True
     )
 
@@ -197,7 +197,7 @@ def test_a_directory_transformers_changes_on_load_is_loaded_by_transformers(
     assert encoder.light is None
     conv = Conversation([{"role": "user", "content": "the fox"},
                          {"role": "assistant", "content": "jumps over"}])  # fmt: skip
-    got = encoder.encode(conv)
+    got = encoder.conversation(conv)
     want = _auto(directory).apply_chat_template(conv.messages, tokenize=True)
     assert got.ids.tolist() == list(want)
     assert got.spans is not None and mask_from_spans(got.spans, got.ids.size).any()
@@ -213,4 +213,4 @@ def test_a_tool_that_is_not_a_schema_is_refused_as_transformers_refuses_it(
     with pytest.raises(ValueError, match="JSON schema"):
         _auto(directory).apply_chat_template(conv.messages, tools=conv.tools, tokenize=False)
     with pytest.raises(TemplateError, match="JSON schema"):
-        Encoder(str(directory)).encode(conv)
+        Encoder(str(directory)).conversation(conv)
