@@ -38,21 +38,28 @@ from bcl_stream.analysis.sim import (
 from bcl_stream.cost import get_preset
 
 T, CAP, ACCUM, RANKS = 16_384, 8192, 4, 8
-PEERS = ("verl_dynbsz", "nemo_mffd", "multipack", "pooled_mffd_split")
+PEERS = ("verl_dynbsz", "nemo_mffd", "multipack", "trl_token_budget", "pooled_mffd_split")
 BCL = ("bcl-world", "bcl-node", "bcl-rank")
 OVERHEADS = (0.0, 0.1)
 
 
 def cell(
-    tok: np.ndarray, costs: np.ndarray, config: SimConfig, names: tuple[str, ...]
+    tok: np.ndarray,
+    costs: np.ndarray,
+    config: SimConfig,
+    names: tuple[str, ...],
+    priced_at: int | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Each strategy's figures under ``config`` at every overhead of :data:`OVERHEADS`."""
+    """Each strategy's figures under ``config`` at every overhead of :data:`OVERHEADS`, the
+    micro-batch price taken at budget ``priced_at`` (None: ``config.max_tokens``), so that a
+    peer planned at a lower budget is still charged the price of the same T."""
     table = shard_table(tok, costs, config.shard_records)
     planned = plan_schedules(tok, costs, table, config, names)
     out: dict[str, dict[str, Any]] = {}
     for f in OVERHEADS:
         priced = replace(config, micro_batch_overhead=f)
-        metrics = score(planned, priced, price=micro_batch_price(tok, costs, priced))
+        at = priced if priced_at is None else replace(priced, max_tokens=priced_at)
+        metrics = score(planned, priced, price=micro_batch_price(tok, costs, at))
         for name, s in planned.items():
             row = out.setdefault(name, budget_figures(s, tok))
             row["efficiency" if f == 0 else f"efficiency_overhead_{f}"] = metrics[name].efficiency
@@ -64,6 +71,51 @@ def cell(
     return out
 
 
+def verl_at_peak(
+    tok: np.ndarray, costs: np.ndarray, config: SimConfig, widest: int, steps: int = 6
+) -> dict[str, Any]:
+    """``verl_dynbsz`` held to the same peak memory as everyone else: verl splits each rank's
+    share by workload with no per-part token cap, so at ``ppo_max_token_len_per_gpu`` = T
+    some of its micro-batches exceed T (``widest`` tokens). Bisection finds the largest
+    ``max_token_len`` whose largest micro-batch is at most T, starting from the bracket
+    [0.97 T^2 / widest, T] (verl's widest micro-batch grows about in proportion to its
+    budget; the lower end is lowered by 3% steps until it holds); ``steps`` halvings leave
+    the bracket under 50 tokens wide on these corpora. Its figures are priced at T like
+    every other strategy's."""
+    budget = config.max_tokens
+    assert budget is not None
+
+    def at(limit: int) -> dict[str, Any]:
+        row = cell(tok, costs, replace(config, max_tokens=limit), ("verl_dynbsz",), budget)
+        return {**row["verl_dynbsz"], "max_token_len": limit}
+
+    lo = budget if widest <= budget else int(0.97 * budget * budget / widest)
+    best = at(lo)
+    while best["micro_batch_tokens"]["max"] > budget and lo > 1:
+        lo = int(lo * 0.97)
+        best = at(lo)
+    hi = budget if widest > budget else lo  # within T already: nothing to search
+    for _ in range(steps):
+        if hi <= lo:
+            break
+        mid = (lo + hi + 1) // 2
+        row = at(mid)
+        if row["micro_batch_tokens"]["max"] <= budget:
+            lo, best = mid, row
+        else:
+            hi = mid - 1
+    best["fill"] = best["micro_batch_tokens"]["mean"] / budget
+    return best
+
+
+def bound(me: dict[str, Any], ranks: int) -> float:
+    """Time per unit of useful cost at F = 0.1 that no packer can beat at this budget under
+    the time model: perfect balance (efficiency 1) and every micro-batch exactly T tokens
+    (fill 1), i.e. ``me``'s price share scaled to fill 1."""
+    k1, k0 = "time_per_cost_overhead_0.1", "time_per_cost_overhead_0.0"
+    return 1.0 / ranks + (me[k1] - me[k0]) * me["fill"]
+
+
 def run_corpus(
     name: str,
     n: int,
@@ -71,6 +123,7 @@ def run_corpus(
     per_node: int = RANKS,
     peers: tuple[str, ...] = PEERS,
     same_memory: bool = True,
+    verl_peak: bool = True,
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
     tok = text_corpora.build(name, n, CAP)
@@ -87,6 +140,10 @@ def run_corpus(
         "mean_tokens": float(tok.mean()),
         "at_T": cell(tok, costs, tokens, (*BCL, *peers)),
     }
+    if "verl_dynbsz" in peers and verl_peak:
+        widest = int(row["at_T"]["verl_dynbsz"]["micro_batch_tokens"]["max"])
+        row["verl_dynbsz_peak_T"] = verl_at_peak(tok, costs, tokens, widest)
+    row["bound_time_per_cost_overhead_0.1"] = bound(row["at_T"]["bcl-world"], nodes * per_node)
     if not same_memory:
         row["seconds"] = time.perf_counter() - t0
         return row
@@ -119,9 +176,24 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "bcl_world_fill": {"median": float(np.median(fill)), "worst": min(fill)},
         }
         key = "time_per_cost_overhead_0.1"
+        for peer in PEERS:
+            if all(peer in r["at_T"] for r in sel):
+                vs = [r["at_T"][peer][key] / r["at_T"]["bcl-world"][key] for r in sel]
+                out[part][f"speedup_vs_{peer}_overhead_0.1"] = {
+                    "median": float(np.median(vs)),
+                    "worst": min(vs),
+                }
+        if all("verl_dynbsz_peak_T" in r for r in sel):
+            vs = [r["verl_dynbsz_peak_T"][key] / r["at_T"]["bcl-world"][key] for r in sel]
+            out[part]["speedup_vs_verl_dynbsz_peak_T_overhead_0.1"] = {
+                "median": float(np.median(vs)),
+                "worst": min(vs),
+            }
         if all("verl_dynbsz" in r["at_T"] for r in sel):
-            vs = [r["at_T"]["verl_dynbsz"][key] / r["at_T"]["bcl-world"][key] for r in sel]
-            out[part]["speedup_vs_verl_dynbsz_overhead_0.1"] = {
+            vs = [
+                r["at_T"]["verl_dynbsz"][key] / r["bound_time_per_cost_overhead_0.1"] for r in sel
+            ]
+            out[part]["bound_vs_verl_dynbsz_overhead_0.1"] = {
                 "median": float(np.median(vs)),
                 "worst": min(vs),
             }
@@ -138,9 +210,10 @@ def markdown(result: dict[str, Any]) -> str:
     """The per-corpus table docs/balance.md carries (held-out corpora marked)."""
     head = (
         "| corpus | bcl-world efficiency | fill | micro-batches per rank (min = max) "
-        "| time vs verl_dynbsz (F=0 / 0.1) | vs multipack (F=0.1) | vs nemo_mffd (F=0.1) "
-        "| same memory T | record B=8 -> tokens at T (F=0 / 0.1) |\n"
-        "|---|---|---|---|---|---|---|---|---|\n"
+        "| time vs verl_dynbsz (F=0 / 0.1) | bound vs verl_dynbsz (F=0.1) "
+        "| vs verl_dynbsz held to T (F=0.1) | vs multipack (F=0.1) | vs nemo_mffd (F=0.1) "
+        "| vs trl_token_budget (F=0.1) | same memory T | record B=8 -> tokens at T (F=0 / 0.1) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in result["rows"]:
@@ -151,14 +224,19 @@ def markdown(result: dict[str, Any]) -> str:
             key = f"time_per_cost_overhead_{f}"
             return f"{cells[peer][key] / me[key]:.3f}"
 
+        key1 = "time_per_cost_overhead_0.1"
+        held = r.get("verl_dynbsz_peak_T")
+        peak = f"{held[key1] / w[key1]:.3f} ({held['max_token_len']})" if held else "-"
         counts = w["micro_batches_per_rank"]
         equal = "=" if counts["min"] == counts["max"] else "!="
         rec, tok = mem["record_B8"], mem["tokens"]
         lines.append(
             f"| {r['corpus']}{' (held out)' if r['held_out'] else ''} "
             f"| {w['efficiency']:.4f} | {w['fill']:.3f} | {counts['min']} {equal} {counts['max']} "
-            f"| {vs('verl_dynbsz', 0.0)} / {vs('verl_dynbsz', 0.1)} | {vs('multipack', 0.1)} "
-            f"| {vs('nemo_mffd', 0.1)} | {mem['T']} "
+            f"| {vs('verl_dynbsz', 0.0)} / {vs('verl_dynbsz', 0.1)} "
+            f"| {at['verl_dynbsz'][key1] / r['bound_time_per_cost_overhead_0.1']:.3f} "
+            f"| {peak} | {vs('multipack', 0.1)} "
+            f"| {vs('nemo_mffd', 0.1)} | {vs('trl_token_budget', 0.1)} | {mem['T']} "
             f"| {rec['time_per_cost_overhead_0.0'] / tok['time_per_cost_overhead_0.0']:.3f} / "
             f"{rec['time_per_cost_overhead_0.1'] / tok['time_per_cost_overhead_0.1']:.3f} |"
         )
@@ -174,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated")
     parser.add_argument(
         "--no-same-memory", action="store_true", help="skip the record contract comparison"
+    )
+    parser.add_argument(
+        "--no-verl-peak",
+        action="store_true",
+        help="skip verl_dynbsz held to the same peak memory (a bisection of its budget)",
     )
     parser.add_argument(
         "--markdown", type=Path, default=None, help="only print the table of this result JSON"
@@ -193,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.ranks_per_node,
                 peers,
                 not args.no_same_memory,
+                not args.no_verl_peak,
             )
         )
         r = rows[-1]
