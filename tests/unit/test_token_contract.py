@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from bcl_stream.cost import resolve
-from bcl_stream.planner import PlanConfig, ShardTable, build_node_streams, shard_weights
+from bcl_stream.planner import (
+    PlanConfig,
+    ShardTable,
+    build_node_streams,
+    shard_weights,
+    token_contract,
+)
 from bcl_stream.planner.token_contract import (
     EMPTY,
     TokenWalker,
@@ -180,3 +186,17 @@ def test_the_fill_follows_the_bins_a_row_packs() -> None:
     assert fill(world) == FILL_NARROW  # a node alone holds one rank
     assert world.rows_for(64).row_ranks == 8
     assert fill(world, 64) == FILL  # scope world plans the 8 nodes as one row
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1 << 22])
+def test_the_mean_fed_length_read_in_chunks_is_numpys_mean(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The geometry's mean is read in chunks (an index is never copied whole); the value must
+    be the whole-array mean the geometry was defined with, over records within the budget."""
+    monkeypatch.setattr(token_contract, "MEAN_CHUNK", chunk)
+    rng = np.random.default_rng(3)
+    tok = np.minimum(rng.lognormal(6.0, 1.4, 1001).astype(np.int32) + 1, 30_000)
+    kept = tok[tok <= 4096].astype(np.int64)
+    assert token_contract.mean_fed_tokens(tok, 4096) == float(kept.mean())
+    assert token_contract.mean_fed_tokens(np.array([9000], dtype=np.int32), 4096) == 4096.0
