@@ -245,7 +245,12 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__, RESULTS / "bench_tokens.json")
-    parser.add_argument("--corpora", nargs="+", default=list(text_corpora.NAMES))
+    parser.add_argument(
+        "--corpora",
+        nargs="+",
+        default=list(text_corpora.NAMES),
+        help="corpus names; NAME=N repeats that corpus to N records instead of --records",
+    )
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--ranks-per-node", type=int, default=RANKS)
@@ -266,12 +271,13 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(json.loads(args.markdown.read_text())), end="")
         return 0
     rows = []
-    for name in args.corpora:
+    for spec in args.corpora:
+        name, _, size = spec.partition("=")  # "corpus=N": N records for this corpus
         peers = tuple(p for p in args.peers.split(",") if p)
         rows.append(
             run_corpus(
                 name,
-                args.records,
+                int(float(size)) if size else args.records,
                 args.nodes,
                 args.ranks_per_node,
                 peers,
