@@ -292,7 +292,13 @@ def main(argv: list[str] | None = None) -> int:
             f"mb/rank {w['micro_batches_per_rank']} ({r['seconds']:.0f}s)",
             flush=True,
         )
-    result = {
+        write_result(result_of(args, rows), Path(args.out))  # an interrupted run keeps its rows
+    return 0
+
+
+def result_of(args: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The result file: settings, the corpus split, every row and the summary."""
+    return {
         "settings": {
             "max_tokens": T,
             "record_cap": CAP,
@@ -308,8 +314,6 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "summary": summary(rows),
     }
-    write_result(result, Path(args.out))
-    return 0
 
 
 if __name__ == "__main__":
