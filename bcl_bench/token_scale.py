@@ -7,10 +7,10 @@ counts), plan the process's own row window by window. The two contracts differ o
 packing: the record contract's ``plan_windows`` against the token contract's
 ``TokenWalker.walk`` over the same row of the same streams' shape.
 
-Both plan at most ``windows`` windows after the first (the cost per record is read on the
-steady part; the whole epoch of a 1-node row would plan every record of the dataset in one
-process, which says nothing about scale), so a row is the same work at every node count and a
-flat line means the planner's per-record cost does not grow with the job.
+Both plan about :data:`STEADY_RECORDS` records after the first window (the cost per record is
+read on that steady part; the whole epoch of a 1-node row would plan every record of the
+dataset in one process, which says nothing about scale), so a row is the same work at every
+node count and a flat line means the planner's per-record cost does not grow with the job.
 
 One row per process: ``python -m bcl_bench.token_scale TOKENS.npy COSTS.npy CONTRACT SCOPE
 NODES [RANKS_PER_NODE]`` prints it as one JSON line.
@@ -34,8 +34,9 @@ from bcl_stream.planner.shard_table import shard_weights
 from bcl_stream.planner.token_contract import TokenWalker, token_geometry
 
 ACCUM, MAX_TOKENS, CAP = 4, 16_384, 8192
-STEADY_WINDOWS = 24
-"""Windows planned after the first (both contracts)."""
+STEADY_RECORDS = 100_000
+"""Records of the row planned after the first window (both contracts; whole windows, so a
+little more), enough for the steady time per record to rise well above the timer's noise."""
 
 
 def write_index(n: int, tokens_path: Path, costs_path: Path) -> None:
@@ -71,8 +72,8 @@ def job(contract: str, nodes: int, per_node: int) -> SimConfig:
 def measure(
     tokens_path: Path, costs_path: Path, contract: str, scope: str, nodes: int, per_node: int
 ) -> dict[str, Any]:
-    """One process: map, set up, plan the first window and up to :data:`STEADY_WINDOWS`
-    more of its own row (row 0); timings per record and private RSS."""
+    """One process: map, set up, plan the first window and about :data:`STEADY_RECORDS`
+    more records of its own row (row 0); timings per record and private RSS."""
     base_rss = private_rss()
     t0 = time.perf_counter()
     costs = np.load(costs_path, mmap_mode="r")
@@ -91,8 +92,13 @@ def measure(
         tokens=tokens if contract == "tokens" else None,
     )
     setup_s = time.perf_counter() - t0
-    stop = min(streams.n_windows, 1 + STEADY_WINDOWS)
-    per_window: list[int] = []  # records planned (every rank of the row) per window
+    row_ranks = streams.config.row_ranks
+    if contract == "tokens":
+        per_window = geometry.pack_size * geometry.window * row_ranks
+    else:
+        per_window = config.pack_size * config.window * row_ranks
+    stop = min(streams.n_windows, 1 + -(-STEADY_RECORDS // per_window))
+    planned: list[int] = []  # records planned (every rank of the row) per call
     times: list[float] = []
     peak = private_rss()
     if contract == "tokens":
@@ -104,7 +110,7 @@ def measure(
             if step is None:
                 break
             times.append(time.perf_counter() - t)
-            per_window.append(int(np.count_nonzero(step.packs >= 0)))
+            planned.append(int(np.count_nonzero(step.packs >= 0)))
             peak = max(peak, private_rss())
     else:  # the first window, then the rest in one call (``plan_scale``'s batches)
         carry = None
@@ -115,10 +121,9 @@ def measure(
             batch = plan_windows(streams, costs, None, [0], start, end, carry)
             times.append(time.perf_counter() - t)
             carry = batch.carry
-            per_window.append(int(np.count_nonzero(batch.packs >= 0)))
+            planned.append(int(np.count_nonzero(batch.packs >= 0)))
             peak = max(peak, private_rss())
-    row_ranks = streams.config.row_ranks
-    steady_records = sum(per_window[1:])
+    steady_records = sum(planned[1:])
     steady_s = sum(times[1:])
     return {
         "contract": contract,
@@ -133,7 +138,7 @@ def measure(
         "first_window_s": times[0] if times else float("nan"),
         "time_to_first_pack_s": setup_s + (times[0] if times else 0.0),
         "steady_s": steady_s,
-        "records_planned": int(sum(per_window)),
+        "records_planned": int(sum(planned)),
         "planning_us_per_record_planned": (
             1e6 * steady_s / steady_records if steady_records else float("nan")
         ),

@@ -6,14 +6,14 @@ stored beside the costs as the cost index stores them), jobs of 1, 4, 16, 64 and
 8 ranks, G = 4; the record contract at B = 8, W = 16, the token contract at T = 16,384.
 For each (contract, scope, nodes), one process (``bcl_bench.token_scale``, pinned to one
 core, thread pools of 1) plans what rank 0's reader plans: its own row, the first window
-and the next windows up to ``token_scale.STEADY_WINDOWS``. Each cell is run ``--repeats``
+and about ``token_scale.STEADY_RECORDS`` records after it. Each cell is run ``--repeats``
 times, interleaved, and the fastest run kept (the machine is shared: the minimum is the
 run least disturbed). Reported: set-up, time to the first micro-batch, and the steady
 planning time per record planned and per record of the process's own rank (a row of 16
 ranks plans 16 records per record of its own). Flat in node count = the per-record cost does
 not grow with the job. Writes ``results/bench_token_scale.json`` and ``.png``.
 
-    python tools/bench_token_scale.py                     # 10M records, about 5 minutes
+    python tools/bench_token_scale.py --records 1e8 --repeats 1   # what results/ holds
     python tools/bench_token_scale.py --records 2e6 --nodes 1 4
 """
 
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             "grad_accum": token_scale.ACCUM,
             "max_tokens": token_scale.MAX_TOKENS,
             "record_contract": {"pack_size": 8, "window": 16},
-            "steady_windows": token_scale.STEADY_WINDOWS,
+            "steady_records": token_scale.STEADY_RECORDS,
             "repeats": args.repeats,
             "kept": "the fastest steady run of each cell",
             "cost_model": "llama3-8b",
