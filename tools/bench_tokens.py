@@ -3,16 +3,21 @@
 For every corpus of ``bcl_bench/text_corpora.py`` (in write order, records capped at 8,192
 tokens, repeated to ``--records``), under ``contract="tokens"`` at the same budget T:
 ``bcl-world``, ``bcl-node`` and ``bcl-rank`` against the token-budget peers (``verl_dynbsz``,
-``nemo_mffd``, ``multipack``, ``pooled_mffd_split``), and the record contract (``bcl-world``
+``nemo_mffd``, ``multipack``, ``trl_token_budget``, ``pooled_mffd_split``), and the record contract (``bcl-world``
 with B=8, W=16) against the tokens contract at the same memory: T = the largest pack B=8
 produced. Each cell reports efficiency, fill (mean micro-batch tokens / T), micro-batches per
 rank (min, max), the largest micro-batch, and the modeled time per unit of useful cost at
-``--micro-batch-overhead`` 0 and 0.1 (``analysis/sim.py``). Corpora are split as the other
+``--micro-batch-overhead`` 0 and 0.1 (``analysis/sim.py``). Beside them: ``verl_dynbsz``
+held to the same peak memory (its ``max_token_len`` lowered by bisection until no micro-batch
+exceeds T, priced at T: :func:`verl_at_peak`), and the bound no packer can beat at T under the
+time model (perfect balance, every micro-batch exactly T tokens: :func:`bound`). Corpora are
+split as the other
 benchmarks split them: ``text_corpora.TUNE`` (what any default was chosen on) and
 ``text_corpora.HELD_OUT`` (reported apart).
 
     python tools/bench_tokens.py                       # every corpus, 200K records each
     python tools/bench_tokens.py --corpora man --records 50000
+    python tools/bench_tokens.py --corpora man code:networkx=3000000 --nodes 128  # per-corpus size
 """
 
 from __future__ import annotations

@@ -60,6 +60,7 @@ LAYOUTS = [
     (8, 2, "world", 4, "packed"),
     (8, 1, "world", 2, "packed"),
     (4, 2, "node", 3, "packed"),
+    (8, 8, "node", 4, "packed"),  # 64 bins a window: the wide rows' fill (FILL)
 ]
 
 
