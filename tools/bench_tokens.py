@@ -3,16 +3,21 @@
 For every corpus of ``bcl_bench/text_corpora.py`` (in write order, records capped at 8,192
 tokens, repeated to ``--records``), under ``contract="tokens"`` at the same budget T:
 ``bcl-world``, ``bcl-node`` and ``bcl-rank`` against the token-budget peers (``verl_dynbsz``,
-``nemo_mffd``, ``multipack``, ``pooled_mffd_split``), and the record contract (``bcl-world``
+``nemo_mffd``, ``multipack``, ``trl_token_budget``, ``pooled_mffd_split``), and the record contract (``bcl-world``
 with B=8, W=16) against the tokens contract at the same memory: T = the largest pack B=8
 produced. Each cell reports efficiency, fill (mean micro-batch tokens / T), micro-batches per
 rank (min, max), the largest micro-batch, and the modeled time per unit of useful cost at
-``--micro-batch-overhead`` 0 and 0.1 (``analysis/sim.py``). Corpora are split as the other
+``--micro-batch-overhead`` 0 and 0.1 (``analysis/sim.py``). Beside them: ``verl_dynbsz``
+held to the same peak memory (its ``max_token_len`` lowered by bisection until no micro-batch
+exceeds T, priced at T: :func:`verl_at_peak`), and the bound no packer can beat at T under the
+time model (perfect balance, every micro-batch exactly T tokens: :func:`bound`). Corpora are
+split as the other
 benchmarks split them: ``text_corpora.TUNE`` (what any default was chosen on) and
 ``text_corpora.HELD_OUT`` (reported apart).
 
     python tools/bench_tokens.py                       # every corpus, 200K records each
     python tools/bench_tokens.py --corpora man --records 50000
+    python tools/bench_tokens.py --corpora man code:networkx=3000000 --nodes 128  # per-corpus size
 """
 
 from __future__ import annotations
@@ -38,21 +43,28 @@ from bcl_stream.analysis.sim import (
 from bcl_stream.cost import get_preset
 
 T, CAP, ACCUM, RANKS = 16_384, 8192, 4, 8
-PEERS = ("verl_dynbsz", "nemo_mffd", "multipack", "pooled_mffd_split")
+PEERS = ("verl_dynbsz", "nemo_mffd", "multipack", "trl_token_budget", "pooled_mffd_split")
 BCL = ("bcl-world", "bcl-node", "bcl-rank")
 OVERHEADS = (0.0, 0.1)
 
 
 def cell(
-    tok: np.ndarray, costs: np.ndarray, config: SimConfig, names: tuple[str, ...]
+    tok: np.ndarray,
+    costs: np.ndarray,
+    config: SimConfig,
+    names: tuple[str, ...],
+    priced_at: int | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Each strategy's figures under ``config`` at every overhead of :data:`OVERHEADS`."""
+    """Each strategy's figures under ``config`` at every overhead of :data:`OVERHEADS`, the
+    micro-batch price taken at budget ``priced_at`` (None: ``config.max_tokens``), so that a
+    peer planned at a lower budget is still charged the price of the same T."""
     table = shard_table(tok, costs, config.shard_records)
     planned = plan_schedules(tok, costs, table, config, names)
     out: dict[str, dict[str, Any]] = {}
     for f in OVERHEADS:
         priced = replace(config, micro_batch_overhead=f)
-        metrics = score(planned, priced, price=micro_batch_price(tok, costs, priced))
+        at = priced if priced_at is None else replace(priced, max_tokens=priced_at)
+        metrics = score(planned, priced, price=micro_batch_price(tok, costs, at))
         for name, s in planned.items():
             row = out.setdefault(name, budget_figures(s, tok))
             row["efficiency" if f == 0 else f"efficiency_overhead_{f}"] = metrics[name].efficiency
@@ -64,6 +76,51 @@ def cell(
     return out
 
 
+def verl_at_peak(
+    tok: np.ndarray, costs: np.ndarray, config: SimConfig, widest: int, steps: int = 6
+) -> dict[str, Any]:
+    """``verl_dynbsz`` held to the same peak memory as everyone else: verl splits each rank's
+    share by workload with no per-part token cap, so at ``ppo_max_token_len_per_gpu`` = T
+    some of its micro-batches exceed T (``widest`` tokens). Bisection finds the largest
+    ``max_token_len`` whose largest micro-batch is at most T, starting from the bracket
+    [0.97 T^2 / widest, T] (verl's widest micro-batch grows about in proportion to its
+    budget; the lower end is lowered by 3% steps until it holds); ``steps`` halvings leave
+    the bracket under 50 tokens wide on these corpora. Its figures are priced at T like
+    every other strategy's."""
+    budget = config.max_tokens
+    assert budget is not None
+
+    def at(limit: int) -> dict[str, Any]:
+        row = cell(tok, costs, replace(config, max_tokens=limit), ("verl_dynbsz",), budget)
+        return {**row["verl_dynbsz"], "max_token_len": limit}
+
+    lo = budget if widest <= budget else int(0.97 * budget * budget / widest)
+    best = at(lo)
+    while best["micro_batch_tokens"]["max"] > budget and lo > 1:
+        lo = int(lo * 0.97)
+        best = at(lo)
+    hi = budget if widest > budget else lo  # within T already: nothing to search
+    for _ in range(steps):
+        if hi <= lo:
+            break
+        mid = (lo + hi + 1) // 2
+        row = at(mid)
+        if row["micro_batch_tokens"]["max"] <= budget:
+            lo, best = mid, row
+        else:
+            hi = mid - 1
+    best["fill"] = best["micro_batch_tokens"]["mean"] / budget
+    return best
+
+
+def bound(me: dict[str, Any], ranks: int) -> float:
+    """Time per unit of useful cost at F = 0.1 that no packer can beat at this budget under
+    the time model: perfect balance (efficiency 1) and every micro-batch exactly T tokens
+    (fill 1), i.e. ``me``'s price share scaled to fill 1."""
+    k1, k0 = "time_per_cost_overhead_0.1", "time_per_cost_overhead_0.0"
+    return 1.0 / ranks + (me[k1] - me[k0]) * me["fill"]
+
+
 def run_corpus(
     name: str,
     n: int,
@@ -71,6 +128,7 @@ def run_corpus(
     per_node: int = RANKS,
     peers: tuple[str, ...] = PEERS,
     same_memory: bool = True,
+    verl_peak: bool = True,
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
     tok = text_corpora.build(name, n, CAP)
@@ -87,6 +145,10 @@ def run_corpus(
         "mean_tokens": float(tok.mean()),
         "at_T": cell(tok, costs, tokens, (*BCL, *peers)),
     }
+    if "verl_dynbsz" in peers and verl_peak:
+        widest = int(row["at_T"]["verl_dynbsz"]["micro_batch_tokens"]["max"])
+        row["verl_dynbsz_peak_T"] = verl_at_peak(tok, costs, tokens, widest)
+    row["bound_time_per_cost_overhead_0.1"] = bound(row["at_T"]["bcl-world"], nodes * per_node)
     if not same_memory:
         row["seconds"] = time.perf_counter() - t0
         return row
@@ -119,9 +181,24 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "bcl_world_fill": {"median": float(np.median(fill)), "worst": min(fill)},
         }
         key = "time_per_cost_overhead_0.1"
+        for peer in PEERS:
+            if all(peer in r["at_T"] for r in sel):
+                vs = [r["at_T"][peer][key] / r["at_T"]["bcl-world"][key] for r in sel]
+                out[part][f"speedup_vs_{peer}_overhead_0.1"] = {
+                    "median": float(np.median(vs)),
+                    "worst": min(vs),
+                }
+        if all("verl_dynbsz_peak_T" in r for r in sel):
+            vs = [r["verl_dynbsz_peak_T"][key] / r["at_T"]["bcl-world"][key] for r in sel]
+            out[part]["speedup_vs_verl_dynbsz_peak_T_overhead_0.1"] = {
+                "median": float(np.median(vs)),
+                "worst": min(vs),
+            }
         if all("verl_dynbsz" in r["at_T"] for r in sel):
-            vs = [r["at_T"]["verl_dynbsz"][key] / r["at_T"]["bcl-world"][key] for r in sel]
-            out[part]["speedup_vs_verl_dynbsz_overhead_0.1"] = {
+            vs = [
+                r["at_T"]["verl_dynbsz"][key] / r["bound_time_per_cost_overhead_0.1"] for r in sel
+            ]
+            out[part]["bound_vs_verl_dynbsz_overhead_0.1"] = {
                 "median": float(np.median(vs)),
                 "worst": min(vs),
             }
@@ -138,9 +215,10 @@ def markdown(result: dict[str, Any]) -> str:
     """The per-corpus table docs/balance.md carries (held-out corpora marked)."""
     head = (
         "| corpus | bcl-world efficiency | fill | micro-batches per rank (min = max) "
-        "| time vs verl_dynbsz (F=0 / 0.1) | vs multipack (F=0.1) | vs nemo_mffd (F=0.1) "
-        "| same memory T | record B=8 -> tokens at T (F=0 / 0.1) |\n"
-        "|---|---|---|---|---|---|---|---|---|\n"
+        "| time vs verl_dynbsz (F=0 / 0.1) | bound vs verl_dynbsz (F=0.1) "
+        "| vs verl_dynbsz held to T (F=0.1) | vs multipack (F=0.1) | vs nemo_mffd (F=0.1) "
+        "| vs trl_token_budget (F=0.1) | same memory T | record B=8 -> tokens at T (F=0 / 0.1) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in result["rows"]:
@@ -151,14 +229,19 @@ def markdown(result: dict[str, Any]) -> str:
             key = f"time_per_cost_overhead_{f}"
             return f"{cells[peer][key] / me[key]:.3f}"
 
+        key1 = "time_per_cost_overhead_0.1"
+        held = r.get("verl_dynbsz_peak_T")
+        peak = f"{held[key1] / w[key1]:.3f} ({held['max_token_len']})" if held else "-"
         counts = w["micro_batches_per_rank"]
         equal = "=" if counts["min"] == counts["max"] else "!="
         rec, tok = mem["record_B8"], mem["tokens"]
         lines.append(
             f"| {r['corpus']}{' (held out)' if r['held_out'] else ''} "
             f"| {w['efficiency']:.4f} | {w['fill']:.3f} | {counts['min']} {equal} {counts['max']} "
-            f"| {vs('verl_dynbsz', 0.0)} / {vs('verl_dynbsz', 0.1)} | {vs('multipack', 0.1)} "
-            f"| {vs('nemo_mffd', 0.1)} | {mem['T']} "
+            f"| {vs('verl_dynbsz', 0.0)} / {vs('verl_dynbsz', 0.1)} "
+            f"| {at['verl_dynbsz'][key1] / r['bound_time_per_cost_overhead_0.1']:.3f} "
+            f"| {peak} | {vs('multipack', 0.1)} "
+            f"| {vs('nemo_mffd', 0.1)} | {vs('trl_token_budget', 0.1)} | {mem['T']} "
             f"| {rec['time_per_cost_overhead_0.0'] / tok['time_per_cost_overhead_0.0']:.3f} / "
             f"{rec['time_per_cost_overhead_0.1'] / tok['time_per_cost_overhead_0.1']:.3f} |"
         )
@@ -167,13 +250,23 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = bench_parser(__doc__, RESULTS / "bench_tokens.json")
-    parser.add_argument("--corpora", nargs="+", default=list(text_corpora.NAMES))
+    parser.add_argument(
+        "--corpora",
+        nargs="+",
+        default=list(text_corpora.NAMES),
+        help="corpus names; NAME=N repeats that corpus to N records instead of --records",
+    )
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--ranks-per-node", type=int, default=RANKS)
     parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated")
     parser.add_argument(
         "--no-same-memory", action="store_true", help="skip the record contract comparison"
+    )
+    parser.add_argument(
+        "--no-verl-peak",
+        action="store_true",
+        help="skip verl_dynbsz held to the same peak memory (a bisection of its budget)",
     )
     parser.add_argument(
         "--markdown", type=Path, default=None, help="only print the table of this result JSON"
@@ -183,16 +276,18 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(json.loads(args.markdown.read_text())), end="")
         return 0
     rows = []
-    for name in args.corpora:
+    for spec in args.corpora:
+        name, _, size = spec.partition("=")  # "corpus=N": N records for this corpus
         peers = tuple(p for p in args.peers.split(",") if p)
         rows.append(
             run_corpus(
                 name,
-                args.records,
+                int(float(size)) if size else args.records,
                 args.nodes,
                 args.ranks_per_node,
                 peers,
                 not args.no_same_memory,
+                not args.no_verl_peak,
             )
         )
         r = rows[-1]
@@ -202,7 +297,13 @@ def main(argv: list[str] | None = None) -> int:
             f"mb/rank {w['micro_batches_per_rank']} ({r['seconds']:.0f}s)",
             flush=True,
         )
-    result = {
+        write_result(result_of(args, rows), Path(args.out))  # an interrupted run keeps its rows
+    return 0
+
+
+def result_of(args: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The result file: settings, the corpus split, every row and the summary."""
+    return {
         "settings": {
             "max_tokens": T,
             "record_cap": CAP,
@@ -218,8 +319,6 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "summary": summary(rows),
     }
-    write_result(result, Path(args.out))
-    return 0
 
 
 if __name__ == "__main__":

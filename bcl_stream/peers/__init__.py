@@ -4,7 +4,7 @@ Each peer is a pure function (numpy only, like the planner, whose modules it may
 which never imports it) from a :class:`~bcl_stream.peers.pools.Pool` (the order a central
 driver reads, tokens by record id, R, B, G) and the token capacity M to ``[rank][micro-batch]``
 arrays of record ids plus ``{"epoch_tail": ids}``; every rank gets the same number of
-micro-batches. One module per system: ``nemo.py``, ``verl.py``, ``hf.py`` (each names the
+micro-batches. One module per system: ``nemo.py``, ``verl.py``, ``hf.py``, ``multipack.py``, ``trl.py`` (each names the
 upstream revision or release it follows and the files it was read from), ``mffd.py`` (a
 textbook packer no system ships); ``pools.py`` holds the shared input and the central sampler's
 order (:func:`~bcl_stream.peers.pools.global_order`).
@@ -27,6 +27,7 @@ from bcl_stream.peers.mffd import pooled_mffd_split
 from bcl_stream.peers.multipack import MULTIPACK_REVISION, multipack
 from bcl_stream.peers.nemo import NEMO_RL_REVISION, nemo_mffd
 from bcl_stream.peers.pools import Bins, Pool, Remainder, global_order, micro_batches_per_batch
+from bcl_stream.peers.trl import TRL_REVISION, trl_token_budget
 from bcl_stream.peers.verl import VERL_REVISION, verl_dynbsz, verl_kk
 
 PooledPlanner = Callable[[Pool, int], tuple[Bins, Remainder]]
@@ -126,6 +127,18 @@ PEERS: dict[str, Peer] = {
             capacity="bin capacity (batch_max_length)",
             pooled=False,
             communication="none: every rank computes the same allocation from a shared seed",
+        ),
+        Peer(
+            name="trl_token_budget",
+            plan=trl_token_budget,
+            reproduces="TRL's TokenBudgetBatcher (AsyncGRPOTrainer, token_budget > 0): each "
+            "sample in arrival order into the open row with the least sum L^2 that has room",
+            follows=f"huggingface/trl {TRL_REVISION}: "
+            "trl/experimental/async_grpo/async_grpo_trainer.py",
+            capacity="token budget (token_budget)",
+            pooled=False,
+            communication="a central planner: the main process plans every micro-batch and "
+            "accelerate's DataLoaderDispatcher scatters row r to rank r",
         ),
     )
 }

@@ -20,6 +20,7 @@ from bcl_stream.analysis.sim import (
 )
 from bcl_stream.cli import main
 from bcl_stream.cost import resolve
+from bcl_stream.planner.token_contract import FILL
 
 T = 4096
 
@@ -77,7 +78,7 @@ def test_the_price_is_a_share_of_a_full_budget_micro_batch_and_counts_in_time() 
 def test_pool_records_match_a_bcl_step_under_the_tokens_contract() -> None:
     tok = np.full(1000, 100, dtype=np.int64)
     assert pool_records(tok, SimConfig(max_tokens=T)) == 8  # the record contract's B
-    assert pool_records(tok, SimConfig(contract="tokens", max_tokens=T)) == round(T * 0.95 / 100)
+    assert pool_records(tok, SimConfig(contract="tokens", max_tokens=T)) == round(T * FILL / 100)
 
 
 def test_refused_settings() -> None:

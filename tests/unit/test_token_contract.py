@@ -70,6 +70,7 @@ LAYOUTS = [
     (4, 4, "rank", 2, "padded"),
     (4, 4, "node", 4, "padded"),
     (8, 2, "world", 4, "padded"),
+    (8, 8, "node", 4, "packed"),  # 64 bins a window: the wide rows' fill (FILL)
 ]
 
 
