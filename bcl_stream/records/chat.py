@@ -28,6 +28,7 @@ from bcl_stream.errors import DatasetError
 from bcl_stream.records.kind import (
     Bad,
     Encoders,
+    FoundColumns,
     Ids,
     LayoutOptions,
     encode_checked,
@@ -186,16 +187,9 @@ class ChatKind:
                 return bad
         return encoder.conversation(shape)
 
-    def declared(
-        self,
-        fields: tuple[str, ...],
-        columns: dict[str, str],
-        tokenizer: str | None,
-        loss_on: str | None,
-        where: str,
-    ) -> RecordSource:
-        spec = needs_tokenizer(self, fields, tokenizer, where)
-        return RecordSource(messages_field=fields[0], tokenizer=spec, loss_on=loss_on)
+    def declared(self, found: FoundColumns) -> RecordSource:
+        spec = needs_tokenizer(self, found)
+        return RecordSource(messages_field=found.fields[0], tokenizer=spec, loss_on=found.loss_on)
 
     def reads(self, source: RecordSource) -> bool:
         return source.messages_field is not None

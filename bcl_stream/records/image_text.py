@@ -34,7 +34,7 @@ from typing import Any
 
 from bcl_stream.errors import DatasetError
 from bcl_stream.records.chat import CHAT, MESSAGES_FIELDS
-from bcl_stream.records.kind import Bad, Encoders, Ids, LayoutOptions, finish
+from bcl_stream.records.kind import Bad, Encoders, FoundColumns, Ids, LayoutOptions, finish
 from bcl_stream.records.source import RecordSource
 from bcl_stream.text.chat import Conversation
 from bcl_stream.text.templates import Encoded, Encoder
@@ -324,16 +324,9 @@ class ImageTextKind:
             )
         return result
 
-    def declared(
-        self,
-        fields: tuple[str, ...],
-        columns: dict[str, str],
-        tokenizer: str | None,
-        loss_on: str | None,
-        where: str,
-    ) -> RecordSource:
+    def declared(self, found: FoundColumns) -> RecordSource:
         raise DatasetError(
-            f"{where}: holds image column {fields[0]!r}; annotating an existing image-text "
+            f"{found.where}: holds image column {found.fields[0]!r}; annotating an existing image-text "
             "dataset in place is not supported yet: write it with `bcl-stream preprocess "
             "--processor DIR` from its source records (docs/vlm.md)"
         )

@@ -83,6 +83,24 @@ IDS, TEXT, OTHER = "ids", "text", "other"
 """What a stored column holds, as far as choosing a record source goes (``annotate``)."""
 
 
+@dataclass(frozen=True, slots=True)
+class FoundColumns:
+    """What ``annotate`` found in an existing dataset when no column option named the record
+    source: the fields that made a kind, and the options given with it (one object, so that
+    every kind's :meth:`RecordKind.declared` takes the same one argument)."""
+
+    fields: tuple[str, ...]
+    """The fields that made the kind (:attr:`Fields.names`)."""
+    columns: dict[str, str]
+    """Every column's name -> :data:`IDS` / :data:`TEXT` / :data:`OTHER`."""
+    tokenizer: str | None
+    """``--tokenizer`` (None: not given)."""
+    loss_on: str | None
+    """``--loss-on`` (None: not given)."""
+    where: str
+    """The dataset, as an error names it."""
+
+
 Encoders = Callable[..., Encoder]
 """``(tokenizer spec, loss_on, chat_template=None, template_kwargs=None) -> encoder``: the
 readers' per-process encoder cache (``text/templates.py`` ``encoder_for``)."""
@@ -116,18 +134,10 @@ class RecordKind(Protocol):
         """A shape's ids and mask (may raise :class:`TemplateError`), or a :class:`Bad`."""
         ...
 
-    def declared(
-        self,
-        fields: tuple[str, ...],
-        columns: dict[str, str],
-        tokenizer: str | None,
-        loss_on: str | None,
-        where: str,
-    ) -> RecordSource:
-        """The source that reads an existing dataset whose columns (name -> :data:`IDS` /
-        :data:`TEXT` / :data:`OTHER`) made this kind with ``fields`` (``annotate`` with no
-        column named), or a :class:`DatasetError` naming the option that is missing or
-        does not apply (:func:`needs_tokenizer`, :func:`no_loss_on`)."""
+    def declared(self, found: FoundColumns) -> RecordSource:
+        """The source that reads an existing dataset whose columns made this kind
+        (``annotate`` with no column named), or a :class:`DatasetError` naming the option
+        that is missing or does not apply (:func:`needs_tokenizer`, :func:`no_loss_on`)."""
         ...
 
     def reads(self, source: RecordSource) -> bool:
@@ -169,20 +179,19 @@ def encode_checked(kind: RecordKind, where: str, shape: Any, encoder: Encoder) -
     return finish(where, result)
 
 
-def needs_tokenizer(
-    kind: RecordKind, fields: tuple[str, ...], tokenizer: str | None, where: str
-) -> str:
-    """``tokenizer``, or a :class:`DatasetError`: ``kind``'s text columns need one to count."""
-    if tokenizer is None:
+def needs_tokenizer(kind: RecordKind, found: FoundColumns) -> str:
+    """The tokenizer given, or a :class:`DatasetError`: ``kind``'s text columns need one to
+    count."""
+    if found.tokenizer is None:
         raise DatasetError(
-            f"{where}: holds {kind.what} {', '.join(map(repr, fields))}; pass "
+            f"{found.where}: holds {kind.what} {', '.join(map(repr, found.fields))}; pass "
             "--tokenizer (cl100k, a tokenizer.json or a Hugging Face tokenizer directory) to "
             "count their tokens"
         )
-    return tokenizer
+    return found.tokenizer
 
 
-def no_loss_on(loss_on: str | None, where: str) -> None:
+def no_loss_on(found: FoundColumns) -> None:
     """Refuse ``--loss-on`` for a kind without a conversation to mask."""
-    if loss_on is not None:
-        raise DatasetError(f"{where}: --loss-on goes with a conversation column")
+    if found.loss_on is not None:
+        raise DatasetError(f"{found.where}: --loss-on goes with a conversation column")

@@ -29,6 +29,7 @@ from bcl_stream.records.kind import (
     IDS,
     Bad,
     Encoders,
+    FoundColumns,
     Ids,
     LayoutOptions,
     needs_tokenizer,
@@ -195,20 +196,13 @@ class PromptResponseKind:
     def encode(self, where: str, shape: Any, encoder: Encoder) -> Encoded | Bad:
         return encode_prompt_response(shape, encoder)
 
-    def declared(
-        self,
-        fields: tuple[str, ...],
-        columns: dict[str, str],
-        tokenizer: str | None,
-        loss_on: str | None,
-        where: str,
-    ) -> RecordSource:
-        if columns[fields[0]] == IDS:
-            no_loss_on(loss_on, where)
-            return RecordSource(tokens_field=fields[0], response_field=fields[1])
-        spec = needs_tokenizer(self, fields, tokenizer, where)
-        no_loss_on(loss_on, where)
-        return RecordSource(text_field=fields[0], tokenizer=spec, response_field=fields[1])
+    def declared(self, found: FoundColumns) -> RecordSource:
+        first, response = found.fields[0], found.fields[1]
+        no_loss_on(found)
+        if found.columns[first] == IDS:
+            return RecordSource(tokens_field=first, response_field=response)
+        spec = needs_tokenizer(self, found)
+        return RecordSource(text_field=first, tokenizer=spec, response_field=response)
 
     def reads(self, source: RecordSource) -> bool:
         return source.response_field is not None

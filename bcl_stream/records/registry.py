@@ -18,6 +18,7 @@ from bcl_stream.records.image_text import IMAGE_TEXT
 from bcl_stream.records.kind import (
     Bad,
     Fields,
+    FoundColumns,
     LayoutOptions,
     RecordKind,
     encode_checked,
@@ -126,4 +127,5 @@ def declared_source(
     found = detect(columns, LayoutOptions())
     if found is None:
         return None
-    return kind_named(found.kind).declared(found.names, dict(columns), tokenizer, loss_on, where)
+    kind = kind_named(found.kind)
+    return kind.declared(FoundColumns(found.names, dict(columns), tokenizer, loss_on, where))

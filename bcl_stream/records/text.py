@@ -18,6 +18,7 @@ from bcl_stream.formats.token_ids import token_ids
 from bcl_stream.records.kind import (
     Bad,
     Encoders,
+    FoundColumns,
     Ids,
     LayoutOptions,
     needs_tokenizer,
@@ -76,17 +77,10 @@ class TextKind:
     def encode(self, where: str, shape: Any, encoder: Encoder) -> Encoded | Bad:
         return Encoded(encoder.tokenizer.ids(shape.text))
 
-    def declared(
-        self,
-        fields: tuple[str, ...],
-        columns: dict[str, str],
-        tokenizer: str | None,
-        loss_on: str | None,
-        where: str,
-    ) -> RecordSource:
-        spec = needs_tokenizer(self, fields, tokenizer, where)
-        no_loss_on(loss_on, where)
-        return RecordSource(text_field=fields[0], tokenizer=spec)
+    def declared(self, found: FoundColumns) -> RecordSource:
+        spec = needs_tokenizer(self, found)
+        no_loss_on(found)
+        return RecordSource(text_field=found.fields[0], tokenizer=spec)
 
     def reads(self, source: RecordSource) -> bool:
         return source.messages_field is None and source.response_field is None

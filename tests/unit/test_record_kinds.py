@@ -16,7 +16,7 @@ import pytest
 from bcl_stream.cli import build_parser
 from bcl_stream.preprocess.work import EncodeOptions, tokenize_stream
 from bcl_stream.records import registry
-from bcl_stream.records.kind import Bad, Encoders, Ids, LayoutOptions
+from bcl_stream.records.kind import Bad, Encoders, FoundColumns, Ids, LayoutOptions
 from bcl_stream.records.source import RecordSource
 from bcl_stream.text.chat import Conversation
 from bcl_stream.text.templates import Encoded, Encoder
@@ -76,14 +76,7 @@ class ShoutKind:
     def encode(self, where: str, shape: Any, encoder: Encoder) -> Encoded | Bad:
         return Encoded(encoder.tokenizer.ids(shape.text.upper()))
 
-    def declared(
-        self,
-        fields: tuple[str, ...],
-        columns: dict[str, str],
-        tokenizer: str | None,
-        loss_on: str | None,
-        where: str,
-    ) -> RecordSource:
+    def declared(self, found: FoundColumns) -> RecordSource:
         raise NotImplementedError
 
     def reads(self, source: RecordSource) -> bool:
