@@ -31,7 +31,7 @@ from tqdm import tqdm
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.mds_costing import CostedMDS
-from bcl_stream.formats.mds_local import LocalCostedMDSWriter
+from bcl_stream.formats.mds_local import LocalCostedMDSWriter, local_encodings
 from bcl_stream.formats.shard_limits import SHARD_BYTES, SHARD_RECORDS
 from bcl_stream.io.remote import join, upload
 from bcl_stream.preprocess.lock import output_lock
@@ -202,17 +202,20 @@ def _open_writer(
     columns: dict[str, str] | None = None,
 ) -> Any:
     if fmt == "mds":
-        # A local uncompressed output is written without importing streaming (which imports
-        # torch: seconds before the first record); the same bytes either way.
+        # A local uncompressed output of the columns it can encode (text records' ids and
+        # source) is written without importing streaming (which imports torch: seconds before
+        # the first record); the same bytes either way. Image-text records' json columns go
+        # through streaming's writer.
         mds: type[CostedMDS] = LocalCostedMDSWriter
-        if "://" in output or compression:
+        every = {"input_ids": "ndarray:uint32", "source": "str", **(columns or {})}
+        if "://" in output or compression or local_encodings(every):
             from bcl_stream.formats.mds_writer import CostedMDSWriter
 
             mds = CostedMDSWriter
         return mds(
             output,
             cost_model=model,
-            columns={"input_ids": "ndarray:uint32", "source": "str", **(columns or {})},
+            columns=every,
             compression=compression,
             size_limit=shard_size_limit,
             loss_spans=loss_spans,
