@@ -25,33 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from bcl_bench.peer_fixtures import CASES, fixture_lengths
+
 REVISION = "a023ee17f1638d004a97f183ecdc1799bcb24848"
-
-
-def _lengths(kind: str, n: int, rng: np.random.Generator, cap: int) -> list[int]:
-    """Record lengths of one shape (SFT-like, a heavy tail near the cap, narrow, many ties),
-    each at most ``cap`` (the sampler has no path for a longer record)."""
-    if kind == "lognormal":
-        x = rng.lognormal(5.0, 1.0, n)
-    elif kind == "heavy":
-        x = np.where(
-            rng.random(n) < 0.05, rng.integers(cap // 2, cap + 1, n), rng.lognormal(4.5, 0.8, n)
-        )
-    elif kind == "narrow":
-        x = rng.normal(200, 30, n)
-    else:  # ties
-        x = (rng.integers(1, 6, n) * 50).astype(np.float64)
-    return np.clip(x, 1, cap).astype(np.int64).tolist()
-
-
-CASES = [  # (kind, records, ranks, capacity, seed)
-    ("lognormal", 600, 2, 1024, 0),
-    ("lognormal", 900, 4, 2048, 1),
-    ("heavy", 700, 3, 1500, 2),
-    ("narrow", 500, 8, 1024, 3),
-    ("ties", 400, 4, 700, 4),
-    ("heavy", 1200, 8, 4096, 5),
-]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     spec.loader.exec_module(module)
     cases: list[dict[str, Any]] = []
     for kind, n, ranks, cap, seed in CASES:
-        lengths = _lengths(kind, n, np.random.default_rng(100 + seed), cap)
+        lengths = fixture_lengths(kind, n, np.random.default_rng(100 + seed), cap, over_cap=False)
         arr = np.asarray(lengths, dtype=np.int64)
         per_rank = []
         for rank in range(ranks):

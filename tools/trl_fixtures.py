@@ -28,34 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from bcl_bench.peer_fixtures import CASES, fixture_lengths
+
 REVISION = "f2cd57710ae345ea6428ae95363267fcf38a3dc8"
-
-
-def _lengths(kind: str, n: int, rng: np.random.Generator, cap: int) -> list[int]:
-    """Lengths of one shape (SFT-like, a heavy tail with some over the budget, narrow, ties)."""
-    if kind == "lognormal":
-        x = rng.lognormal(5.0, 1.0, n)
-    elif kind == "heavy":
-        x = np.where(
-            rng.random(n) < 0.05,
-            rng.integers(cap // 2, cap + cap // 4, n),
-            rng.lognormal(4.5, 0.8, n),
-        )
-    elif kind == "narrow":
-        x = rng.normal(200, 30, n)
-    else:  # ties
-        x = (rng.integers(1, 6, n) * 50).astype(np.float64)
-    return np.clip(x, 1, None).astype(np.int64).tolist()
-
-
-CASES = [  # (kind, samples, ranks, token_budget, seed)
-    ("lognormal", 600, 2, 1024, 0),
-    ("lognormal", 900, 4, 2048, 1),
-    ("heavy", 700, 3, 1500, 2),
-    ("narrow", 500, 8, 1024, 3),
-    ("ties", 400, 4, 700, 4),
-    ("heavy", 1200, 8, 4096, 5),
-]
 
 
 class _Logger:
@@ -93,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     for kind, n, ranks, budget, seed in CASES:
         logger = _Logger()
         batcher = load_batcher(args.upstream, logger)
-        lengths = _lengths(kind, n, np.random.default_rng(200 + seed), budget)
+        lengths = fixture_lengths(kind, n, np.random.default_rng(200 + seed), budget, over_cap=True)
         samples = [{"input_ids": [0] * length, "position": i} for i, length in enumerate(lengths)]
         micro_batches = [
             [[s["position"] for s in row] for row in rows]
