@@ -23,6 +23,26 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--format", choices=["mds", "wds"], default="mds", help="MDS (all scopes) or WebDataset"
     )
+    _add_source_options(p)
+    _add_record_limit_options(p)
+    _add_shard_options(p)
+    _add_engine_options(p)
+    add_write_options(
+        p,
+        replaces="output",
+        workers=DEFAULT_WORKERS,
+        workers_help="tokenizer processes (the default is the fastest measured on a 2-core "
+        "machine; with free cores more may be faster: tools/bench_sft_preprocess.py measures)",
+        part_help="write only the I-th of N shares of the inputs, under OUTPUT/part-I-of-N "
+        "(then `bcl-stream merge OUTPUT`)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.set_defaults(run=run)
+
+
+def _add_source_options(p: argparse.ArgumentParser) -> None:
+    """How records are read and tokenized: the fields, the tokenizer or processor, the chat
+    template and which tokens are trained (``RecordSource.from_options`` reads them back)."""
     p.add_argument(
         "--text-field",
         default="text",
@@ -79,6 +99,10 @@ def add_parser(sub: Any) -> None:
         help="trained tokens of a conversation, stored as its loss mask: every assistant "
         "turn, the last one, or all tokens (prompt/response: the response unless all)",
     )
+
+
+def _add_record_limit_options(p: argparse.ArgumentParser) -> None:
+    """What happens to a record that is too long (the outlier policy) or bad."""
     p.add_argument(
         "--max-record-tokens",
         type=int,
@@ -97,6 +121,10 @@ def add_parser(sub: Any) -> None:
         help="skip bad records (counted; the first few named, all listed in bcl_skipped.txt) "
         "and empty input files",
     )
+
+
+def _add_shard_options(p: argparse.ArgumentParser) -> None:
+    """How big the written shards are, and how they are compressed."""
     p.add_argument(
         "--shard-size-limit", default="64mb", help="bytes per shard (MDS size_limit, WDS maxsize)"
     )
@@ -111,6 +139,10 @@ def add_parser(sub: Any) -> None:
         help="records per shard, both formats (a shard also closes at --shard-size-limit): "
         "planning deals whole shards to nodes, so every node needs many",
     )
+
+
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
+    """Where the work runs: this machine, or ``--parts N`` tasks on a Ray cluster."""
     p.add_argument(
         "--engine",
         choices=["local", "ray"],
@@ -119,17 +151,6 @@ def add_parser(sub: Any) -> None:
         "(RAY_ADDRESS), then merge (needs bcl-stream[ray])",
     )
     p.add_argument("--parts", type=int, default=None, metavar="N", help="with --engine ray")
-    add_write_options(
-        p,
-        replaces="output",
-        workers=DEFAULT_WORKERS,
-        workers_help="tokenizer processes (the default is the fastest measured on a 2-core "
-        "machine; with free cores more may be faster: tools/bench_sft_preprocess.py measures)",
-        part_help="write only the I-th of N shares of the inputs, under OUTPUT/part-I-of-N "
-        "(then `bcl-stream merge OUTPUT`)",
-    )
-    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    p.set_defaults(run=run)
 
 
 def _json_object(text: str) -> dict[str, Any]:

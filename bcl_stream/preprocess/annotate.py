@@ -44,7 +44,7 @@ import hashlib
 import os
 import tempfile
 from array import array
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -198,108 +198,204 @@ def annotate(
         root = Path(tmp) / "meta" if remote else Path(location.removeprefix("file://"))
         names = _remote_meta(location, root) if remote else None
         fmt = _remote_format(location, names) if names is not None else detect_format(root)
-        if _has_index(target, names, part) and not overwrite:
-            raise DatasetError(
-                f"{join(target, INDEX_JSON)} already exists; pass --overwrite to replace the "
-                "cost index"
-            )
-        if (root / COMPONENTS_FILE).is_file():  # an image-text dataset (docs/vlm.md)
-            raise DatasetError(
-                f"{location}: an image-text dataset ({COMPONENTS_FILE} holds its images' cost "
-                "components), which annotate cannot count; a new index would drop them: "
-                "re-run `bcl-stream preprocess --processor DIR` from its source records"
-            )
+        _refuse_to_write_over(location, target, root, names, part, overwrite)
         mds = read_mds_index(root)["shards"] if fmt == "mds" else None
-        everything = (
-            [s["raw_data"]["basename"] for s in mds]
-            if mds is not None
-            else sorted(n for n in names if n.endswith(WDS_SUFFIXES) and "/" not in n)
-            if names is not None
-            else wds_shards_on_disk(root)
-        )
-        if chosen is None and not everything:
-            chosen = RecordSource()  # no shard to look at: refused below as holding no records
-        if chosen is None:  # nothing named: the kind preprocess would see (source_layout.py)
-            columns = (
-                mds_columns(mds[0])
-                if mds
-                else wds_columns(_first_tar(location, root, everything, names, Path(tmp)))
-            )
-            chosen = detected_source(columns, given.tokenizer, given.loss_on, location)
+        everything = _shard_names(root, mds, names)
+        if chosen is None:
+            chosen = _detected(given, location, root, everything, mds, names, Path(tmp))
         counting = Counting(chosen, length_field)
         span = range(len(everything)) if part is None else shard_span(len(everything), part)
-        checked_shards = set(spread(list(span), LENGTH_CHECK_SHARDS))
-        jobs = [
-            ShardJob(
-                str(root),
-                _stored_name(everything[i], mds, i, names),
-                None if mds is None else mds[i],
-                counting,
-                i in checked_shards,
-            )
-            for i in span
-        ]
+        jobs = _shard_jobs(root, everything, mds, names, counting, span)
         fetch, done = _fetcher(location, Path(tmp) / "shards") if remote else (None, None)
-        counts: list[int] = []
-        trained = array("I")
-        masked = False
-        hashes = array("Q")
-        key_names = False  # some all-digit record key is not its record's id (wds_keys)
-        shards: list[ShardEntry] = []
-        checked = 0
-        # The bar's total: records (MDS: index.json counts them), or shards (WebDataset).
-        total = None if mds is None else sum(int(mds[i]["samples"]) for i in span)
-        unit = "shard" if mds is None else "rec"
-        with tqdm(
-            total=len(jobs) if mds is None else total,
-            unit=unit,
-            desc="annotate",
-            disable=not progress,
-            mininterval=0.5,
-        ) as bar:
-            results = map_shards(count_shard, jobs, workers=workers, fetch=fetch, done=done)
-            for i, (shard_counts_, shard_trained, shard_hashes, shard_checked, ids) in zip(
-                span, results, strict=True
-            ):
-                key_names |= ids is not None and keys_are_names(ids, len(counts))
-                counts += shard_counts_
-                masked |= shard_trained is not None
-                trained.extend(
-                    [max(n - 1, 0) for n in shard_counts_]
-                    if shard_trained is None
-                    else shard_trained
-                )
-                checked += shard_checked
-                hashes += shard_hashes
-                shards.append(ShardEntry(everything[i], len(shard_counts_)))
-                bar.update(1 if mds is None else len(shard_counts_))
+        tally = _count_shards(jobs, span, everything, mds, workers, fetch, done, progress)
+        shards = tally.shards
         if mds is not None:
             shards = shard_entries([mds[i] for i in span], join(location, MDS_INDEX))
-        if not counts and part is None:
+        if not tally.counts and part is None:
             raise DatasetError(f"{location}: the dataset holds no records; nothing to annotate")
-        record = counting.record()
-        if chosen.tokenizer is not None:
-            record["tokenizer_id"] = tokenizer_identity(chosen.tokenizer)
-        extra: dict[str, Any] = {"annotate": record}
-        if key_names and part is None:
-            extra[RECORD_KEYS] = NAMES
-        if length_field is not None:  # apart from "annotate", which the parts of a merge share
-            extra["length_check"] = {"records": checked}
-        if part is not None:
-            extra["part"] = part_record(part, "annotate", _shard_identity(everything))
-        model = resolve(cost_model)
-        _check_costs(model, counts, shards, location)
-        index = CostIndex.build(
-            counts,
-            model,
-            shards,
-            fmt,
-            extra,
-            np.frombuffer(hashes, dtype=np.uint64),
-            np.frombuffer(trained, dtype=np.uint32) if masked else None,
-        )
+        extra = _index_extra(counting, tally, length_field, part, everything)
+        index = _built_index(tally, resolve(cost_model), shards, fmt, extra, location)
         _write(index, root, location, target, part, Path(tmp) / "out")
         return index
+
+
+def _count_shards(
+    jobs: list[ShardJob],
+    span: range,
+    everything: list[str],
+    mds: list[dict[str, Any]] | None,
+    workers: int,
+    fetch: Any,
+    done: Any,
+    progress: bool,
+) -> _Tally:
+    """Count every job's shard (``workers`` processes, results in shard order) under a
+    progress bar of records (MDS: ``index.json`` counts them) or of shards (WebDataset)."""
+    tally = _Tally()
+    with tqdm(
+        total=len(jobs) if mds is None else sum(int(mds[i]["samples"]) for i in span),
+        unit="shard" if mds is None else "rec",
+        desc="annotate",
+        disable=not progress,
+        mininterval=0.5,
+    ) as bar:
+        results = map_shards(count_shard, jobs, workers=workers, fetch=fetch, done=done)
+        for i, result in zip(span, results, strict=True):
+            added = tally.add(result, everything[i])
+            bar.update(1 if mds is None else added)
+    return tally
+
+
+def _built_index(
+    tally: _Tally,
+    model: CostModel,
+    shards: list[ShardEntry],
+    fmt: Format,
+    extra: dict[str, Any],
+    location: str,
+) -> CostIndex:
+    """The cost index of what was counted, once ``model`` is known to cost every record."""
+    _check_costs(model, tally.counts, shards, location)
+    return CostIndex.build(
+        tally.counts,
+        model,
+        shards,
+        fmt,
+        extra,
+        np.frombuffer(tally.hashes, dtype=np.uint64),
+        np.frombuffer(tally.trained, dtype=np.uint32) if tally.masked else None,
+    )
+
+
+def _refuse_to_write_over(
+    location: str,
+    target: str,
+    root: Path,
+    names: set[str] | None,
+    part: Part | None,
+    overwrite: bool,
+) -> None:
+    """Refuse before any shard is read: an existing cost index without ``overwrite``, or an
+    image-text dataset, whose images' cost components a new index would drop."""
+    if _has_index(target, names, part) and not overwrite:
+        raise DatasetError(
+            f"{join(target, INDEX_JSON)} already exists; pass --overwrite to replace the cost index"
+        )
+    if (root / COMPONENTS_FILE).is_file():  # an image-text dataset (docs/vlm.md)
+        raise DatasetError(
+            f"{location}: an image-text dataset ({COMPONENTS_FILE} holds its images' cost "
+            "components), which annotate cannot count; a new index would drop them: "
+            "re-run `bcl-stream preprocess --processor DIR` from its source records"
+        )
+
+
+def _shard_names(root: Path, mds: list[dict[str, Any]] | None, names: set[str] | None) -> list[str]:
+    """Every shard of the dataset in reading order: MDS as ``index.json`` lists them, else the
+    tars at the top of the listing (remote) or of the directory (local)."""
+    if mds is not None:
+        return [s["raw_data"]["basename"] for s in mds]
+    if names is not None:
+        return sorted(n for n in names if n.endswith(WDS_SUFFIXES) and "/" not in n)
+    return wds_shards_on_disk(root)
+
+
+def _detected(
+    given: RecordSource,
+    location: str,
+    root: Path,
+    everything: list[str],
+    mds: list[dict[str, Any]] | None,
+    names: set[str] | None,
+    tmp: Path,
+) -> RecordSource:
+    """Nothing named: the record kind ``preprocess`` would see in the first shard's columns
+    (``source_layout.py``), under the given tokenizer and ``loss_on``. No shard at all: the
+    default source, and the dataset is refused later as holding no records."""
+    if not everything:
+        return RecordSource()
+    columns = (
+        mds_columns(mds[0])
+        if mds
+        else wds_columns(_first_tar(location, root, everything, names, tmp))
+    )
+    return detected_source(columns, given.tokenizer, given.loss_on, location)
+
+
+def _shard_jobs(
+    root: Path,
+    everything: list[str],
+    mds: list[dict[str, Any]] | None,
+    names: set[str] | None,
+    counting: Counting,
+    span: range,
+) -> list[ShardJob]:
+    """One job per shard of ``span``; a length column is checked on a spread sample of them."""
+    checked_shards = set(spread(list(span), LENGTH_CHECK_SHARDS))
+    return [
+        ShardJob(
+            str(root),
+            _stored_name(everything[i], mds, i, names),
+            None if mds is None else mds[i],
+            counting,
+            i in checked_shards,
+        )
+        for i in span
+    ]
+
+
+@dataclass
+class _Tally:
+    """What the shards' counts add up to, gathered in shard order (so the index is the same
+    for any number of workers)."""
+
+    counts: list[int] = field(default_factory=list)
+    trained: array[int] = field(default_factory=lambda: array("I"))
+    masked: bool = False
+    """Some shard stored trained-token masks (else every token but the first is trained)."""
+    hashes: array[int] = field(default_factory=lambda: array("Q"))
+    key_names: bool = False
+    """Some all-digit record key is not its record's id (``wds_keys``)."""
+    shards: list[ShardEntry] = field(default_factory=list)
+    checked: int = 0
+    """Records on which a length column was checked."""
+
+    def add(
+        self,
+        result: tuple[list[int], list[int] | None, array[int], int, array[int] | None],
+        name: str,
+    ) -> int:
+        """Add one shard's :func:`count_shard` result; output: its record count."""
+        counts, trained, hashes, checked, ids = result
+        self.key_names |= ids is not None and keys_are_names(ids, len(self.counts))
+        self.counts += counts
+        self.masked |= trained is not None
+        self.trained.extend([max(n - 1, 0) for n in counts] if trained is None else trained)
+        self.checked += checked
+        self.hashes += hashes
+        self.shards.append(ShardEntry(name, len(counts)))
+        return len(counts)
+
+
+def _index_extra(
+    counting: Counting,
+    tally: _Tally,
+    length_field: str | None,
+    part: Part | None,
+    everything: list[str],
+) -> dict[str, Any]:
+    """The index's ``extra``: what was counted (``annotate``, shared by the parts of a merge),
+    record keys kept as names, the length check, and a part's place in the shard list."""
+    record = counting.record()
+    if counting.source.tokenizer is not None:
+        record["tokenizer_id"] = tokenizer_identity(counting.source.tokenizer)
+    extra: dict[str, Any] = {"annotate": record}
+    if tally.key_names and part is None:
+        extra[RECORD_KEYS] = NAMES
+    if length_field is not None:  # apart from "annotate", which the parts of a merge share
+        extra["length_check"] = {"records": tally.checked}
+    if part is not None:
+        extra["part"] = part_record(part, "annotate", _shard_identity(everything))
+    return extra
 
 
 def _check_costs(

@@ -197,10 +197,16 @@ def _open_writer(
     shard_size_limit: int | str | None,
     compression: str | None,
     maxcount: int,
-    key_prefix: str = "",
-    loss_spans: bool = False,
+    part: Part | None = None,
+    loss_on: str = "all",
     columns: dict[str, str] | None = None,
 ) -> Any:
+    """The writer of the output's shards: a part's shards are named after the part; MDS
+    columns are fixed per dataset, so every record gets ``loss_spans`` unless nothing is
+    masked (``loss_on="all"``; a text record stores [0, L]: every token trained, the count of
+    no mask)."""
+    key_prefix = "" if part is None else f"{part.name}-"
+    loss_spans = loss_on != "all"  # under "all" no record is masked
     if fmt == "mds":
         # A local uncompressed output of the columns it can encode (text records' ids and
         # source) is written without importing streaming (which imports torch: seconds before
@@ -348,37 +354,33 @@ def _preprocess(
     maxcount: int,
     progress: bool,
 ) -> PreprocessReport:
+    """Read, tokenize and write the records of ``inputs`` (the locked output checked and
+    prepared first), refusing or skipping the bad; a failed run leaves no empty dataset."""
     model = resolve(cost_model)
     policy = OutlierPolicy(max_record_tokens, outliers)
-    replace = part is not None
     # The output is checked before the tokenizer loads (a second or more).
-    check_output(output, overwrite=overwrite, replace_incomplete=replace)
+    check_output(output, overwrite=overwrite, replace_incomplete=part is not None)
     pieces: list[str | InputSlice] = list(inputs if part is None else input_slices(inputs, part))
     if sum(_bytes(p) for p in pieces) < SMALL_INPUT_BYTES:
         workers = 1  # starting a worker (spawn, imports, tokenizer) costs more than it saves
     encoder = options.encoder()  # fail fast, before any output exists
     tok_name = encoder.tokenizer.name
     created = not os.path.exists(output.removeprefix("file://"))
-    prepare_output(output, overwrite=overwrite, replace_incomplete=replace)
+    prepare_output(output, overwrite=overwrite, replace_incomplete=part is not None)
     report = PreprocessReport(output, format, list(inputs), tok_name, model.name)
     report.loss_on = options.loss_on
     report.chat_template_kwargs = options.template_kwargs
     counts: Counter[str] = Counter()
-    skipped: Counter[str] = Counter()
-    skip_list = _SkipList()
-    prefix = "" if part is None else f"{part.name}-"
-
-    # MDS columns are fixed per dataset: every record gets loss_spans unless nothing is masked
-    # (a text record stores [0, L]: every token trained, the count of no mask).
-    masks = options.loss_on != "all"  # under "all" no record is masked
     images = None if options.processor is None else ImageColumns(format, encoder)
     writer = _open_writer(
-        format, output, model, shard_size_limit, compression, maxcount, prefix, masks,
+        format, output, model, shard_size_limit, compression, maxcount, part, options.loss_on,
         None if images is None else images.mds_columns,
     )  # fmt: skip
     start = time.perf_counter()  # after the writer's imports (streaming for s3:// MDS: seconds)
-    timing: dict[str, float] = {"read": 0.0, "write": 0.0}
-    raws = _timed(read_records(pieces, counts, report.empty_inputs if skip_bad else None), timing)
+    sink = _Sink(writer, report, model, policy, images, skip_bad)
+    raws = _timed(
+        read_records(pieces, counts, report.empty_inputs if skip_bad else None), sink.timing
+    )
     # The total is known in bytes (records are not counted before they are read): the bar
     # follows the input read, so it shows a rate and a time left.
     total = sum(_bytes(p) for p in pieces)
@@ -392,88 +394,132 @@ def _preprocess(
     )
     stream = None
     try:
-        stream = tokenize_stream(raws, options, workers=workers, seconds=timing)
+        stream = tokenize_stream(raws, options, workers=workers, seconds=sink.timing)
         for source, result in stream:
             bar.update(min(counts["bytes_read"], total) - bar.n)
-            if isinstance(result, Bad):
-                if not skip_bad:
-                    raise _bad_error(result)
-                skipped[result.reason] += 1
-                skip_list.add(writer, result)
-                continue
-            if images is not None:  # --processor: image fields and components (vision/)
-                image_result = images.admit(source, result, policy.max_record_tokens, policy.policy)
-                if isinstance(image_result, Bad):
-                    if not skip_bad:
-                        raise _bad_error(image_result)
-                    skipped[image_result.reason] += 1
-                    skip_list.add(writer, image_result)
-                    continue
-                result = image_result.encoded
-            sample = _cut(source, result, policy)
-            if sample is None:
-                continue
-            if model.first_overflow([sample.ids.size]) is not None:
-                bad = Bad(source, "cost_overflow", model.overflow_message(int(sample.ids.size)))
-                if not skip_bad:
-                    raise _bad_error(bad)
-                skipped[bad.reason] += 1
-                skip_list.add(writer, bad)
-                continue
-            t0 = time.perf_counter()
-            record: dict[str, Any] = {"input_ids": sample.ids, "source": source}
-            if sample.spans is not None:
-                record["loss_spans"] = sample.spans
-            if images is not None:
-                record.update(images.fields())
-            writer.write(record)
-            timing["write"] += time.perf_counter() - t0
-            report.records_written += 1
-            report.tokens_written += int(sample.ids.size)
-            report.trained_tokens_written += sample.trained
-            report.masked_records += sample.spans is not None
+            sink.take(source, result)
         if report.records_written == 0 and part is None:  # an empty part is a valid part
-            raise DatasetError(
-                f"no records to write: {counts['records_read']} read, "
-                f"{sum(skipped.values())} skipped as bad ({dict(skipped)}), "
-                f"{policy.dropped + policy.dropped_untrained} dropped as outliers, {len(report.empty_inputs)} empty inputs skipped. Check "
-                "the inputs, --text-field and --messages-field."
-            )
-        report.records_read = counts["records_read"]
-        report.bytes_read = counts["bytes_read"]
-        report.blank_lines = counts["blank_lines"]
-        report.skipped_bad = dict(skipped)
-        report.skipped_first = skip_list.first
-        report.skipped_file = skip_list.publish(writer)
-        report.outliers = policy.to_dict()
-        report.seconds = time.perf_counter() - start
-        report.seconds_parse = timing["parse"]
-        report.seconds_tokenize = timing["tokenize"]
-        report.seconds_read = timing["read"]
-        report.seconds_write = timing["write"]
-        writer.extra.update(
-            preprocess=report.to_dict(), tokenizer=tok_name, chat_template=encoder.describe()
-        )
+            raise sink.nothing_written(counts)
+        # The index's extra: the report first, then what the records were encoded with.
+        extra: dict[str, Any] = {"tokenizer": tok_name, "chat_template": encoder.describe()}
         if part is not None:
-            writer.extra["part"] = part_record(part, "preprocess", input_identity(inputs))
-        if images is not None:
-            images.seal(writer)
-        t0 = time.perf_counter()
-        index = writer.finish()
-        report.seconds_finish = time.perf_counter() - t0
-        report.shards = len(index.shards)
-        report.seconds = time.perf_counter() - start
+            extra["part"] = part_record(part, "preprocess", input_identity(inputs))
+        sink.finish(counts, start, extra)
     except BaseException:
         writer.abort()
         if created:
             remove_if_empty(output)  # a failed run leaves no empty "dataset" behind
         raise
     finally:
-        skip_list.close()
+        sink.skip_list.close()
         bar.close()
         if stream is not None:
             stream.close()  # stops the worker pool now, not when the generator is collected
     return report
+
+
+@dataclass
+class _Sink:
+    """Where the tokenized records go, in input order: an admitted record to the writer
+    (counted in the report), a bad one refused at once or, under ``skip_bad``, counted by
+    reason and listed (:class:`_SkipList`), an outlier to the outlier policy."""
+
+    writer: Any
+    report: PreprocessReport
+    model: CostModel
+    policy: OutlierPolicy
+    images: ImageColumns | None
+    """``--processor``: the image fields and cost components (``vision/``)."""
+    skip_bad: bool
+    timing: dict[str, float] = field(default_factory=lambda: {"read": 0.0, "write": 0.0})
+    """Seconds spent per stage (the tokenizer pool adds ``parse`` and ``tokenize``)."""
+    skipped: Counter[str] = field(default_factory=Counter)
+    skip_list: _SkipList = field(default_factory=lambda: _SkipList())
+
+    def take(self, source: str, result: Encoded | Bad) -> None:
+        """Write, skip (or refuse) or drop one tokenized record."""
+        sample = self._admitted(source, result)
+        if isinstance(sample, Bad):
+            if not self.skip_bad:
+                raise _bad_error(sample)
+            self.skipped[sample.reason] += 1
+            self.skip_list.add(self.writer, sample)
+        elif sample is not None:
+            self._write(source, sample)
+
+    def _admitted(self, source: str, result: Encoded | Bad) -> Encoded | Bad | None:
+        """The record to write, or why it is bad (its encoding, its images, a cost past what
+        the index stores), or None: dropped (or truncated) by the outlier policy."""
+        if isinstance(result, Bad):
+            return result
+        if self.images is not None:
+            admitted = self.images.admit(
+                source, result, self.policy.max_record_tokens, self.policy.policy
+            )
+            if isinstance(admitted, Bad):
+                return admitted
+            result = admitted.encoded
+        sample = _cut(source, result, self.policy)
+        if sample is None:
+            return None
+        if self.model.first_overflow([sample.ids.size]) is not None:
+            message = self.model.overflow_message(int(sample.ids.size))
+            return Bad(source, "cost_overflow", message)
+        return sample
+
+    def _write(self, source: str, sample: Encoded) -> None:
+        t0 = time.perf_counter()
+        record: dict[str, Any] = {"input_ids": sample.ids, "source": source}
+        if sample.spans is not None:
+            record["loss_spans"] = sample.spans
+        if self.images is not None:
+            record.update(self.images.fields())
+        self.writer.write(record)
+        self.timing["write"] += time.perf_counter() - t0
+        self.report.records_written += 1
+        self.report.tokens_written += int(sample.ids.size)
+        self.report.trained_tokens_written += sample.trained
+        self.report.masked_records += sample.spans is not None
+
+    def nothing_written(self, counts: Counter[str]) -> DatasetError:
+        """The refusal of a whole dataset with no record to write, saying where they went."""
+        policy = self.policy
+        return DatasetError(
+            f"no records to write: {counts['records_read']} read, "
+            f"{sum(self.skipped.values())} skipped as bad ({dict(self.skipped)}), "
+            f"{policy.dropped + policy.dropped_untrained} dropped as outliers, {len(self.report.empty_inputs)} empty inputs skipped. Check "
+            "the inputs, --text-field and --messages-field."
+        )
+
+    def finish(self, counts: Counter[str], start: float, extra: dict[str, Any]) -> None:
+        """Complete the report and close the dataset: the index's ``extra`` holds the report
+        (then ``extra``), so the report is filled before the writer finishes, and its
+        finishing time and shard count after."""
+        self._fill_report(counts, start)
+        self.writer.extra.update(preprocess=self.report.to_dict(), **extra)
+        if self.images is not None:
+            self.images.seal(self.writer)
+        t0 = time.perf_counter()
+        index = self.writer.finish()
+        self.report.seconds_finish = time.perf_counter() - t0
+        self.report.shards = len(index.shards)
+        self.report.seconds = time.perf_counter() - start
+
+    def _fill_report(self, counts: Counter[str], start: float) -> None:
+        """The report's read counts, skips, outliers and timings."""
+        report = self.report
+        report.records_read = counts["records_read"]
+        report.bytes_read = counts["bytes_read"]
+        report.blank_lines = counts["blank_lines"]
+        report.skipped_bad = dict(self.skipped)
+        report.skipped_first = self.skip_list.first
+        report.skipped_file = self.skip_list.publish(self.writer)
+        report.outliers = self.policy.to_dict()
+        report.seconds = time.perf_counter() - start
+        report.seconds_parse = self.timing["parse"]
+        report.seconds_tokenize = self.timing["tokenize"]
+        report.seconds_read = self.timing["read"]
+        report.seconds_write = self.timing["write"]
 
 
 def _cut(source: str, encoded: Encoded, policy: OutlierPolicy) -> Encoded | None:

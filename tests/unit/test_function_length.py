@@ -20,21 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("bcl_stream", "lightning_module")
 MAX_LINES = 80
 
-ALLOWED: Mapping[str, str] = {
-    "bcl_stream/preprocess/annotate.py:annotate": (
-        "restates the token-source knobs flat (14 parameters); issue #40 item 3's one "
-        "record-source declaration reshapes its signature and source building (another "
-        "change owns them)"
-    ),
-    "bcl_stream/preprocess/pipeline.py:_preprocess": (
-        "restates the token-source knobs flat (18 parameters); issue #40 item 3's one "
-        "record-source declaration reshapes it (another change owns it)"
-    ),
-    "bcl_stream/commands/preprocess.py:add_parser": (
-        "the preprocess command's token-source options; issue #40 item 3 declares them once "
-        "(another change owns them)"
-    ),
-}
+ALLOWED: Mapping[str, str] = {}
 """``path:qualified name`` -> why it is still longer than :data:`MAX_LINES`."""
 
 
