@@ -27,6 +27,21 @@ COST_MAX = float(np.finfo(np.float32).max)
 a model whose cost of a record passes this stores ``inf`` and every plan over it fails."""
 
 
+def check_coefficients(owner: str, a: float, b: float, k: float) -> None:
+    """Refuse a coefficient of a*x + b*x^2 + k that is negative or not finite: a negative
+    one would rank longer records cheaper, a NaN would poison every plan over it."""
+    for field, value in (("a", a), ("b", b), ("k", k)):
+        if not np.isfinite(value) or value < 0:
+            raise ValueError(f"{owner}.{field} must be finite and >= 0, got {value!r}")
+
+
+def quadratic_cost(a: float, b: float, k: float, x: npt.ArrayLike) -> npt.NDArray[np.float64]:
+    """a*x + b*x^2 + k for every x (float64): a record's cost from its tokens, an image's
+    from its patches."""
+    length = np.asarray(x, dtype=np.float64)
+    return a * length + b * length * length + k
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelShape:
     """The shape of a decoder-only transformer, as its public ``config.json`` gives it."""
@@ -70,17 +85,13 @@ class CostModel:
     """Where the coefficients come from (a config, a fit): for audits."""
 
     def __post_init__(self) -> None:
-        for field in ("a", "b", "k"):
-            value = getattr(self, field)
-            if not np.isfinite(value) or value < 0:
-                raise ValueError(f"CostModel.{field} must be finite and >= 0, got {value!r}")
+        check_coefficients("CostModel", self.a, self.b, self.k)
         if self.a == 0 and self.b == 0 and self.k == 0:
             raise ValueError("CostModel needs at least one of a, b, k > 0 (all are 0)")
 
     def cost(self, tokens: npt.ArrayLike) -> npt.NDArray[np.float64]:
         """Per-record cost for an array of token counts (float64; exact for the presets)."""
-        length = np.asarray(tokens, dtype=np.float64)
-        return self.a * length + self.b * length * length + self.k
+        return quadratic_cost(self.a, self.b, self.k, tokens)
 
     def first_overflow(self, tokens: npt.ArrayLike) -> int | None:
         """Index of the first token count whose cost is not a finite float32 (what the cost

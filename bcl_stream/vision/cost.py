@@ -47,8 +47,10 @@ from bcl_stream.cost import (
     SHAPES,
     CostModel,
     ModelShape,
+    check_coefficients,
     from_shape,
     nonnegative_lstsq,
+    quadratic_cost,
     r2_score,
 )
 from bcl_stream.vision.components import RecordComponents
@@ -82,15 +84,11 @@ class VisionCost:
     source: str = ""
 
     def __post_init__(self) -> None:
-        for field in ("a", "b", "k"):
-            value = getattr(self, field)
-            if not np.isfinite(value) or value < 0:
-                raise ValueError(f"VisionCost.{field} must be finite and >= 0, got {value!r}")
+        check_coefficients("VisionCost", self.a, self.b, self.k)
 
     def image_costs(self, patches: npt.ArrayLike) -> npt.NDArray[np.float64]:
         """Cost of each image from its patch count."""
-        p = np.asarray(patches, dtype=np.float64)
-        return self.a * p + self.b * p * p + self.k
+        return quadratic_cost(self.a, self.b, self.k, patches)
 
     def record_costs(self, components: RecordComponents) -> npt.NDArray[np.float64]:
         """Vision cost per record: the sum over its images (0 for a text-only record)."""
