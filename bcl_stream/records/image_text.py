@@ -120,15 +120,24 @@ def read_image_record(
             )
         raw_sources = list(field_sources)
     messages = [_unmarked(m) for m in layout.messages]
+    images = _loaded_images(source, raw_sources, base)
+    if isinstance(images, Bad):
+        return images
+    conv = Conversation(messages, layout.tools, layout.completion_from, layout.template_kwargs)
+    return ImageRecord(conv, images)
+
+
+def _loaded_images(source: str, raws: list[Any], base: str | None) -> tuple[bytes, ...] | Bad:
+    """Every image's bytes, in order; the first that cannot be read makes the record bad
+    (``image_missing`` for a file not found, so a moved image folder is told apart)."""
     images = []
-    for i, raw in enumerate(raw_sources):
+    for i, raw in enumerate(raws):
         data = image_bytes(raw, base)
         if isinstance(data, str):
             return Bad(source, "image_missing" if "not found" in data else "bad_images",
                        f"image {i}: {data}")  # fmt: skip
         images.append(data)
-    conv = Conversation(messages, layout.tools, layout.completion_from, layout.template_kwargs)
-    return ImageRecord(conv, tuple(images))
+    return tuple(images)
 
 
 def _field_images(record: dict[str, Any]) -> list[Any] | Bad:
@@ -160,14 +169,10 @@ def _caption_record(
         {"role": "user", "content": parts},
         {"role": "assistant", "content": [{"type": "text", "text": caption}]},
     ]
-    data = []
-    for i, raw in enumerate(images):
-        got = image_bytes(raw, base)
-        if isinstance(got, str):
-            return Bad(source, "image_missing" if "not found" in got else "bad_images",
-                       f"image {i}: {got}")  # fmt: skip
-        data.append(got)
-    return ImageRecord(Conversation(messages), tuple(data))
+    data = _loaded_images(source, images, base)
+    if isinstance(data, Bad):
+        return data
+    return ImageRecord(Conversation(messages), data)
 
 
 def _marked_message(message: Any, sources: list[Any]) -> Any:
