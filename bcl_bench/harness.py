@@ -55,6 +55,23 @@ def bench_parser(
     return parser
 
 
+def parse_or_print_table(
+    parser: argparse.ArgumentParser,
+    argv: list[str] | None,
+    markdown: Callable[[dict[str, Any]], str],
+) -> argparse.Namespace | None:
+    """``argv`` parsed with ``--markdown FILE`` added, or None once the table of that result
+    JSON is printed: a benchmark's docs table is redrawn from a committed result, not rerun."""
+    parser.add_argument(
+        "--markdown", type=Path, default=None, help="only print the table of this result JSON"
+    )
+    args = parser.parse_args(argv)
+    if args.markdown is None:
+        return args
+    print(markdown(json.loads(args.markdown.read_text())), end="")
+    return None
+
+
 def _cpu_model() -> str:
     """The CPU's marketing name (``/proc/cpuinfo`` on Linux), else what ``platform`` knows."""
     try:

@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from bcl_bench.plan_scale import PACK, PER_NODE, SHARD, WINDOW, private_rss
+from bcl_bench import plan_scale
+from bcl_bench.plan_scale import PER_NODE, SHARD, private_rss
 from bcl_stream.analysis.sim import SimConfig, plan_config
 from bcl_stream.cost import get_preset
 from bcl_stream.planner import ShardTable, build_node_streams, plan_windows
@@ -58,14 +59,8 @@ def write_index(n: int, tokens_path: Path, costs_path: Path) -> None:
 def job(contract: str, nodes: int, per_node: int) -> SimConfig:
     """The job: B=8, W=16, G=4, shards of 4096; ``tokens``: T = 16,384 per micro-batch."""
     extra: dict[str, Any] = {"contract": "tokens", "max_tokens": MAX_TOKENS}
-    return SimConfig(
-        ranks=nodes * per_node,
-        ranks_per_node=per_node,
-        pack_size=PACK,
-        window=WINDOW,
-        shard_records=SHARD,
-        grad_accum=ACCUM,
-        **(extra if contract == "tokens" else {}),
+    return plan_scale.job(
+        nodes, per_node, grad_accum=ACCUM, **(extra if contract == "tokens" else {})
     )
 
 

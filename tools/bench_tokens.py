@@ -22,7 +22,6 @@ benchmarks split them: ``text_corpora.TUNE`` (what any default was chosen on) an
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from bcl_bench import text_corpora
-from bcl_bench.harness import RESULTS, bench_parser, write_result
+from bcl_bench.harness import RESULTS, bench_parser, parse_or_print_table, write_result
 from bcl_stream.analysis.sim import (
     SimConfig,
     budget_figures,
@@ -268,12 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="skip verl_dynbsz held to the same peak memory (a bisection of its budget)",
     )
-    parser.add_argument(
-        "--markdown", type=Path, default=None, help="only print the table of this result JSON"
-    )
-    args = parser.parse_args(argv)
-    if args.markdown is not None:
-        print(markdown(json.loads(args.markdown.read_text())), end="")
+    args = parse_or_print_table(parser, argv, markdown)
+    if args is None:
         return 0
     rows = []
     for spec in args.corpora:

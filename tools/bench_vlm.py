@@ -43,7 +43,6 @@ gets no credit for it.
 from __future__ import annotations
 
 import csv
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -53,7 +52,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_bench import text_corpora
-from bcl_bench.harness import RESULTS, ROOT, bench_parser, write_result
+from bcl_bench.harness import RESULTS, ROOT, bench_parser, parse_or_print_table, write_result
 from bcl_stream.analysis.sim import SimConfig, plan_schedules, shard_table
 from bcl_stream.analysis.terms import term_figures
 from bcl_stream.planner.padded import ragged_pack_costs
@@ -275,12 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=20_000, help="records per half")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--cost-models", nargs="+", default=list(COST_MODELS), choices=COST_MODELS)
-    parser.add_argument(
-        "--markdown", type=Path, default=None, help="only print the table of this result JSON"
-    )
-    args = parser.parse_args(argv)
-    if args.markdown is not None:
-        print(markdown(json.loads(args.markdown.read_text())), end="")
+    args = parse_or_print_table(parser, argv, markdown)
+    if args is None:
         return 0
     rows = []
     for cost_model in args.cost_models:
