@@ -28,9 +28,11 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
+C = TypeVar("C")
 
 
 class StatefulLoader(Protocol):
@@ -116,6 +118,47 @@ def run_test_save_load_state(
         # The resumed loader's epochs end where the reference's do.
         ends = set(itertools.accumulate((len(c) for c in after), initial=done))
         assert ends - {done} <= set(bounds), f"resume after {k}: epoch bounds"
+
+
+@dataclass
+class ElasticRun:
+    """What :func:`run_elastic_resume` read: the record ids before the save and after the
+    resume, the state saved, and the resumed loaders (one per new rank, each read to its end)."""
+
+    state: dict[str, Any]
+    """The state the new ranks loaded (through JSON)."""
+    consumed: list[Hashable]
+    rest: list[Hashable]
+    resumed: list[Any]
+    lengths: set[int]
+    """``len`` of each resumed loader right after its state was loaded."""
+
+    @property
+    def ids(self) -> list[Hashable]:
+        return self.consumed + self.rest
+
+
+def run_elastic_resume(
+    make_loader: Callable[[C, int], Any], saved: C, resized: C, old: int, new: int, packs: int
+) -> ElasticRun:
+    """Read ``packs`` packs on each of ``old`` ranks (``make_loader(saved, rank)``), save the
+    last rank's state through JSON (a checkpoint holds one), load it into each of ``new``
+    ranks' fresh loaders (``make_loader(resized, rank)``) and read them to their end. The
+    test checks what comes back: every record once, the same length on every new rank."""
+    consumed: list[Hashable] = []
+    state: dict[str, Any] = {}
+    for rank in range(old):
+        loader = make_loader(saved, rank)
+        consumed += [i for chunk in take(loader, packs) for pack in chunk for i in pack]
+        state = json.loads(json.dumps(loader.state_dict()))
+    run = ElasticRun(state, consumed, [], [], set())
+    for rank in range(new):
+        loader = make_loader(resized, rank)
+        loader.load_state_dict(state)
+        run.lengths.add(len(loader))
+        run.rest += [i for pack in loader for i in pack_key(pack)]
+        run.resumed.append(loader)
+    return run
 
 
 def check_resumed_runs(

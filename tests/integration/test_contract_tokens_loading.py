@@ -176,7 +176,7 @@ def test_elastic_resume_uses_every_record_once(
 ) -> None:
     """A state saved after ``after`` micro-batches on ``old`` ranks resumes on ``new``: the
     records of the old ranks' first micro-batches are consumed, the rest re-planned."""
-    from resume_harness import take
+    from resume_harness import run_elastic_resume
 
     from bcl_stream.epoch.plan import ReaderConfig
     from bcl_stream.formats.mds_reader import MDSPackDataset
@@ -185,24 +185,19 @@ def test_elastic_resume_uses_every_record_once(
     config = ReaderConfig.build(
         world_size=old, window=W, grad_accum=G, contract="tokens", max_tokens=T, seed=2
     )
-    consumed: list[int] = []
-    state: dict[str, Any] = {}
-    for rank in range(old):
-        loader = PackLoader(MDSPackDataset(mds_dir, config, rank))
-        consumed += [i for p in take(loader, after) for pack in p for i in pack]
-        state = json.loads(json.dumps(loader.state_dict()))
     resized = config.resized(ProcessLayout(world_size=new, ranks_per_node=1))
-    rest: list[int] = []
-    lengths = set()
-    for rank in range(new):
-        loader = PackLoader(MDSPackDataset(mds_dir, resized, rank))
-        loader.load_state_dict(state)
-        lengths.add(len(loader))
-        rest += [int(s["sample_id"]) for p in loader for s in p]
-    assert len(lengths) == 1
-    dataset = loader.plan_dataset
+    run = run_elastic_resume(
+        lambda c, rank: PackLoader(MDSPackDataset(mds_dir, c, rank)),
+        config,
+        resized,
+        old,
+        new,
+        after,
+    )
+    assert len(run.lengths) == 1
+    dataset = run.resumed[-1].plan_dataset
     left = full_plan(dataset.index, resized, 0, dataset.segments).plan.remainder
-    check_every_record_once(consumed + rest, 300, left_out=left)
+    check_every_record_once(run.ids, 300, left_out=left)
 
 
 def test_fabric_save_load_resumes_the_token_micro_batches_exactly(

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from pack_oracles import check_every_record_once
-from resume_harness import pack_key, run_test_save_load_state, take
+from resume_harness import pack_key, run_elastic_resume, run_test_save_load_state, take
 
 from bcl_stream.epoch.full_plan import full_plan
 from bcl_stream.epoch.plan import ReaderConfig, Segment
@@ -100,28 +100,26 @@ def test_elastic_resume_uses_every_record_once(
     old: int, new: int, after: int, mds_dir: Path
 ) -> None:
     config = ReaderConfig.build(world_size=old, pack_size=4, window=3, seed=2)
-    consumed: list[int] = []
-    state: dict[str, Any] = {}
-    for rank in range(old):
-        loader = PackLoader(_dataset("mds", mds_dir, config, rank))
-        consumed += [i for p in take(loader, after) for pack in p for i in pack]
-        state = json.loads(json.dumps(loader.state_dict()))
     resized = config.resized(ProcessLayout(world_size=new, ranks_per_node=1))
-    rest: list[int] = []
-    lengths = set()
-    for rank in range(new):
-        loader = PackLoader(_dataset("mds", mds_dir, resized, rank))
-        loader.load_state_dict(state)
-        lengths.add(len(loader))
-        rest += [int(s["sample_id"]) for p in loader for s in p]
-        assert loader.state_dict()["epoch"] == 1  # the elastic epoch ended; next is a full one
+    run = run_elastic_resume(
+        lambda c, rank: PackLoader(_dataset("mds", mds_dir, c, rank)),
+        config,
+        resized,
+        old,
+        new,
+        after,
+    )
+    for loader in run.resumed:  # the elastic epoch ended; next is a full one
+        assert loader.state_dict()["epoch"] == 1
         assert loader.state_dict()["segments"] == []
-    assert len(lengths) == 1
-    dataset = loader.plan_dataset
+    assert len(run.lengths) == 1
+    dataset = run.resumed[-1].plan_dataset
     left = full_plan(dataset.index, resized, 0, dataset.segments).plan.remainder
-    check_every_record_once(consumed + rest, 300, left_out=left)
+    check_every_record_once(run.ids, 300, left_out=left)
     with pytest.raises(StateError, match="elastic resume is disabled"):
-        PackLoader(MDSPackDataset(mds_dir, resized, 0), allow_resize=False).load_state_dict(state)
+        PackLoader(MDSPackDataset(mds_dir, resized, 0), allow_resize=False).load_state_dict(
+            run.state
+        )
 
 
 def test_elastic_state_reaches_live_persistent_workers(mds_dir: Path) -> None:

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 from pack_oracles import check_every_record_once
+from shard_tables import lognormal_index
 
 from bcl_stream.cost import get_preset
 from bcl_stream.epoch.canonical import canonical_plan
@@ -21,10 +22,7 @@ V = 8
 
 
 def make_index(n: int = 3000, shard: int = 100, seed: int = 0) -> CostIndex:
-    rng = np.random.default_rng(seed)
-    tokens = np.clip(rng.lognormal(4, 1.1, n).astype(np.int64), 1, 4000)
-    shards = [ShardEntry(f"s{i}", min(shard, n - i * shard)) for i in range(-(-n // shard))]
-    return CostIndex.build(tokens, get_preset("llama3-8b"), shards, "mds")
+    return lognormal_index(n, shard, seed, mu=4, cap=4000)
 
 
 INDEX = make_index()

@@ -13,23 +13,20 @@ import json
 import numpy as np
 import pytest
 from pack_oracles import check_every_record_once
+from shard_tables import lognormal_index
 
-from bcl_stream.cost import get_preset
 from bcl_stream.epoch.canonical import canonical_plan
 from bcl_stream.epoch.cursor import Cursor, resolve_state
 from bcl_stream.epoch.full_plan import full_plan
 from bcl_stream.epoch.plan import ReaderConfig, reader_plan
-from bcl_stream.io.index import CostIndex, ShardEntry
+from bcl_stream.io.index import CostIndex
 from bcl_stream.planner.token_contract import EMPTY
 
 V, T = 8, 2048
 
 
 def make_index(n: int = 6000, shard: int = 200, seed: int = 0) -> CostIndex:
-    rng = np.random.default_rng(seed)
-    tokens = np.clip(rng.lognormal(4.5, 1.1, n).astype(np.int64), 1, 1800)
-    shards = [ShardEntry(f"s{i}", min(shard, n - i * shard)) for i in range(-(-n // shard))]
-    return CostIndex.build(tokens, get_preset("llama3-8b"), shards, "mds")
+    return lognormal_index(n, shard, seed, mu=4.5, cap=1800)
 
 
 INDEX = make_index()
