@@ -182,14 +182,7 @@ def annotate(
         part = Part.parse(part)
     target = location if part is None else part.location(location)
     given = RecordSource() if source is None else source
-    if given.response_field is not None and length_field is not None:
-        raise ValueError(
-            "--response-field and --length-field do not go together: a prompt/response "
-            "record's length is counted from its two columns"
-        )
-    # Nothing named: the columns are found by their names, with the source's tokenizer and
-    # loss_on (below); else the source names them exactly.
-    chosen = given.checked() if given.named or length_field is not None else None
+    chosen = _named_source(given, length_field)
     with (
         output_lock(target, "annotate"),
         tempfile.TemporaryDirectory(prefix="bcl_annotate_") as tmp,
@@ -217,6 +210,18 @@ def annotate(
         index = _built_index(tally, resolve(cost_model), shards, fmt, extra, location)
         _write(index, root, location, target, part, Path(tmp) / "out")
         return index
+
+
+def _named_source(given: RecordSource, length_field: str | None) -> RecordSource | None:
+    """The source checked, when it or ``length_field`` names the columns to count; None when
+    nothing is named: the columns are then found by their names (:func:`_detected`), with the
+    source's tokenizer and ``loss_on``."""
+    if given.response_field is not None and length_field is not None:
+        raise ValueError(
+            "--response-field and --length-field do not go together: a prompt/response "
+            "record's length is counted from its two columns"
+        )
+    return given.checked() if given.named or length_field is not None else None
 
 
 def _count_shards(

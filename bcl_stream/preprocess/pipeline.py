@@ -384,14 +384,7 @@ def _preprocess(
     # The total is known in bytes (records are not counted before they are read): the bar
     # follows the input read, so it shows a rate and a time left.
     total = sum(_bytes(p) for p in pieces)
-    bar = tqdm(
-        total=total,
-        unit="B",
-        unit_scale=True,
-        desc="preprocess",
-        disable=not progress,
-        mininterval=0.5,
-    )
+    bar = _input_bar(total, progress)
     stream = None
     try:
         stream = tokenize_stream(raws, options, workers=workers, seconds=sink.timing)
@@ -416,6 +409,18 @@ def _preprocess(
         if stream is not None:
             stream.close()  # stops the worker pool now, not when the generator is collected
     return report
+
+
+def _input_bar(total: int, progress: bool) -> tqdm[Any]:
+    """The progress bar of ``preprocess``: it follows the input read, in bytes."""
+    return tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        desc="preprocess",
+        disable=not progress,
+        mininterval=0.5,
+    )
 
 
 @dataclass
