@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bcl_stream.commands.write_options import add_write_options
+from bcl_stream.commands.write_options import add_chat_template_options, add_write_options
 from bcl_stream.preprocess.annotate import annotate
 from bcl_stream.records.source import RecordSource
 from bcl_stream.text.templates import LOSS_ON
@@ -62,6 +62,7 @@ def add_parser(sub: Any) -> None:
         help="a conversation column/json key, rendered with --tokenizer's chat template (or "
         "the built-in ChatML) on every read, as preprocess renders it",
     )
+    add_chat_template_options(p, renders="a --messages-field conversation")
     p.add_argument(
         "--loss-on",
         choices=LOSS_ON,

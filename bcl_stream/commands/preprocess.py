@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from bcl_stream.commands.write_options import add_write_options
+from bcl_stream.commands.write_options import add_chat_template_options, add_write_options
 from bcl_stream.formats.shard_limits import SHARD_RECORDS
 from bcl_stream.preprocess import preprocess
 from bcl_stream.preprocess.distributed import preprocess_parts
@@ -77,21 +77,7 @@ def _add_source_options(p: argparse.ArgumentParser) -> None:
         help="with --processor: images above N pixels are bad records (default: PIL's "
         "decompression-bomb limit, 89,478,485)",
     )
-    p.add_argument(
-        "--chat-template",
-        default=None,
-        metavar="FILE",
-        help="a chat template (Jinja file, or JSON with 'chat_template') that renders "
-        "conversations instead of the --tokenizer directory's own; needed where it has none",
-    )
-    p.add_argument(
-        "--chat-template-kwargs",
-        default=None,
-        type=_json_object,
-        metavar="JSON",
-        help="template variables for every record, e.g. '{\"enable_thinking\": false}' "
-        "(a record's own chat_template_kwargs take precedence)",
-    )
+    add_chat_template_options(p, renders="conversations")
     p.add_argument(
         "--loss-on",
         choices=LOSS_ON,
@@ -151,16 +137,6 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
         "(RAY_ADDRESS), then merge (needs bcl-stream[ray])",
     )
     p.add_argument("--parts", type=int, default=None, metavar="N", help="with --engine ray")
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON ({exc.msg} at column {exc.colno})") from exc
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {type(value).__name__}")
-    return value
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:

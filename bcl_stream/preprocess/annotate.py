@@ -314,7 +314,8 @@ def _detected(
     tmp: Path,
 ) -> RecordSource:
     """Nothing named: the record kind ``preprocess`` would see in the first shard's columns
-    (``source_layout.py``), under the given tokenizer and ``loss_on``. No shard at all: the
+    (``source_layout.py``), under the given tokenizer, ``loss_on`` and chat template (a
+    template given for a kind that is not a conversation is refused). No shard at all: the
     default source, and the dataset is refused later as holding no records."""
     if not everything:
         return RecordSource()
@@ -323,7 +324,19 @@ def _detected(
         if mds
         else wds_columns(_first_tar(location, root, everything, names, tmp))
     )
-    return detected_source(columns, given.tokenizer, given.loss_on, location)
+    found = detected_source(columns, given.tokenizer, given.loss_on, location)
+    if given.chat_template is None and given.chat_template_kwargs is None:
+        return found
+    if found.messages_field is None:
+        raise DatasetError(
+            f"{location}: --chat-template and --chat-template-kwargs render a conversation "
+            "column, and this dataset's columns make no conversation; drop them"
+        )
+    return replace(
+        found,
+        chat_template=given.chat_template,
+        chat_template_kwargs=given.chat_template_kwargs,
+    )
 
 
 def _shard_jobs(

@@ -338,3 +338,40 @@ def test_a_stored_conversation_with_nothing_to_train_is_named(tmp_path: Path) ->
         progress=False,
     )
     assert index.trained.tolist() == (index.tokens - 1).tolist()
+
+
+def test_a_chat_template_file_renders_stored_conversations_as_preprocess_does(
+    tmp_path: Path,
+) -> None:
+    """``annotate --chat-template FILE``: a tokenizer directory without a template annotates a
+    conversation column with the given one, exactly as ``preprocess --chat-template`` writes
+    it, and the readers re-render with it; the same template for a text column is refused."""
+    from streaming import MDSWriter
+
+    from bcl_stream.records.registry import encode
+    from bcl_stream.text.chat import Conversation
+    from tests.hf_tokenizers import LLAMA3_GENERATION
+
+    tok = str(build_tokenizer_dir(tmp_path / "tok", None))
+    template = tmp_path / "template.jinja"
+    template.write_text(LLAMA3_GENERATION)
+    data = tmp_path / "data"
+    with MDSWriter(out=str(data), columns={"messages": "json"}, size_limit=2048) as w:
+        for messages in CONVERSATIONS:
+            w.write({"messages": messages})
+    args = ["annotate", str(data), "--tokenizer", tok, "--cost-model", "tokens", "--no-progress"]
+    assert main(args) == 2  # no template in the directory: refused naming --chat-template
+    assert main([*args, "--chat-template", str(template)]) == 0
+    encoder = Encoder(tok, "assistant", chat_template=str(template))
+    want = [encode(Conversation(m), encoder) for m in CONVERSATIONS]
+    index = read_index(data)
+    assert index.tokens.tolist() == [e.ids.size for e in want]
+    assert index.trained.tolist() == [e.trained for e in want]
+    for sid, sample in read_all(data, "mds").items():
+        assert sample["input_ids"].tolist() == want[sid].ids.tolist()
+        assert sample["loss_spans"].tolist() == want[sid].spans.tolist()
+    text = tmp_path / "text"
+    with MDSWriter(out=str(text), columns={"text": "str"}) as w:
+        w.write({"text": "plain words"})
+    text_args = ["annotate", str(text), "--tokenizer", tok, "--chat-template", str(template)]
+    assert main([*text_args, "--no-progress"]) == 2
