@@ -18,7 +18,9 @@ over a different cost index. Refused, naming the part and what to do: a part mis
 incomplete (killed mid-write), one whose recorded identity differs from its directory name (a
 copy of another part), parts of two different splits (``of-3`` beside ``of-4``), and parts
 that differ in format, tokenizer, chat template, template variables
-(``--chat-template-kwargs``), loss mask (``--loss-on``), cost model, inputs or token source.
+(``--chat-template-kwargs``), loss mask (``--loss-on``), cost model, inputs, token source or
+processor geometry. Image-text parts (``--processor``) have their cost components
+(``bcl_components.npz``) concatenated in part order, written before the index that seals them.
 """
 
 from __future__ import annotations
@@ -53,11 +55,19 @@ from bcl_stream.io.index import (
     read_index,
     write_index,
 )
+from bcl_stream.io.index_meta import COMPONENTS_FILE
 from bcl_stream.io.remote import download, is_remote, join, list_remote
 from bcl_stream.preprocess.fetch import push_index
 from bcl_stream.preprocess.lock import output_lock
 from bcl_stream.preprocess.output import delete_remote, is_complete
 from bcl_stream.preprocess.parts import Part
+from bcl_stream.vision.components import (
+    COMPONENTS_KEY,
+    RecordComponents,
+    components_file,
+    read_components,
+)
+from bcl_stream.vision.preprocess import VISION_KEY
 
 SAME = (
     "format",
@@ -68,8 +78,10 @@ SAME = (
     "kind",
     "inputs",
     "annotate",
+    "vision",
 )
-"""What every part must share with part 0 (besides the cost model and record hashes)."""
+"""What every part must share with part 0 (besides the cost model and record hashes); ``vision``
+is the processor's geometry of image-text parts (``preprocess --processor``), None for text."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +159,7 @@ def _identity(index: CostIndex, record: dict[str, Any]) -> dict[str, Any]:
         "kind": record.get("kind"),
         "inputs": record.get("inputs"),
         "annotate": index.extra.get("annotate"),
+        "vision": index.extra.get(VISION_KEY),
     }
 
 
@@ -220,8 +233,11 @@ def _sum_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
     return total
 
 
-def merge_indexes(parts: list[_Part], top_names: set[str], output: str) -> tuple[CostIndex, Any]:
-    """The merged cost index and (MDS) the merged ``index.json`` data (None for WDS)."""
+def merge_indexes(
+    parts: list[_Part], top_names: set[str], output: str
+) -> tuple[CostIndex, Any, bytes | None]:
+    """The merged cost index, (MDS) the merged ``index.json`` data (None for WDS) and (image-text
+    parts) the merged ``bcl_components.npz`` bytes its ``extra`` seals (None for text)."""
     indexes: list[CostIndex] = []
     for item in parts:
         if not is_complete(item.names):
@@ -273,6 +289,10 @@ def merge_indexes(parts: list[_Part], top_names: set[str], output: str) -> tuple
     reports = [ix.extra["preprocess"] for ix in indexes if "preprocess" in ix.extra]
     if len(reports) == len(indexes):
         extra["preprocess"] = _sum_reports(reports)
+    components = _merged_components(parts, indexes)
+    if components is not None:
+        extra[VISION_KEY] = first.extra[VISION_KEY]
+        extra[COMPONENTS_KEY] = components[1]
     extra["merge"] = {
         "kind": kind,
         "parts": [
@@ -291,7 +311,31 @@ def merge_indexes(parts: list[_Part], top_names: set[str], output: str) -> tuple
     data = None
     if first.format == "mds":
         data = {"version": MDS_INDEX_VERSION, "shards": mds}
-    return merged, data
+    return merged, data, None if components is None else components[0]
+
+
+def _merged_components(
+    parts: list[_Part], indexes: list[CostIndex]
+) -> tuple[bytes, dict[str, Any]] | None:
+    """Image-text parts: their cost components concatenated in part order (each checked
+    against its part's token counts), as the file's bytes and its index entry; None for text
+    parts (``_check_alike`` has made every part alike in this)."""
+    if VISION_KEY not in indexes[0].extra:
+        return None
+    found: list[RecordComponents] = []
+    for item, index in zip(parts, indexes, strict=True):
+        try:
+            components = read_components(item.root, index.tokens)
+        except BCLStreamError as exc:
+            raise _refuse(item.location, f"{exc}; re-run `--part {item.part}`") from exc
+        if components is None:
+            raise _refuse(
+                item.location,
+                f"its index names no image-text components ({COMPONENTS_FILE}); re-run "
+                f"`--part {item.part}`",
+            )
+        found.append(components)
+    return components_file(RecordComponents.concatenate(found))
 
 
 def _check_annotated(output: str, root: Path, index: CostIndex, names: set[str]) -> Any:
@@ -354,11 +398,15 @@ def _marker(index: CostIndex) -> str | None:
     return MDS_INDEX if index.extra["merge"]["kind"] == "preprocess" else None
 
 
-def _write_local(root: Path, index: CostIndex, data: Any) -> None:
-    """Completion marker out first, cost index, marker back last (see the module docstring)."""
+def _write_local(root: Path, index: CostIndex, data: Any, components: bytes | None) -> None:
+    """Completion marker out first, cost index (its components file before the JSON that seals
+    it), marker back last (see the module docstring)."""
     marker = _marker(index)
     if marker:
         (root / marker).unlink(missing_ok=True)
+    if components is not None:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / COMPONENTS_FILE).write_bytes(components)
     write_index(root, index)
     if data is not None:
         write_mds_index(root, data)
@@ -372,20 +420,20 @@ def merge(output: str | os.PathLike[str]) -> CostIndex:
         if not is_remote(location):
             root = Path(location.removeprefix("file://"))
             parts, top = _local_parts(root)
-            index, data = merge_indexes(parts, top, location)
+            index, data, components = merge_indexes(parts, top, location)
             if index.extra["merge"]["kind"] == "annotate":
                 data = _check_annotated(location, root, index, top)
-            _write_local(root, index, data)
+            _write_local(root, index, data, components)
             return index
         tmp = Path(tempfile.mkdtemp(prefix="bcl_merge_"))
         try:
             parts, top = _remote_parts(location, tmp)
-            index, data = merge_indexes(parts, top, location)
+            index, data, components = merge_indexes(parts, top, location)
             if index.extra["merge"]["kind"] == "annotate":
                 data = _check_annotated(location, tmp, index, top)
             delete_remote(location, [n for n in (_marker(index),) if n in top])
             out = tmp / "merged"
-            _write_local(out, index, data)
+            _write_local(out, index, data, components)
             push_index(out, location)
             return index
         finally:

@@ -294,7 +294,7 @@ def preprocess(
     under ``outliers="error"``, on empty input, on an existing output (unless ``overwrite``)
     and at once when another live process writes the same output (``preprocess/lock.py``).
     """
-    part = _checked_request(inputs, format, part, processor)
+    part = _checked_request(inputs, format, part)
     target = output if part is None else part.location(output)
     with output_lock(target, "preprocess"):
         return _preprocess(
@@ -318,9 +318,7 @@ def preprocess(
         )
 
 
-def _checked_request(
-    inputs: list[str], format: str, part: Part | str | None, processor: str | None
-) -> Part | None:
+def _checked_request(inputs: list[str], format: str, part: Part | str | None) -> Part | None:
     """The format, the inputs and the part checked before any output is touched; the part
     parsed from its ``"I/N"`` text."""
     if format not in FORMATS:
@@ -328,11 +326,6 @@ def _checked_request(
     check_inputs(inputs)
     if isinstance(part, str):
         part = Part.parse(part)
-    if processor is not None and part is not None:
-        raise ValueError(
-            "--processor with --part: merging image-text parts (their cost components) is "
-            "not supported yet; preprocess image-text inputs in one run"
-        )
     return part
 
 

@@ -169,15 +169,22 @@ def write_components(
 ) -> dict[str, Any]:
     """Write ``bcl_components.npz`` atomically into ``directory``; return the entry for the
     index's ``extra[COMPONENTS_KEY]`` (write the index JSON after this)."""
+    data, entry = components_file(components)
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
-    buffer = io.BytesIO()
-    np.savez(buffer, **{name: getattr(components, name) for name in FIELDS})
-    data = buffer.getvalue()
     tmp = root / (COMPONENTS_FILE + ".tmp")
     tmp.write_bytes(data)
     os.replace(tmp, root / COMPONENTS_FILE)
-    return {
+    return entry
+
+
+def components_file(components: RecordComponents) -> tuple[bytes, dict[str, Any]]:
+    """The bytes of ``bcl_components.npz`` and the index's ``extra[COMPONENTS_KEY]`` entry that
+    seals them, for a writer that builds the index before it writes the file (``merge``)."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **{name: getattr(components, name) for name in FIELDS})
+    data = buffer.getvalue()
+    return data, {
         "file": COMPONENTS_FILE,
         "sha256": hashlib.sha256(data).hexdigest(),
         "records": len(components),
