@@ -215,8 +215,14 @@ def time_packs(
 def scaled_r2(model: CostModel, packs: Sequence[npt.ArrayLike], seconds: npt.ArrayLike) -> float:
     """R^2 of ``s * (pack cost)`` against measured seconds, s fitted by least squares: how well
     a model's *shape* (e.g. tokens, a FLOPs preset) explains time, whatever its unit."""
+    return scaled_r2_of([model.cost(p).sum() for p in packs], seconds)
+
+
+def scaled_r2_of(predicted: npt.ArrayLike, seconds: npt.ArrayLike) -> float:
+    """R^2 of ``s * predicted`` against measured seconds, s fitted by least squares (the
+    predicted cost of each pack, in any unit)."""
     y = np.asarray(seconds, dtype=np.float64)
-    pred = np.array([model.cost(p).sum() for p in packs])
+    pred = np.asarray(predicted, dtype=np.float64)
     scale = float(pred @ y / (pred @ pred))
     ss_tot = float(np.sum((y - y.mean()) ** 2))
     return 1.0 - float(np.sum((y - scale * pred) ** 2)) / ss_tot if ss_tot > 0 else float("nan")
