@@ -5,7 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bcl_stream.commands.write_options import add_chat_template_options, add_write_options
+from bcl_stream.commands.write_options import (
+    add_chat_template_options,
+    add_processor_option,
+    add_write_options,
+)
 from bcl_stream.preprocess.annotate import annotate
 from bcl_stream.records.source import RecordSource
 from bcl_stream.text.templates import LOSS_ON
@@ -63,6 +67,12 @@ def add_parser(sub: Any) -> None:
         "the built-in ChatML) on every read, as preprocess renders it",
     )
     add_chat_template_options(p, renders="a --messages-field conversation")
+    add_processor_option(
+        p,
+        does="an img2dataset WebDataset (image + txt caption + json: the caption trained as "
+        "the answer) or MDS image columns are counted in place, their cost components "
+        "written beside the index, and the readers encode each record alike",
+    )
     p.add_argument(
         "--loss-on",
         choices=LOSS_ON,
@@ -81,6 +91,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.processor is not None and args.tokenizer is not None:
+        raise ValueError("--processor replaces --tokenizer (its tokenizer is the processor's)")
     if (args.text_field is not None or args.messages_field is not None) and args.tokenizer is None:
         raise ValueError(
             "--text-field and --tokenizer go together (a text column is tokenized); so do "

@@ -6,7 +6,11 @@ import argparse
 import json
 from typing import Any
 
-from bcl_stream.commands.write_options import add_chat_template_options, add_write_options
+from bcl_stream.commands.write_options import (
+    add_chat_template_options,
+    add_processor_option,
+    add_write_options,
+)
 from bcl_stream.formats.shard_limits import SHARD_RECORDS
 from bcl_stream.preprocess import preprocess
 from bcl_stream.preprocess.distributed import preprocess_parts
@@ -61,14 +65,7 @@ def _add_source_options(p: argparse.ArgumentParser) -> None:
         help="cl100k, a local tokenizer.json, or a local Hugging Face tokenizer directory "
         "(its chat template renders conversations)",
     )
-    p.add_argument(
-        "--processor",
-        default=None,
-        metavar="DIR",
-        help="image-text records: a local Hugging Face processor directory (tokenizer, chat "
-        "template, preprocessor_config.json); ids are exactly what it gives, images are "
-        "stored in the shards (replaces --tokenizer)",
-    )
+    add_processor_option(p, does="images are stored in the shards")
     p.add_argument(
         "--max-image-pixels",
         type=int,
@@ -142,7 +139,7 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "format": args.format,
-        "source": RecordSource.from_options(vars(args)),
+        "source": RecordSource.from_options({**vars(args), "processor": None}),  # given apart
         "processor": args.processor,
         "max_image_pixels": args.max_image_pixels,
         "cost_model": args.cost_model,

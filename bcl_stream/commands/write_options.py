@@ -29,6 +29,21 @@ def add_write_options(
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def add_processor_option(p: argparse.ArgumentParser, *, does: str) -> None:
+    """``--processor DIR``: image-text records encoded through a local Hugging Face processor
+    directory, exactly as its processor gives them. ``preprocess`` and ``annotate`` declare it
+    here once, so a dataset annotated in place is counted as ``preprocess`` would write it;
+    ``does`` says what each command does with the images."""
+    p.add_argument(
+        "--processor",
+        default=None,
+        metavar="DIR",
+        help="image-text records: a local Hugging Face processor directory (tokenizer, chat "
+        "template, preprocessor_config.json); ids are exactly what it gives, image sizes come "
+        f"from the headers; {does} (replaces --tokenizer)",
+    )
+
+
 def add_chat_template_options(p: argparse.ArgumentParser, *, renders: str) -> None:
     """``--chat-template FILE`` and ``--chat-template-kwargs JSON``: the template that renders
     conversations instead of the tokenizer directory's own, and its variables. ``preprocess``

@@ -43,8 +43,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from array import array
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +52,6 @@ from tqdm import tqdm
 
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.errors import DatasetError
-from bcl_stream.formats.integrity import mds_record_hashes, raw_shard_bytes
 from bcl_stream.io.dataset_dir import (
     MDS_INDEX,
     WDS_SUFFIXES,
@@ -66,14 +64,12 @@ from bcl_stream.io.dataset_dir import (
 )
 from bcl_stream.io.index import INDEX_JSON, CostIndex, ShardEntry, write_index
 from bcl_stream.io.index_meta import COMPONENTS_FILE
-from bcl_stream.io.names import path_under
 from bcl_stream.io.remote import download, is_remote, join
+from bcl_stream.preprocess.annotate_shards import ShardJob, Tally, count_shard, fetcher
 from bcl_stream.preprocess.column_counts import (
     LENGTH_CHECK_SHARDS,
     Counting,
-    mds_shard_counts,
     spread,
-    wds_shard_counts,
 )
 from bcl_stream.preprocess.fetch import push_index
 from bcl_stream.preprocess.lock import output_lock
@@ -81,60 +77,12 @@ from bcl_stream.preprocess.output import remote_listing
 from bcl_stream.preprocess.parts import Part, part_record, shard_span
 from bcl_stream.preprocess.shard_pool import map_shards
 from bcl_stream.preprocess.source_layout import detected_source, mds_columns, wds_columns
-from bcl_stream.preprocess.wds_keys import NAMES, RECORD_KEYS, key_ids, keys_are_names
+from bcl_stream.preprocess.wds_keys import NAMES, RECORD_KEYS
+from bcl_stream.records.image_text import processor_encoder
 from bcl_stream.records.source import RecordSource
 from bcl_stream.text.tokenizers import tokenizer_identity
-
-
-@dataclass(frozen=True, slots=True)
-class ShardJob:
-    """One shard to count (picklable: it crosses to a worker process)."""
-
-    root: str
-    """Where the shard is: the dataset (local), or the local copy once fetched."""
-    name: str
-    """The file to read (an MDS shard's raw or compressed file, a tar)."""
-    mds: dict[str, Any] | None
-    """The MDS ``index.json`` entry (None: a WebDataset tar)."""
-    counting: Counting
-    """What is counted (a token source, or a length column)."""
-    check: bool = False
-    """Check a length column against the token column in this shard (a sample of shards)."""
-
-
-def count_shard(
-    job: ShardJob,
-) -> tuple[list[int], list[int] | None, array[int], int, array[int] | None]:
-    """The work of one shard: its counts, trained counts (None: no masks), record hashes, the
-    records on which a length column was checked and (WebDataset) the number each record's key
-    spells (``wds_keys.key_ids``: a tar with a link member is refused here)."""
-    root = Path(job.root)
-    if job.mds is not None:
-        counts, trained, checked = mds_shard_counts(root, job.mds, job.counting, check=job.check)
-        name = str(job.mds["raw_data"]["basename"])
-        digests = mds_record_hashes(
-            raw_shard_bytes(root, job.mds), f"{root / name}", int(job.mds["samples"])
-        )
-        return counts, trained, array("Q", digests.tobytes()), checked, None
-    ids = key_ids(root / job.name, job.name)
-    counts, trained_wds, hashes, checked = wds_shard_counts(
-        root, job.name, job.counting, check=job.check
-    )
-    return counts, trained_wds, hashes, checked, ids
-
-
-def _fetcher(location: str, tmp: Path) -> tuple[Any, Any]:
-    """(fetch, done) for :func:`map_shards`: download a remote shard, delete it after use."""
-
-    def fetch(job: ShardJob) -> ShardJob:
-        target = path_under(tmp, job.name, f"{location}: shard {job.name!r}", writing=True)
-        download(join(location, job.name), target)
-        return replace(job, root=str(tmp))
-
-    def done(job: ShardJob) -> None:
-        (tmp / job.name).unlink(missing_ok=True)
-
-    return fetch, done
+from bcl_stream.vision.components import COMPONENTS_KEY, RecordComponents, components_file
+from bcl_stream.vision.preprocess import VISION_KEY
 
 
 def annotate(
@@ -169,6 +117,13 @@ def annotate(
     ``tokenizer``, from a conversation column rendered with its chat template and masked by
     ``loss_on`` (the readers render it alike). Else every token is trained.
 
+    ``processor`` in ``source`` (``annotate --processor DIR``): image-text records (an
+    img2dataset WebDataset's image + caption members, MDS image columns) read whole and
+    encoded through that Hugging Face processor exactly as ``preprocess --processor`` encodes
+    the same records (``image_counts.py``); the cost components are written beside the index
+    (``bcl_components.npz``, sealed in ``extra.components``, the geometry in ``extra.vision``)
+    and the readers encode each record alike (``records/image_text.py``).
+
     ``workers`` processes decode shards (``shard_pool``); a remote dataset's shards are
     downloaded by threads a few at a time and deleted once counted, and only the cost index and
     the MDS ``index.json`` pointer are uploaded back. The index is byte-identical for any
@@ -191,7 +146,7 @@ def annotate(
         root = Path(tmp) / "meta" if remote else Path(location.removeprefix("file://"))
         names = _remote_meta(location, root) if remote else None
         fmt = _remote_format(location, names) if names is not None else detect_format(root)
-        _refuse_to_write_over(location, target, root, names, part, overwrite)
+        _refuse_to_write_over(location, target, root, names, part, overwrite, chosen)
         mds = read_mds_index(root)["shards"] if fmt == "mds" else None
         everything = _shard_names(root, mds, names)
         if chosen is None:
@@ -199,7 +154,7 @@ def annotate(
         counting = Counting(chosen, length_field)
         span = range(len(everything)) if part is None else shard_span(len(everything), part)
         jobs = _shard_jobs(root, everything, mds, names, counting, span)
-        fetch, done = _fetcher(location, Path(tmp) / "shards") if remote else (None, None)
+        fetch, done = fetcher(location, Path(tmp) / "shards") if remote else (None, None)
         tally = _count_shards(jobs, span, everything, mds, workers, fetch, done, progress)
         shards = tally.shards
         if mds is not None:
@@ -207,8 +162,9 @@ def annotate(
         if not tally.counts and part is None:
             raise DatasetError(f"{location}: the dataset holds no records; nothing to annotate")
         extra = _index_extra(counting, tally, length_field, part, everything)
+        components = _components(chosen, tally, extra)
         index = _built_index(tally, resolve(cost_model), shards, fmt, extra, location)
-        _write(index, root, location, target, part, Path(tmp) / "out")
+        _write(index, root, location, target, part, Path(tmp) / "out", components)
         return index
 
 
@@ -233,10 +189,10 @@ def _count_shards(
     fetch: Any,
     done: Any,
     progress: bool,
-) -> _Tally:
+) -> Tally:
     """Count every job's shard (``workers`` processes, results in shard order) under a
     progress bar of records (MDS: ``index.json`` counts them) or of shards (WebDataset)."""
-    tally = _Tally()
+    tally = Tally()
     with tqdm(
         total=len(jobs) if mds is None else sum(int(mds[i]["samples"]) for i in span),
         unit="shard" if mds is None else "rec",
@@ -252,7 +208,7 @@ def _count_shards(
 
 
 def _built_index(
-    tally: _Tally,
+    tally: Tally,
     model: CostModel,
     shards: list[ShardEntry],
     fmt: Format,
@@ -279,18 +235,20 @@ def _refuse_to_write_over(
     names: set[str] | None,
     part: Part | None,
     overwrite: bool,
+    chosen: RecordSource | None,
 ) -> None:
     """Refuse before any shard is read: an existing cost index without ``overwrite``, or an
-    image-text dataset, whose images' cost components a new index would drop."""
+    image-text dataset annotated without ``--processor`` (its images' cost components would
+    be dropped)."""
     if _has_index(target, names, part) and not overwrite:
         raise DatasetError(
             f"{join(target, INDEX_JSON)} already exists; pass --overwrite to replace the cost index"
         )
-    if (root / COMPONENTS_FILE).is_file():  # an image-text dataset (docs/vlm.md)
+    if (root / COMPONENTS_FILE).is_file() and (chosen is None or chosen.processor is None):
         raise DatasetError(
             f"{location}: an image-text dataset ({COMPONENTS_FILE} holds its images' cost "
-            "components), which annotate cannot count; a new index would drop them: "
-            "re-run `bcl-stream preprocess --processor DIR` from its source records"
+            "components); a new index without them would drop the images' cost: pass "
+            "--processor DIR (the model's processor) to count them"
         )
 
 
@@ -361,42 +319,9 @@ def _shard_jobs(
     ]
 
 
-@dataclass
-class _Tally:
-    """What the shards' counts add up to, gathered in shard order (so the index is the same
-    for any number of workers)."""
-
-    counts: list[int] = field(default_factory=list)
-    trained: array[int] = field(default_factory=lambda: array("I"))
-    masked: bool = False
-    """Some shard stored trained-token masks (else every token but the first is trained)."""
-    hashes: array[int] = field(default_factory=lambda: array("Q"))
-    key_names: bool = False
-    """Some all-digit record key is not its record's id (``wds_keys``)."""
-    shards: list[ShardEntry] = field(default_factory=list)
-    checked: int = 0
-    """Records on which a length column was checked."""
-
-    def add(
-        self,
-        result: tuple[list[int], list[int] | None, array[int], int, array[int] | None],
-        name: str,
-    ) -> int:
-        """Add one shard's :func:`count_shard` result; output: its record count."""
-        counts, trained, hashes, checked, ids = result
-        self.key_names |= ids is not None and keys_are_names(ids, len(self.counts))
-        self.counts += counts
-        self.masked |= trained is not None
-        self.trained.extend([max(n - 1, 0) for n in counts] if trained is None else trained)
-        self.checked += checked
-        self.hashes += hashes
-        self.shards.append(ShardEntry(name, len(counts)))
-        return len(counts)
-
-
 def _index_extra(
     counting: Counting,
-    tally: _Tally,
+    tally: Tally,
     length_field: str | None,
     part: Part | None,
     everything: list[str],
@@ -486,13 +411,33 @@ def _shard_identity(names: list[str]) -> dict[str, Any]:
     return {"shards": len(names), "names_sha256": digest}
 
 
+def _components(chosen: RecordSource | None, tally: Tally, extra: dict[str, Any]) -> bytes | None:
+    """Image-text records (``--processor``): the ``bcl_components.npz`` bytes, their entry and
+    the processor's geometry put in ``extra`` (before the index is built); None for text."""
+    if chosen is None or chosen.processor is None:
+        return None
+    data, extra[COMPONENTS_KEY] = components_file(RecordComponents.build(tally.components))
+    extra[VISION_KEY] = processor_encoder(chosen.processor, chosen.loss_on).provenance()
+    return data
+
+
 def _write(
-    index: CostIndex, root: Path, location: str, target: str, part: Part | None, out: Path
+    index: CostIndex,
+    root: Path,
+    location: str,
+    target: str,
+    part: Part | None,
+    out: Path,
+    components: bytes | None,
 ) -> None:
-    """The cost index (then, for a whole MDS dataset, ``index.json`` with the pointer) at
-    ``target``: written in place (local) or staged in ``out`` and uploaded (remote)."""
+    """The cost index (image-text: its components file first; then, for a whole MDS dataset,
+    ``index.json`` with the pointer) at ``target``: written in place (local) or staged in
+    ``out`` and uploaded (remote)."""
     remote = is_remote(location)
     local = out if remote else Path(target.removeprefix("file://"))
+    if components is not None:
+        local.mkdir(parents=True, exist_ok=True)
+        (local / COMPONENTS_FILE).write_bytes(components)
     write_index(local, index)
     if part is None and index.format == "mds":
         write_mds_index(local, read_mds_index(root))

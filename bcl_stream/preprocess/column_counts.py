@@ -65,7 +65,7 @@ class Counting:
         """What the cost index records (``extra.annotate``): the reader's token source, and
         the length column when one was counted."""
         out: dict[str, Any] = {"tokens_field": self.source.tokens_field, **self.source.to_dict()}
-        if self.source.is_text or self.source.is_conversation:
+        if self.source.is_text or self.source.is_conversation or self.source.processor:
             out.pop("tokens_field")
         if self.length_field is not None:
             out["length_field"] = self.length_field
@@ -136,9 +136,11 @@ def _mds_check(root: Path, shard: dict[str, Any], column: str, counting: Countin
         check_encoding(str(root / MDS_INDEX), column, str(encodings[names.index(column)]), counting)
 
 
-def _decoded(root: Path, shard: dict[str, Any], column: str, limit: int | None) -> list[Any]:
+def decoded_values(
+    root: Path, shard: dict[str, Any], column: str | None, limit: int | None
+) -> list[Any]:
     """Column values of a shard decoded with streaming's reader (any encoding, compressed
-    shards too), the first ``limit`` samples (None: all)."""
+    shards too), the first ``limit`` samples (None: all); ``column`` None: whole records."""
     raw = shard["raw_data"]["basename"]
     with tempfile.TemporaryDirectory(prefix="bcl_annotate_") as tmp:
         dirname = str(root)
@@ -154,7 +156,8 @@ def _decoded(root: Path, shard: dict[str, Any], column: str, limit: int | None) 
             dirname = tmp
         reader = streaming_compat.mds_shard_reader(dirname, shard)
         n = int(shard["samples"]) if limit is None else min(limit, int(shard["samples"]))
-        return [reader.get_item(i)[column] for i in range(n)]
+        items = (reader.get_item(i) for i in range(n))
+        return [item if column is None else item[column] for item in items]
 
 
 def spread(items: list[int], k: int) -> list[int]:
@@ -181,7 +184,7 @@ def _mds_counts(
     else:
         values = column_bytes(root / raw, shard, column)
     if values is None:
-        values = _decoded(root, shard, column, limit)
+        values = decoded_values(root, shard, column, limit)
     values = values if limit is None else values[:limit]
     if as_length:
         return [length_value(v, column, f"{raw} sample {i}") for i, v in enumerate(values)]
@@ -205,7 +208,7 @@ def mds_shard_counts(
     trained: list[int] | None = None
     if tc.mds_has_spans(shard):
         raw = shard["raw_data"]["basename"]
-        spans = _decoded(root, shard, LOSS_SPANS, None)
+        spans = decoded_values(root, shard, LOSS_SPANS, None)
         trained = [tc.spans_trained(v, counts[i], f"{raw} sample {i}") for i, v in enumerate(spans)]
     if not check or counting.length_field is None:
         return counts, trained, 0
@@ -244,7 +247,7 @@ def _mds_encoded(
     columns = []
     for name in source.fields:
         values = column_bytes(root / raw, shard, name)
-        columns.append(values if values is not None else _decoded(root, shard, name, None))
+        columns.append(values if values is not None else decoded_values(root, shard, name, None))
     pairs = [
         tc.stored_record(values, source, f"{raw} sample {i}")
         for i, values in enumerate(zip(*columns, strict=True))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -161,21 +161,28 @@ def _tar(piece: InputSlice, counts: dict[str, int]) -> Iterator[Raw]:
         )
     try:
         for key, members in tar_records(Path(piece.path)):
-            record: dict[str, Any] = {}
-            for ext, payload in members:
-                counts["bytes_read"] += len(payload)
-                if ext == "txt":
-                    record[ext] = payload.decode("utf-8", "replace")
-                elif ext == "json":
-                    try:
-                        record[ext] = json.loads(payload)
-                    except ValueError:
-                        record[ext] = payload
-                else:
-                    record[ext] = payload
-            yield f"{piece.path}:{key}", record
+            counts["bytes_read"] += sum(len(payload) for _, payload in members)
+            yield f"{piece.path}:{key}", tar_record(members)
     except TAR_ERRORS as exc:
         raise DatasetError(f"{piece.path}: not a readable tar ({exc})") from exc
+
+
+def tar_record(members: Iterable[tuple[str, bytes]]) -> dict[str, Any]:
+    """A WebDataset record's members (extension, bytes) as the record preprocessing reads:
+    ``txt`` decoded, ``json`` parsed (kept as bytes when it is not JSON), the rest as bytes.
+    ``annotate --processor`` reads a tar in place through it, so both see the same record."""
+    record: dict[str, Any] = {}
+    for ext, payload in members:
+        if ext == "txt":
+            record[ext] = payload.decode("utf-8", "replace")
+        elif ext == "json":
+            try:
+                record[ext] = json.loads(payload)
+            except ValueError:
+                record[ext] = payload
+        else:
+            record[ext] = payload
+    return record
 
 
 def _has_records(path: str) -> bool:

@@ -31,7 +31,7 @@ from multiprocessing.pool import AsyncResult, Pool
 from typing import Any
 
 from bcl_stream.preprocess.sources import Raw, parse_payload
-from bcl_stream.records.image_text import encode_image_record, has_images
+from bcl_stream.records.image_text import encode_any
 from bcl_stream.records.kind import Bad, LayoutOptions
 from bcl_stream.records.registry import encode_record, read_record
 from bcl_stream.records.source import RecordSource
@@ -176,12 +176,7 @@ def _image_text(
     """A record under ``--processor``: with images, the image-text kind's encoding
     (``records/image_text.py``: components and image bytes too); without, its own kind's,
     under the processor's tokenizer and chat template."""
-    if isinstance(record, Bad):
-        return record
-    if has_images(record):
-        return encode_image_record(source, record, encoder, layout)
-    shape = read_record(source, record, layout)
-    return shape if isinstance(shape, Bad) else encode_record(source, shape, encoder.text)
+    return record if isinstance(record, Bad) else encode_any(source, record, encoder, layout)
 
 
 def _chunks(raws: Iterable[Raw], size: int) -> Iterator[list[Raw]]:

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,8 @@ from bcl_stream.text.templates import Encoded, Encoder
 from bcl_stream.vision.encode import ImageEncoded, ImageRecord, ImageTextEncoder
 from bcl_stream.vision.image_header import ImageError
 
+READER_KEYS = ("sample_id", "__key__", "__url__", "input_ids", "loss_spans")
+"""Keys the readers add to a record (not its content)."""
 IMAGE_TOKEN_LLAVA = "<image>"
 """LLaVA's placeholder in message text (one per image, in order)."""
 IMAGE_FIELDS = ("image", "images", "jpg", "jpeg", "png", "webp")
@@ -239,6 +243,14 @@ def image_bytes(raw: Any, base: str | None) -> bytes | str:
             return f"an image object needs 'bytes' or 'path', got keys {sorted(raw)}"
     if isinstance(raw, (bytes, bytearray, memoryview)):
         return bytes(raw)
+    held = getattr(raw, "fp", None)  # an image streaming opened lazily from an MDS column
+    if isinstance(held, io.BytesIO) and getattr(raw, "format", None):
+        return held.getvalue()  # the file's bytes (jpeg, png columns); no pixel decoded
+    if hasattr(raw, "getpixel"):
+        return (
+            "the column holds decoded pixels (an MDS 'pil' column), not an image file; store "
+            "the image's file bytes (a 'bytes', 'jpeg' or 'png' column)"
+        )
     if not isinstance(raw, str) or not raw:
         return f"an image source must be a path, data URI or bytes, got {type(raw).__name__}"
     if raw.startswith("data:"):
@@ -271,6 +283,37 @@ def input_dir(source: str) -> str | None:
     return os.path.dirname(os.path.abspath(path)) if path else None
 
 
+def encode_any(
+    source: str, record: dict[str, Any], encoder: ImageTextEncoder, layout: LayoutOptions
+) -> ImageEncoded | Encoded | Bad:
+    """A record under a processor (``preprocess --processor``, and image-text datasets read
+    in place): with images, the image-text encoding (components and image bytes too);
+    without, its own kind's, under the processor's tokenizer and chat template."""
+    from bcl_stream.records.registry import encode_record, read_record  # registry imports us
+
+    if has_images(record):
+        return encode_image_record(source, record, encoder, layout)
+    shape = read_record(source, record, layout)
+    return shape if isinstance(shape, Bad) else encode_record(source, shape, encoder.text)
+
+
+@functools.lru_cache(maxsize=4)
+def processor_encoder(processor: str, loss_on: str | None) -> ImageTextEncoder:
+    """The encoder of a processor directory, loaded once per process (the readers' and
+    ``annotate``'s workers)."""
+    return ImageTextEncoder(processor, loss_on or "assistant")
+
+
+def in_place_error(bad: Bad) -> DatasetError:
+    """A bad record of a dataset read or annotated in place: one line naming it, its reason
+    and what to do (a record cannot be skipped there: the index counts every record)."""
+    return DatasetError(
+        f"{bad.source}: {bad.message} ({bad.reason}). A record cannot be left out of a dataset "
+        "in place: replace or remove it in the shard, or write the dataset with `bcl-stream "
+        "preprocess --processor DIR --skip-bad` from its records"
+    )
+
+
 def encode_image_record(
     source: str, record: dict[str, Any], encoder: ImageTextEncoder, layout: LayoutOptions
 ) -> ImageEncoded | Bad:
@@ -291,9 +334,8 @@ class ImageTextKind:
     name = "image_text"
     shape: type = ImageRecord
     what = "an image column"
-    knobs: tuple[str, ...] = ()
-    """None of :class:`RecordSource`: image-text records are read from preprocessed shards only
-    (``--processor`` is a ``preprocess`` option)."""
+    knobs: tuple[str, ...] = ("processor", "loss_on")
+    """A dataset annotated in place with ``--processor`` is read whole through it."""
 
     def detect(self, names: Any, options: LayoutOptions) -> tuple[str, ...] | None:
         for name in IMAGE_FIELDS:
@@ -331,16 +373,24 @@ class ImageTextKind:
 
     def declared(self, found: FoundColumns) -> RecordSource:
         raise DatasetError(
-            f"{found.where}: holds image column {found.fields[0]!r}; annotating an existing image-text "
-            "dataset in place is not supported yet: write it with `bcl-stream preprocess "
-            "--processor DIR` from its source records (docs/vlm.md)"
+            f"{found.where}: holds image column {found.fields[0]!r}: image-text records are "
+            "encoded by the model's processor; pass --processor DIR (a local Hugging Face "
+            "processor directory: tokenizer, chat template, preprocessor_config.json)"
         )
 
     def reads(self, source: RecordSource) -> bool:
-        return False  # no stored source declares image-text records (not annotated in place)
+        return source.processor is not None
 
     def stored(self, values: Any, source: RecordSource, where: str, encoders: Encoders) -> Ids:
-        raise DatasetError(f"{where}: image-text records are read from preprocessed shards only")
+        """A whole record (``values[0]``) of a dataset annotated with ``--processor``, encoded
+        exactly as ``preprocess --processor`` encodes it."""
+        assert source.processor is not None
+        encoder = processor_encoder(source.processor, source.loss_on)
+        record = {k: v for k, v in values[0].items() if k not in READER_KEYS}
+        out = encode_any(where, record, encoder, LayoutOptions())
+        if isinstance(out, Bad):
+            raise in_place_error(out)
+        return out.ids, out.spans
 
 
 IMAGE_TEXT = ImageTextKind()

@@ -111,7 +111,11 @@ def record_ids(record: dict[str, Any], source: RecordSource | None, where: str) 
     ``loss_spans``."""
     if source is None:
         return record
-    values = [record_column(record, name, where) for name in source.fields]
+    values = (
+        [record]  # an image-text record under a processor is read whole
+        if source.processor is not None
+        else [record_column(record, name, where) for name in source.fields]
+    )
     ids, spans = kind_reading(source).stored(values, source, where, encoder_for)
     record["input_ids"] = ids
     if spans is not None:

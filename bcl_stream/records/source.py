@@ -52,6 +52,7 @@ KEYS = (
     "loss_on",
     "chat_template",
     "chat_template_kwargs",
+    "processor",
 )
 """Every knob, in the order indexes and cursors record them."""
 
@@ -91,6 +92,11 @@ class RecordSource:
     chat_template_kwargs: dict[str, Any] | None = None
     """Template variables given to every conversation (a record's own
     ``chat_template_kwargs`` take precedence)."""
+    processor: str | None = None
+    """A Hugging Face processor directory: image-text records (an img2dataset WebDataset's
+    image + caption members, MDS image columns) read whole and encoded through it, with the
+    image tokens expanded, exactly as ``preprocess --processor`` encodes them
+    (``records/image_text.py``). Takes ``loss_on`` and no other knob."""
 
     def __post_init__(self) -> None:
         for name in KEYS:
@@ -118,13 +124,26 @@ class RecordSource:
         """Whether a column is named (else ``annotate`` finds the columns by their names)."""
         return self.tokens_field != DEFAULT_FIELD or any(
             getattr(self, k) is not None
-            for k in ("tokens_dtype", "text_field", "response_field", "messages_field")
+            for k in ("tokens_dtype", "text_field", "response_field", "messages_field", "processor")
         )
 
     def checked(self) -> RecordSource:
         """``self`` if it names the columns of an existing dataset consistently (what the
         readers and ``annotate`` read), else a :class:`ValueError` saying which knobs do not
         go together."""
+        if self.processor is not None:
+            others = [
+                k
+                for k in KEYS
+                if k not in ("processor", "loss_on", "tokens_field") and getattr(self, k)
+            ]
+            if self.tokens_field != DEFAULT_FIELD or others:
+                raise ValueError(
+                    "processor reads whole image-text records with the processor's tokenizer "
+                    "and chat template; it takes loss_on and no other knob (got "
+                    f"{', '.join(others) or 'tokens_field'})"
+                )
+            return self
         if self.messages_field is not None:
             if (
                 self.tokenizer is None
@@ -182,11 +201,19 @@ class RecordSource:
 
     @property
     def fields(self) -> tuple[str, ...]:
-        """Every column read: the prompt (or only) column, then the response column."""
+        """Every column read: the prompt (or only) column, then the response column; none
+        for image-text records under a ``processor``, which are read whole."""
+        if self.processor is not None:
+            return ()
         return (self.field,) if self.response_field is None else (self.field, self.response_field)
 
     def describe(self) -> str:
         """How messages name it: ``column 'tokens' (raw int64 bytes)``."""
+        if self.processor is not None:
+            return (
+                f"image-text records encoded with the processor {self.processor} (loss on "
+                f"{self.loss_on or 'assistant'})"
+            )
         if self.messages_field is not None:
             return (
                 f"conversation column {self.messages_field!r} rendered with {self.tokenizer} "

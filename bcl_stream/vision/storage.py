@@ -6,6 +6,9 @@ in the DataLoader workers (:mod:`bcl_stream.vision.batch`), beside the rest of t
 - **MDS**: column ``images`` (``bytes``: the record's image files concatenated) and
   ``image_info`` (``json``: one ``{"bytes", "width", "height"}`` per image, in order). MDS
   columns are fixed per dataset, so a text-only record stores ``b""`` and ``[]``.
+- **Read in place** (a dataset ``annotate --processor`` counted: an img2dataset WebDataset's
+  ``jpg`` member, an MDS image column): the images the record's encoding read, found the way
+  ``records/image_text.py`` finds them, their sizes from the headers.
 - **WebDataset**: one member per image, ``<key>.image<k>.<ext>`` (``jpg``, ``png``, ``webp``,
   ... from the file's magic bytes, so stock ``webdataset.decode("pil")`` decodes them), and
   ``images`` in the record's ``json`` member: ``[{"member", "width", "height"}]``. Members are
@@ -81,6 +84,8 @@ def stored_images(sample: dict[str, Any], where: str) -> list[tuple[bytes, int, 
     if listed is None:
         meta = sample.get("json")
         listed = meta.get(IMAGES_KEY) if isinstance(meta, dict) else None
+    if listed is None:
+        return _in_place_images(sample, where)
     out = []
     for item in listed or []:
         data = sample.get(item["member"])
@@ -90,4 +95,29 @@ def stored_images(sample: dict[str, Any], where: str) -> list[tuple[bytes, int, 
                 "the shard is damaged: re-run preprocess"
             )
         out.append((bytes(data), int(item["width"]), int(item["height"])))
+    return out
+
+
+def _in_place_images(sample: dict[str, Any], where: str) -> list[tuple[bytes, int, int]]:
+    """The images of a record stored as its own tool wrote it (no ``image_info``, no listed
+    members): those ``records/image_text.py`` reads for its encoding, sizes from the headers."""
+    from bcl_stream.records.image_text import (
+        READER_KEYS,
+        has_images,
+        in_place_error,
+        read_image_record,
+    )
+    from bcl_stream.records.kind import Bad, LayoutOptions
+    from bcl_stream.vision.image_header import image_size
+
+    record = {k: v for k, v in sample.items() if k not in READER_KEYS}
+    if not has_images(record):
+        return []
+    got = read_image_record(where, record, LayoutOptions(), None)
+    if isinstance(got, Bad):
+        raise in_place_error(got)
+    out = []
+    for i, data in enumerate(got.images):
+        width, height = image_size(data, f"{where} image {i}")
+        out.append((data, width, height))
     return out

@@ -198,11 +198,12 @@ def test_img2dataset_webdataset_trains_the_caption_as_the_answer(
 
 
 def test_annotate_refuses_an_image_text_dataset(tmp_path: Path, proc_dir: str) -> None:
-    """A new index from annotate would drop the image cost components: refused, one line."""
+    """A new index from annotate without --processor would drop the image cost components:
+    refused, one line."""
     files, _ = image_text_inputs(tmp_path / "in")
     out = tmp_path / "out"
     preprocess(files, str(out), processor=proc_dir, progress=False)
     before = (out / "bcl_index.json").read_bytes()
-    with pytest.raises(DatasetError, match=r"an image-text dataset .*preprocess --processor"):
+    with pytest.raises(DatasetError, match=r"an image-text dataset .*pass --processor DIR"):
         annotate(str(out), overwrite=True)
     assert (out / "bcl_index.json").read_bytes() == before
