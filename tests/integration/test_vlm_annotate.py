@@ -22,16 +22,19 @@ from bcl_stream.errors import DatasetError
 from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.formats.wds_reader import WDSPackDataset
 from bcl_stream.io.index import read_index
+from bcl_stream.loading.collate import PackCollate
 from bcl_stream.loading.loader import PackLoader
 from bcl_stream.preprocess import preprocess
 from bcl_stream.preprocess.annotate import annotate
 from bcl_stream.preprocess.merge import merge
 from bcl_stream.records.source import RecordSource
+from bcl_stream.vision.batch import ImageCollate
 from bcl_stream.vision.components import FIELDS, read_components
 from bcl_stream.vision.storage import stored_images
 from tests.vlm_processors import image_bytes, qwen2_vl_processor_dir
 
 pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
 
 CAPTIONS = ["a red square", "two dogs on grass", "a tall tower", "a wide field", "sky"]
 SIZES = [(64, 64), (320, 200), (30, 400), (500, 90), (120, 120)]
@@ -109,6 +112,12 @@ def test_img2dataset_webdataset_annotated_in_place_equals_preprocess(
         assert np.asarray(g["input_ids"]).tolist() == np.asarray(w["input_ids"]).tolist()
         assert np.asarray(g["loss_spans"]).tolist() == np.asarray(w["loss_spans"]).tolist()
         assert stored_images(g, f"record {i}") == stored_images(w, f"record {i}")
+    # the batch the model gets: the collate decodes the record's own jpg member
+    base = PackCollate.for_dataset(read_index(data), None, "packed", labels="unshifted")
+    got_batch = ImageCollate(base, proc)(got[:2])
+    want_batch = ImageCollate(base, proc)(want[:2])
+    for key in ("input_ids", "pixel_values", "image_grid_thw", "image_counts"):
+        assert torch.equal(got_batch[key], want_batch[key]), key
 
 
 def test_annotate_parts_of_an_img2dataset_merge_to_the_whole(tmp_path: Path, proc: str) -> None:
