@@ -1,6 +1,6 @@
 """Image packs for the two-term calibration: their design separates the terms (times planted
 from known coefficients on the designed packs are fitted back to them, with and without a
-dataset's records), the batches hold what the components say, and the tiny Qwen2-VL takes them."""
+dataset's records) and are well formed (the batches and the model: test_vlm_calibrate.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from bcl_stream.analysis.calibrate_vision import (
     ImagePackConfig,
     design_image_packs,
     grid_of,
-    image_pack_batch,
 )
 from bcl_stream.cost import CostModel
 from bcl_stream.vision.components import RecordComponents
@@ -77,34 +76,3 @@ def test_grid_of_factors_patch_counts() -> None:
     assert grid_of(20 * 20, 2, 64) == (20, 20)  # the most square factoring
     assert grid_of(4 * 97, 2, 32) == (2, 32)  # 2 x 194 is wider than 32: scaled to fit
     assert grid_of(100 * 100, 2, 32) == (32, 32)
-
-
-def test_batch_matches_its_components_and_the_model_takes_it() -> None:
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from bcl_bench.tiny_vlm import TinyQwen2VL
-
-    config = CalibrationConfig(n_packs=4, pack_size=3, max_tokens=64, pack_tokens=192)
-    packs = design_image_packs(config, ImagePackConfig(merge_size=2, max_side=8))
-    model = TinyQwen2VL()
-    for pack in packs:
-        comps = pack.components(2)
-        batch = image_pack_batch(
-            pack,
-            image_token_id=model.image_token_id,
-            vision_start_id=model.vision_start_id,
-            vision_end_id=model.vision_end_id,
-            patch_dim=3 * 2 * 14 * 14,
-            merge_size=2,
-            rng=np.random.default_rng(0),
-        )
-        cu = batch["cu_seqlens"].tolist()
-        assert np.diff(cu).tolist() == comps.tokens.tolist()
-        ids = batch["input_ids"][0]
-        for r in range(len(comps)):
-            record = ids[cu[r] : cu[r + 1]]
-            assert int((record == model.image_token_id).sum()) == comps.image_tokens[r]
-        assert batch["pixel_values"].shape[0] == comps.image_patches.sum()
-        assert batch["image_counts"].tolist() == comps.images_per_record.tolist()
-        loss = model.loss(batch)  # Qwen2-VL checks image tokens against the encoder's features
-        assert loss.ndim == 0 and torch.isfinite(loss)
