@@ -464,4 +464,6 @@ class BCLDataModule(pl.LightningDataModule):
                 "built from the dataset. Call setup() (Fabric: setup_fabric(fabric) or "
                 "setup_for(...)) first, then load the checkpoint."
             )
-        self._make_loader().load_state_dict(reader)
+        loader = self._make_loader()
+        loader.load_state_dict(reader)
+        self.dataset = loader.plan_dataset  # a new reader where a canonical layout was adopted
