@@ -29,6 +29,7 @@ import sysconfig
 import tokenize
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -154,6 +155,15 @@ HELD_OUT = ("changelogs", "code:transformers", "code:networkx", "stdlib_chat",
             "mix:chat+sympy+transformers")  # fmt: skip
 """The corpora kept out of every choice: the targets are read on these."""
 NAMES = TUNE + HELD_OUT
+
+
+def corpus_sets(rows: list[dict[str, Any]]) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """A benchmark's result rows (each with ``held_out``) as ``("tune", rows)`` then
+    ``("held_out", rows)``, a set without rows left out: the figures are read apart on each."""
+    for part, held in (("tune", False), ("held_out", True)):
+        sub = [r for r in rows if r["held_out"] == held]
+        if sub:
+            yield part, sub
 
 
 def build(name: str, n: int, cap: int) -> Lengths:

@@ -16,7 +16,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import numpy.typing as npt
@@ -68,24 +68,44 @@ class ModelShape:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CostModel:
-    """c(L) = a*L + b*L^2 + k, in the unit of ``unit`` (FLOPs for presets, seconds when fitted)."""
+class Coefficients:
+    """a*x + b*x^2 + k, named, in one unit: what every cost of this package is (a record's
+    cost from its tokens, :class:`CostModel`; an image's from its patches, ``VisionCost``).
+    The fields, their check and their JSON form live here once."""
 
     name: str
-    """Preset name or a user label; stored in the cost index."""
+    """Preset name or a user label; stored with what it costed."""
     a: float
-    """Linear coefficient (per token)."""
+    """Linear coefficient (per token, or per patch): the matmuls."""
     b: float = 0.0
-    """Quadratic coefficient (per token squared): attention."""
+    """Quadratic coefficient (per token squared, or patch squared): attention."""
     k: float = 0.0
-    """Constant per-record overhead."""
+    """Constant overhead per record (or image): only a measured fit sees it."""
     unit: str = "flops"
     """What one unit of cost is: ``flops``, ``tokens`` or ``seconds``."""
     source: str = ""
     """Where the coefficients come from (a config, a fit): for audits."""
 
     def __post_init__(self) -> None:
-        check_coefficients("CostModel", self.a, self.b, self.k)
+        check_coefficients(type(self).__name__, self.a, self.b, self.k)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form, stored in ``bcl_index.json`` and in cost-model files."""
+        return asdict(self)
+
+    @classmethod
+    def fitted(cls, name: str, coef: npt.ArrayLike, source: str) -> Self:
+        """(a, b, k) fitted to measured pack times (:func:`held_out_fit`): in seconds."""
+        a, b, k = (float(c) for c in np.asarray(coef, dtype=np.float64))
+        return cls(name=name, a=a, b=b, k=k, unit="seconds", source=source)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CostModel(Coefficients):
+    """c(L) = a*L + b*L^2 + k, in the unit of ``unit`` (FLOPs for presets, seconds when fitted)."""
+
+    def __post_init__(self) -> None:
+        Coefficients.__post_init__(self)  # slots dataclasses cannot call super() plainly
         if self.a == 0 and self.b == 0 and self.k == 0:
             raise ValueError("CostModel needs at least one of a, b, k > 0 (all are 0)")
 
@@ -110,10 +130,6 @@ class CostModel:
             f"beyond the largest storable cost ({COST_MAX:.4g}, float32): every plan over it "
             "would fail; use a cost model with smaller coefficients (another unit)"
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly form, stored in ``bcl_index.json`` and in cost-model files."""
-        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CostModel:
@@ -266,6 +282,55 @@ def r2_score(pred: npt.NDArray[np.float64], y: npt.NDArray[np.float64]) -> float
     return 1.0 - ss_res / ss_tot if ss_tot > 0 else float("nan")
 
 
+@dataclass(frozen=True, slots=True)
+class HeldOutFit:
+    """Non-negative least squares of pack times on pack features: fitted on the packs not held
+    out, scored on both parts. One procedure for every fitted cost model (one term here, two
+    in ``bcl_stream.vision.cost``)."""
+
+    coef: npt.NDArray[np.float64]
+    """One coefficient per feature column, each >= 0."""
+    r2_train: float
+    r2_holdout: float
+    mean_rel_error_holdout: float
+    source: str
+    """How the coefficients were found (a cost model's ``source``)."""
+
+
+def held_out_fit(
+    x: npt.NDArray[np.float64],
+    seconds: npt.ArrayLike,
+    *,
+    least: int,
+    what: str,
+    holdout_fraction: float,
+    seed: int,
+) -> HeldOutFit:
+    """Fit pack times ``seconds`` on the rows of ``x`` (one a pack), keeping a random
+    ``holdout_fraction`` of the packs out of the fit to score it. Refuses fewer than ``least``
+    packs (``what``: what they would fit, for the message)."""
+    y = np.asarray(seconds, dtype=np.float64)
+    if x.shape[0] != y.size:
+        raise ValueError(f"packs ({x.shape[0]}) and seconds ({y.size}) differ in length")
+    if y.size < least:
+        raise ValueError(f"need at least {least} measured packs to fit{what}, got {y.size}")
+    if not 0 < holdout_fraction < 1:
+        raise ValueError(f"holdout_fraction must be in (0, 1), got {holdout_fraction}")
+    perm = np.random.default_rng(seed).permutation(y.size)
+    n_hold = max(2, round(holdout_fraction * y.size))
+    hold, train = perm[:n_hold], perm[n_hold:]
+    coef = nonnegative_lstsq(x[train], y[train])
+    pred = x @ coef
+    rel = np.abs(pred[hold] - y[hold]) / np.maximum(y[hold], 1e-12)
+    return HeldOutFit(
+        coef,
+        r2_score(pred[train], y[train]),
+        r2_score(pred[hold], y[hold]),
+        float(rel.mean()),
+        f"least squares on {train.size} packs, {n_hold} held out",
+    )
+
+
 def fit_cost_model(
     packs: Sequence[npt.ArrayLike],
     seconds: npt.ArrayLike,
@@ -280,28 +345,13 @@ def fit_cost_model(
     time; a pack's predicted time is the sum of its records' costs. A random ``holdout_fraction``
     of packs is kept out of the fit and scored (R^2 and mean relative error).
     """
-    y = np.asarray(seconds, dtype=np.float64)
-    if len(packs) != y.size:
-        raise ValueError(f"packs ({len(packs)}) and seconds ({y.size}) differ in length")
-    if y.size < 8:
-        raise ValueError(f"need at least 8 measured packs to fit, got {y.size}")
-    if not 0 < holdout_fraction < 1:
-        raise ValueError(f"holdout_fraction must be in (0, 1), got {holdout_fraction}")
-    x = pack_features(packs)
-    perm = np.random.default_rng(seed).permutation(y.size)
-    n_hold = max(2, round(holdout_fraction * y.size))
-    hold, train = perm[:n_hold], perm[n_hold:]
-    coef = nonnegative_lstsq(x[train], y[train])
-    pred = x @ coef
-    rel = np.abs(pred[hold] - y[hold]) / np.maximum(y[hold], 1e-12)
-    model = CostModel(
-        name=name,
-        a=float(coef[0]),
-        b=float(coef[1]),
-        k=float(coef[2]),
-        unit="seconds",
-        source=f"least squares on {train.size} packs, {n_hold} held out",
+    fit = held_out_fit(
+        pack_features(packs),
+        seconds,
+        least=8,
+        what="",
+        holdout_fraction=holdout_fraction,
+        seed=seed,
     )
-    return Fit(
-        model, r2_score(pred[train], y[train]), r2_score(pred[hold], y[hold]), float(rel.mean())
-    )
+    model = CostModel.fitted(name, fit.coef, fit.source)
+    return Fit(model, fit.r2_train, fit.r2_holdout, fit.mean_rel_error_holdout)

@@ -70,6 +70,7 @@ from lightning_module.options import (
     ConfigError,
     ElasticOptions,
     EvalOptions,
+    KnobView,
     LoaderOptions,
     group,
     refuse_flat,
@@ -251,32 +252,12 @@ class BCLDataModule(pl.LightningDataModule):
         self._announced = False
 
     # -- what the user chose (read-only views of ``knobs``) --------------------------------
-    @property
-    def plan(self) -> PlanKnobs:
-        """The planner's knobs (``data.plan``)."""
-        return self.knobs.plan
-
-    @property
-    def batch(self) -> BatchOptions:
-        """The collate's options (``data.batch``)."""
-        return self.knobs.batch
-
-    @property
-    def tokens(self) -> RecordSource | None:
-        """The token source (``data.tokens``; None: the cost index's)."""
-        return self.knobs.tokens
-
-    @property
-    def packing(self) -> str:
-        return self.knobs.packing
-
-    @property
-    def cost_model(self) -> str | None:
-        return self.knobs.cost_model
-
-    @property
-    def seed(self) -> int:
-        return self.knobs.seed
+    plan = KnobView[PlanKnobs]()  # the planner's knobs (data.plan)
+    batch = KnobView[BatchOptions]()  # the collate's options (data.batch)
+    tokens = KnobView[RecordSource | None]()  # the token source (data.tokens; None: the index's)
+    packing = KnobView[str]()
+    cost_model = KnobView[str | None]()
+    seed = KnobView[int]()
 
     @property
     def layout(self) -> str:
@@ -464,4 +445,6 @@ class BCLDataModule(pl.LightningDataModule):
                 "built from the dataset. Call setup() (Fabric: setup_fabric(fabric) or "
                 "setup_for(...)) first, then load the checkpoint."
             )
-        self._make_loader().load_state_dict(reader)
+        loader = self._make_loader()
+        loader.load_state_dict(reader)
+        self.dataset = loader.plan_dataset  # a new reader where a canonical layout was adopted

@@ -18,7 +18,7 @@ no translation of older keys is kept.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar, overload
 
 from bcl_stream import BCLStreamError, PlanKnobs, ReadOptions, RecordSource
 from bcl_stream.training import EVAL_PACKINGS, BatchOptions
@@ -177,12 +177,39 @@ def refuse_flat(given: dict[str, Any]) -> None:
     raise ConfigError(f"data.{name} is not a key of BCLDataModule; {fix}")
 
 
+K = TypeVar("K")
+
+
+class KnobView(Generic[K]):
+    """A read-only attribute of the DataModule: the same-named field of its ``knobs``
+    (``TrainingKnobs``, which declares and documents each). One declaration per knob instead of
+    one property each; like a property without a setter, assigning it raises, so ``knobs``
+    stays the one place a choice is held."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, module: None, owner: type | None = None) -> KnobView[K]: ...
+    @overload
+    def __get__(self, module: object, owner: type | None = None) -> K: ...
+    def __get__(self, module: Any, owner: type | None = None) -> K | KnobView[K]:
+        if module is None:
+            return self
+        value: K = getattr(module.knobs, self.name)
+        return value
+
+    def __set__(self, module: object, value: NoReturn) -> NoReturn:
+        raise AttributeError(f"{self.name} is read-only: it is knobs.{self.name}, chosen at init")
+
+
 __all__ = [
     "GROUP_CLASSES",
     "BatchOptions",
     "ConfigError",
     "ElasticOptions",
     "EvalOptions",
+    "KnobView",
     "LoaderOptions",
     "PlanKnobs",
     "ReadOptions",

@@ -9,7 +9,7 @@ Kept free of bcl_stream so a test's expectation cannot come from the code it che
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -85,6 +85,27 @@ def check_every_record_once(
     assert not (result.missing or result.duplicated or result.unexpected), (
         f"{what}: {result}" if what else str(result)
     )
+
+
+def micro_batches(packs: np.ndarray, pad: int = -1) -> list[tuple[int, ...]]:
+    """The micro-batches of a plan array (``(..., width)``), each the tuple of its record ids
+    with ``pad`` entries (a token-contract plan's padding) dropped."""
+    return [tuple(int(i) for i in row if i != pad) for row in packs.reshape(-1, packs.shape[-1])]
+
+
+def check_walks_from_any_start(
+    walk: Callable[[int, int], Iterable[tuple[object, np.ndarray]]],
+    whole: np.ndarray,
+    starts: Iterable[int],
+) -> None:
+    """A reader's walk of rank r's plan from pack ``start`` (``walk(r, start)``: pairs of
+    anything and its packs as an array, as ``iter_rank_packs`` gives them) yields exactly the
+    whole plan's micro-batches from there (``whole[r, start:]``), for every rank of ``whole``
+    and each start."""
+    for start in starts:
+        for rank in range(whole.shape[0]):
+            got = [b for _, packs in walk(rank, start) for b in micro_batches(packs)]
+            assert got == micro_batches(whole[rank, start:]), f"rank {rank} from pack {start}"
 
 
 def check_epoch(packs: Packs, n_records: int, pack_size: int, left_out: int) -> None:

@@ -150,10 +150,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             if not sel:
                 continue
             cell: dict[str, Any] = {}
-            for part, held in (("tune", False), ("held_out", True)):
-                sub = [r for r in sel if r["held_out"] == held]
-                if not sub:
-                    continue
+            for part, sub in text_corpora.corpus_sets(sel):
                 eff = [r["bcl-world"]["default"]["efficiency"] for r in sub]
                 cell[part] = {
                     "corpora": len(sub),

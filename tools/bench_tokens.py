@@ -168,10 +168,7 @@ def run_corpus(
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Median and worst of the headline figures, tune and held-out corpora apart."""
     out: dict[str, Any] = {}
-    for part, held in (("tune", False), ("held_out", True)):
-        sel = [r for r in rows if r["held_out"] == held]
-        if not sel:
-            continue
+    for part, sel in text_corpora.corpus_sets(rows):
         eff = [r["at_T"]["bcl-world"]["efficiency"] for r in sel]
         fill = [r["at_T"]["bcl-world"]["fill"] for r in sel]
         out[part] = {

@@ -24,13 +24,14 @@ from bcl_stream.errors import BCLStreamError, RemoteAccessError
 from bcl_stream.formats.dataset_files import check_integrity, integrity_checks, open_file_layout
 from bcl_stream.io.dataset_dir import detect_format
 from bcl_stream.io.index import CostIndex
+from bcl_stream.io.index_meta import column_stats
 from bcl_stream.io.remote import is_remote
 from bcl_stream.planner.cuts import MIN_SHARDS_PER_NODE, TEAM_SHARDS
 from bcl_stream.preprocess.fetch import fetch_dataset
 from bcl_stream.process_layout import ProcessLayout
 from bcl_stream.vision.components import read_components
 
-EMPTY_STATS = {"total": 0.0, "mean": 0.0, "p50": 0.0, "p99": 0.0, "max": 0.0}
+EMPTY_STATS = column_stats(())
 
 
 def _outliers(tokens: npt.NDArray[np.uint32], cap: int | None) -> dict[str, Any]:

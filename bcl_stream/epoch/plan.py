@@ -28,7 +28,7 @@ from bcl_stream.epoch.cache import cached
 from bcl_stream.epoch.canonical_config import check_canonical
 from bcl_stream.epoch.mixture_index import MixtureIndex
 from bcl_stream.epoch.process_group import launcher_ranks_per_node, process_group
-from bcl_stream.epoch.truncation import fed_costs, fed_tokens
+from bcl_stream.epoch.truncation import fed_costs, fed_tokens, truncation
 from bcl_stream.errors import StateError
 from bcl_stream.io.index import CostIndex
 from bcl_stream.planner import (
@@ -265,6 +265,15 @@ class ReaderConfig:
     def micro_batches_per_step(self) -> int:
         """Micro-batches of one optimizer step on a physical rank: G, or G_c*V/R."""
         return self.plan.grad_accum * self.hosted
+
+    def fitted(self, index: PlanData) -> ReaderConfig:
+        """This config as a reader of ``index`` is built with: ``max_seq_len`` None where it
+        cuts no record, so that the plan and the cursor are those of untruncated data (a
+        checkpoint of untruncated data resumes). Decided before the reader holds a config,
+        which it then never rewrites."""
+        if self.max_seq_len is None or truncation(index, self.max_seq_len).records:
+            return self
+        return replace(self, max_seq_len=None)
 
     def canonical(self) -> ReaderConfig:
         """The config the canonical plan is made under: V ranks, ``canonical_ranks_per_node``

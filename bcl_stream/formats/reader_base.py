@@ -21,6 +21,7 @@ A subclass implements :meth:`PlanDataset._read_packs` (record ids -> record dict
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import warnings
@@ -85,7 +86,7 @@ class PlanDataset(IterableDataset[Pack]):
     def __init__(self, index: PlanData, config: ReaderConfig, rank: int | None = None) -> None:
         super().__init__()
         self.index = index
-        self.config = config
+        self._config = config.fitted(index)
         self.rank = detect_rank() if rank is None else int(rank)
         group = process_group()
         if group is not None:
@@ -114,6 +115,33 @@ class PlanDataset(IterableDataset[Pack]):
         """Put each step's trained-token count on the records where the plan knows it
         (``epoch/loss_tokens.py``; the DataModule turns it on before any worker starts)."""
         self._evaluation: EvalPlan | None = None
+
+    @property
+    def config(self) -> ReaderConfig:
+        """The config this reader was built with (``ReaderConfig.fitted`` to its index).
+        Read-only: every worker's copy, the plan cache and the cursor follow the config a
+        reader was built with, so a different config is a different reader
+        (:meth:`with_canonical_layout`)."""
+        return self._config
+
+    def with_canonical_layout(self, config: ReaderConfig) -> PlanDataset:
+        """A new reader of the same opened data built with ``config``, which may differ from
+        this reader's in ``canonical_ranks_per_node`` only: a resume that adopts the saved
+        canonical node size (``epoch/cursor.py``; ``PackLoader.load_state_dict`` swaps the
+        reader). It shares the index, the files and the options (the canonical layout moves
+        no shard between this rank's readers) and has a cursor of its own; this reader is left
+        as it was."""
+        same = replace(config, canonical_ranks_per_node=self._config.canonical_ranks_per_node)
+        if same != self._config:
+            raise ValueError(
+                "a reader's config is fixed when it is built; only canonical_ranks_per_node "
+                f"can be adopted from a cursor (this reader: {self._config.flat()}, asked: "
+                f"{config.flat()}). Open a new reader with that config."
+            )
+        other = copy.copy(self)
+        other._config = config
+        other._cursor = torch.zeros_like(self._cursor).share_memory_()
+        return other
 
     def for_evaluation(self, packing: str = "sequential") -> PlanDataset:
         """Read for validation or test (``epoch/eval_plan.py``): every record once across

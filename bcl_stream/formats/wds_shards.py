@@ -28,7 +28,6 @@ import os
 import tarfile
 import tempfile
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -50,6 +49,7 @@ from bcl_stream.formats.tar_scan import (
 from bcl_stream.io.index import CostIndex
 from bcl_stream.io.names import path_under
 from bcl_stream.io.remote import download, join
+from bcl_stream.planner.lru import Lru
 
 Raw = dict[str, bytes]
 MAX_PARALLEL_NOW = 8
@@ -250,7 +250,7 @@ class ShardCache:
         """Per-process state: a DataLoader worker (forked or spawned) starts its own."""
         self._pid = os.getpid()
         self._lock = threading.Lock()
-        self._records: OrderedDict[int, ShardRecords] = OrderedDict()
+        self._records: Lru[int, ShardRecords] = Lru(self._keep, ShardRecords.close)
         self._pool: ThreadPoolExecutor | None = None
         self._pending: dict[int, Future[None]] = {}
         self._downloaded: list[Path] = []
@@ -283,7 +283,6 @@ class ShardCache:
         self._own()
         found = self._records.get(shard)
         if found is not None:
-            self._records.move_to_end(shard)
             return found
         target = self._target(shard)
         with self._lock:
@@ -295,10 +294,7 @@ class ShardCache:
             with self._lock:
                 self._opening.discard(target)
         with self._lock:
-            self._records[shard] = found
-            while len(self._records) > self._keep:
-                _, old = self._records.popitem(last=False)
-                old.close()
+            self._records.put(shard, found)
         return found
 
     def _load_or_scan(self, shard: int, path: Path) -> ShardRecords:

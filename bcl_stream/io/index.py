@@ -71,6 +71,7 @@ from bcl_stream.io.index_meta import (
     READABLE_VERSIONS,
     TRAINED_VERSION,
     check_costs_follow_model,
+    column_stats,
     read_index_json,
     seal,
 )
@@ -295,26 +296,11 @@ class CostIndex:
 
     def summary(self) -> dict[str, Any]:
         """Statistics stored in the JSON and shown by ``bcl-stream inspect``."""
-        tok = self.records["tokens"].astype(np.float64)
-        cost = self.records["cost"].astype(np.float64)
-
-        def stats(values: npt.NDArray[np.float64]) -> dict[str, float]:
-            if values.size == 0:
-                return {"total": 0.0, "mean": 0.0, "p50": 0.0, "p99": 0.0, "max": 0.0}
-            return {
-                "total": float(values.sum()),
-                "mean": float(values.mean()),
-                "p50": float(np.percentile(values, 50)),
-                "p99": float(np.percentile(values, 99)),
-                "max": float(values.max()),
-            }
-
-        trained = self.trained.astype(np.float64)
         return {
             "records": len(self.records),
-            "tokens": stats(tok),
-            "cost": stats(cost),
-            "trained": stats(trained),
+            "tokens": column_stats(self.records["tokens"]),
+            "cost": column_stats(self.records["cost"]),
+            "trained": column_stats(self.trained),
         }
 
     def to_json(self) -> dict[str, Any]:

@@ -60,6 +60,22 @@ COST_BLOCKS, COST_BLOCK = 4, 1024
 evenly spaced (~100 us; a few pages of the mapping, not pages all over the file)."""
 
 
+def column_stats(values: npt.ArrayLike) -> dict[str, float]:
+    """Total, mean, median, p99 and max of a per-record (or per-image) column, all 0 when it
+    is empty: the statistics ``bcl_index.json`` stores and ``inspect`` shows, one shape for
+    every column (tokens, costs, trained tokens, image tokens, patches)."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return {"total": 0.0, "mean": 0.0, "p50": 0.0, "p99": 0.0, "max": 0.0}
+    return {
+        "total": float(v.sum()),
+        "mean": float(v.mean()),
+        "p50": float(np.percentile(v, 50)),
+        "p99": float(np.percentile(v, 99)),
+        "max": float(v.max()),
+    }
+
+
 def fail(path: Path, what: str) -> CostIndexError:
     """The one error for a cost-index problem: the file, what is wrong, and what to do."""
     return CostIndexError(

@@ -156,11 +156,16 @@ def shard_file_names(dataset: Any) -> list[list[str]]:
     return names
 
 
-def restart_persistent_workers(loader: Any) -> None:
-    """Make a torch ``DataLoader`` start its (persistent) workers again at the next ``iter()``:
-    they keep the copy of the dataset they were started with, so a dataset whose configuration
-    changed (a canonical layout adopted from a cursor) must reach new workers. Drops torch's
-    private ``_iterator``, as ``DataLoader`` itself does when its workers die."""
+def replace_dataset(loader: Any, dataset: Any) -> None:
+    """Make a torch ``DataLoader`` read ``dataset`` from its next ``iter()`` on, its
+    (persistent) workers started again: a resume that adopts a saved canonical layout reads
+    through a reader built with it (a reader's config is never rewritten), and workers keep
+    the copy of the reader they were started with.
+
+    Relies on: ``DataLoader.__setattr__`` refusing ``dataset`` after construction (bypassed
+    with ``object.__setattr__``; an iterable dataset's sampler does not hold it), and torch's
+    private ``_iterator``, dropped as ``DataLoader`` itself does when its workers die."""
+    object.__setattr__(loader, "dataset", dataset)
     loader._iterator = None
 
 

@@ -33,7 +33,7 @@ from bcl_stream.epoch.cursor import MIXTURE_CHANGES, Cursor, resolve_state
 from bcl_stream.epoch.plan import ReaderPlan, Segment
 from bcl_stream.errors import StateError
 from bcl_stream.formats.reader_base import Pack, PlanDataset
-from bcl_stream.io.streaming_compat import restart_persistent_workers
+from bcl_stream.io.streaming_compat import replace_dataset
 
 log = logging.getLogger(__name__)
 
@@ -195,10 +195,11 @@ class PackLoader(DataLoader):
         )
         if cursor.config != dataset.config:
             # The saved canonical node size, adopted where the loader left it unpinned
-            # (epoch/cursor.py): the dataset plans with it from now on, and persistent
-            # workers, which keep the copy they were started with, are started again.
-            dataset.config = cursor.config
-            restart_persistent_workers(self)
+            # (epoch/cursor.py): a reader's config is fixed when it is built, so this loader
+            # reads from now on through a reader built with the adopted one (persistent
+            # workers, which hold a copy of the old reader, are started again).
+            dataset = dataset.with_canonical_layout(cursor.config)
+            replace_dataset(self, dataset)
         try:
             n_packs = self._n_packs(cursor.epoch, cursor.segments)
         except ValueError as exc:

@@ -28,26 +28,28 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Contract:
-    """One contract's promises and the behaviour the readers and the trainer take from it."""
+    """One contract's promises and the behaviour the readers and the trainer take from it.
+    The defaults are the plainest contract's (nothing re-cut or budgeted, canonical ranks and
+    both layouts supported): an entry names only where it differs."""
 
     name: str
     summary: str
     """One line: what a micro-batch holds."""
     module: str
     """The planner module that implements it."""
-    fixed_records: bool
+    fixed_records: bool = False
     """Every micro-batch holds exactly B records (the record-count contract)."""
-    recut_steps: bool
+    recut_steps: bool = False
     """A step's records are re-cut across its micro-batches and the ranks of its row after
     planning (readers re-cut; a state saved inside a step resumes on the same world size only)."""
-    step_records: bool
+    step_records: bool = False
     """Every optimizer step holds exactly G*B records per rank: a micro-batch's record-mean loss
     is scaled by its records / B (``loss_scale``) to weigh every record of the step alike."""
-    budget: bool
+    budget: bool = False
     """Micro-batches are cut to the token budget ``max_tokens`` (required)."""
-    canonical: bool
+    canonical: bool = True
     """Canonical ranks (the same optimizer steps at every world size dividing V) supported."""
-    layouts: tuple[str, ...]
+    layouts: tuple[str, ...] = ("packed", "padded")
     """The layouts (``PlanConfig.layout``) it plans."""
 
 
@@ -59,33 +61,20 @@ REGISTRY: dict[str, Contract] = {
             summary="exactly B records per micro-batch",
             module="bcl_stream.planner.windows",
             fixed_records=True,
-            recut_steps=False,
-            step_records=False,
-            budget=False,
-            canonical=True,
-            layouts=("packed", "padded"),
         ),
         Contract(
             name="step",
             summary="exactly G*B records per rank and optimizer step, micro-batches vary",
             module="bcl_stream.planner.step_contract",
-            fixed_records=False,
             recut_steps=True,
             step_records=True,
-            budget=False,
             canonical=False,
-            layouts=("packed", "padded"),
         ),
         Contract(
             name="tokens",
             summary="at most max_tokens tokens per micro-batch, G micro-batches per step",
             module="bcl_stream.planner.token_contract",
-            fixed_records=False,
-            recut_steps=False,
-            step_records=False,
             budget=True,
-            canonical=True,
-            layouts=("packed", "padded"),
         ),
     )
 }

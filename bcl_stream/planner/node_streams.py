@@ -25,8 +25,6 @@ in cost as whole sources do).
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import numpy as np
 import numpy.typing as npt
 
@@ -36,6 +34,7 @@ from bcl_stream.planner.cuts import cut_shards
 from bcl_stream.planner.dealing import deal_shards
 from bcl_stream.planner.groups import NodeGroups, shard_groups
 from bcl_stream.planner.heavy_lane import HeavyLane
+from bcl_stream.planner.lru import Lru
 from bcl_stream.planner.rng import Tag, epoch_rng
 from bcl_stream.planner.shard_table import Ids, KeepFilter, ShardTable
 from bcl_stream.planner.stratify import stratified_permutation
@@ -74,7 +73,7 @@ class NodeStream:
         self._length = int(table.usable[np.asarray(node_shards, dtype=np.int64)].sum())
         self._groups: NodeGroups | None = None
         self._stream = table.stream
-        self._cache: OrderedDict[int, Ids] = OrderedDict()
+        self._cache: Lru[int, Ids] = Lru(2)
 
     @property
     def groups(self) -> NodeGroups:
@@ -117,7 +116,6 @@ class NodeStream:
         """Group ``g``'s usable records in stream order (cached: the last two groups)."""
         hit = self._cache.get(g)
         if hit is not None:
-            self._cache.move_to_end(g)
             return hit
         ids = self._read_ranges(g)
         if self._shuffle:
@@ -139,9 +137,7 @@ class NodeStream:
                 f"the record filter kept {ids.size} records of group {g}, the shard table "
                 f"says {expected}: usable counts and filter disagree"
             )
-        self._cache[g] = ids
-        while len(self._cache) > 2:
-            self._cache.popitem(last=False)
+        self._cache.put(g, ids)
         return ids
 
     def _read_ranges(self, g: int) -> Ids:

@@ -12,8 +12,9 @@ What is decided, once, identically on every rank (from the shared cost index):
 
 - **Truncation.** Records are fed at most min(``batch.max_seq_len``, the model's limit)
   tokens; longer ones are planned at their truncated cost (``epoch/truncation.py``). Where
-  the limit cuts no record the reader config drops it, so the plan and the cursor are those of
-  untruncated data (a checkpoint of untruncated data resumes).
+  the limit cuts no record the reader config drops it (``ReaderConfig.fitted``, which every
+  reader is built with), so the plan and the cursor are those of untruncated data (a
+  checkpoint of untruncated data resumes).
 - **Normalization.** Where each optimizer step's loss denominator comes from
   (``epoch/loss_tokens.py``): ``plan`` (batches carry ``step_loss_tokens``, no
   communication), ``all_reduce`` (``rank_step_loss_tokens``, one scalar all-reduce per step)
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from bcl_stream.epoch.loss_tokens import normalization
@@ -140,10 +141,9 @@ class ResolvedTraining:
 def resolve(knobs: TrainingKnobs, context: TrainingContext, index: PlanData) -> ResolvedTraining:
     """The resolve step (module docstring): pure, the same on every rank."""
     config = reader_config(knobs, context)
-    cut = truncation(index, config.max_seq_len)
     fed = config.max_seq_len
-    if fed is not None and not cut.records:
-        config = replace(config, max_seq_len=None)
+    cut = truncation(index, fed)
+    config = config.fitted(index)
     how, why = normalization(index, config)
     return ResolvedTraining(config, fed, cut, how, why, knobs.batch.labels)
 
@@ -187,9 +187,6 @@ def open_training(
         format=format,
         options=options,
     )
-    resolved = resolve(knobs, context, dataset.index)
-    if resolved.config.max_seq_len != dataset.config.max_seq_len:
-        # the reader resolved its token source into its config: keep it, drop the unused cut
-        dataset.config = replace(dataset.config, max_seq_len=resolved.config.max_seq_len)
+    resolved = resolve(knobs, context, dataset.index)  # the reader was fitted alike
     dataset.step_loss_tokens = resolved.step_loss_tokens
     return Training(dataset, resolved)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bcl_stream.io.index_meta import COMPONENTS_FILE, INDEX_JSON, read_index_json
+from bcl_stream.io.index_meta import COMPONENTS_FILE, INDEX_JSON, column_stats, read_index_json
 from bcl_stream.io.index_meta import fail as _fail
 
 COMPONENTS_KEY = "components"
@@ -137,24 +137,12 @@ class RecordComponents:
     def summary(self) -> dict[str, Any]:
         """What ``inspect`` reports: image tokens and patches (total, mean, max) and counts."""
 
-        def stats(values: npt.NDArray[np.int64]) -> dict[str, float]:
-            if values.size == 0:
-                return {"total": 0.0, "mean": 0.0, "p50": 0.0, "p99": 0.0, "max": 0.0}
-            v = values.astype(np.float64)
-            return {
-                "total": float(v.sum()),
-                "mean": float(v.mean()),
-                "p50": float(np.percentile(v, 50)),
-                "p99": float(np.percentile(v, 99)),
-                "max": float(v.max()),
-            }
-
         return {
             "records_with_images": int((self.images_per_record > 0).sum()),
             "images": self.n_images,
-            "text_tokens": stats(self.text_tokens),
-            "image_tokens": stats(self.image_tokens),
-            "patches": stats(self.image_patches),
+            "text_tokens": column_stats(self.text_tokens),
+            "image_tokens": column_stats(self.image_tokens),
+            "patches": column_stats(self.image_patches),
         }
 
 

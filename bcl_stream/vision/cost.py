@@ -45,13 +45,12 @@ import numpy.typing as npt
 from bcl_stream.cost import (
     FLOPS_PER_PARAM_PER_TOKEN,
     SHAPES,
+    Coefficients,
     CostModel,
     ModelShape,
-    check_coefficients,
     from_shape,
-    nonnegative_lstsq,
+    held_out_fit,
     quadratic_cost,
-    r2_score,
 )
 from bcl_stream.vision.components import RecordComponents
 
@@ -70,21 +69,10 @@ def per_record_sum(
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class VisionCost:
-    """The vision encoder's cost of one image of P patches: a*P + b*P^2 + k."""
-
-    name: str
-    a: float
-    """Per patch: the encoder's matmuls (and the merger's share)."""
-    b: float = 0.0
-    """Per patch^2 of one image: full attention within the image."""
-    k: float = 0.0
-    """Per image: a constant overhead only a measured fit sees."""
-    unit: str = "flops"
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        check_coefficients("VisionCost", self.a, self.b, self.k)
+class VisionCost(Coefficients):
+    """The vision encoder's cost of one image of P patches: a*P + b*P^2 + k (``a``: the
+    encoder's matmuls and the merger's share per patch; ``b``: full attention within the image
+    per patch^2; ``k``: per image, a constant overhead only a measured fit sees)."""
 
     def image_costs(self, patches: npt.ArrayLike) -> npt.NDArray[np.float64]:
         """Cost of each image from its patch count."""
@@ -93,9 +81,6 @@ class VisionCost:
     def record_costs(self, components: RecordComponents) -> npt.NDArray[np.float64]:
         """Vision cost per record: the sum over its images (0 for a text-only record)."""
         return per_record_sum(components, self.image_costs(components.image_patches))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in ("name", "a", "b", "k", "unit", "source")}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -281,41 +266,23 @@ def fit_two_term_cost(
     regressors added). A random ``holdout_fraction`` of packs is scored, not fitted. Packs
     without images leave the vision columns 0: design packs with images of varied sizes (one
     large image against many small ones of the same total) to separate P from P^2."""
-    y = np.asarray(seconds, dtype=np.float64)
-    if len(packs) != y.size:
-        raise ValueError(f"packs ({len(packs)}) and seconds ({y.size}) differ in length")
-    if y.size < 12:
-        raise ValueError(f"need at least 12 measured packs to fit two terms, got {y.size}")
-    if not 0 < holdout_fraction < 1:
-        raise ValueError(f"holdout_fraction must be in (0, 1), got {holdout_fraction}")
-    x = pack_two_term_features(packs)
-    perm = np.random.default_rng(seed).permutation(y.size)
-    n_hold = max(2, round(holdout_fraction * y.size))
-    hold, train = perm[:n_hold], perm[n_hold:]
-    coef = nonnegative_lstsq(x[train], y[train])
-    pred = x @ coef
-    rel = np.abs(pred[hold] - y[hold]) / np.maximum(y[hold], 1e-12)
-    source = f"least squares on {train.size} packs, {n_hold} held out"
-    language = CostModel(
+    fit = held_out_fit(
+        pack_two_term_features(packs),
+        seconds,
+        least=12,
+        what=" two terms",
+        holdout_fraction=holdout_fraction,
+        seed=seed,
+    )
+    language = fit.coef[:3].copy()
+    if not language.any():
+        language[0] = 1e-30  # CostModel refuses all-zero terms
+    model = TwoTermCost(
         name=name,
-        a=float(coef[0]) if coef[:3].any() else 1e-30,  # CostModel refuses all-zero terms
-        b=float(coef[1]),
-        k=float(coef[2]),
-        unit="seconds",
-        source=source,
+        vision=VisionCost.fitted(name, fit.coef[3:], fit.source),
+        language=CostModel.fitted(name, language, fit.source),
     )
-    vision = VisionCost(
-        name=name,
-        a=float(coef[3]),
-        b=float(coef[4]),
-        k=float(coef[5]),
-        unit="seconds",
-        source=source,
-    )
-    model = TwoTermCost(name=name, vision=vision, language=language)
-    return TwoTermFit(
-        model, r2_score(pred[train], y[train]), r2_score(pred[hold], y[hold]), float(rel.mean())
-    )
+    return TwoTermFit(model, fit.r2_train, fit.r2_holdout, fit.mean_rel_error_holdout)
 
 
 def resolve_two_term(spec: str | None) -> TwoTermCost | None:

@@ -169,6 +169,8 @@ def test_a_canonical_layout_is_adopted_from_the_cursor(mds_dir: Path) -> None:
         if rank == 1:
             list(loader)  # the workers are alive and hold the unpinned (physical) layout
         loader.load_state_dict(state)
+        assert dataset.config.canonical_ranks_per_node is None  # the reader built unpinned
+        dataset = loader.plan_dataset  # reads on through a reader built with the adopted one
         assert dataset.config.canonical_ranks_per_node == 2
         after.append([pack_key(p) for p in loader])
     runs = [b + a for b, a in zip(before, after, strict=True)]

@@ -165,28 +165,17 @@ def test_failed_preprocess_leaves_no_empty_output(tmp_path: Path) -> None:
     assert inspect.returncode == 1 and "an empty directory, not a dataset" in inspect.stdout
 
 
-class _RunsCode:
-    """Unpickling this creates a directory: the proof that a load ran the file's code."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[object, tuple[str]]:
-        import os
-
-        return os.mkdir, (str(self.marker),)
-
-
 def test_a_malicious_checkpoint_is_refused_in_one_line(mds_dir: Path, tmp_path: Path) -> None:
     """Resuming from a checkpoint whose pickle would run code: torch's safe loader refuses it,
     and the user reads one line naming the file and what to do (exit 2), not torch's
     traceback; ``--debug`` shows the chained cause."""
     import torch
     from cli_process import run_module
+    from hostile_pickle import RunsCode
 
     marker = tmp_path / "code-ran"
     evil = tmp_path / "evil.ckpt"
-    torch.save({"state_dict": {}, "hyper_parameters": {"x": _RunsCode(marker)}}, evil)
+    torch.save({"state_dict": {}, "hyper_parameters": {"x": RunsCode(marker)}}, evil)
     argv = [
         "fit",
         "--config",

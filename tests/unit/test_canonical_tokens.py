@@ -3,8 +3,8 @@ the plan fixes V canonical ranks' micro-batches of at most T tokens; R physical 
 each run V/R canonical ranks' micro-batches per micro-batch index, whole, so every physical
 micro-batch is one canonical one (the budget T per physical rank holds) and every physical
 rank runs G_c*V/R of them per step (equal counts). Tested at R = V, V/2, V/4, 1: the same
-micro-batches per optimizer step, the budget, equal counts, every record once, the reader's
-walk from any start, and a cursor resuming across R (pure, no I/O)."""
+micro-batches per optimizer step, the budget, equal counts, every record once, and a cursor
+resuming across R (pure, no I/O; the reader's walk from any start: ``test_canonical.py``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import json
 
 import numpy as np
 import pytest
-from pack_oracles import check_every_record_once
+from pack_oracles import check_every_record_once, micro_batches
 from shard_tables import lognormal_index
 
 from bcl_stream.epoch.canonical import canonical_plan
@@ -43,14 +43,13 @@ def config(r: int, **knobs: object) -> ReaderConfig:
     return ReaderConfig.build(world_size=r, **fields)  # type: ignore[arg-type]
 
 
-def batches(packs: np.ndarray) -> list[tuple[int, ...]]:
-    return [tuple(int(i) for i in row if i != EMPTY) for row in packs.reshape(-1, packs.shape[-1])]
-
-
 def steps_of(packs: np.ndarray, per_step: int) -> list[list[tuple[int, ...]]]:
     """(R, n, width) physical micro-batches -> per optimizer step, the sorted set of its
     micro-batches (each a tuple of its record ids, padding dropped)."""
-    return [sorted(batches(packs[:, s : s + per_step])) for s in range(0, packs.shape[1], per_step)]
+    return [
+        sorted(micro_batches(packs[:, s : s + per_step]))
+        for s in range(0, packs.shape[1], per_step)
+    ]
 
 
 def check_budget(packs: np.ndarray, layout: str) -> None:
@@ -86,7 +85,7 @@ def test_steps_are_the_plan_for_v_ranks_at_every_size(scope: str, layout: str) -
         assert full_plan(INDEX, cfg, 0).remainder_counts() == oracle.remainder_counts()
         assert plan.remainder_counts() == reader_plan(INDEX, plain, 0).remainder_counts()
         for s in (0, plan.n_steps - 1):
-            assert sorted(batches(plan.step_packs(s))) == want[s]
+            assert sorted(micro_batches(plan.step_packs(s))) == want[s]
 
 
 def test_every_record_once_or_reported() -> None:
@@ -94,16 +93,6 @@ def test_every_record_once_or_reported() -> None:
     plan = full_plan(INDEX, cfg, 0)
     packs = plan.plan.packs
     check_every_record_once(packs[packs != EMPTY], len(INDEX), plan.plan.remainder)
-
-
-def test_reader_walk_equals_whole_plan_from_any_start() -> None:
-    cfg = config(4, ranks_per_node=2)
-    plan = canonical_plan(INDEX, cfg, 0)
-    whole = full_plan(INDEX, cfg, 0).plan.packs
-    for rank in range(4):
-        for start in (0, 1, 7, 8, plan.n_packs - 1):
-            got = [batches(p) for _, p in plan.iter_rank_packs(rank, start)]
-            assert [b for part in got for b in part] == batches(whole[rank, start:])
 
 
 def test_cursor_counts_steps_and_resumes_at_the_same_step_on_any_size() -> None:
@@ -115,8 +104,12 @@ def test_cursor_counts_steps_and_resumes_at_the_same_step_on_any_size() -> None:
         assert cursor.packs_consumed == 3 * 2 * V // r
         whole = full_plan(INDEX, config(r), 0).plan.packs
         plan = canonical_plan(INDEX, config(r), 0)
-        got = [b for _, p in plan.iter_rank_packs(r - 1, cursor.packs_consumed) for b in batches(p)]
-        assert got == batches(whole[r - 1, cursor.packs_consumed :])
+        got = [
+            b
+            for _, p in plan.iter_rank_packs(r - 1, cursor.packs_consumed)
+            for b in micro_batches(p)
+        ]
+        assert got == micro_batches(whole[r - 1, cursor.packs_consumed :])
 
 
 def test_the_step_contract_is_still_refused() -> None:
@@ -124,7 +117,7 @@ def test_the_step_contract_is_still_refused() -> None:
         config(2, contract="step", layout="padded", max_tokens=None, pack_size=4)
 
 
-def test_the_simulator_runs_the_readers_physical_micro_batches() -> None:
+def test_the_simulator_runs_the_readers_physical_micro_micro_batches() -> None:
     """``simulate --canonical-ranks`` under the token contract scores what the readers run:
     each physical micro-batch one canonical micro-batch, G_c*V/R per rank and step."""
     from bcl_stream.analysis.sim import SimConfig, plan_schedules, shard_table
@@ -141,4 +134,4 @@ def test_the_simulator_runs_the_readers_physical_micro_batches() -> None:
     got = [tuple(p.tolist()) for rank in s.packs for p in rank]
     cfg = config(4, ranks_per_node=2)
     whole = full_plan(INDEX, cfg, 0).plan.packs
-    assert sorted(got) == sorted(batches(whole))
+    assert sorted(got) == sorted(micro_batches(whole))

@@ -2,24 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from hostile_pickle import RunsCode
 
 from lightning_module.checkpoints import last_complete_checkpoint
-
-
-class RunsCode:
-    """Unpickling this creates a directory: the proof that a probe ran a file's code."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[object, tuple[str]]:
-        return os.mkdir, (str(self.marker),)
 
 
 def save(path: Path, obj: object) -> Path:

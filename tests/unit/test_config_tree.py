@@ -147,6 +147,21 @@ def test_datamodule_plan_is_checked_when_built(plan: dict[str, Any], match: str)
         BCLDataModule("DIR", plan=plan)
 
 
+def test_datamodule_views_its_knobs_read_only() -> None:
+    """``plan``, ``batch``, ``packing``... are the knobs' own values, and cannot be set apart
+    from them (the knobs are the one place a choice is held)."""
+    module = BCLDataModule(
+        "DIR", plan={"pack_size": 3}, batch={"collate": "packed"}, seed=5, packing="sequential"
+    )
+    views = ["plan", "batch", "tokens", "packing", "cost_model", "seed"]
+    assert all(getattr(module, v) is getattr(module.knobs, v) for v in views)
+    assert (module.plan.pack_size, module.layout, module.seed) == (3, "packed", 5)
+    for view in views:
+        with pytest.raises(AttributeError, match=f"{view} is read-only"):
+            setattr(module, view, None)
+    assert module.packing == "sequential"
+
+
 def test_reader_config_build_and_nested_fields() -> None:
     config = ReaderConfig.build(seed=3, cost_model="tokens", **VALUES)
     assert config.plan == PlanConfig(**VALUES)

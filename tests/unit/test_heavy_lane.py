@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pack_oracles import check_every_record_once
+from plan_strategies import SEEDS, Grid, grids
 from shard_tables import table_for
 
 from bcl_stream.analysis.displacement import displacement_steps
@@ -24,19 +25,18 @@ def heavy_tailed(n: int, seed: int = 0) -> np.ndarray:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    windows=st.integers(1, 6),
-    window=st.integers(1, 5),
-    size=st.integers(1, 4),
-    ranks=st.integers(1, 4),
+    grid=grids(ranks=(1, 4), size=(1, 4), group=(1, 5), steps=(1, 6)),
     lane=st.integers(2, 8),
-    seed=st.integers(0, 99),
+    seed=SEEDS,
     streams=st.integers(1, 3),
 )
 def test_lane_order_moves_the_costliest_records_to_the_slots_and_keeps_the_rest(
-    windows: int, window: int, size: int, ranks: int, lane: int, seed: int, streams: int
+    grid: Grid, lane: int, seed: int, streams: int
 ) -> None:
     rng = np.random.default_rng(seed)
-    windows = min(windows, lane)  # a lane block holds at most ``lane`` windows
+    # the grid's group: packs per rank in a window; its steps: windows in the lane block
+    ranks, size, window = grid.ranks, grid.size, grid.group
+    windows = min(grid.steps, lane)  # a lane block holds at most ``lane`` windows
     chunk = window * size * ranks
     n = windows * chunk
     ids = rng.permutation(10 * n)[:n]

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pack_oracles import check_every_record_once
+from plan_strategies import SEEDS, Grid, grids
 from upstream_fixtures import upstream
 
 from bcl_stream.peers import Pool, plan_pooled
@@ -97,19 +98,13 @@ def test_too_few_records_for_the_groups_is_refused() -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    r=st.integers(1, 4),
-    b=st.integers(1, 6),
-    g=st.integers(1, 4),
-    steps=st.integers(1, 3),
-    extra=st.integers(0, 50),
-    seed=st.integers(0, 2**16),
-)
+@given(grid=grids(), extra=st.integers(0, 50), seed=SEEDS)
 def test_every_step_holds_the_effective_batch_and_every_record_once(
-    r: int, b: int, g: int, steps: int, extra: int, seed: int
+    grid: Grid, extra: int, seed: int
 ) -> None:
     rng = np.random.default_rng(seed)
-    n = r * b * g * steps + extra % (r * b * g)
+    r, b, g, steps = grid.ranks, grid.size, grid.group, grid.steps
+    n = grid.records + extra % (r * b * g)
     tok = np.minimum(rng.lognormal(5.0, 1.3, n).astype(np.int64) + 1, 8192)
     order = rng.permutation(n)
     bins, left = plan_pooled("hf_rebalance", Pool(order, tok, r, b, g), int(tok.max()))

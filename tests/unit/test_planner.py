@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pack_oracles import check_every_record_once
+from plan_strategies import SEEDS, Grid, grids
 from shard_tables import lognormal_lengths, table_for
 
 from bcl_stream.errors import PlanError
@@ -259,17 +260,11 @@ def test_carry_must_be_smaller_than_the_window() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    seed=st.integers(0, 10_000),
-    group=st.integers(2, 8),
-    steps=st.integers(1, 8),
-    b=st.integers(1, 8),
-)
-def test_step_fill_never_raises_the_sum_of_step_maxima(
-    seed: int, group: int, steps: int, b: int
-) -> None:
+@given(grid=grids(ranks=(2, 8), size=(1, 8), group=(1, 1), steps=(1, 8)), seed=SEEDS)
+def test_step_fill_never_raises_the_sum_of_step_maxima(grid: Grid, seed: int) -> None:
     from bcl_stream.planner.step_fill import fill_steps
 
+    group, steps, b = grid.ranks, grid.steps, grid.size  # fill_steps' group: the ranks of a step
     costs = np.random.default_rng(seed).pareto(1.2, size=(3, group * steps * b)) + 0.01
     first = partition(costs, group * steps, "lpt", 8)
     filled = fill_steps(costs, first, group, refine=8)

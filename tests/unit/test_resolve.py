@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,25 @@ def test_open_training_hands_the_decisions_to_the_reader(data: Path) -> None:
     cut = open_training(data, knobs(max_seq_len=24), single)
     assert cut.dataset.config.max_seq_len == 24 and not cut.dataset.step_loss_tokens
     assert next(iter(cut.loader()))["input_ids"].shape[1] <= 24
+
+
+def test_a_reader_config_is_decided_before_the_reader_is_built(data: Path) -> None:
+    """The reader's config is the one it was built with, fitted to its index: it cannot be
+    assigned, and a resume (same layout) leaves the very same object in place. A different
+    config is a different reader: only a canonical node size adopted from a cursor is built
+    that way, from the same opened data; any other change is refused."""
+    single = context(world=1, per_node=1, max_seq_len=LONGEST + 5)
+    training = open_training(data, knobs(), single)
+    dataset = training.dataset
+    built = dataset.config
+    assert built.max_seq_len is None  # fitted before construction: nothing is cut
+    with pytest.raises(AttributeError):
+        dataset.config = replace(built, seed=1)  # type: ignore[misc]
+    loader = training.loader()
+    next(iter(loader))
+    state = loader.state_dict()
+    again = training.loader()
+    again.load_state_dict(state)
+    assert again.plan_dataset is dataset and dataset.config is built
+    with pytest.raises(ValueError, match="only canonical_ranks_per_node can be adopted"):
+        dataset.with_canonical_layout(replace(built, seed=1))

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from plan_strategies import SEEDS, Grid, grids
 
 from bcl_stream.analysis.terms import term_figures
 from bcl_stream.planner.two_term import ragged, refine_two_terms
@@ -30,21 +31,18 @@ def test_a_summed_balance_is_split_into_both_terms() -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(
+    grid=grids(ranks=(2, 4), size=(1, 5), group=(1, 3), steps=(1, 1)),
     nodes=st.integers(1, 2),
-    per_node=st.integers(2, 4),
-    depth=st.integers(1, 3),
-    size=st.integers(1, 5),
     budget=st.booleans(),
     iterations=st.sampled_from([1, 3, 32]),
-    seed=st.integers(0, 2**16),
+    seed=SEEDS,
 )
-def test_invariants(
-    nodes: int, per_node: int, depth: int, size: int, budget: bool, iterations: int, seed: int
-) -> None:
+def test_invariants(grid: Grid, nodes: int, budget: bool, iterations: int, seed: int) -> None:
     """Every record stays once, in its node, at its micro-batch index, each rank keeps its
     count; no micro-batch's separate-stage plus one-stage time rises; a token budget is
     kept."""
     rng = np.random.default_rng(seed)
+    per_node, depth, size = grid.ranks, grid.group, grid.size  # a node's ranks, packs per rank
     ranks = nodes * per_node
     n = ranks * depth * size
     ids = rng.permutation(n)
