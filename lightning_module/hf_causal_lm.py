@@ -34,6 +34,12 @@ bcl_stream/vision/batch.py) go to the model beside the ids. Packed rows carry Qw
 rotary positions ``(3, 1, N)``, each record's from 0 as it has them alone, and the same
 block-diagonal mask as text; padded rows leave the positions to the model (its rope index from
 the ``attention_mask``). The loss is the text path's: a record's packed loss is its loss alone.
+A micro-batch without images leaves the vision tower out of the graph, and DDP, which reduces
+every parameter's gradient, then waits on one rank for buckets the others have sent (the ranks
+part: a gloo "connection closed", or a hang). So in training the vision parameters' sum times 0
+is added to such a batch's loss: their gradient there is exactly 0, the loss unchanged, and
+every rank reduces the same buckets (``find_unused_parameters`` would cost a graph walk per
+step and is a strategy setting users would have to know).
 
 The model directory needs ``config.json``; with weights (``model.safetensors``,
 ``pytorch_model.bin`` or their sharded indexes) they are loaded, without them the model is
@@ -254,7 +260,18 @@ class HFCausalLM(L.LightningModule):
             ignore_index=IGNORE_INDEX,
             reduction="sum",
         )
+        if self.vision and torch.is_grad_enabled() and not any(k in batch for k in IMAGE_KEYS):
+            total = total + 0.0 * self._vision_sum()
         return total, (labels != IGNORE_INDEX).sum()
+
+    def _vision_sum(self) -> Tensor:
+        """The sum of the parameters outside the language model (the vision tower and its
+        projector): times 0 on an image-free batch's loss (module docstring)."""
+        model = self.model
+        language = {id(p) for p in model.get_decoder().parameters()}
+        language |= {id(p) for p in model.get_output_embeddings().parameters()}
+        parts = [p.sum() for p in model.parameters() if p.requires_grad and id(p) not in language]
+        return torch.stack(parts).sum() if parts else torch.zeros((), device=self.device)
 
     def loss(self, batch: dict[str, Any]) -> Tensor:
         """Mean cross-entropy over the batch's trained tokens."""
