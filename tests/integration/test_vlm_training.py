@@ -248,3 +248,24 @@ def test_image_text_data_needs_its_processor_and_text_data_refuses_one(
         dm = BCLDataModule(str(data), plan=plan, batch={"collate": "packed", **batch})
         with pytest.raises(DatasetError, match=message):
             dm.setup_for(rank=0, world_size=1, ranks_per_node=1)
+
+
+def test_a_plain_loop_gets_the_same_image_collate(work: Path) -> None:
+    """``open_training`` (the plain PyTorch path, docs/pytorch.md) resolves the collate as the
+    DataModule does: its loader's batches carry the images, processed in its worker."""
+    from bcl_stream import BatchOptions, PlanKnobs, ProcessLayout, TrainingContext, TrainingKnobs
+    from bcl_stream.training import open_training
+
+    knobs = TrainingKnobs(
+        plan=PlanKnobs(pack_size=4, window=2),
+        batch=BatchOptions(collate="packed", labels="unshifted", processor=str(work / "processor")),
+    )
+    context = TrainingContext(process=ProcessLayout(rank=0, world_size=1, ranks_per_node=1))
+    training = open_training(str(work / "wds"), knobs, context)
+    assert isinstance(training.collate(), ImageCollate)
+    batches = list(training.loader(num_workers=1))
+    assert len(batches) == 8
+    images = sum(int(b["image_counts"].sum()) for b in batches)
+    assert images == 24  # every stored image once (32 records, one in 4 text only)
+    assert all(("pixel_values" in b) == bool(b["image_counts"].sum()) for b in batches)
+    assert all(b["position_ids"].shape == (3, 1, b["input_ids"].shape[1]) for b in batches)
