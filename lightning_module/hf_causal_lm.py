@@ -27,7 +27,7 @@ divides by the step's trained tokens:
   ``BCLDataModule`` sets it at ``setup``), never from the DataModule class; an explicit value
   that contradicts it is refused.
 
-**Vision-language models.** A ``config.json`` with a ``vision_config`` (Qwen2-VL, LLaVA, ...)
+**Vision-language models** (tested with Qwen2-VL). A ``config.json`` with a ``vision_config``
 is built with ``AutoModelForImageTextToText`` (``AutoModelForCausalLM`` does not map them), and
 the batch's image keys (``pixel_values``, ``image_grid_thw``: what ``ImageCollate`` adds,
 bcl_stream/vision/batch.py) go to the model beside the ids. Packed rows carry Qwen2-VL's 3-D

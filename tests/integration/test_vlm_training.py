@@ -269,3 +269,24 @@ def test_a_plain_loop_gets_the_same_image_collate(work: Path) -> None:
     assert images == 24  # every stored image once (32 records, one in 4 text only)
     assert all(("pixel_values" in b) == bool(b["image_counts"].sum()) for b in batches)
     assert all(b["position_ids"].shape == (3, 1, b["input_ids"].shape[1]) for b in batches)
+
+
+def test_an_image_free_batch_gives_the_vision_tower_a_zero_gradient(work: Path) -> None:
+    """What keeps DDP's reduction the same on every rank (the 2-rank test above crashes
+    without it): the vision parameters are in the graph of a batch without images, with a
+    gradient of exactly 0, and the loss is unchanged."""
+    module = HFCausalLM(str(work / "model"), attention="sdpa")
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    batch = {
+        "input_ids": ids,
+        "labels": torch.tensor([[-100, 6, 7, 8, 9, 10]]),
+        "cu_seqlens": torch.tensor([0, 6]),
+        "position_ids": torch.arange(6).expand(3, 1, 6),
+    }
+    total, count = module.loss_sum(batch)
+    total.backward()
+    with torch.no_grad():
+        assert float(module.loss_sum(batch)[0]) == float(total)
+    visual = {n: p.grad for n, p in module.model.named_parameters() if ".visual." in n}
+    assert visual and all(g is not None and not g.any() for g in visual.values())
+    assert int(count) == 5
