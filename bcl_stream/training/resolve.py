@@ -46,6 +46,7 @@ from bcl_stream.loading.loader import PackLoader
 from bcl_stream.planner.contracts import contract
 from bcl_stream.training.context import TrainingContext
 from bcl_stream.training.knobs import TrainingKnobs
+from bcl_stream.vision.preprocess import VISION_KEY
 
 HOW = {
     "plan": "step_loss_tokens from the plan, no communication",
@@ -170,7 +171,7 @@ def image_processor(index: PlanData) -> str | None:
     """The processor name image-text data was preprocessed with (its index's
     ``extra.vision``; a mixture: its first image-text stream's), or None for text."""
     for one in getattr(index, "indexes", (index,)):
-        vision = getattr(one, "extra", {}).get("vision")
+        vision = getattr(one, "extra", {}).get(VISION_KEY)
         if isinstance(vision, dict):
             return str(vision.get("processor", "?"))
     return None
