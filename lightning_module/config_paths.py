@@ -44,9 +44,13 @@ PATH_KEYS = (
     "data.eval.val_data",
     "data.eval.test_data",
     "data.cache_dir",
+    "data.batch.processor",
     "ckpt_path",
 )
 """Dotted config keys whose value is one local path (or a URL, left alone)."""
+HF_MODEL_KEY = "model.init_args.model"
+"""The model directory of an ``HFCausalLM`` model section (another model's ``model`` argument
+may be no path, so only this class's is resolved)."""
 STREAM_KEYS = (
     "data.streams",
     "data.eval.val_streams",
@@ -133,7 +137,8 @@ def _callback(callback: Any, root: str) -> Any:
 def path_overrides(config: Any, root: str) -> list[str]:
     """Options that set ``config``'s relative paths to absolute ones under ``root``."""
     out = []
-    for key in PATH_KEYS:
+    hf_model = str(_get(config, "model.class_path") or "").endswith(".HFCausalLM")
+    for key in (*PATH_KEYS, HF_MODEL_KEY) if hf_model else PATH_KEYS:
         value = _get(config, key)
         if key == "ckpt_path" and value in CHECKPOINT_NAMES:
             continue

@@ -42,7 +42,6 @@ from torch.utils.data import DataLoader
 
 from bcl_stream import (
     BatchOptions,
-    PackCollate,
     PackLoader,
     PlanDataset,
     PlanKnobs,
@@ -59,6 +58,7 @@ from bcl_stream.io.streaming_compat import set_streaming_env
 from bcl_stream.loading.evaluation import evaluation_sources
 from bcl_stream.training import (
     MIXTURE_CHANGES,
+    Collate,
     ResolvedTraining,
     fed_max_seq_len,
     reader_config,
@@ -347,11 +347,13 @@ class BCLDataModule(pl.LightningDataModule):
             raise RuntimeError("BCLDataModule: call setup() (or setup_for()) before using it")
         return self.dataset
 
-    def collate(self) -> PackCollate:
-        """The collate function the loader uses (also handy for inspecting batches)."""
+    def collate(self) -> Collate:
+        """The collate function the loader uses (also handy for inspecting batches):
+        ``PackCollate``, or ``ImageCollate`` around it for image-text data (the resolve
+        step decides, from the index and ``batch.processor``)."""
         return self.collate_for(self._require_dataset())
 
-    def collate_for(self, dataset: PlanDataset) -> PackCollate:
+    def collate_for(self, dataset: PlanDataset) -> Collate:
         """The collate function of a reader (training, or an evaluation reader's own index)."""
         self._require_dataset()
         assert self.resolved is not None

@@ -26,9 +26,9 @@ from typing import Any
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader
 
-from bcl_stream import PackCollate, PlanDataset, ReaderConfig, ReadOptions
+from bcl_stream import PlanDataset, ReaderConfig, ReadOptions
 from bcl_stream.loading.evaluation import evaluation_dataset, evaluation_loader
-from bcl_stream.training import EVAL_PACKINGS
+from bcl_stream.training import EVAL_PACKINGS, Collate
 from lightning_module.trainer_loader import explain_len_warning
 
 KINDS = ("val", "test")
@@ -47,7 +47,7 @@ class Evaluation:
     cache_dir: str | None
     """The DataModule's cache; each evaluation dataset gets its own ``{kind}-{i}`` below it."""
     num_workers: int
-    collate_for: Callable[[PlanDataset], PackCollate]
+    collate_for: Callable[[PlanDataset], Collate]
     """The collate of a reader (each evaluation dataset has its own index)."""
     _loaders: dict[str, list[DataLoader[Any]]] = field(default_factory=dict)
 

@@ -27,6 +27,20 @@ divides by the step's trained tokens:
   ``BCLDataModule`` sets it at ``setup``), never from the DataModule class; an explicit value
   that contradicts it is refused.
 
+**Vision-language models** (tested with Qwen2-VL). A ``config.json`` with a ``vision_config``
+is built with ``AutoModelForImageTextToText`` (``AutoModelForCausalLM`` does not map them), and
+the batch's image keys (``pixel_values``, ``image_grid_thw``: what ``ImageCollate`` adds,
+bcl_stream/vision/batch.py) go to the model beside the ids. Packed rows carry Qwen2-VL's 3-D
+rotary positions ``(3, 1, N)``, each record's from 0 as it has them alone, and the same
+block-diagonal mask as text; padded rows leave the positions to the model (its rope index from
+the ``attention_mask``). The loss is the text path's: a record's packed loss is its loss alone.
+A micro-batch without images leaves the vision tower out of the graph, and DDP, which reduces
+every parameter's gradient, then waits on one rank for buckets the others have sent (the ranks
+part: a gloo "connection closed", or a hang). So in training the vision parameters' sum times 0
+is added to such a batch's loss: their gradient there is exactly 0, the loss unchanged, and
+every rank reduces the same buckets (``find_unused_parameters`` would cost a graph walk per
+step and is a strategy setting users would have to know).
+
 The model directory needs ``config.json``; with weights (``model.safetensors``,
 ``pytorch_model.bin`` or their sharded indexes) they are loaded, without them the model is
 initialised at random from the config (tests, from-scratch runs). Every rank loads the model on
@@ -64,6 +78,8 @@ WEIGHT_FILES = (
     "pytorch_model.bin.index.json",
 )
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+IMAGE_KEYS = ("pixel_values", "image_grid_thw")
+"""The batch keys of a vision-language model's images (``ImageCollate``'s), passed as they are."""
 
 
 def has_weights(directory: str | Path) -> bool:
@@ -125,7 +141,7 @@ class HFCausalLM(L.LightningModule):
         gradient_checkpointing: bool = False,
     ) -> None:
         super().__init__()
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
         if not (Path(model) / "config.json").is_file():
             raise FileNotFoundError(
@@ -156,10 +172,13 @@ class HFCausalLM(L.LightningModule):
         config = AutoConfig.from_pretrained(model)
         torch_dtype = DTYPES[dtype] if dtype is not None else torch.float32
         options: dict[str, Any] = {"attn_implementation": self.attention, "dtype": torch_dtype}
+        self.vision = getattr(config, "vision_config", None) is not None
+        """A vision-language model (module docstring): built as image-text-to-text."""
+        auto = AutoModelForImageTextToText if self.vision else AutoModelForCausalLM
         if has_weights(model):
-            self.model = AutoModelForCausalLM.from_pretrained(model, config=config, **options)
+            self.model = auto.from_pretrained(model, config=config, **options)
         else:
-            self.model = AutoModelForCausalLM.from_config(config, **options)
+            self.model = auto.from_config(config, **options)
         # from_pretrained returns the model in eval mode, and Lightning (since 2.2) keeps each
         # submodule's mode as it finds it at fit: without this the whole fit would run without
         # dropout, and transformers, which checkpoints only while ``self.training``, would not
@@ -167,7 +186,7 @@ class HFCausalLM(L.LightningModule):
         self.model.train()
         if gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
-        limit = getattr(config, "max_position_embeddings", None)
+        limit = getattr(config.get_text_config(), "max_position_embeddings", None)
         self.max_seq_len: int | None = max_seq_len if max_seq_len is not None else limit
         """The longest record trained (the DataModule truncates to it and plans for it)."""
         self.labels = labels
@@ -198,14 +217,25 @@ class HFCausalLM(L.LightningModule):
     def forward(self, batch: dict[str, Any]) -> Tensor:
         """Logits (float32) shaped like ``input_ids`` plus a vocabulary axis."""
         ids = batch["input_ids"].long()
+        images = {key: batch[key] for key in IMAGE_KEYS if key in batch}
+        if images and not self.vision:
+            raise ValueError(
+                f"the batch carries images ({sorted(images)}) but the model "
+                f"{self.hparams['model']} has no vision_config: train image-text data with a "
+                "vision-language model"
+            )
         if "cu_seqlens" not in batch:
-            out = self.model(input_ids=ids, attention_mask=batch.get("attention_mask"))
+            out = self.model(input_ids=ids, attention_mask=batch.get("attention_mask"), **images)
             return out.logits.float()
         if ids.shape[0] != 1:
             raise ValueError(
                 f"packed layout needs input_ids of shape (1, N), got {tuple(ids.shape)}"
             )
-        kwargs: dict[str, Any] = {"input_ids": ids, "position_ids": batch["position_ids"].long()}
+        kwargs: dict[str, Any] = {
+            "input_ids": ids,
+            "position_ids": batch["position_ids"].long(),
+            **images,
+        }
         if self.attention == "flash_attention_2":
             for key in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"):
                 kwargs[key] = batch[key]
@@ -230,7 +260,18 @@ class HFCausalLM(L.LightningModule):
             ignore_index=IGNORE_INDEX,
             reduction="sum",
         )
+        if self.vision and torch.is_grad_enabled() and not any(k in batch for k in IMAGE_KEYS):
+            total = total + 0.0 * self._vision_sum()
         return total, (labels != IGNORE_INDEX).sum()
+
+    def _vision_sum(self) -> Tensor:
+        """The sum of the parameters outside the language model (the vision tower and its
+        projector): times 0 on an image-free batch's loss (module docstring)."""
+        model = self.model
+        language = {id(p) for p in model.get_decoder().parameters()}
+        language |= {id(p) for p in model.get_output_embeddings().parameters()}
+        parts = [p.sum() for p in model.parameters() if p.requires_grad and id(p) not in language]
+        return torch.stack(parts).sum() if parts else torch.zeros((), device=self.device)
 
     def loss(self, batch: dict[str, Any]) -> Tensor:
         """Mean cross-entropy over the batch's trained tokens."""

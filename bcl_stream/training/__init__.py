@@ -23,6 +23,7 @@ from bcl_stream.training.context import TrainingContext
 from bcl_stream.training.knobs import BatchOptions, TrainingKnobs
 from bcl_stream.training.normalize import step_loss_tokens, trained_tokens
 from bcl_stream.training.resolve import (
+    Collate,
     ResolvedTraining,
     Training,
     fed_max_seq_len,
@@ -41,6 +42,7 @@ __all__ = [
     "RANK_STEP_LOSS_TOKENS",
     "STEP_LOSS_TOKENS",
     "BatchOptions",
+    "Collate",
     "ResolvedTraining",
     "Training",
     "TrainingContext",

@@ -40,6 +40,11 @@ class BatchOptions:
     labels: str = "shifted"
     """``shifted`` (targets already shifted; a loss must not shift again) or ``unshifted``
     (Hugging Face convention: the model shifts). See docs/lightning.md."""
+    processor: str | None = None
+    """A local Hugging Face processor directory, for image-text data (``preprocess
+    --processor``): the collate decodes each record's images in the DataLoader workers and adds
+    the model's keys (``pixel_values``, ``image_grid_thw``; docs/vlm.md). Required for
+    image-text data, refused for text."""
 
     def __post_init__(self) -> None:
         if self.collate not in LAYOUTS:

@@ -21,18 +21,24 @@ What is decided, once, identically on every rank (from the shared cost index):
   or ``rescale`` (the labels' count, one all-reduce, gradients rescaled).
 - **Accumulation.** The trainer's, or G_c under canonical ranks, whose physical accumulation
   G_c x V/R is checked against the trainer's.
+- **Images.** Image-text data (an index with ``extra.vision``, written by ``preprocess
+  --processor``) is collated by ``ImageCollate`` with ``batch.processor``, so the images are
+  decoded and processed in the DataLoader workers and the batch carries the model's keys; a
+  truncation that would cut such data is refused (a record's image tokens must match its
+  images).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from bcl_stream.epoch.loss_tokens import normalization
 from bcl_stream.epoch.plan import PlanData, ReaderConfig
 from bcl_stream.epoch.truncation import Truncation, truncation
+from bcl_stream.errors import DatasetError
 from bcl_stream.formats.open_dataset import open_dataset
 from bcl_stream.formats.read_options import ReadOptions
 from bcl_stream.formats.reader_base import PlanDataset
@@ -41,6 +47,7 @@ from bcl_stream.loading.loader import PackLoader
 from bcl_stream.planner.contracts import contract
 from bcl_stream.training.context import TrainingContext
 from bcl_stream.training.knobs import TrainingKnobs
+from bcl_stream.vision.preprocess import VISION_KEY
 
 HOW = {
     "plan": "step_loss_tokens from the plan, no communication",
@@ -48,6 +55,9 @@ HOW = {
     "rescale": "the labels' count, one all-reduce per optimizer step, gradients rescaled",
 }
 """Each normalization path in one phrase (the set-up line)."""
+
+Collate = Callable[[list[dict[str, Any]]], dict[str, Any]]
+"""A batch of a pack: ``PackCollate``, or ``ImageCollate`` around it for image-text data."""
 
 
 def fed_max_seq_len(knobs: TrainingKnobs, context: TrainingContext) -> int | None:
@@ -114,6 +124,8 @@ class ResolvedTraining:
     """Why that path (one phrase)."""
     labels: str
     """The batches' label convention: ``shifted`` or ``unshifted`` (the model shifts)."""
+    processor: str | None = None
+    """The processor directory of image-text data (``batch.processor``); None: text."""
 
     @property
     def step_loss_tokens(self) -> bool:
@@ -125,10 +137,11 @@ class ResolvedTraining:
         how = HOW[self.normalization]
         return [self.truncation.describe(), f"loss normalization: {how} ({self.why})"]
 
-    def collate(self, index: PlanData) -> PackCollate:
-        """The collate of a reader over ``index`` (training, or an evaluation reader's own)."""
+    def collate(self, index: PlanData) -> Collate:
+        """The collate of a reader over ``index`` (training, or an evaluation reader's own):
+        ``PackCollate``, wrapped in ``ImageCollate`` for image-text data."""
         plan = self.config.plan
-        return PackCollate.for_dataset(
+        base = PackCollate.for_dataset(
             index,
             self.config.cost_model,
             plan.layout,
@@ -136,6 +149,11 @@ class ResolvedTraining:
             self.labels,
             step_records=plan.pack_size if contract(plan.contract).step_records else None,
         )
+        if self.processor is None or image_processor(index) is None:
+            return base
+        from bcl_stream.vision.batch import ImageCollate  # PIL, transformers: image data only
+
+        return ImageCollate(base, self.processor)
 
 
 def resolve(knobs: TrainingKnobs, context: TrainingContext, index: PlanData) -> ResolvedTraining:
@@ -145,7 +163,48 @@ def resolve(knobs: TrainingKnobs, context: TrainingContext, index: PlanData) -> 
     cut = truncation(index, fed)
     config = config.fitted(index)
     how, why = normalization(index, config)
-    return ResolvedTraining(config, fed, cut, how, why, knobs.batch.labels)
+    processor = checked_processor(index, knobs.batch.processor, cut)
+    return ResolvedTraining(config, fed, cut, how, why, knobs.batch.labels, processor)
+
+
+def image_processor(index: PlanData) -> str | None:
+    """The processor name image-text data was preprocessed with (its index's
+    ``extra.vision``; a mixture: its first image-text stream's), or None for text."""
+    for one in getattr(index, "indexes", (index,)):
+        vision = getattr(one, "extra", {}).get(VISION_KEY)
+        if isinstance(vision, dict):
+            return str(vision.get("processor", "?"))
+    return None
+
+
+def checked_processor(index: PlanData, processor: str | None, cut: Truncation) -> str | None:
+    """``batch.processor`` where the data holds images; refused (one line) where image-text
+    data has none, text data has one, or the fed length would cut records."""
+    name = image_processor(index)
+    if name is None:
+        if processor is not None:
+            raise DatasetError(
+                f"batch.processor={processor!r} but the data holds no image-text records (its "
+                "index has no extra.vision); drop batch.processor"
+            )
+        return None
+    if processor is None:
+        raise DatasetError(
+            f"the data holds image-text records (preprocessed with --processor {name}): set "
+            "batch.processor to that processor directory, so the collate can process the images"
+        )
+    if not os.path.isfile(os.path.join(processor, "preprocessor_config.json")):
+        raise DatasetError(
+            f"batch.processor={processor!r}: no preprocessor_config.json there; give the local "
+            f"processor directory the data was preprocessed with ({name})"
+        )
+    if cut.records:
+        raise DatasetError(
+            f"image-text data: {cut.describe()}; a record with images is never cut (its image "
+            "tokens would no longer match its images): raise batch.max_seq_len (and the "
+            "model's limit) or drop long records at preprocess (--outliers drop)"
+        )
+    return processor
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +214,7 @@ class Training:
     dataset: PlanDataset
     resolved: ResolvedTraining
 
-    def collate(self) -> PackCollate:
+    def collate(self) -> Collate:
         """The training batches' collate."""
         return self.resolved.collate(self.dataset.index)
 

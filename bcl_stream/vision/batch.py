@@ -76,7 +76,8 @@ class ImageCollate:
     """``base(pack)`` plus the model's image keys (see the module docstring). Frozen, module
     level: picklable into DataLoader workers."""
 
-    base: Callable[[Sequence[Mapping[str, Any]]], dict[str, Any]]
+    base: Callable[[Any], dict[str, Any]]
+    """The text collate (``PackCollate``: a pack of records in, a batch out)."""
     processor: str
     """The Hugging Face processor directory the data was preprocessed with."""
 

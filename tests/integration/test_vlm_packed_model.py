@@ -22,40 +22,19 @@ from bcl_stream.loading.loader import PackLoader
 from bcl_stream.preprocess import preprocess
 from bcl_stream.vision.batch import ImageCollate
 from lightning_module.hf_causal_lm import packed_mask
+from tests.hf_models import tiny_qwen2_vl_dir
 from tests.vlm_processors import image_text_inputs, qwen2_vl_processor_dir
 
 transformers = pytest.importorskip("transformers")
 
 
-def tiny_qwen2_vl(processor: object) -> torch.nn.Module:
-    """A 2-layer Qwen2-VL (one vision block) built from a config: no download."""
+def tiny_qwen2_vl(processor: object, directory: Path) -> torch.nn.Module:
+    """The shared tiny Qwen2-VL (2 layers, one vision block) built from its config: no
+    download."""
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
-    tok = processor.tokenizer
-    config = Qwen2VLConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
-        vision_config={
-            "depth": 1,
-            "embed_dim": 32,
-            "hidden_size": 64,
-            "num_heads": 2,
-            "mlp_ratio": 2,
-            "patch_size": 14,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "in_channels": 3,
-        },
-        image_token_id=tok.convert_tokens_to_ids("<|image_pad|>"),
-        video_token_id=tok.convert_tokens_to_ids("<|video_pad|>"),
-        vision_start_token_id=tok.convert_tokens_to_ids("<|vision_start|>"),
-        attn_implementation="sdpa",
-    )
+    config = Qwen2VLConfig.from_pretrained(tiny_qwen2_vl_dir(directory, processor))
+    config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     return Qwen2VLForConditionalGeneration(config).eval()
 
@@ -92,10 +71,10 @@ def _loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     )
 
 
-def test_packed_equals_each_record_alone(setup: tuple[Path, Path]) -> None:
+def test_packed_equals_each_record_alone(setup: tuple[Path, Path], tmp_path: Path) -> None:
     proc_dir, data = setup
     processor = transformers.AutoProcessor.from_pretrained(str(proc_dir))
-    model = tiny_qwen2_vl(processor)
+    model = tiny_qwen2_vl(processor, tmp_path / "model")
     config = ReaderConfig.build(world_size=1, pack_size=3, window=2, layout="packed")
     base = PackCollate.for_dataset(read_index(data), None, "packed", labels="unshifted")
     collate = ImageCollate(base, str(proc_dir))

@@ -3,7 +3,8 @@ accumulation 2, SGD with lr 1: the parameter change is minus the step's gradient
 
 Usage: python step_gradients.py DATA MODEL OUT SCOPE MAX_SEQ_LEN (0: none) [BUDGET] (a token
 budget: ``contract="tokens"`` with ``max_tokens`` BUDGET; none: B=2 records a micro-batch)
-[COLLATE] (``packed`` by default, or ``padded``). Writes OUT/init.pt (parameters before),
+[COLLATE] (``packed`` by default, or ``padded``) [PROCESSOR] (image-text data: the processor
+directory, ``batch.processor``; the model then a vision-language one). Writes OUT/init.pt (parameters before),
 OUT/final.pt (after the step, rank 0), OUT/batches_rank{r}.json (each micro-batch's record ids,
 trained tokens and ``step_loss_tokens`` if any) and OUT/normalization.txt (the DataModule's).
 """
@@ -60,6 +61,7 @@ def main(
     max_seq_len: str,
     budget: str = "0",
     collate: str = "packed",
+    processor: str = "",
 ) -> None:
     out_dir = Path(out)
     torch.manual_seed(0)
@@ -69,7 +71,12 @@ def main(
         data,
         plan={"pack_size": 2, "window": 2, "scope": scope}
         | ({"contract": "tokens", "max_tokens": int(budget)} if int(budget) else {}),
-        batch={"collate": collate, "labels": "unshifted", "max_seq_len": int(max_seq_len) or None},
+        batch={
+            "collate": collate,
+            "labels": "unshifted",
+            "max_seq_len": int(max_seq_len) or None,
+            "processor": processor or None,
+        },
         seed=3,
     )
     trainer = pl.Trainer(
@@ -89,4 +96,4 @@ def main(
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:8])
+    main(*sys.argv[1:9])
