@@ -156,9 +156,7 @@ def annotate(
         jobs = _shard_jobs(root, everything, mds, names, counting, span)
         fetch, done = fetcher(location, Path(tmp) / "shards") if remote else (None, None)
         tally = _count_shards(jobs, span, everything, mds, workers, fetch, done, progress)
-        shards = tally.shards
-        if mds is not None:
-            shards = shard_entries([mds[i] for i in span], join(location, MDS_INDEX))
+        shards = _indexed_shards(tally, mds, span, location)
         if not tally.counts and part is None:
             raise DatasetError(f"{location}: the dataset holds no records; nothing to annotate")
         extra = _index_extra(counting, tally, length_field, part, everything)
@@ -166,6 +164,16 @@ def annotate(
         index = _built_index(tally, resolve(cost_model), shards, fmt, extra, location)
         _write(index, root, location, target, part, Path(tmp) / "out", components)
         return index
+
+
+def _indexed_shards(
+    tally: Tally, mds: list[dict[str, Any]] | None, span: range, location: str
+) -> list[ShardEntry]:
+    """The shard entries the cost index names: MDS's own entries of the counted span (paths
+    relative to its ``index.json``), else the shards as counted."""
+    if mds is None:
+        return tally.shards
+    return shard_entries([mds[i] for i in span], join(location, MDS_INDEX))
 
 
 def _named_source(given: RecordSource, length_field: str | None) -> RecordSource | None:
