@@ -1,0 +1,103 @@
+"""The two-term refinement as it was first written: one micro-batch and one swap per numpy
+call, every candidate rebuilding the P ranks' sums. Slow (2 to 6 s per 8,000 records) but
+plain; ``test_two_term.py`` checks the vectorized ``planner/two_term.py`` makes exactly its
+swaps (on integer-valued costs, where every float sum is exact)."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+Packs = list[list[npt.NDArray[np.int64]]]
+
+
+def reference_refine(
+    packs: Packs,
+    vision: npt.NDArray[np.float64],
+    language: npt.NDArray[np.float64],
+    ranks_per_node: int,
+    *,
+    tokens: npt.NDArray[np.integer] | None = None,
+    max_tokens: int | None = None,
+    iterations: int = 32,
+) -> Packs:
+    """The plan with records exchanged between the ranks of each node at each micro-batch
+    index while J + S drops (the module docstring's rule). ``vision``, ``language``: per-record costs by id;
+    ``tokens`` and ``max_tokens``: the budget every micro-batch keeps (None: no budget)."""
+    out = [[np.asarray(p, dtype=np.int64)[np.asarray(p) >= 0] for p in rank] for rank in packs]
+    if ranks_per_node < 2 or len(out) % ranks_per_node:
+        raise ValueError(
+            f"ranks_per_node={ranks_per_node} must be >= 2 and divide the {len(out)} ranks"
+        )
+    if (tokens is None) != (max_tokens is None):
+        raise ValueError("give both tokens and max_tokens, or neither")
+    v = np.asarray(vision, dtype=np.float64)
+    lang = np.asarray(language, dtype=np.float64)
+    tok = None if tokens is None else np.asarray(tokens, dtype=np.float64)
+    for first in range(0, len(out), ranks_per_node):
+        node = out[first : first + ranks_per_node]
+        depth = min(len(rank) for rank in node)
+        for t in range(depth):
+            batch = [rank[t] for rank in node]
+            for _ in range(iterations):
+                if not _swap_once(batch, v, lang, tok, max_tokens):
+                    break
+            for rank, ids in zip(node, batch, strict=True):
+                rank[t] = ids
+    return out
+
+
+def _swap_once(
+    batch: list[npt.NDArray[np.int64]],
+    v: npt.NDArray[np.float64],
+    lang: npt.NDArray[np.float64],
+    tok: npt.NDArray[np.float64] | None,
+    max_tokens: int | None,
+) -> bool:
+    """Apply the best improving swap of one micro-batch across a node's ranks (in place);
+    False when none improves."""
+    n = len(batch)
+    vs = np.array([v[ids].sum() for ids in batch])
+    ls = np.array([lang[ids].sum() for ids in batch])
+    ks = None if tok is None else np.array([tok[ids].sum() for ids in batch])
+    j_now = vs.max() + ls.max()
+    s_now = (vs + ls).max()
+    eps = 1e-12 * max(j_now, 1.0)
+    best: tuple[float, int, int, int, int] | None = None
+    for a in sorted({int(np.argmax(vs)), int(np.argmax(ls))}):
+        mine = batch[a]
+        if mine.size == 0:
+            continue
+        others = [b for b in range(n) if b != a and batch[b].size]
+        if not others:
+            continue
+        theirs = np.concatenate([batch[b] for b in others])
+        owner = np.concatenate([np.full(batch[b].size, b) for b in others])
+        slot = np.concatenate([np.arange(batch[b].size) for b in others])
+        dv = v[theirs][None, :] - v[mine][:, None]  # (B_a, candidates): a gains, b loses
+        dl = lang[theirs][None, :] - lang[mine][:, None]
+        new_v = np.broadcast_to(vs, (*dv.shape, n)).copy()
+        new_l = np.broadcast_to(ls, (*dv.shape, n)).copy()
+        new_v[..., a] += dv
+        new_l[..., a] += dl
+        cols = np.arange(owner.size)
+        new_v[:, cols, owner] -= dv
+        new_l[:, cols, owner] -= dl
+        both = new_v.max(axis=-1) + new_l.max(axis=-1) + (new_v + new_l).max(axis=-1)
+        ok = both < j_now + s_now - eps
+        if tok is not None and ks is not None and max_tokens is not None:
+            dk = tok[theirs][None, :] - tok[mine][:, None]
+            ok &= (ks[a] + dk <= max_tokens) & (ks[owner][None, :] - dk <= max_tokens)
+        if not ok.any():
+            continue
+        score = np.where(ok, both, np.inf)
+        row, col = np.unravel_index(int(np.argmin(score)), score.shape)
+        if best is None or score[row, col] < best[0]:
+            best = (float(score[row, col]), a, int(row), int(owner[col]), int(slot[col]))
+    if best is None:
+        return False
+    _, giver, i, taker, j = best
+    mine, theirs_b = batch[giver].copy(), batch[taker].copy()
+    mine[i], theirs_b[j] = batch[taker][j], batch[giver][i]
+    batch[giver], batch[taker] = mine, theirs_b
+    return True
