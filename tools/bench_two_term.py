@@ -39,8 +39,8 @@ COST_MODEL = "qwen2-vl-2b"
 
 def cell(name: str, label: str, records: int, repeats: int) -> dict[str, Any]:
     """Times of one workload under one setting."""
-    sys.path.insert(0, str(ROOT))
-    from tests.two_term_reference import reference_refine
+    sys.path.insert(0, str(ROOT / "tests"))  # the test helpers' own import root
+    from two_term_reference import reference_refine
 
     config = settings()[label]
     data = workload(name, "held_out", records)

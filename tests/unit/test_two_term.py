@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from two_term_reference import reference_refine
 
 from bcl_stream.analysis.terms import term_figures
 from bcl_stream.planner.two_term import ragged, refine_packs, refine_two_terms
-from tests.two_term_reference import reference_refine
 
 
 def test_a_summed_balance_is_split_into_both_terms() -> None:
