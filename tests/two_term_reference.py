@@ -1,7 +1,8 @@
 """What the two-term refinement's tests check against.
 
 - :func:`reference_refine`: the refinement as it was first written, one micro-batch and one
-  swap per numpy call, every candidate rebuilding the P ranks' sums. Slow (2 to 6 s per 8,000
+  swap per numpy call, every candidate rebuilding the P ranks' sums (with each max relative
+  to its mean, as the refinement now weighs them). Slow (2 to 6 s per 8,000
   records) but plain; ``test_two_term.py`` checks the vectorized ``planner/two_term.py``
   makes exactly its swaps (on integer-valued costs, where every float sum is exact).
 - :func:`check_two_terms_refined`: a reader's plan of image-text data is the planner's plan of
@@ -72,8 +73,10 @@ def _swap_once(
     vs = np.array([v[ids].sum() for ids in batch])
     ls = np.array([lang[ids].sum() for ids in batch])
     ks = None if tok is None else np.array([tok[ids].sum() for ids in batch])
-    j_now = vs.max() + ls.max()
-    s_now = (vs + ls).max()
+    ss = vs + ls
+    wv, wl, ws = (n / s.sum() if s.sum() > 0 else 0.0 for s in (vs, ls, ss))
+    j_now = vs.max() * wv + ls.max() * wl
+    s_now = ss.max() * ws
     eps = 1e-12 * max(j_now, 1.0)
     best: tuple[float, int, int, int, int] | None = None
     for a in sorted({int(np.argmax(vs)), int(np.argmax(ls))}):
@@ -95,7 +98,7 @@ def _swap_once(
         cols = np.arange(owner.size)
         new_v[:, cols, owner] -= dv
         new_l[:, cols, owner] -= dl
-        both = new_v.max(axis=-1) + new_l.max(axis=-1) + (new_v + new_l).max(axis=-1)
+        both = new_v.max(axis=-1) * wv + new_l.max(axis=-1) * wl + (new_v + new_l).max(axis=-1) * ws
         ok = both < j_now + s_now - eps
         if tok is not None and ks is not None and max_tokens is not None:
             dk = tok[theirs][None, :] - tok[mine][:, None]
@@ -121,8 +124,8 @@ def check_two_terms_refined(
     """``packs`` (a reader config's whole-epoch plan of the ``vlm_dirs`` data, -1 padding
     under a budget) is the summed cost's plan (the planner's, unrefined) with records
     exchanged only between the ranks of a node at the same micro-batch index; the exchanges
-    lower J + S (separate-stage plus one-stage time) of some micro-batches and raise it in
-    none (``planner/two_term.py``)."""
+    lower J + S (separate-stage plus one-stage time, each max relative to its mean) of some
+    micro-batches and raise it in none (``planner/two_term.py``)."""
     vision, language = get_two_term_preset(model).terms(image_components(len(index)))
     summed = vision + language
     counts = index.shard_counts
@@ -132,10 +135,10 @@ def check_two_terms_refined(
     plain = plan_epoch(summed, table, pc, seed=config.seed, epoch=epoch, tokens=tokens).packs
     assert plain.shape == packs.shape
 
-    def j_plus_s(batch: npt.NDArray[np.int64]) -> float:
+    def j_plus_s(batch: npt.NDArray[np.int64]) -> float:  # each max relative to its mean
         v = np.where(batch >= 0, vision[batch], 0.0).sum(axis=1)
         lang = np.where(batch >= 0, language[batch], 0.0).sum(axis=1)
-        return float(v.max() + lang.max() + (v + lang).max())
+        return float(sum(s.max() / s.mean() for s in (v, lang, v + lang) if s.sum() > 0))
 
     per_node = pc.ranks_per_node
     lowered = 0
