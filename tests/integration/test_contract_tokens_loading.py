@@ -191,24 +191,44 @@ def test_a_mixture_under_the_tokens_contract_counts_each_stream_once(
         assert s["records_used"] + sum(s["records_left"].values()) == s["records_drawn"]
 
 
-@pytest.mark.parametrize(("old", "new", "after"), [(2, 3, 3), (3, 2, 0), (2, 1, 5)])
+@pytest.mark.parametrize(
+    ("old", "new", "after", "per_node", "images"),
+    [(2, 3, 3, 1, False), (3, 2, 0, 1, False), (2, 1, 5, 1, False), (4, 2, 3, 2, True)],
+)
 def test_elastic_resume_uses_every_record_once(
-    mds_dir: Path, old: int, new: int, after: int
+    mds_dir: Path,
+    vlm_dirs: dict[str, Path],
+    old: int,
+    new: int,
+    after: int,
+    per_node: int,
+    images: bool,
 ) -> None:
     """A state saved after ``after`` micro-batches on ``old`` ranks resumes on ``new``: the
-    records of the old ranks' first micro-batches are consumed, the rest re-planned."""
+    records of the old ranks' first micro-batches are consumed, the rest re-planned. With
+    image components under a two-term model too: the refinement exchanges records only
+    within a node at one micro-batch index, so the old ranks' first micro-batches hold the
+    same records refined or not, and the new ranks' re-plan is refined as any plan."""
     from resume_harness import run_elastic_resume
 
     from bcl_stream.epoch.plan import ReaderConfig
     from bcl_stream.formats.mds_reader import MDSPackDataset
     from bcl_stream.loading.loader import PackLoader
 
+    root = vlm_dirs["mds"] if images else mds_dir
     config = ReaderConfig.build(
-        world_size=old, window=W, grad_accum=G, contract="tokens", max_tokens=T, seed=2
+        world_size=old,
+        ranks_per_node=per_node,
+        window=W,
+        grad_accum=G,
+        contract="tokens",
+        max_tokens=T,
+        seed=2,
+        cost_model=VLM["cost_model"] if images else None,
     )
-    resized = config.resized(ProcessLayout(world_size=new, ranks_per_node=1))
+    resized = config.resized(ProcessLayout(world_size=new, ranks_per_node=per_node))
     run = run_elastic_resume(
-        lambda c, rank: PackLoader(MDSPackDataset(mds_dir, c, rank)),
+        lambda c, rank: PackLoader(MDSPackDataset(root, c, rank)),
         config,
         resized,
         old,
