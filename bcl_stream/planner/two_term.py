@@ -26,14 +26,15 @@ the epoch and no node's records change (the node's stream and its locality are u
   times per micro-batch.
 
 Speed: every micro-batch of a node is refined at once. One iteration scores, for each
-micro-batch still improving, every candidate swap as a (2, B, P, B) array: the new maxima are
-those of the two ranks involved and the largest of the others, so no candidate rebuilds the P
-ranks' sums. ``tools/bench_two_term.py`` (``results/bench_two_term.json``, 1 x 8, qwen2-vl-2b,
-held-out sft and mix): 49 to 71 us per record at B=8 and 167 to 206 us under T=16,384, 2.5
-to 4.3 times faster than the first implementation, with the same swaps, but 15 to 31 times
-the planning it refines (1.6 to 14 us per record); beside an image's decode (9 ms for a
-640 x 480 JPEG, ``results/bench_image_headers.json``) it is under 2.5%. The readers apply
-it on every batch of windows they plan (``epoch/terms.py``). Deterministic, numpy only.
+micro-batch still improving and each of its (one or two) givers, every candidate swap as a
+(B, P, B) array: the new maxima are those of the two ranks involved and the largest of the
+others, so no candidate rebuilds the P ranks' sums. ``tools/bench_two_term.py``
+(``results/bench_two_term.json``, 1 x 8, qwen2-vl-2b, held-out sft and mix, a loaded 2-core
+machine): 47 to 114 us per record, 1.7 to 4.1 times faster than the first implementation,
+with the same swaps, but 10 to 31 times the planning it refines; beside an image's decode
+(8.9 ms for a 640 x 480 JPEG, ``results/bench_image_headers.json``) it is under 1.5%. The
+readers apply it on every batch of windows they plan (``epoch/terms.py``). Deterministic,
+numpy only.
 Called only where records carry a vision cost; text-only plans never reach it, so their
 plans (and ``tools/plan_hashes.py``) are unchanged.
 """
@@ -219,7 +220,9 @@ def _best_swaps(
     ranks: npt.NDArray[np.int64],
 ) -> tuple[npt.NDArray[np.bool_], ...]:
     """The best J + S-lowering swap of each micro-batch: (which improve, and for those the
-    giving rank, its slot, the taking rank, its slot)."""
+    giving rank, its slot, the taking rank, its slot). Givers: the rank holding max_r V and
+    the one holding max_r L, scored once where they are one rank; ties go to the lower
+    giver, then the lower slot, taker and slot."""
     m, p, w = v.shape
     rows = np.arange(m)
     vs, ls = v.sum(axis=2), lang.sum(axis=2)
@@ -227,51 +230,61 @@ def _best_swaps(
     wv, wl, ws = (_per_mean(sums) for sums in (vs, ls, ss))
     j_now = vs.max(axis=1) * wv + ls.max(axis=1) * wl
     s_now = ss.max(axis=1) * ws
-    eps = 1e-12 * np.maximum(j_now, 1.0)
+    limit = j_now + s_now - 1e-12 * np.maximum(j_now, 1.0)
     a_v, a_l = np.argmax(vs, axis=1), np.argmax(ls, axis=1)
-    givers = np.stack([np.minimum(a_v, a_l), np.maximum(a_v, a_l)], axis=1)  # (m, 2)
-    second = a_v != a_l  # the second giver is a different rank
-    r_ = rows[:, None]
-    # the largest sum over the ranks other than giver a and taker b: (m, 2, p)
-    others = (ranks[None, None, None, :] != givers[:, :, None, None]) & (
-        ranks[None, None, None, :] != ranks[None, None, :, None]
+    second = np.flatnonzero(a_v != a_l)  # micro-batches whose two givers differ
+    at = np.concatenate([rows, second])  # one candidate block per (micro-batch, giver)
+    giver = np.concatenate([np.minimum(a_v, a_l), np.maximum(a_v, a_l)[second]])
+    k = at.size
+    # the largest sum over the ranks other than giver a and taker b: (k, p)
+    others = (ranks[None, None, :] != giver[:, None, None]) & (
+        ranks[None, None, :] != ranks[None, :, None]
     )
 
     def rest(sums: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        return np.where(others, sums[:, None, None, :], -np.inf).max(axis=3)
+        return np.where(others, sums[at][:, None, :], -np.inf).max(axis=2)
 
     ex_v, ex_l, ex_s = rest(vs), rest(ls), rest(ss)
-    # candidate axes (m, giver, i, taker, j)
-    va = v[r_, givers][:, :, :, None, None]
-    la = lang[r_, givers][:, :, :, None, None]
-    dv = v[:, None, None, :, :] - va  # a gains dv, b loses it
-    dl = lang[:, None, None, :, :] - la
-    vs_a = vs[r_, givers][:, :, None, None, None]
-    ls_a = ls[r_, givers][:, :, None, None, None]
-    vs_b = vs[:, None, None, :, None]
-    ls_b = ls[:, None, None, :, None]
+    # candidate axes (k, i, taker, j)
+    v_k, l_k = v[at], lang[at]
+    dv = v_k[:, None, :, :] - v_k[np.arange(k), giver][:, :, None, None]  # a gains, b loses
+    dl = l_k[:, None, :, :] - l_k[np.arange(k), giver][:, :, None, None]
+    vs_a = vs[at, giver][:, None, None, None]
+    ls_a = ls[at, giver][:, None, None, None]
+    vs_b = vs[at][:, None, :, None]
+    ls_b = ls[at][:, None, :, None]
     new_va, new_vb = vs_a + dv, vs_b - dv
     new_la, new_lb = ls_a + dl, ls_b - dl
-    ex = (slice(None), slice(None), None, slice(None), None)
+    ex = (slice(None), None, slice(None), None)
     max_v = np.maximum(np.maximum(new_va, new_vb), ex_v[ex])
     max_l = np.maximum(np.maximum(new_la, new_lb), ex_l[ex])
     max_s = np.maximum(np.maximum(new_va + new_la, new_vb + new_lb), ex_s[ex])
-    per = (slice(None), None, None, None, None)
-    both = max_v * wv[per] + max_l * wl[per] + max_s * ws[per]
-    ok = both < (j_now + s_now - eps)[:, None, None, None, None]
-    ok &= valid[r_, givers][:, :, :, None, None] & valid[:, None, None, :, :]
-    ok &= ranks[None, None, None, :, None] != givers[:, :, None, None, None]
-    ok[:, 1] &= second[:, None, None, None]
+    per = (slice(None), None, None, None)
+    both = max_v * wv[at][per] + max_l * wl[at][per] + max_s * ws[at][per]
+    # a padding slot on either side, or the giver as its own taker: never a candidate
+    valid_k = valid[at]
+    mine = np.where(valid_k[np.arange(k), giver], 0.0, np.inf)[:, :, None, None]
+    theirs = valid_k & (ranks[None, :, None] != giver[:, None, None])
+    both += mine + np.where(theirs, 0.0, np.inf)[:, None, :, :]
     if tok is not None and max_tokens is not None:
-        ks = tok.sum(axis=2)
-        dk = tok[:, None, None, :, :] - tok[r_, givers][:, :, :, None, None]
-        ok &= ks[r_, givers][:, :, None, None, None] + dk <= max_tokens
-        ok &= ks[:, None, None, :, None] - dk <= max_tokens
-    score = np.where(ok, both, np.inf).reshape(m, -1)
-    best = np.argmin(score, axis=1)
-    improved = np.isfinite(score[rows, best])
-    c, i, b, j = np.unravel_index(best[improved], (2, w, p, w))
-    return improved, givers[rows[improved], c], i, b, j
+        t_k = tok[at]
+        ks = t_k.sum(axis=2)
+        dk = t_k[:, None, :, :] - t_k[np.arange(k), giver][:, :, None, None]
+        fits = ks[np.arange(k), giver][:, None, None, None] + dk <= max_tokens
+        fits &= ks[:, None, :, None] - dk <= max_tokens
+        both = np.where(fits, both, np.inf)
+    flat = both.reshape(k, -1)
+    best = np.argmin(flat, axis=1)
+    score = flat[np.arange(k), best]
+    score = np.where(score < limit[at], score, np.inf)
+    pick = np.arange(m)  # the first giver's block, unless the second's is strictly better
+    later = m + np.arange(second.size)
+    better = score[later] < score[second]
+    pick[second[better]] = later[better]
+    improved = np.isfinite(score[pick])
+    chosen = pick[improved]
+    i, b, j = np.unravel_index(best[chosen], (w, p, w))
+    return improved, giver[chosen], i, b, j
 
 
 def _per_mean(sums: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
