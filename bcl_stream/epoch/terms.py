@@ -45,10 +45,6 @@ class Terms:
     """Tokens per record as fed, under a token budget (None: no budget)."""
     max_tokens: int | None = None
 
-    @property
-    def summed(self) -> npt.NDArray[np.float64]:
-        return self.vision + self.language
-
     def refine(self, packs: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """``packs`` (ranks of whole nodes, micro-batches, width) refined node by node."""
         return refine_packs(
