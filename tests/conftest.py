@@ -10,10 +10,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import settings
+
+from bcl_stream.vision.components import RecordComponents
 
 # Property tests draw the same examples on every run of the suite (a CI run passes or fails
 # for the code, not for the draw). HYPOTHESIS_PROFILE=explore draws fresh examples: run it
@@ -35,22 +38,58 @@ def records(n: int, seed: int = 0) -> Iterator[dict[str, np.ndarray]]:
         yield {"input_ids": np.full(int(length), i, dtype=np.uint32)}
 
 
-def write_mds(out: str | Path, n: int, *, seed: int = 0, size_limit: int = 4096) -> None:
-    """A costed MDS dataset of ``n`` records (shards of about ``size_limit`` bytes)."""
+def write_mds(
+    out: str | Path, n: int, *, seed: int = 0, size_limit: int = 4096, images: bool = False
+) -> None:
+    """A costed MDS dataset of ``n`` records (shards of about ``size_limit`` bytes);
+    ``images``: with image-text cost components (:func:`image_components`)."""
     from bcl_stream.formats.mds_writer import CostedMDSWriter
 
     with CostedMDSWriter(str(out), cost_model="tokens", size_limit=size_limit) as writer:
         for record in records(n, seed):
             writer.write(record)
+        if images:
+            seal_components(writer, n, seed)
 
 
-def write_wds(out: str | Path, n: int, *, seed: int = 0, maxcount: int = 37) -> None:
-    """A costed WebDataset dataset of ``n`` records, ``maxcount`` records per shard."""
+def write_wds(
+    out: str | Path, n: int, *, seed: int = 0, maxcount: int = 37, images: bool = False
+) -> None:
+    """A costed WebDataset dataset of ``n`` records, ``maxcount`` records per shard;
+    ``images``: with image-text cost components (:func:`image_components`)."""
     from bcl_stream.formats.wds_writer import CostedWDSWriter
 
     with CostedWDSWriter(str(out), cost_model="tokens", maxcount=maxcount) as writer:
         for record in records(n, seed):
             writer.write(record)
+        if images:
+            seal_components(writer, n, seed)
+
+
+def image_components(n: int, seed: int = 0) -> RecordComponents:
+    """Cost components of :func:`records`' ``n`` records as if most held an image: of record
+    i's L_i tokens, a random share (at least one text token) are the image tokens of one image
+    of 4 patches per token (Qwen2-VL's 2 x 2 merge); every fifth record, and any of one token,
+    is text only. Text and image sizes vary apart, so a plan balanced in sum leaves the
+    vision term unbalanced (what the two-term refinement fixes)."""
+    lengths = record_lengths(n, seed)
+    rng = np.random.default_rng(seed + 1)
+    rows = []
+    for i, length in enumerate(lengths.tolist()):
+        if i % 5 == 0 or length < 2:
+            rows.append((length, 0, []))
+            continue
+        image = int(rng.integers(1, length))
+        rows.append((length - image, image, [4 * image]))
+    return RecordComponents.build(rows)
+
+
+def seal_components(writer: Any, n: int, seed: int) -> None:
+    """Name :func:`image_components` in a costed writer's index, as ``preprocess
+    --processor`` does (``vision/preprocess.py``), before the writer finishes."""
+    from bcl_stream.vision.components import COMPONENTS_KEY, write_components
+
+    writer.extra[COMPONENTS_KEY] = write_components(writer.local, image_components(n, seed))
 
 
 @pytest.fixture(scope="session")
@@ -73,6 +112,17 @@ def wds_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("wds") / "ds"
     write_wds(root, 300)
     return root
+
+
+@pytest.fixture(scope="session")
+def vlm_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``mds_dir`` and ``wds_dir``'s records with image-text cost components
+    (:func:`image_components`), by format; read them with a two-term ``cost_model``."""
+    out = {}
+    for fmt, write in (("mds", write_mds), ("wds", write_wds)):
+        out[fmt] = tmp_path_factory.mktemp(f"{fmt}_vlm") / "ds"
+        write(out[fmt], 300, images=True)
+    return out
 
 
 @pytest.fixture

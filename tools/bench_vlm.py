@@ -15,8 +15,9 @@ defaults: min_pixels 3136, max_pixels 1,003,520). Text lengths, three workloads:
 
 Each workload is split in halves by image order: ``tune`` (the first 2,500 images and the first
 half of each text source) and ``held_out`` (the rest); each half repeated end to end to
-``--records``. Two choices were made on ``tune`` only: the two-term refinement's acceptance
-rule and its swap limit (``planner/two_term.py``); every planner setting is the default.
+``--records``. Three choices were made on ``tune`` only: the two-term refinement's acceptance
+rule, its weighing (each max relative to its mean) and its swap limit
+(``planner/two_term.py``); every planner setting is the default.
 
 Compared at 1 node x 8 ranks, G = 4, one sync per micro-batch, under the qwen2-vl-7b and
 qwen2-vl-2b training-FLOPs presets (``bcl_stream.vision.cost``: the 7B's language model

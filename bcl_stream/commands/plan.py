@@ -17,7 +17,6 @@ import numpy.typing as npt
 from bcl_stream.analysis.metrics import metrics_from_costs
 from bcl_stream.commands.config_options import add_canonical_options, plan_fields
 from bcl_stream.commands.layout_options import add_planner_options, resolve_layout
-from bcl_stream.cost import resolve
 from bcl_stream.epoch.checks import require_packs
 from bcl_stream.epoch.full_plan import full_plan
 from bcl_stream.epoch.mixture_index import MixtureIndex, StreamSpec
@@ -30,6 +29,7 @@ from bcl_stream.epoch.plan import (
     epoch_records,
 )
 from bcl_stream.epoch.stream_report import stream_report
+from bcl_stream.epoch.terms import record_costs
 from bcl_stream.io.remote import is_remote, open_cost_index
 from bcl_stream.planner.padded import ragged_pack_costs
 from bcl_stream.process_layout import ProcessLayout
@@ -184,8 +184,7 @@ def summary(index: PlanData, config: ReaderConfig, plan: EpochPlan) -> dict[str,
     partial step is left out)."""
     pc = config.plan
     # The costs the planner balanced (a mixture: a view that indexes like an array).
-    model = None if config.cost_model is None else resolve(config.cost_model)
-    costs = cast("npt.NDArray[np.float64]", index.costs(model))
+    costs = cast("npt.NDArray[np.float64]", record_costs(index, config.cost_model))
     pack_costs = ragged_pack_costs(plan.plan.packs, costs, pc.layout)
     used, left = plan.plan.records_used, plan.plan.records_left
     metrics = metrics_from_costs(pack_costs, used, left)

@@ -41,13 +41,12 @@ from bcl_stream.commands.plan import cache_dir, data_source, open_mixture
 from bcl_stream.commands.write_options import DEFAULT_COST_MODEL
 from bcl_stream.cost import resolve
 from bcl_stream.epoch.checks import no_pack_error
-from bcl_stream.io.index_meta import COMPONENTS_FILE, read_index_json
-from bcl_stream.io.remote import download, is_remote, join, open_cost_index
+from bcl_stream.io.remote import open_cost_index
 from bcl_stream.planner.bcl import validate_costs
 from bcl_stream.planner.mixture import EpochDraw
 from bcl_stream.planner.shard_table import ShardTable, shard_weights
 from bcl_stream.process_layout import ProcessLayout
-from bcl_stream.vision.components import COMPONENTS_KEY, RecordComponents, read_components
+from bcl_stream.vision.components import read_components
 from bcl_stream.vision.cost import resolve_two_term, two_term_preset_names
 
 SIM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SimConfig)}
@@ -239,7 +238,7 @@ def dataset_input(location: str, cache: str | None, cost_model: str | None) -> S
     if not len(index):
         raise ValueError(f"--dataset {location}: the dataset holds no records")
     tokens = index.tokens.astype(np.int64)
-    components = dataset_components(location, root, tokens)
+    components = read_components(root, tokens)  # open_cost_index fetched a remote copy
     counts = index.shard_counts
     two_term = resolve_two_term(cost_model)
     vision = None
@@ -261,17 +260,6 @@ def dataset_input(location: str, cache: str | None, cost_model: str | None) -> S
         described = two_term.to_dict()
     table = ShardTable.build(counts, weight=shard_weights(counts, costs))
     return SimInput(tokens, costs, table, described, vision=vision)
-
-
-def dataset_components(location: str, root: Path, tokens: np.ndarray) -> RecordComponents | None:
-    """The image-text components stored beside a dataset's index (fetched into the cache for
-    a remote dataset), or None for text-only data."""
-    if is_remote(location):
-        extra = read_index_json(root).get("extra")
-        if not isinstance(extra, dict) or extra.get(COMPONENTS_KEY) is None:
-            return None
-        download(join(location, COMPONENTS_FILE), root / COMPONENTS_FILE)
-    return read_components(root, tokens)
 
 
 def refuse_empty(label: str, config: SimConfig, data: SimInput, scored: dict[str, Metrics]) -> None:

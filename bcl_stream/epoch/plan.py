@@ -28,6 +28,7 @@ from bcl_stream.epoch.cache import cached
 from bcl_stream.epoch.canonical_config import check_canonical
 from bcl_stream.epoch.mixture_index import MixtureIndex
 from bcl_stream.epoch.process_group import launcher_ranks_per_node, process_group
+from bcl_stream.epoch.terms import Terms, plan_terms, two_term_costs, two_term_model
 from bcl_stream.epoch.truncation import fed_costs, fed_tokens, truncation
 from bcl_stream.errors import StateError
 from bcl_stream.io.index import CostIndex
@@ -380,6 +381,15 @@ class ReaderPlan:
         self._tokens = (
             None if config.plan.max_tokens is None else fed_tokens(index, config.max_seq_len)
         )
+        self._terms: Terms | None = None
+        if config.packing == "bcl":  # image-text data under a two-term model (epoch/terms.py)
+            self._terms = plan_terms(
+                index,
+                config.cost_model,
+                config.plan.ranks_per_node,
+                self._tokens,
+                config.plan.max_tokens,
+            )
         draw = epoch_draw(index, config, epoch)
         self._tokens_walker: TokenWalker | None = None
         streams_kwargs: dict[str, Any] = {
@@ -437,20 +447,13 @@ class ReaderPlan:
         """(index of the first pack, packs (n, B)) of ``rank`` from pack ``start`` on, a batch
         of windows at a time; ``group``: the packs of its planning row, (row_ranks, n, B)
         (the ranks that share its node's stream: the ``step`` contract deals among them)."""
-        row, place = self._streams.config.row_of(rank)
-        if self._tokens_walker is not None:
-            per_window = self._tokens_walker.per_window
-            for tb in self._tokens_walker.walk([row], start // per_window):
-                _warn_over_budget(tb.dropped, row)
-                skip = max(start - tb.first_pack, 0)
-                packs = tb.packs[:, skip:] if group else tb.packs[place, skip:]
-                yield tb.first_pack + skip, packs
+        row, _ = self._streams.config.row_of(rank)
+        row_ranks = self._streams.config.row_ranks
+        if group:
+            yield from self._walk(list(range(row * row_ranks, (row + 1) * row_ranks)), start)
             return
-        first = start // self.config.plan.window
-        for batch in iter_windows(self._streams, self._costs, self._tokens, [row], first):
-            skip = max(start - batch.first_pack, 0)
-            packs = batch.packs[:, skip:] if group else batch.packs[place, skip:]
-            yield batch.first_pack + skip, packs
+        for first, packs in self._walk([rank], start):
+            yield first, packs[0]
 
     def first_packs(self, k: int) -> npt.NDArray[np.int64]:
         """(world_size, k, pack_size): the first ``k`` packs of every rank, from the first
@@ -468,14 +471,14 @@ class ReaderPlan:
                 part = tb.packs[:, : k - tb.first_pack]
                 at = tb.first_pack
                 taken[:, at : at + part.shape[1], : part.shape[2]] = part
-            return taken
+            return self._refined(taken)
         out = np.empty((pc.world_size, k, pc.pack_size), dtype=np.int64)
         rows = np.arange(streams.n_rows)
         stop = -(-k // pc.window)
         for batch in iter_windows(streams, self._costs, self._tokens, rows, 0, stop):
             taken = batch.packs[:, : k - batch.first_pack]
             out[:, batch.first_pack : batch.first_pack + taken.shape[1]] = taken
-        return out
+        return self._refined(out)
 
     def iter_ranks_packs(
         self, ranks: list[int], start: int = 0
@@ -484,21 +487,40 @@ class ReaderPlan:
         ``start`` on, planning only their rows (canonical ranks hosted by one physical rank:
         ``epoch/canonical.py``); under the tokens contract (len(ranks), n, widest), padded
         with ``EMPTY``."""
+        yield from self._walk(ranks, start)
+
+    def _walk(self, ranks: list[int], start: int) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
+        """The one walk of the rank-level methods: plan the rows holding ``ranks`` (with the
+        two-term refinement in scope ``rank``: every row of their nodes, whose ranks it
+        exchanges records between), refine, and keep ``ranks``' packs."""
         config = self._streams.config
         places = [config.row_of(r) for r in ranks]
-        rows = sorted({row for row, _ in places})
+        rows = self._planned_rows(sorted({row for row, _ in places}))
         take = [rows.index(row) * config.row_ranks + place for row, place in places]
         if self._tokens_walker is not None:
             per_window = self._tokens_walker.per_window
             for tb in self._tokens_walker.walk(rows, start // per_window):
                 _warn_over_budget(tb.dropped, rows)
                 skip = max(start - tb.first_pack, 0)
-                yield tb.first_pack + skip, tb.packs[take, skip:]
+                yield tb.first_pack + skip, self._refined(tb.packs)[take, skip:]
             return
         first = start // self.config.plan.window
         for batch in iter_windows(self._streams, self._costs, self._tokens, rows, first):
             skip = max(start - batch.first_pack, 0)
-            yield batch.first_pack + skip, batch.packs[take, skip:]
+            yield batch.first_pack + skip, self._refined(batch.packs)[take, skip:]
+
+    def _planned_rows(self, rows: list[int]) -> list[int]:
+        """``rows``, or under the two-term refinement in scope ``rank`` (a row is one rank)
+        every row of the nodes that hold them."""
+        row_ranks = self._streams.config.row_ranks
+        if self._terms is None or row_ranks % self._terms.ranks_per_node == 0:
+            return rows
+        per_node = self._terms.ranks_per_node // row_ranks
+        return sorted({r - r % per_node + i for r in rows for i in range(per_node)})
+
+    def _refined(self, packs: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """``packs`` of whole nodes after the two-term refinement (unchanged without it)."""
+        return packs if self._terms is None else self._terms.refine(packs)
 
     def rank_packs(self, rank: int) -> npt.NDArray[np.int64]:
         """(n_packs, pack_size) record ids of one rank (materialized: tools and tests); under
@@ -522,8 +544,10 @@ class ReaderPlan:
             remainder = {REASON_TAIL: np.concatenate(tails), REASON_OVER_BUDGET: dropped}
             if streams.keep is not None:
                 remainder[REASON_TOO_LONG] = streams.keep.too_long()
-            return EpochPlan(Plan(packs, remainder), self.epoch, self.consumed)
+            return EpochPlan(Plan(self._refined(packs), remainder), self.epoch, self.consumed)
         plan = plan_streams(self._streams, self._costs, self._tokens)
+        if self._terms is not None:
+            plan = Plan(self._refined(plan.packs), plan.remainder)
         return EpochPlan(plan, self.epoch, self.consumed)
 
 
@@ -577,6 +601,11 @@ def _costs_and_table(index: PlanData, config: ReaderConfig) -> tuple[Any, ShardT
     model)."""
 
     def make() -> tuple[Any, ShardTable]:
+        two_term = two_term_model(config.cost_model)
+        if two_term is not None:  # image-text data: vision + language (epoch/terms.py)
+            costs, _ = two_term_costs(index, two_term, config.max_seq_len)
+            counts = index.shard_counts
+            return costs, ShardTable.build(counts, weight=shard_weights(counts, costs))
         model = None if config.cost_model is None else resolve(config.cost_model)
         if isinstance(index, MixtureIndex):
             models = index.stream_models(model)

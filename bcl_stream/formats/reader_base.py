@@ -35,7 +35,6 @@ import numpy.typing as npt
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from bcl_stream.cost import resolve
 from bcl_stream.epoch.canonical import canonical_plan
 from bcl_stream.epoch.eval_plan import EvalPlan
 from bcl_stream.epoch.loss_tokens import StepTokens, step_tokens
@@ -43,6 +42,7 @@ from bcl_stream.epoch.plan import PlanData, ReaderConfig, ReaderPlan, Segment, r
 from bcl_stream.epoch.process_group import process_group
 from bcl_stream.epoch.schedule import Schedule
 from bcl_stream.epoch.steps import StepCut, step_cut, whole_steps
+from bcl_stream.epoch.terms import record_costs
 from bcl_stream.errors import DatasetError, StateError
 from bcl_stream.formats.read_options import ReadOptions
 from bcl_stream.formats.token_ids import resolve_source
@@ -146,9 +146,9 @@ class PlanDataset(IterableDataset[Pack]):
     def for_evaluation(self, packing: str = "sequential") -> PlanDataset:
         """Read for validation or test (``epoch/eval_plan.py``): every record once across
         ranks, equal pack counts, packs of at most B records, no epochs; returns ``self``."""
-        model = None if self.config.cost_model is None else resolve(self.config.cost_model)
+        costs = record_costs(self.index, self.config.cost_model)
         self._evaluation = EvalPlan(
-            np.asarray(self.index.costs(model)[np.arange(len(self.index))]),
+            np.asarray(costs[np.arange(len(self.index))]),
             self.config.plan.world_size,
             self.config.plan.pack_size,
             packing,

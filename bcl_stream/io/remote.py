@@ -9,6 +9,7 @@ the planner must not need it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -41,6 +42,7 @@ from bcl_stream.io.index import (
     read_index,
     read_index_json,
 )
+from bcl_stream.io.index_meta import COMPONENTS_FILE
 from bcl_stream.io.streaming_compat import download_file, list_objects, open_uploader
 
 DEFAULT_RETRIES = 3
@@ -325,6 +327,28 @@ def _remote_missing_index(location: str) -> BCLStreamError:
 
 
 def open_cost_index(
+    location: str,
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    timeout: float = 60.0,
+    attempts: int = DEFAULT_RETRIES + 1,
+) -> tuple[CostIndex, Path]:
+    """Load a dataset's cost index, local or remote (:func:`_open_cost_index`); a remote
+    image-text index's components (``bcl_components.npz``, named with its SHA-256 in the
+    sealed ``extra.components``) are fetched beside it when the cache lacks that file, so a
+    reader's two-term cost (``epoch/terms.py``) reads them where it reads the costs."""
+    index, root = _open_cost_index(location, cache_dir, timeout=timeout, attempts=attempts)
+    entry = index.extra.get("components")
+    if is_remote(location) and isinstance(entry, dict) and entry.get("file") == COMPONENTS_FILE:
+        path = root / COMPONENTS_FILE  # the one name read_components accepts, never the JSON's
+        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != entry.get(
+            "sha256"
+        ):
+            download(join(location, COMPONENTS_FILE), path, timeout=timeout, retries=attempts - 1)
+    return index, root
+
+
+def _open_cost_index(
     location: str,
     cache_dir: str | os.PathLike[str] | None = None,
     *,

@@ -16,6 +16,7 @@ from bcl_stream.loading.collate import LABELS
 from bcl_stream.planner.config import PlanKnobs
 from bcl_stream.planner.padded import LAYOUTS
 from bcl_stream.records.source import RecordSource
+from bcl_stream.vision.cost import resolve_two_term
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,5 +88,5 @@ class TrainingKnobs:
     def __post_init__(self) -> None:
         if self.packing not in PACKINGS:
             raise ValueError(f"packing must be one of {PACKINGS}, got {self.packing!r}")
-        if self.cost_model is not None:
-            resolve_cost_model(self.cost_model)  # fail now, with the preset list, not in a worker
+        if self.cost_model is not None and resolve_two_term(self.cost_model) is None:
+            resolve_cost_model(self.cost_model)  # fail now, with the presets, not in a worker

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from pack_oracles import check_every_record_once
 from resume_harness import DataModuleLoader, pack_key, run_test_save_load_state
+from two_term_reference import check_two_terms_refined
 
 from bcl_stream.epoch.full_plan import full_plan
 from bcl_stream.errors import StateError
@@ -49,12 +50,29 @@ LAYOUTS = [  # (format, scope, world, ranks per node)
 ]
 
 
-@pytest.mark.parametrize(("fmt", "scope", "world", "per_node"), LAYOUTS)
+IMAGE_LAYOUTS = [("mds", "node", 2, 2), ("wds", "rank", 4, 2), ("mds", "world", 4, 2)]
+"""Image-text components under a two-term cost model (image tokens count toward T): the
+readers refine each micro-batch's two terms within the budget."""
+VLM = {"cost_model": "qwen2-vl-2b"}
+
+
+@pytest.mark.parametrize(
+    ("fmt", "scope", "world", "per_node", "images"),
+    [(*case, False) for case in LAYOUTS] + [(*case, True) for case in IMAGE_LAYOUTS],
+)
 def test_budget_equal_counts_every_record_once(
-    mds_dir: Path, wds_dir: Path, fmt: str, scope: str, world: int, per_node: int
+    mds_dir: Path,
+    wds_dir: Path,
+    vlm_dirs: dict[str, Path],
+    fmt: str,
+    scope: str,
+    world: int,
+    per_node: int,
+    images: bool,
 ) -> None:
-    root = mds_dir if fmt == "mds" else wds_dir
-    modules = [setup(root, r, world, per_node, format=fmt, scope=scope) for r in range(world)]
+    root = vlm_dirs[fmt] if images else mds_dir if fmt == "mds" else wds_dir
+    kw: dict[str, Any] = {"format": fmt, "scope": scope, **(VLM if images else {})}
+    modules = [setup(root, r, world, per_node, **kw) for r in range(world)]
     ranks = [list(dm.train_dataloader()) for dm in modules]
     counts = {len(rank) for rank in ranks}
     assert len(counts) == 1 and counts.pop() % G == 0  # equal counts, whole optimizer steps
@@ -74,23 +92,26 @@ def test_budget_equal_counts_every_record_once(
     )
     sizes = {int(b["sample_ids"].numel()) for rank in ranks for b in rank}
     assert len(sizes) > 1  # records per micro-batch vary
-    again = list(setup(root, 0, world, per_node, format=fmt, scope=scope).train_dataloader())
+    again = list(setup(root, 0, world, per_node, **kw).train_dataloader())
     assert [pack_key(b) for b in again] == [pack_key(b) for b in ranks[0]]
+    if images:
+        check_two_terms_refined(dm.dataset.index, dm.dataset.config, plan.plan.packs, 0)  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("fmt", ["mds", "wds"])
-def test_mid_epoch_resume_and_workers_are_exact(mds_dir: Path, wds_dir: Path, fmt: str) -> None:
-    root = mds_dir if fmt == "mds" else wds_dir
-    full = list(setup(root, 1, 2, 2, format=fmt).train_dataloader())
-    with_workers = list(setup(root, 1, 2, 2, format=fmt, workers=2).train_dataloader())
+@pytest.mark.parametrize(("fmt", "images"), [("mds", False), ("wds", False), ("wds", True)])
+def test_mid_epoch_resume_and_workers_are_exact(
+    mds_dir: Path, wds_dir: Path, vlm_dirs: dict[str, Path], fmt: str, images: bool
+) -> None:
+    root = vlm_dirs[fmt] if images else mds_dir if fmt == "mds" else wds_dir
+    kw: dict[str, Any] = {"format": fmt, **(VLM if images else {})}
+    full = list(setup(root, 1, 2, 2, **kw).train_dataloader())
+    with_workers = list(setup(root, 1, 2, 2, workers=2, **kw).train_dataloader())
     assert [pack_key(b) for b in with_workers] == [pack_key(b) for b in full]
     run_test_save_load_state(
-        lambda: DataModuleLoader(module(root, format=fmt), 1, 2, 2, grad_accum=G),
+        lambda: DataModuleLoader(module(root, **kw), 1, 2, 2, grad_accum=G),
         epochs=1,
         positions=[1, G + 1, len(full) - 1],
-        make_resumed=lambda: DataModuleLoader(
-            module(root, format=fmt, workers=2), 1, 2, 2, grad_accum=G
-        ),
+        make_resumed=lambda: DataModuleLoader(module(root, workers=2, **kw), 1, 2, 2, grad_accum=G),
         reference=[[pack_key(b) for b in full]],
     )
 
@@ -170,24 +191,44 @@ def test_a_mixture_under_the_tokens_contract_counts_each_stream_once(
         assert s["records_used"] + sum(s["records_left"].values()) == s["records_drawn"]
 
 
-@pytest.mark.parametrize(("old", "new", "after"), [(2, 3, 3), (3, 2, 0), (2, 1, 5)])
+@pytest.mark.parametrize(
+    ("old", "new", "after", "per_node", "images"),
+    [(2, 3, 3, 1, False), (3, 2, 0, 1, False), (2, 1, 5, 1, False), (4, 2, 3, 2, True)],
+)
 def test_elastic_resume_uses_every_record_once(
-    mds_dir: Path, old: int, new: int, after: int
+    mds_dir: Path,
+    vlm_dirs: dict[str, Path],
+    old: int,
+    new: int,
+    after: int,
+    per_node: int,
+    images: bool,
 ) -> None:
     """A state saved after ``after`` micro-batches on ``old`` ranks resumes on ``new``: the
-    records of the old ranks' first micro-batches are consumed, the rest re-planned."""
+    records of the old ranks' first micro-batches are consumed, the rest re-planned. With
+    image components under a two-term model too: the refinement exchanges records only
+    within a node at one micro-batch index, so the old ranks' first micro-batches hold the
+    same records refined or not, and the new ranks' re-plan is refined as any plan."""
     from resume_harness import run_elastic_resume
 
     from bcl_stream.epoch.plan import ReaderConfig
     from bcl_stream.formats.mds_reader import MDSPackDataset
     from bcl_stream.loading.loader import PackLoader
 
+    root = vlm_dirs["mds"] if images else mds_dir
     config = ReaderConfig.build(
-        world_size=old, window=W, grad_accum=G, contract="tokens", max_tokens=T, seed=2
+        world_size=old,
+        ranks_per_node=per_node,
+        window=W,
+        grad_accum=G,
+        contract="tokens",
+        max_tokens=T,
+        seed=2,
+        cost_model=VLM["cost_model"] if images else None,
     )
-    resized = config.resized(ProcessLayout(world_size=new, ranks_per_node=1))
+    resized = config.resized(ProcessLayout(world_size=new, ranks_per_node=per_node))
     run = run_elastic_resume(
-        lambda c, rank: PackLoader(MDSPackDataset(mds_dir, c, rank)),
+        lambda c, rank: PackLoader(MDSPackDataset(root, c, rank)),
         config,
         resized,
         old,

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from pack_oracles import check_every_record_once
+from two_term_reference import check_two_terms_refined
 
 from bcl_stream.cli import main
 from bcl_stream.epoch.full_plan import full_plan
@@ -49,12 +50,32 @@ CASES = [(fmt, scope, workers) for fmt in ("mds", "wds") for scope, workers in S
 CASES += [("mds", "world", 0), ("wds", "world", 2)]
 
 
-@pytest.mark.parametrize(("fmt", "scope", "workers"), CASES)
+IMAGE_CASES = [("mds", "rank", 0), ("wds", "rank", 2), ("mds", "node", 2), ("wds", "world", 0)]
+"""Image-text components under a two-term cost model: the readers refine (every scope)."""
+
+
+@pytest.mark.parametrize(
+    ("fmt", "scope", "workers", "images"),
+    [(*case, False) for case in CASES] + [(*case, True) for case in IMAGE_CASES],
+)
 def test_every_rank_yields_its_plan_and_records_are_used_once(
-    fmt: str, scope: str, workers: int, mds_dir: Path, wds_dir: Path
+    fmt: str,
+    scope: str,
+    workers: int,
+    images: bool,
+    mds_dir: Path,
+    wds_dir: Path,
+    vlm_dirs: dict[str, Path],
 ) -> None:
-    root = mds_dir if fmt == "mds" else wds_dir
-    config = ReaderConfig.build(world_size=4, ranks_per_node=2, pack_size=3, window=4, scope=scope)
+    root = vlm_dirs[fmt] if images else mds_dir if fmt == "mds" else wds_dir
+    config = ReaderConfig.build(
+        world_size=4,
+        ranks_per_node=2,
+        pack_size=3,
+        window=4,
+        scope=scope,
+        cost_model="qwen2-vl-2b" if images else None,
+    )
     seen: list[int] = []
     lengths = set()
     for rank in range(config.plan.world_size):
@@ -73,6 +94,10 @@ def test_every_rank_yields_its_plan_and_records_are_used_once(
     left = full_plan(dataset.index, config, 1).plan.remainder
     assert sum(dataset.remainder_counts().values()) == sum(ids.size for ids in left.values())
     check_every_record_once(seen, 300, left_out=left)
+    if images:
+        check_two_terms_refined(
+            dataset.index, config, full_plan(dataset.index, config, 1).plan.packs, 1
+        )
 
 
 @pytest.mark.parametrize("fmt", ["mds", "wds"])

@@ -60,3 +60,24 @@ def test_wds_from_s3_via_cli(  # type: ignore[no-untyped-def]
     assert main(["read", remote, *argv]) == 0
     read = json.loads(capsys.readouterr().out)
     assert read["packs"] == plan["ranks"][1]["packs"][4:]
+
+
+def test_image_text_components_are_fetched_with_the_index(  # type: ignore[no-untyped-def]
+    moto_s3, dataset_writers, tmp_path: Path
+) -> None:
+    """A remote image-text dataset read under a two-term cost model: the reader fetches
+    ``bcl_components.npz`` beside the cost index into its cache (it used to fetch only the
+    costs, so the components were missing) and plans what the local copy plans."""
+    remote = moto_s3("bcl-vlm") + "/train"
+    dataset_writers[0](remote, 200, images=True)
+    local = tmp_path / "local"
+    dataset_writers[0](local, 200, images=True)
+    config = ReaderConfig.build(
+        world_size=2, ranks_per_node=2, pack_size=4, window=3, cost_model="qwen2-vl-2b"
+    )
+    cache = tmp_path / "cache"
+    dataset = MDSPackDataset(remote, config, 1, cache_dir=cache)
+    assert (cache / "bcl_components.npz").is_file()
+    want = MDSPackDataset(local, config, 1).epoch_plan(0).rank_packs(1).tolist()
+    assert dataset.epoch_plan(0).rank_packs(1).tolist() == want
+    assert ids(PackLoader(dataset)) == want

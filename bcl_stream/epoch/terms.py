@@ -1,0 +1,135 @@
+"""The two-term cost on the read path: what the readers balance and refine for image-text data.
+
+Why: an image-text dataset's cost index stores the language model's c(L) alone (images enter
+only as their image tokens); its components (``bcl_components.npz``) say what each record
+costs the vision encoder. A reader given a two-term cost model (``ReaderConfig.cost_model``: a
+preset of ``bcl_stream.vision.cost`` such as ``qwen2-vl-2b``, or its JSON) plans the summed
+cost vision + language, then exchanges records between the ranks of each node at each
+micro-batch index so that each term is balanced too (``planner/two_term.py``). Every plan
+path (a rank's windows, the whole epoch, the first packs an elastic resume replays) applies
+the same refinement to the same packs, per micro-batch index and per node, so all of them
+agree without communication.
+
+Text-only data under a two-term model is costed by its language term, and its plan is the
+text plan of that model (no refinement). A mixture, and ``max_seq_len`` on image-text data
+(a record with images is never cut), are refused with a two-term model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from bcl_stream.cost import resolve
+from bcl_stream.epoch.cache import cached
+from bcl_stream.errors import CostIndexError
+from bcl_stream.io.index import CostIndex
+from bcl_stream.planner.bcl import validate_costs
+from bcl_stream.planner.two_term import refine_packs
+from bcl_stream.vision.components import COMPONENTS_KEY, RecordComponents, read_components
+from bcl_stream.vision.cost import TwoTermCost, resolve_two_term
+
+
+@dataclass(frozen=True, slots=True)
+class Terms:
+    """Per-record costs of both terms (by global record id) and what the refinement keeps."""
+
+    vision: npt.NDArray[np.float64]
+    language: npt.NDArray[np.float64]
+    ranks_per_node: int
+    tokens: Any | None = None
+    """Tokens per record as fed, under a token budget (None: no budget)."""
+    max_tokens: int | None = None
+
+    def refine(self, packs: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """``packs`` (ranks of whole nodes, micro-batches, width) refined node by node."""
+        return refine_packs(
+            packs,
+            self.vision,
+            self.language,
+            self.ranks_per_node,
+            tokens=self.tokens,
+            max_tokens=self.max_tokens,
+        )
+
+
+def index_components(index: CostIndex) -> RecordComponents | None:
+    """The components ``index``'s JSON names, read beside its cost array (None: text-only)."""
+    if index.extra.get(COMPONENTS_KEY) is None:
+        return None
+    if index.source is None:
+        raise CostIndexError(
+            "an in-memory cost index names image-text components but has no directory to "
+            "read them from; open the dataset's directory (read_index) instead"
+        )
+    root = Path(index.source.path).parent
+    return cached(
+        ("components", index.fingerprint()),
+        lambda: read_components(root, np.asarray(index.tokens)),
+    )
+
+
+def two_term_model(cost_model: str | None) -> TwoTermCost | None:
+    """The two-term cost model ``cost_model`` names, or None (a single-term model or none)."""
+    return resolve_two_term(cost_model)
+
+
+def two_term_costs(
+    index: Any, model: TwoTermCost, max_seq_len: int | None
+) -> tuple[npt.NDArray[np.float64], RecordComponents | None]:
+    """Per-record summed costs under ``model`` and the components they came from (None:
+    text-only data, costed by the language term)."""
+    if not isinstance(index, CostIndex):
+        raise ValueError(
+            f"a two-term cost model ({model.name}) plans one image-text dataset, not a "
+            "mixture; give each stream a single-term cost model"
+        )
+    components = index_components(index)
+    if components is None:
+        tokens = np.asarray(index.tokens, dtype=np.int64)
+        if max_seq_len is not None:
+            tokens = np.minimum(tokens, max_seq_len)
+        return validate_costs(model.language.cost(tokens)), None
+    if max_seq_len is not None and bool((components.tokens > max_seq_len).any()):
+        raise ValueError(
+            f"max_seq_len={max_seq_len} would cut image-text records, and a record with images "
+            "is never cut (its image tokens must match its images); raise max_seq_len or leave "
+            "it unset"
+        )
+    vision, language = model.terms(components)
+    return validate_costs(vision + language), components
+
+
+def plan_terms(
+    index: Any,
+    cost_model: str | None,
+    ranks_per_node: int,
+    tokens: Any | None,
+    max_tokens: int | None,
+) -> Terms | None:
+    """The terms a BCL reader refines with, or None (no two-term model, text-only data, or
+    one rank per node: nothing to exchange)."""
+    model = two_term_model(cost_model)
+    if model is None or ranks_per_node < 2 or not isinstance(index, CostIndex):
+        return None  # a mixture under a two-term model is refused where its costs are made
+    components = index_components(index)
+    if components is None:
+        return None
+    vision, language = model.terms(components)
+    return Terms(
+        vision, language, ranks_per_node, tokens if max_tokens is not None else None, max_tokens
+    )
+
+
+def record_costs(index: Any, cost_model: str | None) -> Any:
+    """Per-record costs a reader config's ``cost_model`` gives (by global record id): the
+    summed two-term cost for a two-term model, else the stored costs or those of the
+    single-term model named (``CostIndex.costs``, a mixture's view)."""
+    two_term = two_term_model(cost_model)
+    if two_term is not None:
+        return two_term_costs(index, two_term, None)[0]
+    return index.costs(None if cost_model is None else resolve(cost_model))

@@ -1,0 +1,155 @@
+"""What the two-term refinement's tests check against.
+
+- :func:`reference_refine`: the refinement as it was first written, one micro-batch and one
+  swap per numpy call, every candidate rebuilding the P ranks' sums (with each max relative
+  to its mean, as the refinement now weighs them). Slow (2 to 6 s per 8,000
+  records) but plain; ``test_two_term.py`` checks the vectorized ``planner/two_term.py``
+  makes exactly its swaps (on integer-valued costs, where every float sum is exact).
+- :func:`check_two_terms_refined`: a reader's plan of image-text data is the planner's plan of
+  the summed cost with records exchanged only within a node at one micro-batch index, and
+  the exchanges lower the micro-batches' J + S.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from conftest import image_components
+
+from bcl_stream.planner import ShardTable, plan_epoch, shard_weights
+from bcl_stream.vision.cost import get_two_term_preset
+
+Packs = list[list[npt.NDArray[np.int64]]]
+
+
+def reference_refine(
+    packs: Packs,
+    vision: npt.NDArray[np.float64],
+    language: npt.NDArray[np.float64],
+    ranks_per_node: int,
+    *,
+    tokens: npt.NDArray[np.integer] | None = None,
+    max_tokens: int | None = None,
+    iterations: int = 32,
+) -> Packs:
+    """The plan with records exchanged between the ranks of each node at each micro-batch
+    index while J + S drops (the module docstring's rule). ``vision``, ``language``: per-record costs by id;
+    ``tokens`` and ``max_tokens``: the budget every micro-batch keeps (None: no budget)."""
+    out = [[np.asarray(p, dtype=np.int64)[np.asarray(p) >= 0] for p in rank] for rank in packs]
+    if ranks_per_node < 2 or len(out) % ranks_per_node:
+        raise ValueError(
+            f"ranks_per_node={ranks_per_node} must be >= 2 and divide the {len(out)} ranks"
+        )
+    if (tokens is None) != (max_tokens is None):
+        raise ValueError("give both tokens and max_tokens, or neither")
+    v = np.asarray(vision, dtype=np.float64)
+    lang = np.asarray(language, dtype=np.float64)
+    tok = None if tokens is None else np.asarray(tokens, dtype=np.float64)
+    for first in range(0, len(out), ranks_per_node):
+        node = out[first : first + ranks_per_node]
+        depth = min(len(rank) for rank in node)
+        for t in range(depth):
+            batch = [rank[t] for rank in node]
+            for _ in range(iterations):
+                if not _swap_once(batch, v, lang, tok, max_tokens):
+                    break
+            for rank, ids in zip(node, batch, strict=True):
+                rank[t] = ids
+    return out
+
+
+def _swap_once(
+    batch: list[npt.NDArray[np.int64]],
+    v: npt.NDArray[np.float64],
+    lang: npt.NDArray[np.float64],
+    tok: npt.NDArray[np.float64] | None,
+    max_tokens: int | None,
+) -> bool:
+    """Apply the best improving swap of one micro-batch across a node's ranks (in place);
+    False when none improves."""
+    n = len(batch)
+    vs = np.array([v[ids].sum() for ids in batch])
+    ls = np.array([lang[ids].sum() for ids in batch])
+    ks = None if tok is None else np.array([tok[ids].sum() for ids in batch])
+    ss = vs + ls
+    wv, wl, ws = (n / s.sum() if s.sum() > 0 else 0.0 for s in (vs, ls, ss))
+    j_now = vs.max() * wv + ls.max() * wl
+    s_now = ss.max() * ws
+    eps = 1e-12 * max(j_now, 1.0)
+    best: tuple[float, int, int, int, int] | None = None
+    for a in sorted({int(np.argmax(vs)), int(np.argmax(ls))}):
+        mine = batch[a]
+        if mine.size == 0:
+            continue
+        others = [b for b in range(n) if b != a and batch[b].size]
+        if not others:
+            continue
+        theirs = np.concatenate([batch[b] for b in others])
+        owner = np.concatenate([np.full(batch[b].size, b) for b in others])
+        slot = np.concatenate([np.arange(batch[b].size) for b in others])
+        dv = v[theirs][None, :] - v[mine][:, None]  # (B_a, candidates): a gains, b loses
+        dl = lang[theirs][None, :] - lang[mine][:, None]
+        new_v = np.broadcast_to(vs, (*dv.shape, n)).copy()
+        new_l = np.broadcast_to(ls, (*dv.shape, n)).copy()
+        new_v[..., a] += dv
+        new_l[..., a] += dl
+        cols = np.arange(owner.size)
+        new_v[:, cols, owner] -= dv
+        new_l[:, cols, owner] -= dl
+        both = new_v.max(axis=-1) * wv + new_l.max(axis=-1) * wl + (new_v + new_l).max(axis=-1) * ws
+        ok = both < j_now + s_now - eps
+        if tok is not None and ks is not None and max_tokens is not None:
+            dk = tok[theirs][None, :] - tok[mine][:, None]
+            ok &= (ks[a] + dk <= max_tokens) & (ks[owner][None, :] - dk <= max_tokens)
+        if not ok.any():
+            continue
+        score = np.where(ok, both, np.inf)
+        row, col = np.unravel_index(int(np.argmin(score)), score.shape)
+        if best is None or score[row, col] < best[0]:
+            best = (float(score[row, col]), a, int(row), int(owner[col]), int(slot[col]))
+    if best is None:
+        return False
+    _, giver, i, taker, j = best
+    mine, theirs_b = batch[giver].copy(), batch[taker].copy()
+    mine[i], theirs_b[j] = batch[taker][j], batch[giver][i]
+    batch[giver], batch[taker] = mine, theirs_b
+    return True
+
+
+def check_two_terms_refined(
+    index: Any, config: Any, packs: npt.NDArray[np.int64], epoch: int, model: str = "qwen2-vl-2b"
+) -> None:
+    """``packs`` (a reader config's whole-epoch plan of the ``vlm_dirs`` data, -1 padding
+    under a budget) is the summed cost's plan (the planner's, unrefined) with records
+    exchanged only between the ranks of a node at the same micro-batch index; the exchanges
+    lower J + S (separate-stage plus one-stage time, each max relative to its mean) of some
+    micro-batches and raise it in none (``planner/two_term.py``)."""
+    vision, language = get_two_term_preset(model).terms(image_components(len(index)))
+    summed = vision + language
+    counts = index.shard_counts
+    table = ShardTable.build(counts, weight=shard_weights(counts, summed))
+    pc = config.plan
+    tokens = None if pc.max_tokens is None else np.asarray(index.tokens, dtype=np.int64)
+    plain = plan_epoch(summed, table, pc, seed=config.seed, epoch=epoch, tokens=tokens).packs
+    assert plain.shape == packs.shape
+
+    def j_plus_s(batch: npt.NDArray[np.int64]) -> float:  # each max relative to its mean
+        v = np.where(batch >= 0, vision[batch], 0.0).sum(axis=1)
+        lang = np.where(batch >= 0, language[batch], 0.0).sum(axis=1)
+        return float(sum(s.max() / s.mean() for s in (v, lang, v + lang) if s.sum() > 0))
+
+    per_node = pc.ranks_per_node
+    lowered = 0
+    for node in range(pc.world_size // per_node):
+        ranks = slice(node * per_node, (node + 1) * per_node)
+        for t in range(packs.shape[1]):
+            old, new = plain[ranks, t], packs[ranks, t]
+            assert sorted(old.ravel().tolist()) == sorted(new.ravel().tolist())
+            assert (old >= 0).sum(axis=1).tolist() == (new >= 0).sum(axis=1).tolist()
+            if tokens is not None:
+                assert all(tokens[m[m >= 0]].sum() <= pc.max_tokens for m in new)
+            assert j_plus_s(new) <= j_plus_s(old) * (1 + 1e-12)
+            lowered += j_plus_s(new) < j_plus_s(old) * (1 - 1e-9)
+    assert lowered > 0
