@@ -47,8 +47,8 @@ What makes concurrent groups safe, and what does not run concurrently:
   the first free prefix). The files marked ``shm_cleanup`` get no band.
 - Test files marked ``shared_process`` build no ``StreamingDataset`` in the pytest process
   (their datasets are built in subprocesses, or they only write and parse): they are dealt
-  into ``workers`` pytest processes instead of one each, which saves an interpreter start
-  (``import streaming`` and torch, ~7 s of CPU) per file.
+  into a few pytest processes (:data:`SHARED_GROUP_SECONDS`) instead of one each, which saves
+  an interpreter start (``import streaming`` and torch, ~7 s of CPU) per file.
 
 With ``--mypy`` (first argument; ``make test`` passes it) mypy runs beside the groups and a
 type error fails the run like a failing test.
