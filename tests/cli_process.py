@@ -4,6 +4,7 @@ conftest)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -61,3 +62,85 @@ def python_process(code: str, timeout: float = 120) -> subprocess.CompletedProce
         timeout=timeout,
         check=False,
     )
+
+
+_IN_ONE_PROCESS = """
+import importlib, json, os, sys, time, traceback
+module, function = sys.argv[3].split(":")
+main = getattr(importlib.import_module(module), function)
+results = []
+for i, args in enumerate(json.loads(sys.argv[1])):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    for fd, name in ((1, "out"), (2, "err")):
+        path = os.path.join(sys.argv[2], f"{i}.{name}")
+        path = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(path, fd)
+        os.close(path)
+    started = time.monotonic()
+    try:
+        code = main(args)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, old in zip((1, 2), saved):
+            os.dup2(old, fd)
+            os.close(old)
+    results.append([code, time.monotonic() - started])
+print(json.dumps(results))
+"""
+
+
+def bcl_stream_cli_runs(
+    commands: Sequence[Sequence[str]],
+    scratch: Path,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 600,
+) -> list[tuple[subprocess.CompletedProcess[str], float]]:
+    """Run several ``bcl-stream ARGS`` one after the other in ONE ``python`` process: see
+    :func:`runs_in_one_process`."""
+    return runs_in_one_process("bcl_stream.cli:main", commands, scratch, env, timeout)
+
+
+def runs_in_one_process(
+    entry: str,
+    commands: Sequence[Sequence[str]],
+    scratch: Path,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 600,
+    path: Sequence[Path] = (),
+) -> list[tuple[subprocess.CompletedProcess[str], float]]:
+    """Call ``entry`` (``module:function``, a CLI's ``main(argv) -> exit code``) once per
+    command, one after the other in ONE ``python`` process (``path``, then this checkout, first
+    on ``PYTHONPATH``): each command's exit code (the function's, ``SystemExit``'s, or 1 after
+    the traceback an uncaught exception prints), its own stdout and stderr (file descriptors 1
+    and 2 sent to files in ``scratch``: warnings, logging and C-level writes included) and its
+    seconds. One interpreter start (torch, streaming, Lightning: 7-10 s of CPU) for all: for
+    commands that share an environment and do not depend on a fresh interpreter, such as
+    failure paths that each build their own clients, or fits on one device. Not for two
+    commands that read one local dataset through streaming: the first one's dataset stays
+    registered until the process exits, and streaming refuses the second ("Reused local
+    directory")."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join([*map(str, path), str(ROOT), env.get("PYTHONPATH", "")])
+    argv = [sys.executable, "-c", _IN_ONE_PROCESS, json.dumps([list(c) for c in commands])]
+    proc = subprocess.run(
+        [*argv, str(scratch), entry], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads(proc.stdout.splitlines()[-1])
+    runs = []
+    for i, (command, (code, seconds)) in enumerate(zip(commands, results, strict=True)):
+        out, err = (
+            (scratch / f"{i}.{name}").read_text(errors="replace") for name in ("out", "err")
+        )
+        runs.append((subprocess.CompletedProcess([entry, *command], code, out, err), seconds))
+    return runs

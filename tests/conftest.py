@@ -7,7 +7,9 @@ Datasets are small (hundreds of records, several shards) to keep the suite fast.
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -172,3 +174,32 @@ def moto_s3() -> Iterator[Callable[[str], str]]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+# Where a group's CPU goes (BCL_TEST_CPU=FILE): each test's CPU seconds, this process's and
+# those of the descendants waited for (subprocesses, DDP ranks, servers stopped), written as
+# JSON when the session ends, slowest first; a module or session fixture counts in the first
+# test that uses it. Wall time alone misleads on a loaded machine. Not counted: a process no
+# one waits for (one that outlives its parent goes to init), as in the runner's group CPU.
+_CPU_REPORT = os.environ.get("BCL_TEST_CPU")
+_cpu_seconds: dict[str, float] = {}
+
+
+def _cpu_now() -> float:
+    import resource
+
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+if _CPU_REPORT:
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+        before = _cpu_now()
+        yield
+        _cpu_seconds[item.nodeid] = round(_cpu_now() - before, 2)
+
+    def pytest_sessionfinish(session: pytest.Session) -> None:
+        ordered = dict(sorted(_cpu_seconds.items(), key=lambda kv: -kv[1]))
+        Path(_CPU_REPORT).write_text(json.dumps(ordered, indent=0) + "\n")

@@ -47,8 +47,8 @@ What makes concurrent groups safe, and what does not run concurrently:
   the first free prefix). The files marked ``shm_cleanup`` get no band.
 - Test files marked ``shared_process`` build no ``StreamingDataset`` in the pytest process
   (their datasets are built in subprocesses, or they only write and parse): they are dealt
-  into ``workers`` pytest processes instead of one each, which saves an interpreter start
-  (``import streaming`` and torch, ~7 s of CPU) per file.
+  into a few pytest processes (:data:`SHARED_GROUP_SECONDS`) instead of one each, which saves
+  an interpreter start (``import streaming`` and torch, ~7 s of CPU) per file.
 
 With ``--mypy`` (first argument; ``make test`` passes it) mypy runs beside the groups and a
 type error fails the run like a failing test.
@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import os
 import queue
 import resource
@@ -85,6 +86,11 @@ KEYS = ("tests", "failures", "errors", "skipped")
 MAX_LANES = 4
 """At most this many groups at once: each imports torch (about 0.5-1 GB), and a lane keeps
 BAND / lanes shared-memory prefixes (256 at 4 lanes; the heaviest files held 68 at once)."""
+SHARED_GROUP_SECONDS = 200.0
+"""The files marked ``shared_process`` are dealt into groups of at most about this many seconds
+(by the last run's figures). Two groups of 460 and 340 s were the longest of the run, and the
+lanes' ends are only as even as the last groups are short; each group more costs one
+interpreter start (about 8 s of CPU)."""
 BAND = 1024
 """Shared-memory prefixes of one run, dealt to its lanes (a group holds a few dozen at most).
 The band starts at ``BAND * (1 + pid % 8)``: above any other job's prefixes, and usually not
@@ -99,6 +105,7 @@ class Group:
     paths: list[str]
     cleans_shm: bool = False
     seconds: float = 0.0
+    cpu: float = 0.0
     code: int = 0
     max_fds: int = 0
     files: dict[str, float] = field(default_factory=dict)
@@ -138,7 +145,8 @@ def file_marks(path: Path) -> set[str]:
 
 def find_groups(seconds: dict[str, float], workers: int) -> list[Group]:
     """The unit tests; every integration file in its own group, but the files marked
-    ``shared_process``, dealt longest first into ``workers`` groups of about equal seconds."""
+    ``shared_process``, dealt longest first into groups of about equal seconds: ``workers`` of
+    them, or more where that keeps each under :data:`SHARED_GROUP_SECONDS`."""
     groups = [Group("tests/unit", ["tests/unit"])]
     shared: list[str] = []
     for path in sorted((ROOT / "tests/integration").glob("test_*.py")):
@@ -147,7 +155,9 @@ def find_groups(seconds: dict[str, float], workers: int) -> list[Group]:
             shared.append(name)
         else:
             groups.append(Group(name, [name], cleans_shm=CLEANUP_MARKER in marks))
-    batches: list[list[str]] = [[] for _ in range(min(workers, len(shared)))]
+    total = sum(seconds.get(name, 60.0) for name in shared)
+    count = min(len(shared), max(workers, math.ceil(total / SHARED_GROUP_SECONDS)))
+    batches: list[list[str]] = [[] for _ in range(count)]
     load = [0.0] * len(batches)
     for name in sorted(shared, key=lambda n: -seconds.get(n, 60.0)):
         lightest = load.index(min(load))
@@ -219,18 +229,29 @@ def run_group(
         proc = subprocess.Popen(
             [*cmd, *argv, *group.paths], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
         )
-        while proc.poll() is None:  # watch the descriptors streaming keeps open
-            group.max_fds = max(group.max_fds, open_fds(proc.pid))
-            time.sleep(1.0)
+        group.code, group.cpu = wait_watching(proc, group)
         out.seek(0)
         output = out.read()
     group.seconds = time.monotonic() - started
-    group.code = proc.returncode
     group.totals = counts(report)
     group.files = file_seconds(report)
     if len(group.paths) == 1 and group.paths[0].endswith(".py"):
         group.files = {group.paths[0]: group.seconds}
     return output
+
+
+def wait_watching(proc: subprocess.Popen[bytes], group: Group) -> tuple[int, float]:
+    """Wait for a group's pytest process, noting the most descriptors it holds (streaming keeps
+    them open); returns its exit code and CPU seconds. The CPU comes from ``wait4``: the
+    process's and that of every descendant it waited for (DDP ranks, CLI runs, servers), which
+    the run's total alone cannot split by group when groups run at once."""
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, usage.ru_utime + usage.ru_stime
+        group.max_fds = max(group.max_fds, open_fds(proc.pid))
+        time.sleep(1.0)
 
 
 def open_fds(pid: int) -> int:
@@ -266,6 +287,20 @@ def run_concurrently(groups: list[Group], argv: list[str], tmp: Path, workers: i
                 report_group(pending.pop(future), future.result())
 
 
+def lanes() -> int:
+    """Groups at once: the usable CPUs, at most :data:`MAX_LANES`; ``BCL_TEST_LANES=N`` sets
+    another count (to measure whether a lane more than the cores pays where groups wait on
+    child processes, servers and sleeps)."""
+    chosen = os.environ.get("BCL_TEST_LANES", "")
+    if chosen:
+        if not chosen.isdigit() or not 1 <= int(chosen) <= MAX_LANES:
+            raise SystemExit(
+                f"BCL_TEST_LANES={chosen!r}: give a whole number from 1 to {MAX_LANES}"
+            )
+        return int(chosen)
+    return max(1, min(MAX_LANES, len(os.sched_getaffinity(0))))
+
+
 def start_typecheck(tmp: Path) -> tuple[subprocess.Popen[bytes], Path]:
     """mypy over the packages, started beside the test groups (``--mypy``, what ``make test``
     passes): on a fresh checkout it is ~40 s of one core's work with no cache, which the pool's
@@ -286,7 +321,7 @@ def main(argv: list[str]) -> int:
     argv = argv[1:] if typecheck else argv
     raise_open_file_limit()
     seconds = known_seconds()
-    workers = max(1, min(MAX_LANES, len(os.sched_getaffinity(0))))
+    workers = lanes()
     groups = find_groups(seconds, workers)
 
     def expected(group: Group) -> float:  # a group of unknown files counts as the longest
@@ -312,10 +347,13 @@ def main(argv: list[str]) -> int:
         cpu_after.children_system - cpu_before.children_system
     )
 
-    print("\ngroup seconds (most open files), slowest first:")
+    print("\ngroup seconds, wall and CPU (most open files), slowest first:")
     for group in sorted(groups, key=lambda g: -g.seconds):
         cleanup_note = "  (below the band, real cleanup)" if group.cleans_shm else ""
-        print(f"{group.seconds:7.1f}  ({group.max_fds:5d})  {group.name}{cleanup_note}")
+        print(
+            f"{group.seconds:7.1f} {group.cpu:7.1f}  ({group.max_fds:5d})  {group.name}"
+            f"{cleanup_note}"
+        )
     if not argv:  # a partial run (-k, -x, ...) would order the next full run badly
         measured = {path: round(s, 1) for g in groups for path, s in g.files.items()}
         LAST_SECONDS.parent.mkdir(exist_ok=True)

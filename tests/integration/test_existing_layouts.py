@@ -19,6 +19,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -157,19 +158,41 @@ def fit_config(tmp: Path, data: Path, layout: str) -> Path:
     return tiny_fit_config(tmp, fields, trainer={"max_steps": 3}, max_seq_len=1024)
 
 
+@pytest.fixture(scope="module")
+def fits(
+    stock: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[Path, Path, Any]]:
+    """Every layout annotated and fitted through ``python -m lightning_module fit``, the four
+    fits in one process (one import of Lightning and torch; each fit on one device, from its
+    own config): layout -> (its dataset, its work dir, the completed run)."""
+    from lightning_scripts.harness import lightning_cli_runs
+
+    root = tmp_path_factory.mktemp("fits")
+    work = {layout: root / layout for layout in stock_layouts.LAYOUTS}
+    data = {}
+    for layout, tmp in work.items():
+        tmp.mkdir()
+        data[layout] = annotated(stock, layout, tmp)
+    commands = [
+        ["fit", "--config", str(fit_config(work[layout], data[layout], layout))]
+        for layout in stock_layouts.LAYOUTS
+    ]
+    runs = lightning_cli_runs(commands, root / "runs")
+    return {
+        layout: (data[layout], work[layout], run[0])
+        for layout, run in zip(stock_layouts.LAYOUTS, runs, strict=True)
+    }
+
+
 @pytest.mark.parametrize("layout", stock_layouts.LAYOUTS)
 def test_a_stock_dataset_trains_through_the_cli(
-    stock: dict[str, Path], layout: str, tmp_path: Path
+    fits: dict[str, tuple[Path, Path, Any]], layout: str
 ) -> None:
-    from lightning_scripts.harness import lightning_cli
-
     from lightning_module.callbacks import read_pack_log
 
-    data = annotated(stock, layout, tmp_path)
-    root = Path(__file__).resolve().parents[2]
-    proc = lightning_cli(root, "fit", "--config", str(fit_config(tmp_path, data, layout)))
+    data, work, proc = fits[layout]
     assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = read_pack_log(tmp_path / "logs" / "packs_rank0.jsonl")
+    lines = read_pack_log(work / "logs" / "packs_rank0.jsonl")
     assert [x["step"] for x in lines] == [0, 1, 2]
     counts = np.load(data / "bcl_costs.npy")["tokens"]
     for line in lines:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,34 +43,56 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run(args: list[str]) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "BCL_STREAM_KEEP_SHM": "1"}
-    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize(
-    ("scope", "max_seq_len", "normalization"),
-    [("node", None, "plan"), ("rank", None, "all_reduce"), ("rank", 24, "rescale")],
-)
-def test_a_plain_torchrun_loop_steps_as_the_datamodule_does(
-    data: Path, model_dir: Path, tmp_path: Path, scope: str, max_seq_len: int | None,
-    normalization: str,
-) -> None:  # fmt: skip
-    common = [str(data), str(model_dir), str(tmp_path), scope, str(max_seq_len or 0)]
-    run([sys.executable, str(SCRIPTS / "step_gradients.py"), *common, "0", "padded"])
+CASES = [("node", None, "plan"), ("rank", None, "all_reduce"), ("rank", 24, "rescale")]
+
+
+@pytest.fixture(scope="module")
+def steps(
+    data: Path, model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[tuple[str, int | None], Path]:
+    """Every case's step through both: the DataModule's runs in one process, then the plain
+    loop's in one torchrun job (each script takes a list of runs: two starts for the three
+    cases, not six): case -> the output directory both wrote."""
+    root = tmp_path_factory.mktemp("steps")
+    outs: dict[tuple[str, int | None], Path] = {}
+    runs = []
+    for i, (scope, max_seq_len, _) in enumerate(CASES):
+        out = root / f"case{i}"
+        out.mkdir()
+        outs[scope, max_seq_len] = out
+        local = shutil.copytree(data, root / f"data{i}")  # a local dir of each run's own
+        common = {"data": str(local), "model_dir": str(model_dir), "out": str(out)}
+        runs.append(common | {"scope": scope, "max_seq_len": max_seq_len or 0})
+    lightning = [r | {"budget": 0, "collate": "padded"} for r in runs]
+    run([sys.executable, str(SCRIPTS / "step_gradients.py"), json.dumps(lightning)])
     plain = SCRIPTS / "plain_step_gradients.py"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    run([*torchrun, "--nproc_per_node", "2", str(plain), *common])
+    run([*torchrun, "--nproc_per_node", "2", str(plain), json.dumps(runs)])
+    return outs
 
-    assert (tmp_path / "normalization.txt").read_text() == normalization
-    assert (tmp_path / "plain_normalization.txt").read_text() == normalization
+
+@pytest.mark.parametrize(("scope", "max_seq_len", "normalization"), CASES)
+def test_a_plain_torchrun_loop_steps_as_the_datamodule_does(
+    steps: dict[tuple[str, int | None], Path],
+    scope: str,
+    max_seq_len: int | None,
+    normalization: str,
+) -> None:
+    out = steps[scope, max_seq_len]
+    assert (out / "normalization.txt").read_text() == normalization
+    assert (out / "plain_normalization.txt").read_text() == normalization
     for rank in range(2):
-        lightning = json.loads((tmp_path / f"batches_rank{rank}.json").read_text())
-        plain_ids = json.loads((tmp_path / f"plain_batches_rank{rank}.json").read_text())
+        lightning = json.loads((out / f"batches_rank{rank}.json").read_text())
+        plain_ids = json.loads((out / f"plain_batches_rank{rank}.json").read_text())
         assert plain_ids == [b["sample_ids"] for b in lightning]
 
-    init = torch.load(tmp_path / "init.pt")
-    final = torch.load(tmp_path / "final.pt")
-    plain_final = torch.load(tmp_path / "plain_final.pt")
+    init = torch.load(out / "init.pt")
+    final = torch.load(out / "final.pt")
+    plain_final = torch.load(out / "plain_final.pt")
     assert final.keys() == plain_final.keys()
     moved = 0
     for name, before in init.items():

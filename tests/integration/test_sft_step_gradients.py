@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -65,21 +66,57 @@ def reference_update(
 BUDGET = 64
 """``contract="tokens"``: micro-batches of at most 64 tokens (two or three records here)."""
 
+CASES = [
+    ("node", None, "plan", 0),
+    ("rank", None, "all_reduce", 0),
+    ("rank", 24, "rescale", 0),
+    ("node", None, "plan", BUDGET),
+    ("rank", None, "all_reduce", BUDGET),
+]
 
-@pytest.mark.parametrize(
-    ("scope", "max_seq_len", "normalization", "budget"),
-    [
-        ("node", None, "plan", 0),
-        ("rank", None, "all_reduce", 0),
-        ("rank", 24, "rescale", 0),
-        ("node", None, "plan", BUDGET),
-        ("rank", None, "all_reduce", BUDGET),
-    ],
-)
+
+@pytest.fixture(scope="module")
+def steps(
+    data: tuple[Path, list[dict[str, np.ndarray]]],
+    model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[tuple[str, int | None, int], Path]:
+    """Every case's step, all in one process (``scripts/step_gradients.py`` takes a list of
+    runs: one interpreter start for the five): case -> its output directory."""
+    root = tmp_path_factory.mktemp("steps")
+    outs: dict[tuple[str, int | None, int], Path] = {}
+    runs = []
+    for i, (scope, max_seq_len, _, budget) in enumerate(CASES):
+        out = root / f"case{i}"
+        out.mkdir()
+        outs[scope, max_seq_len, budget] = out
+        runs.append(
+            {
+                "data": str(shutil.copytree(data[0], root / f"data{i}")),  # a local dir each
+                "model_dir": str(model_dir),
+                "out": str(out),
+                "scope": scope,
+                "max_seq_len": max_seq_len or 0,
+                "budget": budget,
+            }
+        )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "BCL_STREAM_KEEP_SHM": "1"}
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), json.dumps(runs)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return outs
+
+
+@pytest.mark.parametrize(("scope", "max_seq_len", "normalization", "budget"), CASES)
 def test_ddp_accumulated_step_equals_one_process_on_the_whole_step(
     data: tuple[Path, list[dict[str, np.ndarray]]],
     model_dir: Path,
-    tmp_path: Path,
+    steps: dict[tuple[str, int | None, int], Path],
     scope: str,
     max_seq_len: int | None,
     normalization: str,
@@ -87,19 +124,10 @@ def test_ddp_accumulated_step_equals_one_process_on_the_whole_step(
 ) -> None:
     """Also under the tokens contract, whose micro-batches hold varying records: the step's
     denominator from the plan (or the ranks' planned counts) stays exact."""
-    root, recs = data
-    cut, spend = str(max_seq_len or 0), str(budget)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "BCL_STREAM_KEEP_SHM": "1"}
-    run = subprocess.run(
-        [sys.executable, str(SCRIPT), str(root), str(model_dir), str(tmp_path), scope, cut, spend],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert (tmp_path / "normalization.txt").read_text() == normalization
-    batches = [json.loads((tmp_path / f"batches_rank{r}.json").read_text()) for r in range(2)]
+    recs = data[1]
+    out = steps[scope, max_seq_len, budget]
+    assert (out / "normalization.txt").read_text() == normalization
+    batches = [json.loads((out / f"batches_rank{r}.json").read_text()) for r in range(2)]
     assert [len(b) for b in batches] == [2, 2]  # accumulation 2, one optimizer step
     ids = [i for rank in batches for b in rank for i in b["sample_ids"]]
     check_every_record_once(ids)
@@ -123,8 +151,8 @@ def test_ddp_accumulated_step_equals_one_process_on_the_whole_step(
     if max_seq_len is not None:  # the cut reaches a partially trained record of the step
         assert any(r["input_ids"].size > max_seq_len for r in step)
 
-    init = torch.load(tmp_path / "init.pt")
-    final = torch.load(tmp_path / "final.pt")
+    init = torch.load(out / "init.pt")
+    final = torch.load(out / "final.pt")
     update = reference_update(model_dir, init, step, max_seq_len)
     assert update, "no gradient"
     for name, delta in update.items():

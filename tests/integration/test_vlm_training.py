@@ -144,9 +144,10 @@ def test_two_ranks_step_gradient_equals_one_process_on_the_whole_step(
 
     data = work / fmt
     env = {**os.environ, "PYTHONPATH": str(ROOT), "BCL_STREAM_KEEP_SHM": "1"}
-    args = [str(data), str(work / "model"), str(tmp_path), "node", "0", "0", "packed"]
+    step = {"data": str(data), "model_dir": str(work / "model"), "out": str(tmp_path),
+            "scope": "node", "max_seq_len": 0, "processor": str(work / "processor")}
     run = subprocess.run(
-        [sys.executable, str(SCRIPT), *args, str(work / "processor")],
+        [sys.executable, str(SCRIPT), json.dumps([step])],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]

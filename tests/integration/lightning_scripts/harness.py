@@ -131,14 +131,31 @@ def lightning_cli(
     """``python -m lightning_module ARGS`` in a fresh process as a user launches it (launcher
     and debug variables cleared, other streaming jobs' shared memory kept; ``path`` first on
     ``PYTHONPATH``, then this checkout). Returns the completed process, output captured."""
-    import os
-
     from cli_process import run_module
+
+    env = lightning_cli_env()
+    return run_module("lightning_module", *args, env=env, cwd=cwd or root, timeout=600, path=path)
+
+
+def lightning_cli_env() -> dict[str, str]:
+    """The environment :func:`lightning_cli` runs the CLI in."""
+    import os
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "BCL_STREAM_KEEP_SHM": "1"}
     for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "BCL_STREAM_DEBUG"):
         env.pop(key, None)
-    return run_module("lightning_module", *args, env=env, cwd=cwd or root, timeout=600, path=path)
+    return env
+
+
+def lightning_cli_runs(commands: Sequence[Sequence[str]], scratch: Path) -> list[Any]:
+    """Several ``python -m lightning_module ARGS`` in ONE process, the environment of
+    :func:`lightning_cli` (``cli_process.runs_in_one_process``: each its own exit code,
+    output and seconds; one import of Lightning and torch for all). For runs on one device:
+    Lightning's ``ddp`` launcher re-runs the command line of a process."""
+    from cli_process import runs_in_one_process
+
+    entry = "lightning_module.__main__:run"
+    return runs_in_one_process(entry, commands, scratch, lightning_cli_env(), timeout=1200)
 
 
 def cli_fit(root: Path, config: Path, *extra: str) -> None:

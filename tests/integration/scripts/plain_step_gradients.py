@@ -2,8 +2,11 @@
 gradient accumulation 2 and SGD at lr 1, the normalization done as docs/pytorch.md shows it:
 the parameter change is minus the step's gradient. No Lightning and no ``lightning_module``.
 
-Usage: torchrun --nproc_per_node 2 plain_step_gradients.py DATA MODEL OUT SCOPE MAX_SEQ_LEN
-(0: none). Starts from OUT/init.pt (what the DataModule run started from); writes
+Usage: torchrun --nproc_per_node 2 plain_step_gradients.py RUNS, RUNS a JSON list of runs, each
+``{"data", "model_dir", "out", "scope", "max_seq_len"}`` (``max_seq_len`` 0: none), one after the
+other in the same process group (one start of the ranks for all; each run's ``data`` a
+directory of its own: streaming refuses a local directory a live dataset of the process still
+holds). Each starts from OUT/init.pt (what the DataModule run started from); writes
 OUT/plain_final.pt (rank 0, after the step), OUT/plain_batches_rank{r}.json (each
 micro-batch's record ids) and OUT/plain_normalization.txt (the resolved path).
 """
@@ -34,8 +37,7 @@ IGNORE_INDEX = -100
 ACCUMULATION = 2
 
 
-def main(data: str, model_dir: str, out: str, scope: str, max_seq_len: str) -> None:
-    dist.init_process_group("gloo")
+def step(data: str, model_dir: str, out: str, scope: str, max_seq_len: int) -> None:
     out_dir = Path(out)
     model = LlamaForCausalLM(LlamaConfig.from_pretrained(model_dir, attn_implementation="sdpa"))
     model.load_state_dict(torch.load(out_dir / "init.pt"))
@@ -45,9 +47,7 @@ def main(data: str, model_dir: str, out: str, scope: str, max_seq_len: str) -> N
 
     knobs = TrainingKnobs(
         plan=PlanKnobs(pack_size=2, window=2, scope=scope),
-        batch=BatchOptions(
-            collate="padded", labels="unshifted", max_seq_len=int(max_seq_len) or None
-        ),
+        batch=BatchOptions(collate="padded", labels="unshifted", max_seq_len=max_seq_len or None),
         seed=3,
     )
     context = TrainingContext.of_process_group(
@@ -83,8 +83,14 @@ def main(data: str, model_dir: str, out: str, scope: str, max_seq_len: str) -> N
     if rank == 0:
         torch.save(model.state_dict(), out_dir / "plain_final.pt")
         (out_dir / "plain_normalization.txt").write_text(training.resolved.normalization)
+
+
+def main(runs: str) -> None:
+    dist.init_process_group("gloo")
+    for run in json.loads(runs):
+        step(**run)
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:6])
+    main(sys.argv[1])

@@ -1,17 +1,21 @@
 """One optimizer step of HFCausalLM on 2 real DDP ranks (gloo, ``ddp_fork``) with gradient
 accumulation 2, SGD with lr 1: the parameter change is minus the step's gradient.
 
-Usage: python step_gradients.py DATA MODEL OUT SCOPE MAX_SEQ_LEN (0: none) [BUDGET] (a token
-budget: ``contract="tokens"`` with ``max_tokens`` BUDGET; none: B=2 records a micro-batch)
-[COLLATE] (``packed`` by default, or ``padded``) [PROCESSOR] (image-text data: the processor
-directory, ``batch.processor``; the model then a vision-language one). Writes OUT/init.pt (parameters before),
-OUT/final.pt (after the step, rank 0), OUT/batches_rank{r}.json (each micro-batch's record ids,
-trained tokens and ``step_loss_tokens`` if any) and OUT/normalization.txt (the DataModule's).
+Usage: python step_gradients.py RUNS, RUNS a JSON list of runs, each ``{"data", "model_dir", "out",
+"scope", "max_seq_len"}`` (``max_seq_len`` 0: none) with optional ``"budget"`` (a token budget:
+``contract="tokens"`` with ``max_tokens`` BUDGET; 0 or none: B=2 records a micro-batch) and
+``"collate"`` (``packed`` by default, or ``padded``) and ``"processor"`` (image-text data: the
+processor directory, ``batch.processor``; the model then a vision-language one). The runs share this process (one import
+of Lightning, transformers and streaming for all; each fit forks its own 2 ranks), each from
+the same parameters (seed 0). Each writes OUT/init.pt (parameters before), OUT/final.pt (after
+the step, rank 0), OUT/batches_rank{r}.json (each micro-batch's record ids, trained tokens and
+``step_loss_tokens`` if any) and OUT/normalization.txt (the DataModule's).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,28 +57,28 @@ class Record(pl.Callback):
             (self.out / "normalization.txt").write_text(str(trainer.datamodule.normalization))
 
 
-def main(
+def step(
     data: str,
-    model: str,
+    model_dir: str,
     out: str,
     scope: str,
-    max_seq_len: str,
-    budget: str = "0",
+    max_seq_len: int,
+    budget: int = 0,
     collate: str = "packed",
     processor: str = "",
 ) -> None:
     out_dir = Path(out)
     torch.manual_seed(0)
-    module = SGDCausalLM(model, attention="sdpa")
+    module = SGDCausalLM(model_dir, attention="sdpa")
     torch.save(module.model.state_dict(), out_dir / "init.pt")
     dm = BCLDataModule(
         data,
         plan={"pack_size": 2, "window": 2, "scope": scope}
-        | ({"contract": "tokens", "max_tokens": int(budget)} if int(budget) else {}),
+        | ({"contract": "tokens", "max_tokens": budget} if budget else {}),
         batch={
             "collate": collate,
             "labels": "unshifted",
-            "max_seq_len": int(max_seq_len) or None,
+            "max_seq_len": max_seq_len or None,
             "processor": processor or None,
         },
         seed=3,
@@ -95,5 +99,11 @@ def main(
     trainer.fit(module, dm)
 
 
+def main(runs: str) -> None:
+    for run in json.loads(runs):
+        step(**run)
+        os.environ.pop("MASTER_PORT", None)  # the next fit finds a free port of its own
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:9])
+    main(sys.argv[1])
