@@ -144,8 +144,14 @@ def test_two_ranks_step_gradient_equals_one_process_on_the_whole_step(
 
     data = work / fmt
     env = {**os.environ, "PYTHONPATH": str(ROOT), "BCL_STREAM_KEEP_SHM": "1"}
-    step = {"data": str(data), "model_dir": str(work / "model"), "out": str(tmp_path),
-            "scope": "node", "max_seq_len": 0, "processor": str(work / "processor")}
+    step = {
+        "data": str(data),
+        "model_dir": str(work / "model"),
+        "out": str(tmp_path),
+        "scope": "node",
+        "max_seq_len": 0,
+        "processor": str(work / "processor"),
+    }
     run = subprocess.run(
         [sys.executable, str(SCRIPT), json.dumps([step])],
         env=env, capture_output=True, text=True, timeout=600,
