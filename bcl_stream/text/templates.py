@@ -29,7 +29,10 @@ Which tokens are trained (``loss_on``, stored as ``loss_spans``):
   ``"\\n\\n"`` differently at the cut). A template that renders a turn otherwise once later
   turns follow it (Qwen3: the empty ``<think>`` block only after the last user turn) is not
   prefix-stable; its turns are located on the full rendering by rendering it again with a
-  marker after the turn's content (:meth:`Encoder._located`). What repeats the generation
+  marker after the turn's content (:meth:`Encoder._located`). Either way, a conversation
+  whose structure (roles, keys, tools) was seen before is located on that structure's
+  skeleton, with no rendering besides the full one, where its rendering fits the skeleton
+  (``text/turn_skeleton.py``). What repeats the generation
   prompt is not trained (Qwen3 without thinking puts an empty ``<think>`` block there). An
   assistant turn that opens the conversation starts where the template puts the first
   message's content. A token is trained from the one holding the turn's first character to
@@ -60,7 +63,7 @@ import numpy.typing as npt
 from bcl_stream.errors import DatasetError
 from bcl_stream.text.chat import TEMPLATE, Conversation, render_turns
 from bcl_stream.text.generation_variants import generation_variant
-from bcl_stream.text.hf_dir import HFDir, render, render_generation
+from bcl_stream.text.hf_dir import HFDir, read_chat_template, render, render_generation
 from bcl_stream.text.loss_spans import mask_from_spans, spans_from_mask, trained_count
 from bcl_stream.text.tokenizers import (
     Tokenizer,
@@ -70,6 +73,7 @@ from bcl_stream.text.tokenizers import (
     load_tokenizer,
 )
 from bcl_stream.text.turn_search import MARK, changed, common_prefix, header_end, marked
+from bcl_stream.text.turn_skeleton import Skeleton, Skeletons, structure
 
 LOSS_ON = ("assistant", "last", "all")
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -168,6 +172,10 @@ class Encoder:
             tagged = bool(GENERATION_TAG.search(self.template))
             self.mask_template = self.template if tagged else generation_variant(self.template)
         self.generation = self.mask_template is not None
+        self.skeletons = Skeletons()
+        """Where the turns of each conversation structure lie (``text/turn_skeleton.py``):
+        a record whose rendering fits its structure's skeleton is located with no rendering
+        of its own besides the one its ids need."""
 
     @functools.cached_property
     def hf(self) -> Any:
@@ -328,6 +336,27 @@ class Encoder:
 
     def _ranges(self, conv: Conversation, full: str) -> list[tuple[int, int]]:
         """Character ranges, in the full rendering, of what is trained (see the module
+        docstring): from the skeleton of the conversation's structure where the rendering fits
+        it, else by rendering (:meth:`_rendered_ranges`)."""
+        key = structure(conv, self._kwargs(conv))
+        if key is not None:
+            found = self.skeletons.ranges(conv, key, full, self._skeleton)
+            if found is not None:
+                return found
+        return self._rendered_ranges(conv, full)
+
+    def _skeleton(self, sentinels: Conversation) -> Skeleton | None:
+        """The skeleton of a sentinel conversation: its ranges found by rendering (None where
+        that refuses it: its records are then located by rendering, each refused or not on
+        its own)."""
+        try:
+            text = self._render(sentinels, sentinels.messages, False)
+            return Skeleton.of(sentinels, text, self._rendered_ranges(sentinels, text))
+        except TemplateError:
+            return None
+
+    def _rendered_ranges(self, conv: Conversation, full: str) -> list[tuple[int, int]]:
+        """Character ranges, in the full rendering, of what is trained (see the module
         docstring), each checked against the renderings that locate it."""
         if conv.completion_from is not None:
             prompt = self._render(conv, conv.messages[: conv.completion_from], True)
@@ -416,28 +445,6 @@ def _check_parts(messages: list[dict[str, Any]], text: str) -> None:
                 f"messages[{i}] gives its content as a list of parts, which this chat template "
                 "does not iterate (it renders the Python list); give the content as a string"
             )
-
-
-def read_chat_template(path: str) -> str:
-    """A chat template file (Jinja text, or a ``tokenizer_config.json`` / ``.json`` holding
-    ``chat_template``), as ``--chat-template`` names it."""
-
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise ValueError(f"--chat-template {path}: cannot read it ({exc})") from exc
-    if path.endswith(".json"):
-        try:
-            value = json.loads(text).get("chat_template")
-        except (ValueError, AttributeError) as exc:
-            raise ValueError(f"--chat-template {path}: not a JSON object ({exc})") from exc
-        if not isinstance(value, str) or not value:
-            raise ValueError(f"--chat-template {path}: no string 'chat_template' in it")
-        text = value
-    if not text.strip():
-        raise ValueError(f"--chat-template {path}: the file is empty")
-    return text
 
 
 def _check_prefix(prefix: str, text: str, turn: int) -> None:
