@@ -202,7 +202,7 @@ def _worker_startup(tokenizer: str) -> float:
     from bcl_stream.preprocess.work import EncodeOptions, tokenizer_pool
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    with tokenizer_pool(2, EncodeOptions(tokenizer=tokenizer)) as pool:
+    with tokenizer_pool(2, EncodeOptions(RecordSource(tokenizer=tokenizer))) as pool:
         pool.close()  # no work: each worker starts, then exits on the pool's sentinel
         pool.join()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
