@@ -65,6 +65,7 @@ from bcl_stream.text.chat import TEMPLATE, Conversation, render_turns
 from bcl_stream.text.generation_variants import generation_variant
 from bcl_stream.text.hf_dir import HFDir, read_chat_template, render, render_generation
 from bcl_stream.text.loss_spans import mask_from_spans, spans_from_mask, trained_count
+from bcl_stream.text.token_ranges import encoding_spans, token_spans
 from bcl_stream.text.tokenizers import (
     Tokenizer,
     chat_template_of,
@@ -89,23 +90,6 @@ class Encoded:
     @property
     def trained(self) -> int:
         return trained_count(self.spans, int(self.ids.size))
-
-
-def _token_spans(
-    starts: npt.NDArray[np.int64], ranges: list[tuple[int, int]]
-) -> npt.NDArray[np.uint32]:
-    """Canonical spans of the tokens covering character ranges: from the token holding a
-    range's first character to the one holding its last (tokens that start at the same
-    character, the pieces of one character, all count)."""
-    mask = np.zeros(starts.size, dtype=bool)
-    for a, b in ranges:
-        if b <= a or not starts.size:
-            continue
-        first = int(np.searchsorted(starts, a, side="right")) - 1
-        first = int(np.searchsorted(starts, starts[max(first, 0)], side="left"))
-        last = int(np.searchsorted(starts, b - 1, side="right"))
-        mask[first:last] = True
-    return spans_from_mask(mask)
 
 
 class TemplateError(ValueError):
@@ -239,7 +223,7 @@ class Encoder:
             trained = [(ranges[conv.completion_from][0], len(text))]
         else:
             trained = [ranges[i] for i in self.turns(conv)]
-        return Encoded(ids, _token_spans(starts, trained))
+        return Encoded(ids, token_spans(starts, trained))
 
     # -- the model's chat template --------------------------------------------------------
     def _hf(self, conv: Conversation) -> Encoded:
@@ -250,13 +234,11 @@ class Encoder:
         if self.loss_on == "all":
             return Encoded(self._ids(full)[0])
         if not tagged:
-            ids, starts = self._ids(full)
-            return Encoded(ids, _token_spans(starts, self._ranges(conv, full)))
+            ids, tokens = self._ids(full)
+            return Encoded(ids, _spans(tokens, self._ranges(conv, full)))
         ids, spans = self._generation_mask(conv)
         # last: the {% generation %} tokens inside the last assistant turn's rendering
-        inside = mask_from_spans(
-            _token_spans(self._ids(full)[1], self._ranges(conv, full)), ids.size
-        )
+        inside = mask_from_spans(_spans(self._ids(full)[1], self._ranges(conv, full)), ids.size)
         return Encoded(ids, spans_from_mask(mask_from_spans(spans, ids.size) & inside))
 
     def _options(self, conv: Conversation) -> dict[str, Any]:
@@ -322,17 +304,16 @@ class Encoder:
         ids = np.asarray(input_ids, dtype=np.uint32)
         return ids, spans_from_mask(np.asarray(masks, dtype=bool))
 
-    def _ids(self, text: str) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.int64]]:
+    def _ids(self, text: str) -> tuple[npt.NDArray[np.uint32], Any]:
         """Ids of a rendering as ``apply_chat_template(tokenize=True)`` makes them (the text
-        tokenized with no special tokens added), and each token's first character."""
+        tokenized with no special tokens added), and what maps characters to tokens for
+        :func:`_spans`: the ``tokenizers`` encoding, or each token's first character."""
         if self.light is not None:
             out = self.light.tokenizer.encode(text, add_special_tokens=False)
-            ids, offsets = out.ids, out.offsets
-        else:
-            enc = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
-            ids, offsets = enc["input_ids"], enc["offset_mapping"]
-        starts = np.asarray([a for a, _ in offsets], dtype=np.int64)
-        return np.asarray(ids, dtype=np.uint32), starts
+            return np.asarray(out.ids, dtype=np.uint32), out
+        enc = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
+        starts = np.asarray([a for a, _ in enc["offset_mapping"]], dtype=np.int64)
+        return np.asarray(enc["input_ids"], dtype=np.uint32), starts
 
     def _ranges(self, conv: Conversation, full: str) -> list[tuple[int, int]]:
         """Character ranges, in the full rendering, of what is trained (see the module
@@ -431,6 +412,14 @@ class Encoder:
                 "assistant turns with {% generation %} (or --loss-on all)"
             )
         return text[: text.index(marker)]
+
+
+def _spans(tokens: Any, ranges: list[tuple[int, int]]) -> npt.NDArray[np.uint32]:
+    """The token spans of character ranges (``text/token_ranges.py``), from what
+    :meth:`Encoder._ids` gives."""
+    if isinstance(tokens, np.ndarray):
+        return token_spans(tokens, ranges)
+    return encoding_spans(tokens, ranges)
 
 
 def _check_parts(messages: list[dict[str, Any]], text: str) -> None:

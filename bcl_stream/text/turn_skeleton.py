@@ -15,7 +15,10 @@ one rendering, the one its ids need, and a string check: the rendering must be e
 skeleton's glue with each sentinel replaced by its message's content. That check is the proof
 the skeleton applies: the template wrote each content as given, where the sentinel stood, and
 everything else as it wrote it for the sentinels; so each turn lies where it lay in the
-skeleton. A record that fails it (a template that trims, splits or tests the content: Qwen3's
+skeleton. (What the check does not see are the renderings of the turn's prefixes, which
+define its range: a template whose prefixes would depend on a content's text in a way its
+full rendering does not show would escape it. None of the templates tested does.) A record
+that fails it (a template that trims, splits or tests the content: Qwen3's
 ``</think>`` parsing, Llama-3's ``| trim``) is located by rendering, as before; so is a
 structure seen for the first time (:attr:`Skeletons.after`: a structure seen once, such as a
 record with its own tool calls, would pay for a skeleton it never reuses), one with content
@@ -65,7 +68,8 @@ def structure(conv: Conversation, kwargs: dict[str, Any]) -> Hashable | None:
             keys = json.dumps(extra, sort_keys=True) if extra else ""
         except (TypeError, ValueError):
             return None
-        shape.append((message["role"], None if _slot(message) else content, keys))
+        slot = _slot(message)
+        shape.append((message["role"], slot, None if slot else content, keys))
     try:
         outer = json.dumps([conv.tools, kwargs], sort_keys=True)
     except (TypeError, ValueError):
@@ -126,6 +130,8 @@ class Skeleton:
             position += len(piece)
             if i is not None:
                 content = messages[i]["content"]
+                if not isinstance(content, str):
+                    return None
                 pieces.append(content)
                 position += len(content)
         if position != len(full) or "".join(pieces) != full:

@@ -121,3 +121,18 @@ def test_a_rendering_that_does_not_fit_the_skeleton_is_located_by_rendering(
     assert on_skeleton.skeletons.located == 3  # all but the odd one
     ids = encode(Conversation(conversations[2]), on_skeleton).ids
     assert sum(got[2]) > 0 and len(got[2]) == ids.size
+
+
+def test_a_missing_content_is_another_structure_than_a_text(dirs: dict[str, str]) -> None:
+    """A message whose content is null renders otherwise than one with text (ChatML writes
+    "None"): the two records have different skeletons, each fitting its own."""
+    with_text = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                 {"role": "assistant", "content": "yes"}]  # fmt: skip
+    without = [{**with_text[0], "content": None}, *with_text[1:]]
+    by_rendering = Encoder(dirs["chatml"])
+    by_rendering.skeletons.after = 10**9
+    on_skeleton = Encoder(dirs["chatml"])
+    on_skeleton.skeletons.after = 1
+    conversations = [with_text, without, with_text, without]
+    assert masks(on_skeleton, conversations) == masks(by_rendering, conversations)
+    assert on_skeleton.skeletons.located == 4
