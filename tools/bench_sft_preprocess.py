@@ -6,8 +6,9 @@ preprocessed in one process (``--workers 1``: the per-record cost, not the pool)
 - ``cl100k`` and the built-in ChatML (masks from the rendering's character ranges);
 - a Hugging Face tokenizer directory whose template marks assistant turns with
   ``{% generation %}`` (masks from ``return_assistant_tokens_mask``);
-- the same rendering without the tags (masks found by rendering each turn's prefixes: two
-  extra renderings per assistant turn);
+- the same rendering without the tags (masks found by rendering: each turn's prefixes
+  rendered for the first record of each conversation structure, then the structure's
+  skeleton, ``text/turn_skeleton.py``, checked against the one full rendering);
 - the same directory under ``--loss-on all`` (no mask: the template and tokenizer alone).
 
 Then, with the Hugging Face directory (the mask found by rendering):
@@ -26,7 +27,9 @@ Then, with the Hugging Face directory (the mask found by rendering):
   so the pool is really measured;
 - **mask ratio**: encoding every record (chat template, tokenizer and mask) against a bare
   ``apply_chat_template(messages, tokenize=True)`` loop over the same messages with the same
-  template and tokenizer, in this process, best of ``--repeats`` each (interleaved): the
+  template and tokenizer, in this process, best of ``--repeats`` each in wall-clock and in
+  CPU seconds (interleaved; each
+  run starts with no skeleton built, as a fresh ``preprocess`` does): the
   prefix-stable test template (mask by rendering), its ``{% generation %}`` copy, Qwen3's
   official template (recognised by its hash: its tagged variant) and a copy of it whose hash
   is unknown (not prefix-stable: turns located on the full rendering).
@@ -200,7 +203,7 @@ def _worker_startup(tokenizer: str) -> float:
     from bcl_stream.preprocess.work import EncodeOptions, tokenizer_pool
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    with tokenizer_pool(2, EncodeOptions(tokenizer=tokenizer)) as pool:
+    with tokenizer_pool(2, EncodeOptions(RecordSource(tokenizer=tokenizer))) as pool:
         pool.close()  # no work: each worker starts, then exits on the pool's sentinel
         pool.join()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -217,8 +220,10 @@ def mask_ratio(
     None for the directory's own)."""
     from bcl_stream.records.registry import encode as encode_shape
     from bcl_stream.text.chat import Conversation
-    from bcl_stream.text.templates import Encoder, read_chat_template
+    from bcl_stream.text.hf_dir import read_chat_template
+    from bcl_stream.text.templates import Encoder
     from bcl_stream.text.tokenizers import load_hf_tokenizer
+    from bcl_stream.text.turn_skeleton import Skeletons
 
     chats = [json.loads(line)["messages"] for line in src.read_text().splitlines()]
     runs: dict[str, Any] = {}
@@ -232,19 +237,23 @@ def mask_ratio(
                 tok.apply_chat_template(messages, tokenize=True, chat_template=template)
 
         def encode(encoder: Encoder = encoder) -> None:
+            encoder.skeletons = Skeletons()  # none built yet, as in a fresh preprocess
             for messages in chats:
                 encode_shape(Conversation(messages), encoder)
 
         runs[name] = {"mask": "generation" if encoder.generation else "rendering"}
+        runs[name]["encoder"] = encoder
         runs[name]["bare_apply_chat_template"] = bare
         runs[name]["bcl_stream"] = encode
     best: dict[str, dict[str, float]] = {name: {} for name in runs}
+    cpu: dict[str, dict[str, float]] = {name: {} for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
             for key in ("bare_apply_chat_template", "bcl_stream"):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 run[key]()
                 best[name][key] = min(best[name].get(key, float("inf")), time.perf_counter() - t0)
+                cpu[name][key] = min(cpu[name].get(key, float("inf")), time.process_time() - c0)
     return {
         "records": len(chats),
         "repeats": repeats,
@@ -255,6 +264,14 @@ def mask_ratio(
                 "ratio_to_bare": round(
                     best[name]["bcl_stream"] / best[name]["bare_apply_chat_template"], 3
                 ),
+                # the same from CPU seconds (this process's), which waiting for a core on a
+                # loaded machine does not inflate
+                "cpu_seconds_best": {k: round(v, 3) for k, v in cpu[name].items()},
+                "ratio_to_bare_cpu": round(
+                    cpu[name]["bcl_stream"] / cpu[name]["bare_apply_chat_template"], 3
+                ),
+                # of the last run's records: located on a skeleton, not by rendering
+                "located_on_skeleton": runs[name]["encoder"].skeletons.located,
             }
             for name in runs
         },

@@ -1,17 +1,21 @@
-"""A costed WebDataset writer: ``webdataset.ShardWriter`` plus the cost index.
+"""A costed WebDataset writer: the tar shards ``webdataset.ShardWriter`` writes, plus the
+cost index.
 
 Each record becomes one tar sample: ``<key>.input_ids.npy`` (the token ids, ``np.save``
 bytes, decoded by stock ``.decode()``), ``<key>.loss_spans.npy`` when the record has a loss
 mask (uint32 spans, :mod:`bcl_stream.text.loss_spans`; a record without one trains every
 token) and ``<key>.json`` with ``{"source", "tokens", ...}``.
-Members are encoded here (webdataset's own encoder, from ``streaming_compat``), so the bytes hashed into the record's
-xxh64 (``bcl_hashes.npy``, checked by the reader) are exactly the bytes in the tar.
+Members are encoded here (as webdataset's default encoder encodes them), so the bytes hashed
+into the record's xxh64 (``bcl_hashes.npy``, checked by the reader) are exactly the bytes in
+the tar. The shards are written with :mod:`tarfile` in ``ShardWriter``'s exact layout
+(``formats/wds_tar.py``), without importing webdataset (which imports torch: seconds before
+the first record).
 Keys are the global record id, zero-padded (no dots: WebDataset groups members by the prefix
 before the first dot).
 
 WebDataset has no index of its own, so ``bcl_index.json`` (written last, after
 ``bcl_costs.npy``) is the shard list and the completion marker. Per-shard counts come from the
-``post`` hook ``ShardWriter`` calls as each shard closes. Remote outputs (``s3://``) are staged
+``post`` hook the shard writer calls as each shard closes. Remote outputs (``s3://``) are staged
 in a local directory; each shard is uploaded as soon as it closes, the sidecar after all of
 them.
 """
@@ -27,14 +31,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import webdataset as wds
-
 from bcl_stream.cost import CostModel, resolve
 from bcl_stream.formats.dataset_files import as_token_array
 from bcl_stream.formats.npy import npy_bytes
 from bcl_stream.formats.shard_limits import SHARD_BYTES, SHARD_RECORDS
+from bcl_stream.formats.wds_tar import TarShards, encode_members
 from bcl_stream.formats.writer_base import FinishOnExit, record_trained, seal_cost_index
-from bcl_stream.io import streaming_compat
 from bcl_stream.io.hashing import record_digest
 from bcl_stream.io.index import CostIndex, ShardEntry
 from bcl_stream.io.remote import is_remote, upload
@@ -47,7 +49,7 @@ class CostedWDSWriter(FinishOnExit):
     """Write token-id records as WebDataset shards plus the cost index.
 
     ``out``: a local directory or a remote URL. ``maxcount`` (records) and ``maxsize``
-    (bytes) are passed to ``ShardWriter``; their defaults are the MDS writer's
+    (bytes) close a shard as ``ShardWriter`` closes one; their defaults are the MDS writer's
     (``writer_base.SHARD_RECORDS``, ``SHARD_BYTES``); ``compress=True`` writes gzip shards (``.tar.gz``). ``key_prefix``: a
     part of a partitioned run (``part-I-of-N-``) keys its records ``part-I-of-N-<id in the
     part>``, unique across the merged dataset (no dots: see the module docstring). Use as a
@@ -78,18 +80,13 @@ class CostedWDSWriter(FinishOnExit):
         self._tokens = array("I")  # 4 bytes per record, not a Python int each
         self._hashes = array("Q")
         self._trained = array("I")
-        self._encode = streaming_compat.wds_member_encoder()
         self._in_shard = 0
         self._key_prefix = key_prefix
         self._index: CostIndex | None = None
         pattern = SHARD_PATTERN + (".gz" if compress else "")
-        self._writer = wds.ShardWriter(
-            str(self.local / pattern),
-            maxcount=maxcount,
-            maxsize=maxsize,
-            post=self._closed,
-            verbose=0,
-            encoder=False,  # members arrive encoded (see write): what is hashed is what is stored
+        # members arrive encoded (see write): what is hashed is what is stored
+        self._writer = TarShards(
+            str(self.local / pattern), maxcount=maxcount, maxsize=maxsize, post=self._closed
         )
 
     def _closed(self, fname: str) -> None:
@@ -133,7 +130,7 @@ class CostedWDSWriter(FinishOnExit):
             member[f"{LOSS_SPANS}.npy"] = npy_bytes(spans)
         meta["tokens"] = int(tokens)
         member["json"] = json.dumps(meta).encode()
-        member = self._encode(member)
+        member = encode_members(member)
         self._writer.write(member)
         self._in_shard += 1
         self._tokens.append(int(tokens))
@@ -163,6 +160,6 @@ class CostedWDSWriter(FinishOnExit):
 
     def abort(self) -> None:
         """Close the open shard without writing an index: the output stays incomplete."""
-        streaming_compat.close_open_shard(self._writer)
+        self._writer.abort()
         if self.remote:
             shutil.rmtree(self.local, ignore_errors=True)

@@ -377,15 +377,3 @@ def wds_member_encoder() -> Callable[[dict[str, Any]], dict[str, Any]]:
 
     encode: Callable[[dict[str, Any]], dict[str, Any]] = make_encoder(True)
     return encode
-
-
-def close_open_shard(writer: Any) -> None:
-    """Close the tar ``writer`` (a ``webdataset.ShardWriter``) is writing, if any, without
-    calling ``writer.close()`` (which would also run the ``post`` hook on the partial shard).
-
-    Relies on: ``ShardWriter.tarstream`` (the open ``TarWriter`` or ``None``).
-    """
-    tar = getattr(writer, "tarstream", None)
-    if tar is not None:
-        tar.close()
-        writer.tarstream = None

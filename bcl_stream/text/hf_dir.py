@@ -178,6 +178,28 @@ def _chat_template(directory: str, config: dict[str, Any]) -> str | None:
     return template if isinstance(template, str) and template else None
 
 
+def read_chat_template(path: str) -> str:
+    """A chat template file (Jinja text, or a ``tokenizer_config.json`` / ``.json`` holding
+    ``chat_template``), as ``--chat-template`` names it."""
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ValueError(f"--chat-template {path}: cannot read it ({exc})") from exc
+    if path.endswith(".json"):
+        try:
+            value = json.loads(text).get("chat_template")
+        except (ValueError, AttributeError) as exc:
+            raise ValueError(f"--chat-template {path}: not a JSON object ({exc})") from exc
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"--chat-template {path}: no string 'chat_template' in it")
+        text = value
+    if not text.strip():
+        raise ValueError(f"--chat-template {path}: the file is empty")
+    return text
+
+
 class _Tracker:
     """Where the ``{% generation %}`` blocks of one rendering lie (characters)."""
 

@@ -29,7 +29,10 @@ Which tokens are trained (``loss_on``, stored as ``loss_spans``):
   ``"\\n\\n"`` differently at the cut). A template that renders a turn otherwise once later
   turns follow it (Qwen3: the empty ``<think>`` block only after the last user turn) is not
   prefix-stable; its turns are located on the full rendering by rendering it again with a
-  marker after the turn's content (:meth:`Encoder._located`). What repeats the generation
+  marker after the turn's content (:meth:`Encoder._located`). Either way, a conversation
+  whose structure (roles, keys, tools) was seen before is located on that structure's
+  skeleton, with no rendering besides the full one, where its rendering fits the skeleton
+  (``text/turn_skeleton.py``). What repeats the generation
   prompt is not trained (Qwen3 without thinking puts an empty ``<think>`` block there). An
   assistant turn that opens the conversation starts where the template puts the first
   message's content. A token is trained from the one holding the turn's first character to
@@ -60,8 +63,9 @@ import numpy.typing as npt
 from bcl_stream.errors import DatasetError
 from bcl_stream.text.chat import TEMPLATE, Conversation, render_turns
 from bcl_stream.text.generation_variants import generation_variant
-from bcl_stream.text.hf_dir import HFDir, render, render_generation
+from bcl_stream.text.hf_dir import HFDir, read_chat_template, render, render_generation
 from bcl_stream.text.loss_spans import mask_from_spans, spans_from_mask, trained_count
+from bcl_stream.text.token_ranges import encoding_spans, token_spans
 from bcl_stream.text.tokenizers import (
     Tokenizer,
     chat_template_of,
@@ -70,6 +74,7 @@ from bcl_stream.text.tokenizers import (
     load_tokenizer,
 )
 from bcl_stream.text.turn_search import MARK, changed, common_prefix, header_end, marked
+from bcl_stream.text.turn_skeleton import Skeleton, Skeletons, structure
 
 LOSS_ON = ("assistant", "last", "all")
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -85,23 +90,6 @@ class Encoded:
     @property
     def trained(self) -> int:
         return trained_count(self.spans, int(self.ids.size))
-
-
-def _token_spans(
-    starts: npt.NDArray[np.int64], ranges: list[tuple[int, int]]
-) -> npt.NDArray[np.uint32]:
-    """Canonical spans of the tokens covering character ranges: from the token holding a
-    range's first character to the one holding its last (tokens that start at the same
-    character, the pieces of one character, all count)."""
-    mask = np.zeros(starts.size, dtype=bool)
-    for a, b in ranges:
-        if b <= a or not starts.size:
-            continue
-        first = int(np.searchsorted(starts, a, side="right")) - 1
-        first = int(np.searchsorted(starts, starts[max(first, 0)], side="left"))
-        last = int(np.searchsorted(starts, b - 1, side="right"))
-        mask[first:last] = True
-    return spans_from_mask(mask)
 
 
 class TemplateError(ValueError):
@@ -168,6 +156,10 @@ class Encoder:
             tagged = bool(GENERATION_TAG.search(self.template))
             self.mask_template = self.template if tagged else generation_variant(self.template)
         self.generation = self.mask_template is not None
+        self.skeletons = Skeletons()
+        """Where the turns of each conversation structure lie (``text/turn_skeleton.py``):
+        a record whose rendering fits its structure's skeleton is located with no rendering
+        of its own besides the one its ids need."""
 
     @functools.cached_property
     def hf(self) -> Any:
@@ -231,7 +223,7 @@ class Encoder:
             trained = [(ranges[conv.completion_from][0], len(text))]
         else:
             trained = [ranges[i] for i in self.turns(conv)]
-        return Encoded(ids, _token_spans(starts, trained))
+        return Encoded(ids, token_spans(starts, trained))
 
     # -- the model's chat template --------------------------------------------------------
     def _hf(self, conv: Conversation) -> Encoded:
@@ -242,13 +234,11 @@ class Encoder:
         if self.loss_on == "all":
             return Encoded(self._ids(full)[0])
         if not tagged:
-            ids, starts = self._ids(full)
-            return Encoded(ids, _token_spans(starts, self._ranges(conv, full)))
+            ids, tokens = self._ids(full)
+            return Encoded(ids, _spans(tokens, self._ranges(conv, full)))
         ids, spans = self._generation_mask(conv)
         # last: the {% generation %} tokens inside the last assistant turn's rendering
-        inside = mask_from_spans(
-            _token_spans(self._ids(full)[1], self._ranges(conv, full)), ids.size
-        )
+        inside = mask_from_spans(_spans(self._ids(full)[1], self._ranges(conv, full)), ids.size)
         return Encoded(ids, spans_from_mask(mask_from_spans(spans, ids.size) & inside))
 
     def _options(self, conv: Conversation) -> dict[str, Any]:
@@ -314,19 +304,39 @@ class Encoder:
         ids = np.asarray(input_ids, dtype=np.uint32)
         return ids, spans_from_mask(np.asarray(masks, dtype=bool))
 
-    def _ids(self, text: str) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.int64]]:
+    def _ids(self, text: str) -> tuple[npt.NDArray[np.uint32], Any]:
         """Ids of a rendering as ``apply_chat_template(tokenize=True)`` makes them (the text
-        tokenized with no special tokens added), and each token's first character."""
+        tokenized with no special tokens added), and what maps characters to tokens for
+        :func:`_spans`: the ``tokenizers`` encoding, or each token's first character."""
         if self.light is not None:
             out = self.light.tokenizer.encode(text, add_special_tokens=False)
-            ids, offsets = out.ids, out.offsets
-        else:
-            enc = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
-            ids, offsets = enc["input_ids"], enc["offset_mapping"]
-        starts = np.asarray([a for a, _ in offsets], dtype=np.int64)
-        return np.asarray(ids, dtype=np.uint32), starts
+            return np.asarray(out.ids, dtype=np.uint32), out
+        enc = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
+        starts = np.asarray([a for a, _ in enc["offset_mapping"]], dtype=np.int64)
+        return np.asarray(enc["input_ids"], dtype=np.uint32), starts
 
     def _ranges(self, conv: Conversation, full: str) -> list[tuple[int, int]]:
+        """Character ranges, in the full rendering, of what is trained (see the module
+        docstring): from the skeleton of the conversation's structure where the rendering fits
+        it, else by rendering (:meth:`_rendered_ranges`)."""
+        key = structure(conv, self._kwargs(conv))
+        if key is not None:
+            found = self.skeletons.ranges(conv, key, full, self._skeleton)
+            if found is not None:
+                return found
+        return self._rendered_ranges(conv, full)
+
+    def _skeleton(self, sentinels: Conversation) -> Skeleton | None:
+        """The skeleton of a sentinel conversation: its ranges found by rendering (None where
+        that refuses it: its records are then located by rendering, each refused or not on
+        its own)."""
+        try:
+            text = self._render(sentinels, sentinels.messages, False)
+            return Skeleton.of(sentinels, text, self._rendered_ranges(sentinels, text))
+        except TemplateError:
+            return None
+
+    def _rendered_ranges(self, conv: Conversation, full: str) -> list[tuple[int, int]]:
         """Character ranges, in the full rendering, of what is trained (see the module
         docstring), each checked against the renderings that locate it."""
         if conv.completion_from is not None:
@@ -404,6 +414,14 @@ class Encoder:
         return text[: text.index(marker)]
 
 
+def _spans(tokens: Any, ranges: list[tuple[int, int]]) -> npt.NDArray[np.uint32]:
+    """The token spans of character ranges (``text/token_ranges.py``), from what
+    :meth:`Encoder._ids` gives."""
+    if isinstance(tokens, np.ndarray):
+        return token_spans(tokens, ranges)
+    return encoding_spans(tokens, ranges)
+
+
 def _check_parts(messages: list[dict[str, Any]], text: str) -> None:
     """Refuse a rendering that holds a Python repr of content given as parts: the template
     expects strings and printed the list (it would be trained as such, without a word)."""
@@ -416,28 +434,6 @@ def _check_parts(messages: list[dict[str, Any]], text: str) -> None:
                 f"messages[{i}] gives its content as a list of parts, which this chat template "
                 "does not iterate (it renders the Python list); give the content as a string"
             )
-
-
-def read_chat_template(path: str) -> str:
-    """A chat template file (Jinja text, or a ``tokenizer_config.json`` / ``.json`` holding
-    ``chat_template``), as ``--chat-template`` names it."""
-
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise ValueError(f"--chat-template {path}: cannot read it ({exc})") from exc
-    if path.endswith(".json"):
-        try:
-            value = json.loads(text).get("chat_template")
-        except (ValueError, AttributeError) as exc:
-            raise ValueError(f"--chat-template {path}: not a JSON object ({exc})") from exc
-        if not isinstance(value, str) or not value:
-            raise ValueError(f"--chat-template {path}: no string 'chat_template' in it")
-        text = value
-    if not text.strip():
-        raise ValueError(f"--chat-template {path}: the file is empty")
-    return text
 
 
 def _check_prefix(prefix: str, text: str, turn: int) -> None:

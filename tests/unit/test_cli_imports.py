@@ -88,6 +88,8 @@ with contextlib.redirect_stdout(io.StringIO()):
               "--no-progress"]),
         main(["preprocess", {chat!r}, "--output", {out!r} + "/tagged", "--tokenizer", {tagged!r},
               "--no-progress"]),
+        main(["preprocess", {chat!r}, "--output", {out!r} + "/wds", "--tokenizer", {tok!r},
+              "--format", "wds", "--no-progress"]),
     ]
 print(json.dumps({{"codes": codes, "heavy": sorted(m for m in {heavy!r} if m in sys.modules)}}))
 """
@@ -95,9 +97,10 @@ print(json.dumps({{"codes": codes, "heavy": sorted(m for m in {heavy!r} if m in 
 
 def test_preprocess_with_a_tokenizer_directory_imports_no_heavy_library(tmp_path: Path) -> None:
     """``preprocess`` of text and of conversations with a Hugging Face tokenizer directory to
-    local MDS: the tokenizer through the ``tokenizers`` library, the chat template rendered
-    in our Jinja environment, the shards written without streaming. torch, transformers and
-    streaming (6-7 s of CPU on this machine) are never imported in the process."""
+    local MDS and WebDataset: the tokenizer through the ``tokenizers`` library, the chat
+    template rendered in our Jinja environment, the shards written without streaming or
+    webdataset. torch, transformers, streaming and webdataset (3-7 s of CPU each on this
+    machine) are never imported in the process."""
     from tests.hf_tokenizers import LLAMA3, LLAMA3_GENERATION, build_tokenizer_dir
 
     text, chat = tmp_path / "text.jsonl", tmp_path / "chat.jsonl"
@@ -112,4 +115,4 @@ def test_preprocess_with_a_tokenizer_directory_imports_no_heavy_library(tmp_path
         tagged=str(build_tokenizer_dir(tmp_path / "tagged", LLAMA3_GENERATION)),
         heavy=HEAVY,
     )
-    assert json.loads(run(code)) == {"codes": [0, 0, 0], "heavy": []}
+    assert json.loads(run(code)) == {"codes": [0, 0, 0, 0], "heavy": []}
