@@ -29,12 +29,12 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-import io
 import os
 from pathlib import Path
 from typing import Any
 
 from bcl_stream.errors import DatasetError
+from bcl_stream.io.streaming_compat import mds_image_file_bytes
 from bcl_stream.records.chat import CHAT, MESSAGES_FIELDS
 from bcl_stream.records.kind import Bad, Encoders, FoundColumns, Ids, LayoutOptions, finish
 from bcl_stream.records.source import RecordSource
@@ -243,9 +243,9 @@ def image_bytes(raw: Any, base: str | None) -> bytes | str:
             return f"an image object needs 'bytes' or 'path', got keys {sorted(raw)}"
     if isinstance(raw, (bytes, bytearray, memoryview)):
         return bytes(raw)
-    held = getattr(raw, "fp", None)  # an image streaming opened lazily from an MDS column
-    if isinstance(held, io.BytesIO) and getattr(raw, "format", None):
-        return held.getvalue()  # the file's bytes (jpeg, png columns); no pixel decoded
+    stored = mds_image_file_bytes(raw)  # an image streaming opened lazily from an MDS column
+    if stored is not None:
+        return stored
     if hasattr(raw, "getpixel"):
         return (
             "the column holds decoded pixels (an MDS 'pil' column), not an image file; store "
