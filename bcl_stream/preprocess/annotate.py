@@ -156,9 +156,7 @@ def annotate(
         jobs = _shard_jobs(root, everything, mds, names, counting, span)
         fetch, done = fetcher(location, Path(tmp) / "shards") if remote else (None, None)
         tally = _count_shards(jobs, span, everything, mds, workers, fetch, done, progress)
-        shards = tally.shards
-        if mds is not None:
-            shards = shard_entries([mds[i] for i in span], join(location, MDS_INDEX))
+        shards = _index_shards(tally.shards, mds, span, location)
         if not tally.counts and part is None:
             raise DatasetError(f"{location}: the dataset holds no records; nothing to annotate")
         extra = _index_extra(counting, tally, length_field, part, everything)
@@ -166,6 +164,16 @@ def annotate(
         index = _built_index(tally, resolve(cost_model), shards, fmt, extra, location)
         _write(index, root, location, target, part, Path(tmp) / "out", components)
         return index
+
+
+def _index_shards(
+    counted: list[ShardEntry], mds: list[dict[str, Any]] | None, span: range, location: str
+) -> list[ShardEntry]:
+    """The index's shard entries: those counted (WebDataset), or the MDS ``index.json``'s own
+    entries of the counted span, which the index seals as its pointer to them."""
+    if mds is None:
+        return counted
+    return shard_entries([mds[i] for i in span], join(location, MDS_INDEX))
 
 
 def _named_source(given: RecordSource, length_field: str | None) -> RecordSource | None:
