@@ -240,7 +240,7 @@ class BCLDataModule(pl.LightningDataModule):
 
     def _reset(self) -> None:
         """Nothing set up yet: no trainer layout, no reader, no loader."""
-        self.dataset: PlanDataset | None = None
+        self._opened: PlanDataset | None = None
         self.layout_used: TrainerLayout | None = None
         """The trainer's layout the plan follows (set by ``setup``)."""
         self.resolved: ResolvedTraining | None = None
@@ -250,6 +250,15 @@ class BCLDataModule(pl.LightningDataModule):
         """The model's sequence limit (``model_max_seq_len``)."""
         self._loader: TrainerPackLoader | None = None
         self._announced = False
+
+    @property
+    def dataset(self) -> PlanDataset | None:
+        """The training reader (None before ``setup``): the loader's once the loader exists.
+        A resume that adopts a saved canonical node size swaps the loader's reader (a reader's
+        config is fixed when it is built), whether the cursor came through this DataModule's
+        ``load_state_dict`` or the loader's own (a Fabric script that saves the loader); the
+        reader ``setup`` opened is then no longer the one the loader moves."""
+        return self._opened if self._loader is None else self._loader.plan_dataset
 
     # -- what the user chose (read-only views of ``knobs``) --------------------------------
     plan = KnobView[PlanKnobs]()  # the planner's knobs (data.plan)
@@ -340,7 +349,7 @@ class BCLDataModule(pl.LightningDataModule):
             format=self.format,
             options=self.options,
         )
-        self.dataset, self.resolved, self.layout_used = training.dataset, training.resolved, layout
+        self._opened, self.resolved, self.layout_used = training.dataset, training.resolved, layout
 
     def _require_dataset(self) -> PlanDataset:
         if self.dataset is None:
@@ -448,5 +457,4 @@ class BCLDataModule(pl.LightningDataModule):
                 "setup_for(...)) first, then load the checkpoint."
             )
         loader = self._make_loader()
-        loader.load_state_dict(reader)
-        self.dataset = loader.plan_dataset  # a new reader where a canonical layout was adopted
+        loader.load_state_dict(reader)  # may swap the reader (see ``dataset``)

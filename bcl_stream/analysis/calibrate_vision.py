@@ -34,6 +34,7 @@ import numpy.typing as npt
 from bcl_stream.analysis.calibrate import (
     CalibrationConfig,
     design_packs,
+    fit_report,
     load_factory,
     make_step,
     scaled_r2_of,
@@ -277,17 +278,8 @@ class ImageCalibration:
     def report(self) -> dict[str, Any]:
         """JSON-friendly, with ``calibrate``'s keys: fit quality, timing noise, the shapes'
         scaled R^2, every pack's components and timings."""
-        spread = (
-            np.percentile(self.times, 75, axis=1) - np.percentile(self.times, 25, axis=1)
-        ) / self.seconds
         return {
-            "cost_model": self.fit.model.to_dict(),
-            "r2_train": self.fit.r2_train,
-            "r2_holdout": self.fit.r2_holdout,
-            "mean_rel_error_holdout": self.fit.mean_rel_error_holdout,
-            "preset_r2_scaled": self.preset_r2,
-            "timing_rel_iqr_median": float(np.median(spread)),
-            "settings": self.settings,
+            **fit_report(self.fit, self.preset_r2, self.times, self.settings),
             "packs": [
                 {
                     "text_tokens": c.text_tokens.tolist(),

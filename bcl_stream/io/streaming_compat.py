@@ -18,6 +18,7 @@ webdataset are imported inside the hooks that need them.
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 from collections.abc import Callable, Mapping
@@ -167,6 +168,21 @@ def replace_dataset(loader: Any, dataset: Any) -> None:
     private ``_iterator``, dropped as ``DataLoader`` itself does when its workers die."""
     object.__setattr__(loader, "dataset", dataset)
     loader._iterator = None
+
+
+def mds_image_file_bytes(value: Any) -> bytes | None:
+    """The file's bytes behind an image read from an MDS ``jpeg`` or ``png`` column, no pixel
+    decoded (None: ``value`` is not such an image). An image-text dataset read in place
+    (``annotate --processor``) is counted from its images' headers and re-encoded alike by the
+    readers, so the stored file is what is wanted, not a re-encoding of decoded pixels.
+
+    Relies on: streaming's ``JPEG`` and ``PNG`` encodings decoding a column as
+    ``PIL.Image.open(BytesIO(data))``, left unloaded, and PIL keeping that stream as the
+    image's ``fp`` (a user's stream: PIL neither closes nor drops it on load)."""
+    held = getattr(value, "fp", None)
+    if isinstance(held, io.BytesIO) and getattr(value, "format", None):
+        return held.getvalue()
+    return None
 
 
 def clean_stale_shared_memory_once() -> None:

@@ -156,7 +156,7 @@ def annotate(
         jobs = _shard_jobs(root, everything, mds, names, counting, span)
         fetch, done = fetcher(location, Path(tmp) / "shards") if remote else (None, None)
         tally = _count_shards(jobs, span, everything, mds, workers, fetch, done, progress)
-        shards = _indexed_shards(tally, mds, span, location)
+        shards = _index_shards(tally.shards, mds, span, location)
         if not tally.counts and part is None:
             raise DatasetError(f"{location}: the dataset holds no records; nothing to annotate")
         extra = _index_extra(counting, tally, length_field, part, everything)
@@ -166,13 +166,13 @@ def annotate(
         return index
 
 
-def _indexed_shards(
-    tally: Tally, mds: list[dict[str, Any]] | None, span: range, location: str
+def _index_shards(
+    counted: list[ShardEntry], mds: list[dict[str, Any]] | None, span: range, location: str
 ) -> list[ShardEntry]:
-    """The shard entries the cost index names: MDS's own entries of the counted span (paths
-    relative to its ``index.json``), else the shards as counted."""
+    """The index's shard entries: those counted (WebDataset), or the MDS ``index.json``'s own
+    entries of the counted span, which the index seals as its pointer to them."""
     if mds is None:
-        return tally.shards
+        return counted
     return shard_entries([mds[i] for i in span], join(location, MDS_INDEX))
 
 

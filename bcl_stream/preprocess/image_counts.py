@@ -6,7 +6,7 @@ record's members through ``sources.tar_record`` (img2dataset's ``NNN.jpg`` + ``N
 ``NNN.json``: the caption trained as the answer to the image), an MDS record's columns as
 streaming decodes them (image columns of ``bytes``, ``jpeg`` or ``png`` encoding: the file's
 bytes; streaming opens ``jpeg``/``png`` lazily, so no pixel is decoded). It is then encoded by
-``records/image_text.encode_any``, the function preprocessing uses, so the counts and the
+``records/registry.encode_any``, the function preprocessing uses, so the counts and the
 components are preprocessing's for the same records; image sizes come from the headers
 (``vision/image_header``). A bad image is one line naming the record, its reason and what to do
 (``image_text.in_place_error``): a dataset read in place cannot skip a record.
@@ -23,8 +23,9 @@ from bcl_stream.formats.tar_scan import TAR_ERRORS, tar_records
 from bcl_stream.io.hashing import record_digest
 from bcl_stream.preprocess.column_counts import decoded_values
 from bcl_stream.preprocess.sources import tar_record
-from bcl_stream.records.image_text import encode_any, in_place_error, processor_encoder
+from bcl_stream.records.image_text import in_place_error, processor_encoder
 from bcl_stream.records.kind import Bad, LayoutOptions
+from bcl_stream.records.registry import encode_any
 from bcl_stream.records.source import RecordSource
 from bcl_stream.text.loss_spans import trained_count
 from bcl_stream.vision.encode import ImageEncoded

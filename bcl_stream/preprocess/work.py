@@ -31,9 +31,8 @@ from multiprocessing.pool import AsyncResult, Pool
 from typing import Any
 
 from bcl_stream.preprocess.sources import Raw, parse_payload
-from bcl_stream.records.image_text import encode_any
 from bcl_stream.records.kind import Bad, LayoutOptions
-from bcl_stream.records.registry import encode_record, read_record
+from bcl_stream.records.registry import encode_any, encode_record, read_record
 from bcl_stream.records.source import RecordSource
 from bcl_stream.text.templates import Encoded, Encoder
 from bcl_stream.vision.encode import ImageEncoded, ImageTextEncoder

@@ -13,7 +13,8 @@ Layouts (each becomes a :class:`~bcl_stream.text.chat.Conversation` whose image 
   ``text``): a user turn holding the image, and the caption as the assistant's answer, so the
   caption is what is trained.
 
-As a record kind (:data:`IMAGE_TEXT`, registered last in ``records/registry.py``), a record
+As a record kind (:class:`ImageTextKind`, built and registered last in
+``records/registry.py``, which hands it the encoding of records of any kind), a record
 with an image field and no messages is image-text; without ``--processor`` it is refused
 (``needs_processor``) rather than read as text with its image dropped.
 
@@ -29,19 +30,21 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-import io
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bcl_stream.errors import DatasetError
+from bcl_stream.io.streaming_compat import mds_image_file_bytes
 from bcl_stream.records.chat import CHAT, MESSAGES_FIELDS
 from bcl_stream.records.kind import Bad, Encoders, FoundColumns, Ids, LayoutOptions, finish
 from bcl_stream.records.source import RecordSource
 from bcl_stream.text.chat import Conversation
 from bcl_stream.text.templates import Encoded, Encoder
 from bcl_stream.vision.encode import ImageEncoded, ImageRecord, ImageTextEncoder
-from bcl_stream.vision.image_header import ImageError
+from bcl_stream.vision.image_header import ImageError, image_size
+from bcl_stream.vision.storage import stored_images, writes_images
 
 READER_KEYS = ("sample_id", "__key__", "__url__", "input_ids", "loss_spans")
 """Keys the readers add to a record (not its content)."""
@@ -243,9 +246,9 @@ def image_bytes(raw: Any, base: str | None) -> bytes | str:
             return f"an image object needs 'bytes' or 'path', got keys {sorted(raw)}"
     if isinstance(raw, (bytes, bytearray, memoryview)):
         return bytes(raw)
-    held = getattr(raw, "fp", None)  # an image streaming opened lazily from an MDS column
-    if isinstance(held, io.BytesIO) and getattr(raw, "format", None):
-        return held.getvalue()  # the file's bytes (jpeg, png columns); no pixel decoded
+    stored = mds_image_file_bytes(raw)  # an image streaming opened lazily from an MDS column
+    if stored is not None:
+        return stored
     if hasattr(raw, "getpixel"):
         return (
             "the column holds decoded pixels (an MDS 'pil' column), not an image file; store "
@@ -277,24 +280,26 @@ def image_bytes(raw: Any, base: str | None) -> bytes | str:
         return f"{path} cannot be read ({exc})"
 
 
+def record_images(sample: dict[str, Any], where: str) -> list[tuple[bytes, int, int]]:
+    """(bytes, width, height) of each image of a read sample, in order: those bcl-stream's
+    writers stored (``vision.storage.stored_images``), or, for a record of a dataset read in
+    place (``annotate --processor``), those its encoding reads (sizes from the headers). A
+    bad image is one line naming the record (:func:`in_place_error`)."""
+    if writes_images(sample):
+        return stored_images(sample, where)
+    record = {k: v for k, v in sample.items() if k not in READER_KEYS}
+    if not has_images(record):
+        return []
+    got = read_image_record(where, record, LayoutOptions(), None)
+    if isinstance(got, Bad):
+        raise in_place_error(got)
+    return [(data, *image_size(data, f"{where} image {i}")) for i, data in enumerate(got.images)]
+
+
 def input_dir(source: str) -> str | None:
     """The directory of a ``file:line`` record source (relative image paths start there)."""
     path = source.rsplit(":", 1)[0]
     return os.path.dirname(os.path.abspath(path)) if path else None
-
-
-def encode_any(
-    source: str, record: dict[str, Any], encoder: ImageTextEncoder, layout: LayoutOptions
-) -> ImageEncoded | Encoded | Bad:
-    """A record under a processor (``preprocess --processor``, and image-text datasets read
-    in place): with images, the image-text encoding (components and image bytes too);
-    without, its own kind's, under the processor's tokenizer and chat template."""
-    from bcl_stream.records.registry import encode_record, read_record  # registry imports us
-
-    if has_images(record):
-        return encode_image_record(source, record, encoder, layout)
-    shape = read_record(source, record, layout)
-    return shape if isinstance(shape, Bad) else encode_record(source, shape, encoder.text)
 
 
 @functools.lru_cache(maxsize=4)
@@ -322,7 +327,45 @@ def encode_image_record(
     got = read_image_record(source, record, layout, input_dir(source))
     if isinstance(got, Bad):
         return got
-    return IMAGE_TEXT.encode(source, got, encoder)  # type: ignore[arg-type, return-value]
+    return encode_images(source, got, encoder)
+
+
+AnyEncoding = Callable[
+    [str, dict[str, Any], ImageTextEncoder, LayoutOptions], ImageEncoded | Encoded | Bad
+]
+"""How a record under a processor is encoded, whatever its kind (``registry.encode_any``)."""
+
+
+def encode_images(
+    where: str, shape: ImageRecord, encoder: Encoder | ImageTextEncoder
+) -> ImageEncoded | Bad:
+    """An image-text shape under ``encoder`` (a processor's), or why it is bad: no processor
+    (``needs_processor``), a bad image under its reason, nothing to train."""
+    if not isinstance(encoder, ImageTextEncoder):
+        return Bad(
+            where,
+            "needs_processor",
+            "the record holds images; pass --processor DIR (the model's Hugging Face "
+            "processor directory) to encode them, or drop the image field",
+        )
+    try:
+        out = encoder.encode(shape, where)
+    except ImageError as exc:
+        message = str(exc)  # named by the source already: the report adds it again
+        if message.startswith(where):
+            message = message[len(where) :].lstrip(": ")
+        return Bad(where, exc.reason, message)
+    checked = finish(where, out)
+    if not isinstance(checked, Bad):
+        return out  # finish passes a record it accepts on unchanged
+    if checked.reason == "no_trained_tokens":
+        return Bad(
+            where,
+            "no_trained_tokens",
+            f"the record has no token to train under --loss-on {encoder.text.loss_on} "
+            "(no assistant turn with content)",
+        )
+    return checked
 
 
 class ImageTextKind:
@@ -337,6 +380,11 @@ class ImageTextKind:
     knobs: tuple[str, ...] = ("processor", "loss_on")
     """A dataset annotated in place with ``--processor`` is read whole through it."""
 
+    def __init__(self, encode_any: AnyEncoding) -> None:
+        self.encode_any = encode_any
+        """A record under a processor, with images or without (``registry.encode_any``): a
+        dataset read in place holds both, and the text kinds are the registry's to pick."""
+
     def detect(self, names: Any, options: LayoutOptions) -> tuple[str, ...] | None:
         for name in IMAGE_FIELDS:
             if name in names:
@@ -347,29 +395,7 @@ class ImageTextKind:
         return read_image_record(where, record, LayoutOptions(), input_dir(where))
 
     def encode(self, where: str, shape: Any, encoder: Encoder) -> Encoded | Bad:
-        if not isinstance(encoder, ImageTextEncoder):
-            return Bad(
-                where,
-                "needs_processor",
-                "the record holds images; pass --processor DIR (the model's Hugging Face "
-                "processor directory) to encode them, or drop the image field",
-            )
-        try:
-            out = encoder.encode(shape, where)
-        except ImageError as exc:
-            message = str(exc)  # named by the source already: the report adds it again
-            if message.startswith(where):
-                message = message[len(where) :].lstrip(": ")
-            return Bad(where, exc.reason, message)
-        result = finish(where, out)
-        if isinstance(result, Bad) and result.reason == "no_trained_tokens":
-            return Bad(
-                where,
-                "no_trained_tokens",
-                f"the record has no token to train under --loss-on {encoder.text.loss_on} "
-                "(no assistant turn with content)",
-            )
-        return result
+        return encode_images(where, shape, encoder)
 
     def declared(self, found: FoundColumns) -> RecordSource:
         raise DatasetError(
@@ -387,10 +413,7 @@ class ImageTextKind:
         assert source.processor is not None
         encoder = processor_encoder(source.processor, source.loss_on)
         record = {k: v for k, v in values[0].items() if k not in READER_KEYS}
-        out = encode_any(where, record, encoder, LayoutOptions())
+        out = self.encode_any(where, record, encoder, LayoutOptions())
         if isinstance(out, Bad):
             raise in_place_error(out)
         return out.ids, out.spans
-
-
-IMAGE_TEXT = ImageTextKind()

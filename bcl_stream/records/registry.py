@@ -14,7 +14,7 @@ from typing import Any
 
 from bcl_stream.formats.token_ids import record_column
 from bcl_stream.records.chat import CHAT, MESSAGES_FIELDS
-from bcl_stream.records.image_text import IMAGE_TEXT
+from bcl_stream.records.image_text import ImageTextKind, encode_image_record, has_images
 from bcl_stream.records.kind import (
     Bad,
     Fields,
@@ -27,7 +27,22 @@ from bcl_stream.records.prompt_response import PROMPT_RESPONSE
 from bcl_stream.records.source import RecordSource
 from bcl_stream.records.text import TEXT
 from bcl_stream.text.templates import Encoded, Encoder, encoder_for
+from bcl_stream.vision.encode import ImageEncoded, ImageTextEncoder
 
+
+def encode_any(
+    source: str, record: dict[str, Any], encoder: ImageTextEncoder, layout: LayoutOptions
+) -> ImageEncoded | Encoded | Bad:
+    """A record under a processor (``preprocess --processor``, and image-text datasets read
+    in place): with images, the image-text encoding (components and image bytes too);
+    without, its own kind's, under the processor's tokenizer and chat template."""
+    if has_images(record):
+        return encode_image_record(source, record, encoder, layout)
+    shape = read_record(source, record, layout)
+    return shape if isinstance(shape, Bad) else encode_record(source, shape, encoder.text)
+
+
+IMAGE_TEXT = ImageTextKind(encode_any)
 KINDS: tuple[RecordKind, ...] = (TEXT, CHAT, PROMPT_RESPONSE, IMAGE_TEXT)
 """Detection order: a record's text field if present, else its messages field, else
 prompt/response, else an image field (a caption record); the first kind whose

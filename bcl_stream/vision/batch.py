@@ -39,8 +39,8 @@ import torch
 from PIL import Image
 
 from bcl_stream.errors import DatasetError
+from bcl_stream.records.image_text import record_images
 from bcl_stream.vision.geometry import ImageGeometry, from_preprocessor_config
-from bcl_stream.vision.storage import stored_images
 
 
 @functools.cache
@@ -90,7 +90,7 @@ class ImageCollate:
         counts = []
         for record in pack:
             where = f"record {record.get('sample_id')}"
-            stored = stored_images(dict(record), where)
+            stored = record_images(dict(record), where)
             want = sum(geometry.tokens(w, h) for _, w, h in stored)
             have = int((np.asarray(record["input_ids"]) == image_id).sum())
             if want != have:

@@ -7,8 +7,8 @@ in the DataLoader workers (:mod:`bcl_stream.vision.batch`), beside the rest of t
   ``image_info`` (``json``: one ``{"bytes", "width", "height"}`` per image, in order). MDS
   columns are fixed per dataset, so a text-only record stores ``b""`` and ``[]``.
 - **Read in place** (a dataset ``annotate --processor`` counted: an img2dataset WebDataset's
-  ``jpg`` member, an MDS image column): the images the record's encoding read, found the way
-  ``records/image_text.py`` finds them, their sizes from the headers.
+  ``jpg`` member, an MDS image column): not here; ``records.image_text.record_images`` finds
+  them as the record's encoding does (a record kind's parsing is above this layer).
 - **WebDataset**: one member per image, ``<key>.image<k>.<ext>`` (``jpg``, ``png``, ``webp``,
   ... from the file's magic bytes, so stock ``webdataset.decode("pil")`` decodes them), and
   ``images`` in the record's ``json`` member: ``[{"member", "width", "height"}]``. Members are
@@ -62,9 +62,34 @@ def image_fields(
     return out
 
 
+def image_listing(sample: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The WebDataset listing ``[{"member", "width", "height"}]`` a written record carries
+    (top level, or in its ``json`` member), or None: an MDS record, or a record read in place
+    (whose own ``images`` field, if any, holds image sources, not a listing)."""
+    for listed in (sample.get(IMAGES_KEY), _json_images(sample)):
+        if isinstance(listed, list) and all(
+            isinstance(item, dict) and "member" in item for item in listed
+        ):
+            return listed
+    return None
+
+
+def _json_images(sample: dict[str, Any]) -> Any:
+    meta = sample.get("json")
+    return meta.get(IMAGES_KEY) if isinstance(meta, dict) else None
+
+
+def writes_images(sample: dict[str, Any]) -> bool:
+    """Whether a read sample stores its images as bcl-stream's writers do (an MDS
+    ``image_info`` column or a WebDataset listing); otherwise its images, if any, are where
+    its own tool put them (``records.image_text.record_images`` finds them)."""
+    return sample.get(INFO_KEY) is not None or image_listing(sample) is not None
+
+
 def stored_images(sample: dict[str, Any], where: str) -> list[tuple[bytes, int, int]]:
-    """(bytes, width, height) of each image a read sample stores (either format), in order;
-    a sample without images gives ``[]``. A mismatch is a :class:`DatasetError` naming
+    """(bytes, width, height) of each image a sample written by bcl-stream stores (either
+    format), in order; a sample storing none gives ``[]`` (a record read in place:
+    ``records.image_text.record_images``). A mismatch is a :class:`DatasetError` naming
     ``where`` (the shard and record)."""
     info = sample.get(INFO_KEY)
     if info is not None:  # MDS
@@ -80,14 +105,8 @@ def stored_images(sample: dict[str, Any], where: str) -> list[tuple[bytes, int, 
                 f"{len(blob)}; the shard is damaged: re-run preprocess"
             )
         return out
-    listed = sample.get(IMAGES_KEY)
-    if listed is None:
-        meta = sample.get("json")
-        listed = meta.get(IMAGES_KEY) if isinstance(meta, dict) else None
-    if listed is None:
-        return _in_place_images(sample, where)
     out = []
-    for item in listed or []:
+    for item in image_listing(sample) or []:
         data = sample.get(item["member"])
         if not isinstance(data, (bytes, bytearray)):
             raise DatasetError(
@@ -95,29 +114,4 @@ def stored_images(sample: dict[str, Any], where: str) -> list[tuple[bytes, int, 
                 "the shard is damaged: re-run preprocess"
             )
         out.append((bytes(data), int(item["width"]), int(item["height"])))
-    return out
-
-
-def _in_place_images(sample: dict[str, Any], where: str) -> list[tuple[bytes, int, int]]:
-    """The images of a record stored as its own tool wrote it (no ``image_info``, no listed
-    members): those ``records/image_text.py`` reads for its encoding, sizes from the headers."""
-    from bcl_stream.records.image_text import (
-        READER_KEYS,
-        has_images,
-        in_place_error,
-        read_image_record,
-    )
-    from bcl_stream.records.kind import Bad, LayoutOptions
-    from bcl_stream.vision.image_header import image_size
-
-    record = {k: v for k, v in sample.items() if k not in READER_KEYS}
-    if not has_images(record):
-        return []
-    got = read_image_record(where, record, LayoutOptions(), None)
-    if isinstance(got, Bad):
-        raise in_place_error(got)
-    out = []
-    for i, data in enumerate(got.images):
-        width, height = image_size(data, f"{where} image {i}")
-        out.append((data, width, height))
     return out

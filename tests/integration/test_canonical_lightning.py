@@ -127,3 +127,52 @@ def test_datamodule_steps_equal_at_every_size(mds_dir: Path) -> None:
         check_every_record_once(per_rank, what=f"{r} ranks")
     assert by_size[4] == by_size[2] == by_size[1] and len(by_size[1]) > 2
     assert np.all([len(s) == 4 * G_C for s in by_size[1][:-1]])
+
+
+def batch_key(batch: dict[str, Any]) -> tuple[int, ...]:
+    """A collated batch by its token ids (the DataModule's loader yields tensors)."""
+    return tuple(batch["input_ids"].flatten().tolist())
+
+
+def test_the_datamodule_reads_through_the_reader_a_resume_adopted(mds_dir: Path) -> None:
+    """canonical_ranks_per_node unpinned: the cursor records the physical node size (2) and a
+    resume adopts it, which swaps the loader's reader. With persistent workers alive from an
+    earlier pass, a resume through the DataModule's ``load_state_dict`` yields the rest of the
+    uninterrupted run; one through the loader's own (a Fabric script that saves the loader)
+    leaves the DataModule reporting on the loader's reader, not on the one ``setup`` opened
+    (whose cursor the loader no longer moves)."""
+
+    def make(rank: int) -> BCLDataModule:
+        dm = BCLDataModule(
+            str(mds_dir),
+            **{
+                **DATA,
+                "loader": {"num_workers": 1, "persistent_workers": True},
+                "elastic": {"canonical_ranks": V, "canonical_grad_accum": G_C},
+            },
+            batch={"collate": "packed", "max_seq_len": 1024},
+        )
+        dm.setup_for(rank, V, V, grad_accum=G_C)
+        return dm
+
+    for rank in range(V):
+        whole = [batch_key(b) for b in make(rank).train_dataloader()]
+        k = len(whole) // 3
+        first = make(rank)
+        before = [batch_key(b) for _, b in zip(range(k), first.train_dataloader(), strict=False)]
+        state = first.state_dict()
+        assert state["reader"]["config"]["canonical_ranks_per_node"] == V
+        resumed = make(rank)
+        loader = resumed.train_dataloader()
+        assert [batch_key(b) for b in loader] == whole  # the workers are alive
+        resumed.load_state_dict(state)
+        assert resumed.dataset is loader.plan_dataset
+        assert before + [batch_key(b) for b in loader] == whole
+
+        fabric = make(rank)
+        loader = fabric.train_dataloader()
+        loader.load_state_dict(state["reader"])
+        assert fabric.dataset is loader.plan_dataset
+        assert loader.plan_dataset.config.canonical_ranks_per_node == V
+        assert [batch_key(b) for b in loader] == whole[k:]
+        assert fabric.remainder_counts() == loader.plan_dataset.remainder_counts()

@@ -50,6 +50,10 @@ def datamodule(root: Path, layout: str, **kwargs: Any) -> BCLDataModule:
     return BCLDataModule(str(root), plan=plan, seed=3, batch={"collate": layout}, **kwargs)
 
 
+ADOPTED = {"canonical_ranks": 1, "canonical_grad_accum": 1}
+"""Canonical ranks with the node size left to the cursor (it records the physical one)."""
+
+
 def fit(workdir: Path, dm: BCLDataModule, ckpt: Path | None = None, **kwargs: Any) -> None:
     torch.manual_seed(0)
     trainer = make_trainer(workdir, max_epochs=EPOCHS, **kwargs)
@@ -63,8 +67,15 @@ def fit(workdir: Path, dm: BCLDataModule, ckpt: Path | None = None, **kwargs: An
         ({"loader": {"num_workers": 2}}, "packed", "mds"),
         ({"loader": {"num_workers": 2, "persistent_workers": True}}, "padded", "mds"),
         ({"loader": {"num_workers": 2}, "format": "wds"}, "packed", "wds"),
+        # canonical_ranks_per_node unpinned: the resume adopts the saved node size, which
+        # swaps the loader's reader while the persistent workers hold the one set up
+        (
+            {"loader": {"num_workers": 2, "persistent_workers": True}, "elastic": ADOPTED},
+            "packed",
+            "mds",
+        ),
     ],
-    ids=["workers0", "workers2", "persistent2", "wds-workers2"],
+    ids=["workers0", "workers2", "persistent2", "wds-workers2", "persistent2-adopted"],
     indirect=["data"],
 )
 def test_datamodule_resume_equals_uninterrupted(

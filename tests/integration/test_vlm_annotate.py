@@ -27,10 +27,10 @@ from bcl_stream.loading.loader import PackLoader
 from bcl_stream.preprocess import preprocess
 from bcl_stream.preprocess.annotate import annotate
 from bcl_stream.preprocess.merge import merge
+from bcl_stream.records.image_text import record_images
 from bcl_stream.records.source import RecordSource
 from bcl_stream.vision.batch import ImageCollate
 from bcl_stream.vision.components import FIELDS, read_components
-from bcl_stream.vision.storage import stored_images
 from tests.vlm_processors import image_bytes, qwen2_vl_processor_dir
 
 pytest.importorskip("transformers")
@@ -111,7 +111,7 @@ def test_img2dataset_webdataset_annotated_in_place_equals_preprocess(
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert np.asarray(g["input_ids"]).tolist() == np.asarray(w["input_ids"]).tolist()
         assert np.asarray(g["loss_spans"]).tolist() == np.asarray(w["loss_spans"]).tolist()
-        assert stored_images(g, f"record {i}") == stored_images(w, f"record {i}")
+        assert record_images(g, f"record {i}") == record_images(w, f"record {i}")
     # the batch the model gets: the collate decodes the record's own jpg member
     base = PackCollate.for_dataset(read_index(data), None, "packed", labels="unshifted")
     got_batch = ImageCollate(base, proc)(got[:2])
@@ -151,7 +151,7 @@ def test_mds_image_columns_annotated_in_place_equal_preprocess(tmp_path: Path, p
     got, want = _read("mds", data), _read("mds", written)
     for g, w in zip(got, want, strict=True):
         assert np.asarray(g["input_ids"]).tolist() == np.asarray(w["input_ids"]).tolist()
-        assert [x[1:] for x in stored_images(g, "")] == [x[1:] for x in stored_images(w, "")]
+        assert [x[1:] for x in record_images(g, "")] == [x[1:] for x in record_images(w, "")]
 
 
 def test_a_bad_image_is_one_line_naming_the_record(
@@ -194,6 +194,6 @@ def test_mds_jpeg_columns_are_read_without_decoding_and_pil_columns_refused(
     comps = read_components(tmp_path / "jpeg")
     assert comps is not None and comps.n_images == 2
     got = _read("mds", tmp_path / "jpeg")
-    assert [[x[1:] for x in stored_images(s, "")] for s in got] == [[s] for s in SIZES[:2]]
+    assert [[x[1:] for x in record_images(s, "")] for s in got] == [[s] for s in SIZES[:2]]
     with pytest.raises(DatasetError, match=r"sample 0: image 0: .*decoded pixels .*'pil' column"):
         annotate(str(tmp_path / "pil"), source=RecordSource(processor=proc), progress=False)

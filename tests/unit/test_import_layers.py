@@ -19,7 +19,9 @@ Layers, lowest first (:data:`LAYERS`; a module may import its own layer and thos
 6. ``formats``: readers, writers, integrity checks, ``open_dataset``; beside them ``records``,
    the record kinds and their registry (a kind reads columns with ``formats/token_ids.py``,
    the readers turn stored records into ids through the registry);
-7. ``loading``: the loader that owns the cursor, collation, evaluation loaders, then
+7. ``loading``: the loader that owns the cursor, collation (``vision/batch.py``'s image
+   collate too: it finds a record's images as its record kind reads them), evaluation
+   loaders, then
    ``training``: the knobs, the trainer's context and the resolve step every trainer calls;
 8. ``preprocess``: records in, costed shards out;
 9. ``analysis``: simulator, metrics, calibration, inspection;
@@ -89,7 +91,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("bcl_stream.vision.*",),
     ("bcl_stream.epoch.*",),
     ("bcl_stream.formats.*", "bcl_stream.records.*"),
-    ("bcl_stream.loading.*",),
+    ("bcl_stream.loading.*", "bcl_stream.vision.batch"),  # a collate: finds a record's images
     ("bcl_stream.training.*",),
     ("bcl_stream.preprocess.*",),
     ("bcl_stream.analysis.*",),

@@ -55,6 +55,7 @@ KNOWN_PRIVATE = frozenset(
         "get_hash",
         "new_samples",
         "_iterator",  # torch DataLoader's; persistent workers learn of the cursor another way
+        "fp",  # PIL's stream under an image streaming decoded lazily
     }
 )
 CALL_ONLY = frozenset({"prepare_shard"})
@@ -408,3 +409,24 @@ def test_importing_the_compat_module_does_not_import_the_libraries() -> None:
         check=True,
     ).stdout
     assert re.sub(r"\s", "", out) == "[]"
+
+
+def test_mds_image_file_bytes_gives_the_stored_file_of_jpeg_and_png_columns(
+    tmp_path: Path,
+) -> None:
+    from PIL import Image
+    from streaming import MDSWriter
+
+    photo = tmp_path / "photo.jpg"
+    Image.new("RGB", (40, 24), (200, 30, 90)).save(photo, format="JPEG")
+    drawn = Image.new("RGB", (17, 9), (1, 2, 3))
+    with MDSWriter(out=str(tmp_path / "ds"), columns={"j": "jpeg", "p": "png"}) as writer:
+        writer.write({"j": Image.open(photo), "p": drawn})
+    entry = json.loads((tmp_path / "ds" / "index.json").read_text())["shards"][0]
+    record = compat.mds_shard_reader(str(tmp_path / "ds"), entry).get_item(0)
+    assert compat.mds_image_file_bytes(record["j"]) == photo.read_bytes()
+    png = compat.mds_image_file_bytes(record["p"])
+    assert png is not None and png.startswith(b"\x89PNG")
+    assert Image.open(io.BytesIO(png)).tobytes() == drawn.tobytes()
+    assert compat.mds_image_file_bytes(drawn) is None  # decoded pixels: no file behind them
+    assert compat.mds_image_file_bytes(b"\xff\xd8") is None
