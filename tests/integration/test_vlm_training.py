@@ -290,3 +290,29 @@ def test_an_image_free_batch_gives_the_vision_tower_a_zero_gradient(work: Path) 
     visual = {n: p.grad for n, p in module.model.named_parameters() if ".visual." in n}
     assert visual and all(g is not None and not g.any() for g in visual.values())
     assert int(count) == 5
+
+
+def test_the_zero_term_stays_zero_where_the_vision_weights_sum_past_float16(work: Path) -> None:
+    """In float16 a sum of a real vision tower's parameters is inf (Qwen2-VL-7B's LayerNorm
+    weights alone sum to about 82,000, float16 stops at 65,504) and 0 x inf is NaN: the tiny
+    tower's 71,008 weights set to 1 sum past it the same way. The image-free batch's training
+    loss must stay its loss (failed with a NaN loss when the term was 0 x the sum)."""
+    module = HFCausalLM(str(work / "model"), attention="sdpa", dtype="float16")
+    visual = [p for n, p in module.model.named_parameters() if ".visual." in n]
+    with torch.no_grad():
+        for p in visual:
+            p.fill_(1.0)
+    assert sum(p.numel() for p in visual) > torch.finfo(torch.float16).max
+    batch = {
+        "input_ids": torch.tensor([[5, 6, 7, 8, 9, 10]]),
+        "labels": torch.tensor([[-100, 6, 7, 8, 9, 10]]),
+        "cu_seqlens": torch.tensor([0, 6]),
+        "position_ids": torch.arange(6).expand(3, 1, 6),
+    }
+    total, _ = module.loss_sum(batch)
+    with torch.no_grad():
+        want, _ = module.loss_sum(batch)
+    assert torch.isfinite(want)
+    assert float(total) == float(want)
+    total.backward()
+    assert all(p.grad is not None and not p.grad.any() for p in visual)
