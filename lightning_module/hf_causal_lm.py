@@ -43,7 +43,9 @@ unchanged, and every rank reduces the same buckets. Its cost is one element read
 and the zero gradients DDP reduces anyway. ``find_unused_parameters=True`` gives the same
 gradients but walks the autograd graph on every step and is a strategy setting users would have
 to know; ``static_graph`` is wrong here (the set of used parameters changes from batch to
-batch).
+batch). One consequence: the vision parameters' gradient is 0, never None, so on a step with
+no image on any rank an optimizer with momentum or weight decay (AdamW) still moves them, as it
+does on any zero-gradient step, where an optimizer skips a parameter whose gradient is None.
 
 The model directory needs ``config.json``; with weights (``model.safetensors``,
 ``pytorch_model.bin`` or their sharded indexes) they are loaded, without them the model is
