@@ -36,10 +36,16 @@ block-diagonal mask as text; padded rows leave the positions to the model (its r
 the ``attention_mask``). The loss is the text path's: a record's packed loss is its loss alone.
 A micro-batch without images leaves the vision tower out of the graph, and DDP, which reduces
 every parameter's gradient, then waits on one rank for buckets the others have sent (the ranks
-part: a gloo "connection closed", or a hang). So in training the vision parameters' sum times 0
-is added to such a batch's loss: their gradient there is exactly 0, the loss unchanged, and
-every rank reduces the same buckets (``find_unused_parameters`` would cost a graph walk per
-step and is a strategy setting users would have to know).
+part: a gloo "connection closed", or a hang). So in training 0 times the first element of each
+vision parameter is added to such a batch's loss (in float32; a sum of the tower's parameters
+overflows float16 to inf, and inf times 0 is NaN): their gradient there is exactly 0, the loss
+unchanged, and every rank reduces the same buckets. Its cost is one element read per parameter
+and the zero gradients DDP reduces anyway. ``find_unused_parameters=True`` gives the same
+gradients but walks the autograd graph on every step and is a strategy setting users would have
+to know; ``static_graph`` is wrong here (the set of used parameters changes from batch to
+batch). One consequence: the vision parameters' gradient is 0, never None, so on a step with
+no image on any rank an optimizer with momentum or weight decay (AdamW) still moves them, as it
+does on any zero-gradient step, where an optimizer skips a parameter whose gradient is None.
 
 The model directory needs ``config.json``; with weights (``model.safetensors``,
 ``pytorch_model.bin`` or their sharded indexes) they are loaded, without them the model is
@@ -261,17 +267,27 @@ class HFCausalLM(L.LightningModule):
             reduction="sum",
         )
         if self.vision and torch.is_grad_enabled() and not any(k in batch for k in IMAGE_KEYS):
-            total = total + 0.0 * self._vision_sum()
+            total = total + self._vision_zero()
         return total, (labels != IGNORE_INDEX).sum()
 
-    def _vision_sum(self) -> Tensor:
-        """The sum of the parameters outside the language model (the vision tower and its
-        projector): times 0 on an image-free batch's loss (module docstring)."""
+    def _vision_zero(self) -> Tensor:
+        """0, with every trainable parameter outside the language model (the vision tower and
+        its projector) in its graph: added to an image-free batch's loss (module docstring).
+        Each parameter's first element times 0, in float32: exactly 0 for any finite weights,
+        and one element read per parameter. A sum of the parameters would read the whole tower
+        and, in float16, overflow (Qwen2-VL-7B's 32 blocks of LayerNorm weights alone sum to
+        about 82,000, past float16's 65,504): inf times 0 is NaN, a NaN loss."""
         model = self.model
         language = {id(p) for p in model.get_decoder().parameters()}
         language |= {id(p) for p in model.get_output_embeddings().parameters()}
-        parts = [p.sum() for p in model.parameters() if p.requires_grad and id(p) not in language]
-        return torch.stack(parts).sum() if parts else torch.zeros((), device=self.device)
+        firsts = [
+            p.reshape(-1)[0]
+            for p in model.parameters()
+            if p.requires_grad and id(p) not in language
+        ]
+        if not firsts:
+            return torch.zeros((), device=self.device)
+        return (torch.stack(firsts).float() * 0.0).sum()
 
     def loss(self, batch: dict[str, Any]) -> Tensor:
         """Mean cross-entropy over the batch's trained tokens."""

@@ -4,18 +4,24 @@ pixels at COCO val2017 sizes, img2dataset layout, text-only records mixed in):
 
 - in one process: on every batch of a fit the module is in training mode (its weights loaded
   with ``from_pretrained``, which returns eval mode) and the batch's summed loss equals its
-  records' losses run alone through the plain model (packed and padded), images included;
-- 2 gloo ranks, accumulation 2, one SGD step: the update is minus the gradient of one process
-  on the step's records concatenated (MDS and WebDataset);
-- docs/vlm.md's "Train it" commands, run as written (2 DDP ranks), and a resume from their
-  mid-epoch checkpoint in a new process: the same packs from there on each rank and the same
-  final weights, bit for bit.
+  records' losses run alone through the plain model (packed rows over MDS, padded rows over
+  WebDataset), images included;
+- 2 gloo ranks, accumulation 2, one SGD step over the WebDataset copy: the update is minus the
+  gradient of one process on the step's records concatenated;
+- docs/vlm.md's "Train it" commands, run as written (the data tool in this process, the fit on
+  2 DDP ranks over MDS), and a resume from their last mid-epoch checkpoint in a new process: the
+  same packs from there on each rank and the same final weights, bit for bit.
+
+What starts processes is kept to what needs them (the suite's budget): two 2-rank fits for the
+documented command and its resume, one 2-rank step for the gradient; each format is read on 2
+ranks by one of them and checked against records alone in one process by another.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import runpy
 import shlex
 import subprocess
 import sys
@@ -91,14 +97,14 @@ def single_collate(work: Path, data: Path) -> ImageCollate:
     return ImageCollate(base, str(work / "processor"))
 
 
-@pytest.mark.parametrize("collate", ["packed", "padded"])
+@pytest.mark.parametrize(("collate", "fmt"), [("packed", "mds"), ("padded", "wds")])
 def test_a_fit_trains_in_training_mode_and_each_batch_loss_is_its_records_alone(
-    work: Path, tmp_path: Path, collate: str
+    work: Path, tmp_path: Path, collate: str, fmt: str
 ) -> None:
     HFCausalLM(str(work / "model")).model.save_pretrained(tmp_path / "weights")
     module = HFCausalLM(str(tmp_path / "weights"), attention="sdpa", lr=1e-3)
-    records = records_by_id(work / "mds")
-    one = single_collate(work, work / "mds")
+    records = records_by_id(work / fmt)
+    one = single_collate(work, work / fmt)
     seen: list[dict[str, Any]] = []
 
     class Watch(pl.Callback):
@@ -116,7 +122,7 @@ def test_a_fit_trains_in_training_mode_and_each_batch_loss_is_its_records_alone(
             })  # fmt: skip
 
     dm = BCLDataModule(
-        str(work / "mds"),
+        str(work / fmt),
         plan={"pack_size": 4, "window": 2},
         batch={"collate": collate, "labels": "unshifted", "processor": str(work / "processor")},
         loader={"num_workers": 1},  # images decoded in the worker
@@ -136,13 +142,13 @@ def test_a_fit_trains_in_training_mode_and_each_batch_loss_is_its_records_alone(
         assert row["loss"][0] == pytest.approx(row["loss"][1], rel=1e-5)
 
 
-@pytest.mark.parametrize("fmt", ["mds", "wds"])
 def test_two_ranks_step_gradient_equals_one_process_on_the_whole_step(
-    work: Path, tmp_path: Path, fmt: str
+    work: Path, tmp_path: Path
 ) -> None:
+    """Over the WebDataset copy (the documented fit below trains MDS on 2 ranks)."""
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
-    data = work / fmt
+    data = work / "wds"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "BCL_STREAM_KEEP_SHM": "1"}
     step = {
         "data": str(data),
@@ -196,10 +202,14 @@ def documented_commands() -> list[list[str]]:
     return [[sys.executable, *c[1:]] for c in commands]
 
 
-def test_the_documented_command_trains_on_two_ranks_and_resumes_exactly(tmp_path: Path) -> None:
+def test_the_documented_command_trains_on_two_ranks_and_resumes_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The docs' commands as written, their relative paths moved under ``tmp_path`` by
-    ``BCL_STREAM_ROOT`` (the checkout's results/ stay untouched); then the fit again from its
-    mid-epoch checkpoint, in a new process."""
+    ``BCL_STREAM_ROOT`` (the checkout's results/ stay untouched): the data script run as its
+    ``__main__`` in this process (no new interpreter for it), the fit in a new one (its DDP
+    launcher starts the second rank); then the fit again from its last mid-epoch checkpoint, in
+    a new process."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "BCL_STREAM_ROOT": str(tmp_path),
            "BCL_STREAM_KEEP_SHM": "1", "OMP_NUM_THREADS": "1"}  # fmt: skip
     for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "BCL_STREAM_DEBUG"):
@@ -210,17 +220,24 @@ def test_the_documented_command_trains_on_two_ranks_and_resumes_exactly(tmp_path
                               timeout=600)  # fmt: skip
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
 
-    commands = documented_commands()
-    for argv in commands:
-        run(argv)
+    (script, *script_args), *fits = [argv[1:] for argv in documented_commands()]
+    assert script == "tools/vlm_data.py" and [f[:2] for f in fits] == [["-m", "lightning_module"]]
+    monkeypatch.setenv("BCL_STREAM_ROOT", str(tmp_path))
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", [script, *script_args])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(script, run_name="__main__")
+    assert exited.value.code == 0
+    fit = [sys.executable, *fits[0]]
+    run(fit)
     work = tmp_path / "results" / "vlm" / "work"
     full = [read_pack_log(work / "logs" / f"packs_rank{r}.jsonl") for r in range(2)]
     steps = len(full[0])
     assert steps == len(full[1]) == 64 // (2 * 4)  # every record once, B = 4 on 2 ranks
     check_every_record_once([line["sample_ids"] for log in full for line in log])
-    stop = 3
+    saved = [int(p.stem.split("step=")[1]) for p in (work / "ckpt").glob("epoch=0-step=*.ckpt")]
+    stop = max(n for n in saved if n < steps)  # the latest mid-epoch one: the fewest steps left
     resumed = tmp_path / "resumed"
-    fit = commands[-1]
     run([*fit, "--ckpt_path", str(work / "ckpt" / f"epoch=0-step={stop}.ckpt"),
          "--trainer.default_root_dir", str(resumed),
          "--trainer.callbacks.0.init_args.directory", str(resumed / "logs"),
@@ -229,8 +246,9 @@ def test_the_documented_command_trains_on_two_ranks_and_resumes_exactly(tmp_path
         log = read_pack_log(resumed / "logs" / f"packs_rank{rank}.jsonl")
         key = [(x["step"], x["epoch"], x["sample_ids"]) for x in full[rank]]
         check_resumed_log(key, stop, [(x["step"], x["epoch"], x["sample_ids"]) for x in log])
-    want = torch.load(work / "ckpt" / "last.ckpt", weights_only=False)["state_dict"]
-    got = torch.load(resumed / "ckpt" / "last.ckpt", weights_only=False)["state_dict"]
+    ends = [torch.load(d / "ckpt" / "last.ckpt", weights_only=False) for d in (work, resumed)]
+    assert [end["global_step"] for end in ends] == [steps, steps]  # the final weights, both
+    want, got = (end["state_dict"] for end in ends)
     assert want.keys() == got.keys()
     assert any("visual" in name for name in want)
     for name, tensor in want.items():
@@ -278,18 +296,22 @@ def test_a_plain_loop_gets_the_same_image_collate(work: Path) -> None:
     assert all(b["position_ids"].shape == (3, 1, b["input_ids"].shape[1]) for b in batches)
 
 
+def image_free_batch() -> dict[str, Any]:
+    """One packed row of 6 text tokens (5 trained), no images: the vision tower unused."""
+    return {
+        "input_ids": torch.tensor([[5, 6, 7, 8, 9, 10]]),
+        "labels": torch.tensor([[-100, 6, 7, 8, 9, 10]]),
+        "cu_seqlens": torch.tensor([0, 6]),
+        "position_ids": torch.arange(6).expand(3, 1, 6),
+    }
+
+
 def test_an_image_free_batch_gives_the_vision_tower_a_zero_gradient(work: Path) -> None:
     """What keeps DDP's reduction the same on every rank (the 2-rank test above crashes
     without it): the vision parameters are in the graph of a batch without images, with a
     gradient of exactly 0, and the loss is unchanged."""
     module = HFCausalLM(str(work / "model"), attention="sdpa")
-    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
-    batch = {
-        "input_ids": ids,
-        "labels": torch.tensor([[-100, 6, 7, 8, 9, 10]]),
-        "cu_seqlens": torch.tensor([0, 6]),
-        "position_ids": torch.arange(6).expand(3, 1, 6),
-    }
+    batch = image_free_batch()
     total, count = module.loss_sum(batch)
     total.backward()
     with torch.no_grad():
@@ -297,3 +319,24 @@ def test_an_image_free_batch_gives_the_vision_tower_a_zero_gradient(work: Path) 
     visual = {n: p.grad for n, p in module.model.named_parameters() if ".visual." in n}
     assert visual and all(g is not None and not g.any() for g in visual.values())
     assert int(count) == 5
+
+
+def test_the_zero_term_stays_zero_where_the_vision_weights_sum_past_float16(work: Path) -> None:
+    """In float16 a sum of a real vision tower's parameters is inf (Qwen2-VL-7B's LayerNorm
+    weights alone sum to about 82,000, float16 stops at 65,504) and 0 x inf is NaN: the tiny
+    tower's 71,008 weights set to 1 sum past it the same way. The image-free batch's training
+    loss must stay its loss (failed with a NaN loss when the term was 0 x the sum)."""
+    module = HFCausalLM(str(work / "model"), attention="sdpa", dtype="float16")
+    visual = [p for n, p in module.model.named_parameters() if ".visual." in n]
+    with torch.no_grad():
+        for p in visual:
+            p.fill_(1.0)
+    assert sum(p.numel() for p in visual) > torch.finfo(torch.float16).max
+    batch = image_free_batch()
+    total, _ = module.loss_sum(batch)
+    with torch.no_grad():
+        want, _ = module.loss_sum(batch)
+    assert torch.isfinite(want)
+    assert float(total) == float(want)
+    total.backward()
+    assert all(p.grad is not None and not p.grad.any() for p in visual)
