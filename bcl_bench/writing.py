@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from bcl_bench.corpora import build_stdlib_corpus
 from bcl_stream.formats.npy import npy_bytes
+from bcl_stream.formats.wds_writer import CostedWDSWriter
 from bcl_stream.preprocess import pipeline, preprocess
 from bcl_stream.preprocess.pipeline import PreprocessReport
 from bcl_stream.preprocess.sources import record_text
@@ -154,7 +155,6 @@ def bench_writers(
     from streaming import MDSWriter
 
     from bcl_stream.formats.mds_writer import CostedMDSWriter
-    from bcl_stream.formats.wds_writer import CostedWDSWriter
 
     cols = {"input_ids": "ndarray:uint32", "source": "str"}
 

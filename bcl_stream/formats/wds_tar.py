@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
+from bcl_stream.io import streaming_compat
+
 USER = GROUP = "bigdata"
 """``TarWriter``'s default ``user`` and ``group``."""
 MODE = 0o444
@@ -42,8 +44,6 @@ def encode_members(sample: dict[str, Any]) -> dict[str, Any]:
     if all(_plain(k, v) for k, v in sample.items()):
         return {k: v.encode("utf-8") if isinstance(v, str) and k[0] != "_" else v
                 for k, v in sample.items()}  # fmt: skip
-    from bcl_stream.io import streaming_compat
-
     encoded: dict[str, Any] = streaming_compat.wds_member_encoder()(sample)
     return encoded
 

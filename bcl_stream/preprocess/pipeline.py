@@ -33,6 +33,7 @@ from bcl_stream.errors import DatasetError
 from bcl_stream.formats.mds_costing import CostedMDS
 from bcl_stream.formats.mds_local import LocalCostedMDSWriter, local_encodings
 from bcl_stream.formats.shard_limits import SHARD_BYTES, SHARD_RECORDS
+from bcl_stream.formats.wds_writer import CostedWDSWriter
 from bcl_stream.io.remote import join, upload
 from bcl_stream.preprocess.lock import output_lock
 from bcl_stream.preprocess.outliers import OutlierPolicy
@@ -227,8 +228,6 @@ def _open_writer(
             loss_spans=loss_spans,
             shard_records=maxcount,
         )
-    from bcl_stream.formats.wds_writer import CostedWDSWriter
-
     if compression not in (None, "gz", "gzip"):
         raise ValueError(f"--compression {compression!r}: WebDataset shards support only gz")
     if isinstance(shard_size_limit, str):

@@ -47,6 +47,7 @@ from bcl_stream.loading.loader import PackLoader
 from bcl_stream.planner.contracts import contract
 from bcl_stream.training.context import TrainingContext
 from bcl_stream.training.knobs import TrainingKnobs
+from bcl_stream.vision.batch import ImageCollate
 from bcl_stream.vision.preprocess import VISION_KEY
 
 HOW = {
@@ -151,8 +152,6 @@ class ResolvedTraining:
         )
         if self.processor is None or image_processor(index) is None:
             return base
-        from bcl_stream.vision.batch import ImageCollate  # PIL, transformers: image data only
-
         return ImageCollate(base, self.processor)
 
 
