@@ -8,7 +8,8 @@ For each (contract, scope, nodes), one process (``bcl_bench.token_scale``, pinne
 core, thread pools of 1) plans what rank 0's reader plans: its own row, the first window
 and about ``token_scale.STEADY_RECORDS`` records after it. Each cell is run ``--repeats``
 times, interleaved, and the fastest run kept. Reported: set-up and time to the first
-micro-batch (wall), and the steady planning time per record planned and per record of the
+micro-batch (wall), set-up in the process's CPU time (what a loaded machine does not inflate;
+under ``tokens`` the streams a reader builds, ``build_token_streams``), and the steady planning time per record planned and per record of the
 process's own rank (a row of 16 ranks plans 16 records per record of its own), in the
 process's CPU time, so that other work on the machine does not count. Flat in node count = the per-record cost does
 not grow with the job. Writes ``results/bench_token_scale.json`` and ``.png``.
@@ -107,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             "steady_records": token_scale.STEADY_RECORDS,
             "repeats": args.repeats,
             "kept": "the fastest steady run of each cell",
-            "clocks": "setup_s wall; first_window_cpu_s and steady_cpu_s process CPU; "
+            "clocks": "setup_s wall, setup_cpu_s its process CPU; first_window_cpu_s and "
+            "steady_cpu_s process CPU; "
             "time_to_first_pack_s = setup_s + first_window_cpu_s",
             "cost_model": "llama3-8b",
             "cores_used": 1,

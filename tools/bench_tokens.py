@@ -207,8 +207,47 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def layout_markdown(result: dict[str, Any]) -> str:
+    """The multi-node table docs/balance.md carries (runs with ``--no-same-memory``): per
+    corpus, bcl-world's efficiency, fill, micro-batches per rank and largest micro-batch, and
+    each peer's efficiency and modeled time over bcl-world's at F = 0.1."""
+    rows = result["rows"]
+    peers = [p for p in PEERS if rows and all(p in r["at_T"] for r in rows)]
+    head = (
+        "| layout | corpus | records | bcl-world efficiency / fill | micro-batches per rank "
+        "(min = max) | largest micro-batch | bcl-node | "
+        + " | ".join(f"{p} efficiency (time vs bcl-world, F=0.1)" for p in peers)
+        + " | bound vs verl_dynbsz (F=0.1) | left |\n"
+        + "|---" * (9 + len(peers)) + "|\n"
+    )  # fmt: skip
+    key = "time_per_cost_overhead_0.1"
+    lines = []
+    for r in rows:
+        at = r["at_T"]
+        w, counts = at["bcl-world"], at["bcl-world"]["micro_batches_per_rank"]
+        equal = "=" if counts["min"] == counts["max"] else "!="
+        cells = [f"{at[p]['efficiency']:.4f} ({at[p][key] / w[key]:.3f})" for p in peers]
+        bound = (
+            f"{at['verl_dynbsz'][key] / r['bound_time_per_cost_overhead_0.1']:.3f}"
+            if "verl_dynbsz" in at
+            else "-"
+        )
+        lines.append(
+            f"| {r['layout'].replace('x', ' x ')} | {r['corpus']}"
+            f"{' (held out)' if r['held_out'] else ''} | {r['records']:,} "
+            f"| {w['efficiency']:.4f} / {w['fill']:.3f} | {counts['min']} {equal} {counts['max']} "
+            f"| {w['micro_batch_tokens']['max']:,} | {at['bcl-node']['efficiency']:.4f} | "
+            + " | ".join(cells)
+            + f" | {bound} | {w['records_left']:,} ({w['records_left'] / r['records']:.1%}) |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
 def markdown(result: dict[str, Any]) -> str:
-    """The per-corpus table docs/balance.md carries (held-out corpora marked)."""
+    """The per-corpus table docs/balance.md carries (held-out corpora marked); for runs
+    without the same-memory comparison (the multi-node cells), :func:`layout_markdown`."""
+    if result["rows"] and "same_memory" not in result["rows"][0]:
+        return layout_markdown(result)
     head = (
         "| corpus | bcl-world efficiency | fill | micro-batches per rank (min = max) "
         "| time vs verl_dynbsz (F=0 / 0.1) | bound vs verl_dynbsz (F=0.1) "

@@ -10,11 +10,13 @@ planner is allowed to improve, so this is a check run by hand before and after a
 
 The corpus is synthetic and ordered like real data: six sources of log-normal lengths, every
 other one sorted by length, capped at 8192 tokens, costed with ``llama3-8b``, cut into shards of
-1,000 records. Planner: 6 node layouts x 12 knob variants (scopes, ``snake``, carry,
+1,000 records. Planner: 6 node layouts x 16 knob variants (scopes, ``snake``, carry,
 accumulation, padded cost, ``max_tokens``, the step contract, no stratify, no shuffle, pack
-order), each hashed with its remainder and its ``sequential`` baseline. Simulator: 8
-settings (node layouts, padded, carry, the step contract, canonical ranks, no shuffle), every
-strategy's packs and metrics. A configuration the planner refuses is recorded with its
+order, the tokens contract in three scopes and both layouts), each hashed with its remainder
+and its ``sequential`` baseline, and under the tokens contract again with records excluded.
+Simulator: 10 settings (node layouts, padded, carry, the step contract, canonical ranks, no
+shuffle, the tokens contract on one and two nodes), every strategy's packs and metrics.
+A configuration the planner refuses is recorded with its
 message (a refusal that changes is a change too).
 
 Writes ``results/plan_hashes.json`` by default (the hashes of the commit it ran on).
@@ -52,6 +54,10 @@ VARIANTS: list[dict[str, Any]] = [
     {"stratify": False},
     {"shuffle": False},
     {"pack_order": "stream"},
+    {"contract": "tokens", "max_tokens": 4096, "grad_accum": 2},
+    {"contract": "tokens", "max_tokens": 4096, "grad_accum": 2, "scope": "rank"},
+    {"contract": "tokens", "max_tokens": 4096, "grad_accum": 2, "scope": "world"},
+    {"contract": "tokens", "max_tokens": 4096, "grad_accum": 2, "layout": "padded"},
 ]
 SIM_SETTINGS: list[dict[str, Any]] = [
     {},
@@ -62,7 +68,12 @@ SIM_SETTINGS: list[dict[str, Any]] = [
     {"contract": "step"},
     {"canonical_ranks": 16},
     {"shuffle": False},
+    {"contract": "tokens", "max_tokens": 16384, "grad_accum": 4},
+    {"contract": "tokens", "max_tokens": 16384, "grad_accum": 4, "ranks": 16, "ranks_per_node": 8},
 ]
+EXCLUDED_EVERY = 7
+"""Under the tokens contract each plan is also hashed with every 7th record excluded (an
+elastic resume's consumed records: the streams' filter then takes its exclusion path)."""
 
 
 def corpus(n: int, seed: int) -> np.ndarray:
@@ -110,6 +121,10 @@ def plan_hashes() -> dict[str, Any]:
             continue
         remainder = {k: digest(np.asarray(v)) for k, v in sorted(plan.remainder.items())}
         out[key] = [digest(plan.packs), remainder, digest(baseline.packs)]
+        if config.contract == "tokens":
+            gone = np.arange(0, tokens.size, EXCLUDED_EVERY, dtype=np.int64)
+            rest = plan_epoch(costs, table, config, seed=3, epoch=1, tokens=tokens, excluded=gone)
+            out[key].append(digest(rest.packs))
     return out
 
 

@@ -27,7 +27,6 @@ rank 1's slightly heavy pack; ``stream`` keeps partition order.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -83,13 +82,32 @@ def build_node_streams(
     as a plain loader cannot."""
     if config.max_tokens is not None and tokens is None:
         raise ValueError("tokens are required when max_tokens is set")
+    _check_costs(costs, table)
+    keep = KeepFilter(tokens, config.max_tokens, excluded, draw)
+    return _streams(keep.kept_table(table, costs), config, keep, costs, seed, epoch, balanced)
+
+
+def _check_costs(costs: npt.NDArray[np.floating], table: ShardTable) -> None:
+    """Refuse a cost array that does not hold one cost per record of ``table``."""
     if costs.shape[0] != table.n_records:
         raise ValueError(
             f"costs hold {costs.shape[0]} records but the shards hold {table.n_records}"
         )
-    keep = KeepFilter(tokens, config.max_tokens, excluded, draw)
+
+
+def _streams(
+    kept: ShardTable,
+    config: PlanConfig,
+    keep: KeepFilter,
+    costs: npt.NDArray[np.floating],
+    seed: int,
+    epoch: int,
+    balanced: bool,
+) -> NodeStreams:
+    """The streams over ``kept`` (the table :meth:`KeepFilter.kept_table` gave), so a caller
+    that builds them twice from the same filter pays its pass over the records once."""
     layout = config if balanced else config.unbalanced()
-    return NodeStreams(keep.kept_table(table, costs), layout, seed, epoch, keep, costs)
+    return NodeStreams(kept, layout, seed, epoch, keep, costs)
 
 
 def build_token_streams(
@@ -109,15 +127,14 @@ def build_token_streams(
     the step's intake evened so the shortest stream divides into whole steps
     (``token_contract.even_steps``; the streams are built again when that moves it, since
     their order follows the intake)."""
+    _check_costs(costs, table)
     geometry = token_geometry(config, tokens, table.counts.size)
-    kwargs: dict[str, Any] = {
-        "seed": seed, "epoch": epoch, "tokens": tokens, "excluded": excluded, "draw": draw,
-        "balanced": balanced,
-    }  # fmt: skip
-    streams = build_node_streams(costs, table, geometry, **kwargs)
+    keep = KeepFilter(tokens, geometry.max_tokens, excluded, draw)
+    kept = keep.kept_table(table, costs)  # one pass, whichever intake the streams end with
+    streams = _streams(kept, geometry, keep, costs, seed, epoch, balanced)
     shortest = min(len(s) for s in streams.nodes)
     even = even_steps(geometry, shortest, streams.config.stream_ranks)
-    return streams if even is geometry else build_node_streams(costs, table, even, **kwargs)
+    return streams if even is geometry else _streams(kept, even, keep, costs, seed, epoch, balanced)
 
 
 def plan_epoch(

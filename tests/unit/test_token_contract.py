@@ -262,3 +262,68 @@ def test_even_steps_keeps_the_geometry_where_a_step_would_read_too_little():
     assert evened.pack_size == step * 6 // 10 // 8
     few = replace(geometry, pack_size=14)  # 139.5 steps of 14 records: 13 a step would read
     assert even_steps(few, 8 * (139 * 14 + 7), 8) is few  # 150 steps, not 140
+
+
+def test_evened_streams_pass_over_the_records_once(monkeypatch):
+    """Where evening moves the intake the streams are built twice; the memory cap's pass over
+    every record (``KeepFilter.kept_table``) is the same for both and is made once (at 10^8
+    records it was a second full pass of the set-up), and the streams are those a fresh build
+    at the evened geometry gives."""
+    from bcl_stream.planner.shard_table import KeepFilter
+
+    tokens, costs, table = _corpus(30_000)
+    config = PlanConfig(
+        world_size=64, ranks_per_node=8, scope="world", grad_accum=4, contract="tokens",
+        max_tokens=T, window=4,
+    )  # fmt: skip
+    calls = []
+    kept_table = KeepFilter.kept_table
+    monkeypatch.setattr(
+        KeepFilter, "kept_table", lambda self, *a: calls.append(1) or kept_table(self, *a)
+    )
+    streams = build_token_streams(costs, table, config, seed=0, epoch=0, tokens=tokens)
+    aimed = token_geometry(config, tokens, table.counts.size)
+    assert streams.config.pack_size < aimed.pack_size  # the case: evening moved the intake
+    assert len(calls) == 1
+    fresh = build_node_streams(
+        costs, table, replace(aimed, pack_size=streams.config.pack_size), seed=0, epoch=0,
+        tokens=tokens,
+    )  # fmt: skip
+    assert fresh.n_packs == streams.n_packs
+    for a, b in zip(fresh.nodes, streams.nodes, strict=True):
+        assert np.array_equal(a.take(np.arange(len(a))), b.take(np.arange(len(b))))
+
+
+@pytest.mark.parametrize("chunk", [7, 1000, 1 << 22])
+def test_mean_fed_tokens_is_the_exact_mean_within_the_budget(monkeypatch, chunk):
+    """Summed chunk by chunk in the stored dtype less the records over the budget: the same
+    value as the mean of the kept records, whatever the chunk and dtype."""
+    import bcl_stream.planner.token_contract as tc
+
+    monkeypatch.setattr(tc, "MEAN_CHUNK", chunk)
+    rng = np.random.default_rng(1)
+    for dtype in (np.int32, np.int64, np.uint16):
+        tokens = rng.integers(1, 9000, 5000).astype(dtype)
+        kept = tokens[tokens <= T].astype(np.int64)
+        assert mean_fed_tokens(tokens, T) == kept.sum() / kept.size
+    assert mean_fed_tokens(np.full(10, T + 1, np.int32), T) == float(T)  # none kept
+
+
+def test_keep_filter_span_equals_the_filter_on_the_id_range():
+    """``KeepFilter.span`` (the memory cap's pass reads tokens as slices) keeps exactly what
+    the filter keeps on the same ids, with and without a cap, exclusions and tokens."""
+    from bcl_stream.planner.shard_table import KeepFilter
+
+    rng = np.random.default_rng(2)
+    tokens = rng.integers(1, 100, 1000).astype(np.int32)
+    gone = rng.choice(1000, 40, replace=False)
+    for keep in (
+        KeepFilter(tokens, 50),
+        KeepFilter(tokens, 50, gone),
+        KeepFilter(None, None, gone),
+        KeepFilter(tokens, None),
+        KeepFilter(None, None),
+    ):
+        for lo, hi in ((0, 1000), (13, 14), (250, 731), (999, 1000)):
+            ids = np.arange(lo, hi, dtype=np.int64)
+            assert np.array_equal(keep.span(lo, hi), keep(ids))
