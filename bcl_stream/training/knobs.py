@@ -45,7 +45,8 @@ class BatchOptions:
     """A local Hugging Face processor directory, for image-text data (``preprocess
     --processor``): the collate decodes each record's images in the DataLoader workers and adds
     the model's keys (``pixel_values``, ``image_grid_thw``; docs/vlm.md). Required for
-    image-text data, refused for text."""
+    image-text data (None: ``tokens.processor`` where the records are read in place with one),
+    refused for text."""
 
     def __post_init__(self) -> None:
         if self.collate not in LAYOUTS:

@@ -162,8 +162,23 @@ def resolve(knobs: TrainingKnobs, context: TrainingContext, index: PlanData) -> 
     cut = truncation(index, fed)
     config = config.fitted(index)
     how, why = normalization(index, config)
-    processor = checked_processor(index, knobs.batch.processor, cut)
+    processor = checked_processor(index, collate_processor(knobs), cut)
     return ResolvedTraining(config, fed, cut, how, why, knobs.batch.labels, processor)
+
+
+def collate_processor(knobs: TrainingKnobs) -> str | None:
+    """The processor the image collate uses: ``batch.processor``, else the one the records are
+    read in place with (``tokens.processor``), so that one directory is named once; two
+    different ones are refused (one line naming both)."""
+    batch = knobs.batch.processor
+    tokens = knobs.tokens.processor if knobs.tokens is not None else None
+    if batch is not None and tokens is not None and batch != tokens:
+        raise DatasetError(
+            f"batch.processor={batch!r} but tokens.processor={tokens!r}: the records would be "
+            "encoded with one processor and their images processed with another; give one "
+            "(batch.processor may be left out: it defaults to tokens.processor)"
+        )
+    return batch if batch is not None else tokens
 
 
 def image_processor(index: PlanData) -> str | None:

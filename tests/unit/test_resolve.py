@@ -26,9 +26,11 @@ from bcl_stream import (
     open_training,
     resolve,
 )
+from bcl_stream.errors import DatasetError
 from bcl_stream.io.index import read_index
+from bcl_stream.records.source import RecordSource
 from bcl_stream.training import reader_config
-from bcl_stream.training.resolve import fed_max_seq_len
+from bcl_stream.training.resolve import collate_processor, fed_max_seq_len
 
 LONGEST = 40
 
@@ -128,3 +130,19 @@ def test_a_reader_config_is_decided_before_the_reader_is_built(data: Path) -> No
     assert again.plan_dataset is dataset and dataset.config is built
     with pytest.raises(ValueError, match="only canonical_ranks_per_node can be adopted"):
         dataset.with_canonical_layout(replace(built, seed=1))
+
+
+def test_the_image_collate_takes_the_processor_the_records_are_read_with() -> None:
+    """One processor directory is named once: ``batch.processor`` defaults to the records'
+    ``tokens.processor``; two different ones are refused naming both."""
+    read_with = RecordSource(processor="/models/vl")
+    assert collate_processor(TrainingKnobs(tokens=read_with)) == "/models/vl"
+    given = TrainingKnobs(tokens=read_with, batch=BatchOptions(processor="/models/vl"))
+    assert collate_processor(given) == "/models/vl"
+    assert collate_processor(TrainingKnobs(batch=BatchOptions(processor="/p"))) == "/p"
+    assert collate_processor(TrainingKnobs()) is None
+    other = TrainingKnobs(tokens=read_with, batch=BatchOptions(processor="/models/other"))
+    with pytest.raises(
+        DatasetError, match=r"batch\.processor='/models/other' but tokens\.processor"
+    ):
+        collate_processor(other)
