@@ -178,6 +178,25 @@ def make_step(model: Any) -> Callable[[dict[str, Any]], None]:
     return step
 
 
+def time_configured(
+    cfg: CalibrationConfig,
+    step: Callable[[dict[str, Any]], None],
+    batches: Sequence[dict[str, Any]],
+    progress: bool,
+) -> npt.NDArray[np.float64]:
+    """:func:`time_packs` with the run's own repeats, warm-up, seed and clock (the text and the
+    image calibrations time their packs alike)."""
+    return time_packs(
+        step,
+        batches,
+        repeats=cfg.repeats,
+        warmup=cfg.warmup,
+        seed=cfg.seed,
+        clock=cfg.clock,
+        progress=progress,
+    )
+
+
 def time_packs(
     step: Callable[[dict[str, Any]], None],
     batches: Sequence[dict[str, Any]],
@@ -316,15 +335,7 @@ def calibrate(
     try:
         torch.manual_seed(cfg.seed)
         step = make_step(factory())
-        times = time_packs(
-            step,
-            batches,
-            repeats=cfg.repeats,
-            warmup=cfg.warmup,
-            seed=cfg.seed,
-            clock=cfg.clock,
-            progress=progress,
-        )
+        times = time_configured(cfg, step, batches, progress)
     finally:
         torch.set_num_threads(previous)
     seconds = np.median(times, axis=1)

@@ -38,7 +38,7 @@ from bcl_stream.analysis.calibrate import (
     load_factory,
     make_step,
     scaled_r2_of,
-    time_packs,
+    time_configured,
 )
 from bcl_stream.vision.components import RecordComponents
 from bcl_stream.vision.cost import TwoTermFit, fit_two_term_cost, get_two_term_preset
@@ -338,15 +338,7 @@ def calibrate_images(
         packs = design_image_packs(cfg, shape, components)
         rng = np.random.default_rng(cfg.seed + 1)
         batches = [image_pack_batch(p, rng=rng, **dims) for p in packs]
-        times = time_packs(
-            make_step(built),
-            batches,
-            repeats=cfg.repeats,
-            warmup=cfg.warmup,
-            seed=cfg.seed,
-            clock=cfg.clock,
-            progress=progress,
-        )
+        times = time_configured(cfg, make_step(built), batches, progress)
     finally:
         torch.set_num_threads(previous)
     comps = [p.components(merge) for p in packs]
