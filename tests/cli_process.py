@@ -1,6 +1,15 @@
 """``bcl-stream`` as a user runs it: a real ``python -m bcl_stream.cli`` process on this
 checkout's code (importable from every test: pytest puts ``tests/`` on the path for its
-conftest)."""
+conftest).
+
+A run is forked from a pre-imported server (``tools/fork_server.py``) unless the caller asks
+for a fresh interpreter (``fresh=True``, and :func:`python_process` always): the child is a
+real process with its own pid, standard streams, environment, working directory,
+``sys.argv`` and ``__main__`` as ``python -m`` gives them, and its exit code, but it does not
+import torch, Lightning and streaming again (about 7 s of CPU a run). A run whose start-up
+environment (``OMP_*``, ``HF_*``, ``PYTHON*``, ...) differs from the server's gets a server of
+its own, or a fresh interpreter. A test of what a fresh interpreter does (imports, start-up,
+signals) asks for one."""
 
 from __future__ import annotations
 
@@ -12,6 +21,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.fork_server import run_forked  # noqa: E402
 
 
 def bcl_stream_cli(
@@ -19,11 +32,12 @@ def bcl_stream_cli(
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     timeout: float = 300,
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``bcl-stream ARGS`` with ``env`` (default: this process's environment), this
     checkout first on ``PYTHONPATH``; stdout and stderr captured as text, never raises on the
-    exit code."""
-    return run_module("bcl_stream.cli", *args, env=env, cwd=cwd, timeout=timeout)
+    exit code. ``fresh``: in a new interpreter, never forked (module docstring)."""
+    return run_module("bcl_stream.cli", *args, env=env, cwd=cwd, timeout=timeout, fresh=fresh)
 
 
 def run_module(
@@ -33,12 +47,18 @@ def run_module(
     cwd: Path | None = None,
     timeout: float = 300,
     path: Sequence[Path] = (),
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """``python -m MODULE ARGS`` with ``env`` (default: this process's environment) and
     ``path``, then this checkout, first on ``PYTHONPATH``; output captured as text, never
-    raises on the exit code."""
+    raises on the exit code (``subprocess.TimeoutExpired`` after ``timeout``, the run killed).
+    Forked from a pre-imported server unless ``fresh`` (module docstring)."""
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join([*map(str, path), str(ROOT), env.get("PYTHONPATH", "")])
+    if not fresh:
+        forked = run_forked(module, args, env=env, cwd=cwd or ROOT, timeout=timeout)
+        if forked is not None:
+            return forked
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=cwd or ROOT,

@@ -76,6 +76,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script (make test): tools/ is first, not the checkout
+    sys.path.insert(0, str(ROOT))
+
+from tools.fork_server import FORK_ENV, SERVER_ENV, TAG_ENV, Forked, ForkServer, Refused  # noqa: E402
+
 CLEANUP_MARKER = "shm_cleanup"
 SHARED_MARKER = "shared_process"
 TYPECHECKED = ("bcl_stream", "lightning_module", "bcl_bench")
@@ -209,10 +214,18 @@ def reserve_prefixes(tmpdir: Path, base: int, lane: int, lanes: int) -> None:
 
 
 def run_group(
-    group: Group, argv: list[str], tmp: Path, index: int, lane: int = 0, lanes: int = 0
+    group: Group,
+    argv: list[str],
+    tmp: Path,
+    index: int,
+    lane: int = 0,
+    lanes: int = 0,
+    server: ForkServer | None = None,
 ) -> str:
-    """Run one pytest process (in ``lane`` of ``lanes`` running at once); fills in the group's
-    counts, code, seconds and files; returns its output."""
+    """Run one pytest process (in ``lane`` of ``lanes`` running at once), forked from
+    ``server`` where there is one (it refuses an environment it cannot serve: then a fresh
+    ``python -m pytest``); fills in the group's counts, code, seconds and files; returns its
+    output."""
     own_tmp = tmp / f"g{index}"
     own_tmp.mkdir()
     if lanes:
@@ -223,13 +236,26 @@ def run_group(
         env.pop("BCL_STREAM_KEEP_SHM", None)
     else:
         env["BCL_STREAM_KEEP_SHM"] = "1"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-ra", f"--junitxml={report}"]
+    args = ["-q", "-ra", f"--junitxml={report}", *argv, *group.paths]
     started = time.monotonic()
     with open(tmp / f"g{index}.out", "w+", errors="replace") as out:
-        proc = subprocess.Popen(
-            [*cmd, *argv, *group.paths], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
-        )
-        group.code, group.cpu = wait_watching(proc, group)
+        child: subprocess.Popen[bytes] | Forked | None = None
+        if server is not None:
+            env.update({SERVER_ENV: server.address, TAG_ENV: str(index)})
+            try:
+                child = server.fork(
+                    "pytest", args, env=env, cwd=ROOT, fds=[0, out.fileno(), out.fileno()],
+                    owns=str(index),
+                )  # fmt: skip
+            except Refused as why:
+                out.write(f"(fresh pytest process: the fork server refused: {why})\n")
+                out.flush()
+        if child is None:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "pytest", *args],
+                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        group.code, group.cpu = wait_watching(child, group)
         out.seek(0)
         output = out.read()
     group.seconds = time.monotonic() - started
@@ -240,11 +266,16 @@ def run_group(
     return output
 
 
-def wait_watching(proc: subprocess.Popen[bytes], group: Group) -> tuple[int, float]:
+def wait_watching(proc: subprocess.Popen[bytes] | Forked, group: Group) -> tuple[int, float]:
     """Wait for a group's pytest process, noting the most descriptors it holds (streaming keeps
     them open); returns its exit code and CPU seconds. The CPU comes from ``wait4``: the
     process's and that of every descendant it waited for (DDP ranks, CLI runs, servers), which
-    the run's total alone cannot split by group when groups run at once."""
+    the run's total alone cannot split by group when groups run at once; for a forked group the
+    fork server waits for it and adds the CPU of the runs its tests had the server fork."""
+    if isinstance(proc, Forked):
+        while (result := proc.poll(1.0)) is None:
+            group.max_fds = max(group.max_fds, open_fds(proc.pid))
+        return result
     while True:
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid == proc.pid:
@@ -265,7 +296,13 @@ def report_group(group: Group, output: str) -> None:
     print(f"\n=== {group.name} ({group.seconds:.0f} s)\n{output.rstrip()}", flush=True)
 
 
-def run_concurrently(groups: list[Group], argv: list[str], tmp: Path, workers: int) -> None:
+def run_concurrently(
+    groups: list[Group],
+    argv: list[str],
+    tmp: Path,
+    workers: int,
+    server: ForkServer | None = None,
+) -> None:
     free_lanes: queue.SimpleQueue[int] = queue.SimpleQueue()
     for lane in range(workers):
         free_lanes.put(lane)
@@ -273,7 +310,8 @@ def run_concurrently(groups: list[Group], argv: list[str], tmp: Path, workers: i
     def in_a_lane(group: Group, index: int) -> str:
         lane = free_lanes.get()  # a pool thread runs one group at a time: one lane is free
         try:  # a shm_cleanup group runs below the band (module docstring)
-            return run_group(group, argv, tmp, index, lane, 0 if group.cleans_shm else workers)
+            band = 0 if group.cleans_shm else workers
+            return run_group(group, argv, tmp, index, lane, band, server)
         finally:
             free_lanes.put(lane)
 
@@ -316,6 +354,22 @@ def start_typecheck(tmp: Path) -> tuple[subprocess.Popen[bytes], Path]:
     return proc, log
 
 
+def start_server(tmp: Path) -> ForkServer | None:
+    """The fork server the groups are forked from (``tools/fork_server.py``): this process's
+    environment, its own temp dir (a group's ``TMPDIR`` is set in its child), its messages in
+    ``tmp/fork-server.err``. None with ``BCL_TEST_FORK=0`` (every group a fresh interpreter,
+    to compare) or if it fails to start (said, then fresh interpreters)."""
+    if os.environ.get(FORK_ENV) == "0":
+        return None
+    own_tmp = tmp / "fork-server"
+    own_tmp.mkdir()
+    try:
+        return ForkServer.start({**os.environ, "TMPDIR": str(own_tmp)}, log=tmp / "fork-server.err")
+    except (OSError, RuntimeError) as exc:
+        print(f"fork server: {exc}; every group starts its own interpreter", flush=True)
+        return None
+
+
 def main(argv: list[str]) -> int:
     typecheck = bool(argv) and argv[0] == "--mypy"
     argv = argv[1:] if typecheck else argv
@@ -336,7 +390,12 @@ def main(argv: list[str]) -> int:
     mypy_failed = False
     with tempfile.TemporaryDirectory(prefix="bcl-") as tmp:
         mypy = start_typecheck(Path(tmp)) if typecheck else None
-        run_concurrently(together, argv, Path(tmp), workers)
+        server = start_server(Path(tmp))
+        try:
+            run_concurrently(together, argv, Path(tmp), workers, server)
+        finally:
+            if server is not None:
+                server.close()
         if mypy is not None:
             proc, log = mypy
             mypy_failed = proc.wait() != 0

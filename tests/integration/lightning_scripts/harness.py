@@ -126,15 +126,24 @@ def cli_run_config(base: Path, tmp: Path, name: str, every: int, data: dict[str,
 
 
 def lightning_cli(
-    root: Path, *args: str, cwd: Path | None = None, path: Sequence[Path] = ()
+    root: Path,
+    *args: str,
+    cwd: Path | None = None,
+    path: Sequence[Path] = (),
+    fresh: bool = False,
 ) -> Any:
-    """``python -m lightning_module ARGS`` in a fresh process as a user launches it (launcher
+    """``python -m lightning_module ARGS`` in its own process as a user launches it (launcher
     and debug variables cleared, other streaming jobs' shared memory kept; ``path`` first on
-    ``PYTHONPATH``, then this checkout). Returns the completed process, output captured."""
+    ``PYTHONPATH``, then this checkout): forked from a pre-imported server unless ``fresh``
+    (``cli_process``'s docstring; a ``ddp`` fit's other ranks are fresh processes either way,
+    started by Lightning from the run's ``sys.argv`` and ``__main__.__spec__``). Returns the
+    completed process, output captured."""
     from cli_process import run_module
 
     env = lightning_cli_env()
-    return run_module("lightning_module", *args, env=env, cwd=cwd or root, timeout=600, path=path)
+    return run_module(
+        "lightning_module", *args, env=env, cwd=cwd or root, timeout=600, path=path, fresh=fresh
+    )
 
 
 def lightning_cli_env() -> dict[str, str]:
