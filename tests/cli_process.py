@@ -70,6 +70,31 @@ def run_module(
     )
 
 
+def run_script(
+    script: Path,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 300,
+    fresh: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """``python SCRIPT ARGS`` with ``env`` as given (default: this process's environment) in
+    ``cwd`` (default: this process's); output captured as text, never raises on the exit code
+    (``subprocess.TimeoutExpired`` after ``timeout``, the run killed). Forked from a
+    pre-imported server unless ``fresh`` (module docstring): for scripts that import torch,
+    Lightning or streaming anyway."""
+    env = dict(os.environ if env is None else env)
+    where = cwd or Path.cwd()
+    if not fresh:
+        forked = run_forked(str(script), args, env=env, cwd=where, timeout=timeout)
+        if forked is not None:
+            return forked
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        cwd=where, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
 def python_process(code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``python -c CODE`` in a bare environment (this checkout on ``PYTHONPATH``, a minimal
     ``PATH``): what a fresh shell imports, nothing inherited from the test process."""

@@ -48,6 +48,7 @@ its running children and exits.
 from __future__ import annotations
 
 import atexit
+import builtins
 import contextlib
 import gc
 import importlib
@@ -119,8 +120,8 @@ FORK_ENV = "BCL_TEST_FORK"
 """``BCL_TEST_FORK=0``: the runner and the tests' helpers start fresh interpreters only (to
 compare, or to rule the server out)."""
 SERVER_ENV = "BCL_FORK_SERVER"
-"""Set by the runner in each group: the address of its server, which the group's tests use
-for their runs too (one import for the whole suite)."""
+"""Set by the runner in each group: the addresses of its servers (``os.pathsep`` between
+them), which the group's tests use for their runs too (one import for the whole suite)."""
 TAG_ENV = "BCL_FORK_TAG"
 """Set by the runner in each group: the group's tag, which runs asked for by its tests are
 charged to (the runner prints a group's CPU with its runs')."""
@@ -129,6 +130,17 @@ charged to (the runner prints a group's CPU with its runs')."""
 def import_time_env(env: Mapping[str, str]) -> dict[str, str]:
     """The variables of ``env`` that :data:`IMPORT_TIME` names, ``PYTHONPATH`` aside."""
     return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME) and k != "PYTHONPATH"}
+
+
+def is_script(target: str) -> bool:
+    """A request's target is a script's path (``python SCRIPT``), not a module (``-m``)."""
+    return target.endswith(".py")
+
+
+def first_dir(target: str, cwd: str) -> str:
+    """What Python puts first on ``sys.path``: the script's directory, or for ``-m`` the
+    working directory."""
+    return str(Path(cwd, target).resolve().parent) if is_script(target) else cwd
 
 
 def front_path(cwd: str, pythonpath: str) -> list[str]:
@@ -174,7 +186,7 @@ def refusal(server_env: Mapping[str, str], server_cwd: str, request: Mapping[str
         return f"start-up environment differs in {', '.join(keys)}"
     conflict = path_conflict(
         front_path(server_cwd, server_env.get("PYTHONPATH", "")),
-        front_path(request["cwd"], env.get("PYTHONPATH", "")),
+        front_path(first_dir(request["module"], request["cwd"]), env.get("PYTHONPATH", "")),
     )
     return conflict or ""
 
@@ -221,13 +233,21 @@ class Job:
                 os.environ[key] = value
         for name in (signal.SIGCHLD, signal.SIGTERM):
             signal.signal(name, signal.SIG_DFL)
-        front = front_path(self.cwd, self.env.get("PYTHONPATH", ""))
+        front = front_path(first_dir(self.module, self.cwd), self.env.get("PYTHONPATH", ""))
         sys.path[:] = front + [p for p in sys.path if p and p not in server.front]
+        main = types.ModuleType("__main__")
+        sys.modules["__main__"] = main
+        if is_script(self.module):  # ``python SCRIPT ARGS``: run in ``__main__`` as Python does
+            sys.argv[:] = [self.module, *self.args]
+            main.__file__ = self.module
+            main.__builtins__ = builtins
+            main.__spec__ = None
+            code = compile(Path(self.module).read_bytes(), self.module, "exec")
+            exec(code, main.__dict__)
+            return
         sys.argv[:] = ["-m", *self.args]
         for name in (self.module, f"{self.module}.__main__"):
             sys.modules.pop(name, None)  # a fresh interpreter has not imported it either
-        main = types.ModuleType("__main__")
-        sys.modules["__main__"] = main
         runpy._run_module_as_main(self.module, alter_argv=True)  # type: ignore[attr-defined]
 
 
@@ -515,7 +535,7 @@ def run(
             module, args, env=env, cwd=cwd, fds=[0, out.fileno(), err.fileno()],
             charge_to=charge_to,
         )  # fmt: skip
-        cmd = [sys.executable, "-m", module, *args]
+        cmd = [sys.executable, *([module] if is_script(module) else ["-m", module]), *args]
         deadline = None if timeout is None else time.monotonic() + timeout
         result = child.poll(None if deadline is None else max(0.0, deadline - time.monotonic()))
         if result is None:
@@ -549,14 +569,13 @@ def run_forked(
     run it as a fresh interpreter would: then the caller starts one."""
     if os.environ.get(FORK_ENV) == "0":
         return None
-    shared = os.environ.get(SERVER_ENV)
-    if shared:
+    for shared in filter(None, os.environ.get(SERVER_ENV, "").split(os.pathsep)):
         try:
             server = ForkServer(shared)
             tag = os.environ.get(TAG_ENV)
             return run(server, module, args, env=env, cwd=cwd, timeout=timeout, charge_to=tag)
         except Refused:
-            pass
+            continue
     key = json.dumps(sorted(import_time_env(env).items()))
     if key not in _SERVERS:
         if not _SERVERS:

@@ -50,6 +50,23 @@ What makes concurrent groups safe, and what does not run concurrently:
   into a few pytest processes (:data:`SHARED_GROUP_SECONDS`) instead of one each, which saves
   an interpreter start (``import streaming`` and torch, ~7 s of CPU) per file.
 
+Why forked, and why that keeps the above: a process that imports torch, Lightning,
+transformers and streaming spends about 8 s of CPU before its first test, and the suite's CPU is
+bounded by the machine's 2 cores. The runner starts one fork server (``tools/fork_server.py``)
+that imports those modules and nothing else, and forks each group's pytest process from it (the
+group's own ``TMPDIR``, ``BCL_STREAM_KEEP_SHM``, working directory and output file, as a fresh
+``python -m pytest`` would have them). A group is still its own process: streaming was only
+imported before the fork, so every dataset, shared-memory handle and ``atexit`` registration of
+a group is made in that group's process and freed when it exits, and the bands and the
+``shm_cleanup`` groups work as above. The server ``wait4``s each group and sends its CPU (its
+own and its descendants') with its exit code, plus the CPU of the CLI runs the group's tests
+had the server fork (``tests/cli_process.py``: the group's ``BCL_FORK_SERVER`` and
+``BCL_FORK_TAG``), so each group's CPU below is still all of its work; the server's imports
+count in the run's total. The server refuses an environment that differs from its own in a
+variable read at import (``OMP_*``, ``HF_*``, ``PYTHON*``, ...; see its docstring): such a group
+gets a fresh interpreter, and says so. ``BCL_TEST_FORK=0`` starts every group (and every CLI
+run of the tests) fresh, to compare.
+
 With ``--mypy`` (first argument; ``make test`` passes it) mypy runs beside the groups and a
 type error fails the run like a failing test.
 
@@ -71,6 +88,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,12 +238,12 @@ def run_group(
     index: int,
     lane: int = 0,
     lanes: int = 0,
-    server: ForkServer | None = None,
+    servers: Sequence[ForkServer] = (),
 ) -> str:
-    """Run one pytest process (in ``lane`` of ``lanes`` running at once), forked from
-    ``server`` where there is one (it refuses an environment it cannot serve: then a fresh
-    ``python -m pytest``); fills in the group's counts, code, seconds and files; returns its
-    output."""
+    """Run one pytest process (in ``lane`` of ``lanes`` running at once), forked from the
+    first of ``servers`` where there is one (it refuses an environment it cannot serve: then a
+    fresh ``python -m pytest``); fills in the group's counts, code, seconds and files; returns
+    its output. The group's tests fork their runs from ``servers`` too."""
     own_tmp = tmp / f"g{index}"
     own_tmp.mkdir()
     if lanes:
@@ -240,10 +258,11 @@ def run_group(
     started = time.monotonic()
     with open(tmp / f"g{index}.out", "w+", errors="replace") as out:
         child: subprocess.Popen[bytes] | Forked | None = None
-        if server is not None:
-            env.update({SERVER_ENV: server.address, TAG_ENV: str(index)})
+        if servers:
+            addresses = os.pathsep.join(s.address for s in servers)
+            env.update({SERVER_ENV: addresses, TAG_ENV: str(index)})
             try:
-                child = server.fork(
+                child = servers[0].fork(
                     "pytest", args, env=env, cwd=ROOT, fds=[0, out.fileno(), out.fileno()],
                     owns=str(index),
                 )  # fmt: skip
@@ -301,7 +320,7 @@ def run_concurrently(
     argv: list[str],
     tmp: Path,
     workers: int,
-    server: ForkServer | None = None,
+    servers: Sequence[ForkServer] = (),
 ) -> None:
     free_lanes: queue.SimpleQueue[int] = queue.SimpleQueue()
     for lane in range(workers):
@@ -311,7 +330,7 @@ def run_concurrently(
         lane = free_lanes.get()  # a pool thread runs one group at a time: one lane is free
         try:  # a shm_cleanup group runs below the band (module docstring)
             band = 0 if group.cleans_shm else workers
-            return run_group(group, argv, tmp, index, lane, band, server)
+            return run_group(group, argv, tmp, index, lane, band, servers)
         finally:
             free_lanes.put(lane)
 
@@ -354,20 +373,26 @@ def start_typecheck(tmp: Path) -> tuple[subprocess.Popen[bytes], Path]:
     return proc, log
 
 
-def start_server(tmp: Path) -> ForkServer | None:
-    """The fork server the groups are forked from (``tools/fork_server.py``): this process's
-    environment, its own temp dir (a group's ``TMPDIR`` is set in its child), its messages in
-    ``tmp/fork-server.err``. None with ``BCL_TEST_FORK=0`` (every group a fresh interpreter,
-    to compare) or if it fails to start (said, then fresh interpreters)."""
+def start_servers(tmp: Path) -> list[ForkServer]:
+    """The fork servers (``tools/fork_server.py``): the first, in this process's environment,
+    forks the groups and the tests' runs in that environment; the second has
+    ``OMP_NUM_THREADS=1``, the environment the tests give their Lightning fits and DDP scripts
+    (a start-up variable: a server of another value refuses them). Each has its own temp dir (a
+    child's ``TMPDIR`` is set in the child) and its messages in ``tmp/fork-server-N.err``. None
+    with ``BCL_TEST_FORK=0`` (every group a fresh interpreter, to compare); a server that fails
+    to start is said, and its runs start fresh interpreters."""
     if os.environ.get(FORK_ENV) == "0":
-        return None
-    own_tmp = tmp / "fork-server"
-    own_tmp.mkdir()
-    try:
-        return ForkServer.start({**os.environ, "TMPDIR": str(own_tmp)}, log=tmp / "fork-server.err")
-    except (OSError, RuntimeError) as exc:
-        print(f"fork server: {exc}; every group starts its own interpreter", flush=True)
-        return None
+        return []
+    servers = []
+    for i, extra in enumerate(({}, {"OMP_NUM_THREADS": "1"})):
+        own_tmp = tmp / f"fork-server-{i}"
+        own_tmp.mkdir()
+        env = {**os.environ, **extra, "TMPDIR": str(own_tmp)}
+        try:
+            servers.append(ForkServer.start(env, log=tmp / f"fork-server-{i}.err"))
+        except (OSError, RuntimeError) as exc:
+            print(f"fork server {i}: {exc}; its runs start their own interpreter", flush=True)
+    return servers
 
 
 def main(argv: list[str]) -> int:
@@ -390,11 +415,11 @@ def main(argv: list[str]) -> int:
     mypy_failed = False
     with tempfile.TemporaryDirectory(prefix="bcl-") as tmp:
         mypy = start_typecheck(Path(tmp)) if typecheck else None
-        server = start_server(Path(tmp))
+        servers = start_servers(Path(tmp))
         try:
-            run_concurrently(together, argv, Path(tmp), workers, server)
+            run_concurrently(together, argv, Path(tmp), workers, servers)
         finally:
-            if server is not None:
+            for server in servers:
                 server.close()
         if mypy is not None:
             proc, log = mypy

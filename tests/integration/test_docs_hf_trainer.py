@@ -14,11 +14,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_process import run_script
 from sft_records import VOCAB, records, write_sft_mds
 
 from tests.hf_models import tiny_llama_dir
@@ -54,10 +53,7 @@ def test_the_hf_trainer_page_example_trains(data: Path, tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(page_block().replace(SETTINGS, settings) + report)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "BCL_STREAM_KEEP_SHM": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300,
-        cwd=tmp_path,
-    )  # fmt: skip
+    proc = run_script(script, env=env, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("STATE "))
     history = json.loads(line.removeprefix("STATE "))

@@ -21,13 +21,12 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from cli_process import run_script
 from pack_oracles import check_every_record_once
 from resume_harness import check_resumed_log
 
@@ -52,10 +51,7 @@ def run(mode: str, data: Path, out: Path, *resume: str) -> Run:
     for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK"):
         env.pop(key, None)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(HERE), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), mode, str(data), str(out), *resume],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    proc = run_script(SCRIPT, mode, str(data), str(out), *resume, env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     logs = [read_pack_log(out / "logs" / f"packs_rank{g}.jsonl") for g in range(DP * TP)]
     reports = [json.loads((out / f"process{g}.json").read_text()) for g in range(DP * TP)]
@@ -145,10 +141,7 @@ def test_parallelize_splits_tinygpt_and_llama_without_changing_what_they_compute
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(HERE), env.get("PYTHONPATH", "")])
     script = HERE / "lightning_scripts" / "tp_equivalence.py"
-    proc = subprocess.run(
-        [sys.executable, str(script), str(port), str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    proc = run_script(script, str(port), str(out), env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads(out.read_text())
     # TinyGPT: gate/up/down of 2 blocks; Llama: q/k/v/o and gate/up/down of 2 layers

@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from cli_process import run_script
 from pack_oracles import check_every_record_once
 from sft_records import VOCAB, records, trained_positions, write_sft_mds
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -101,13 +100,7 @@ def steps(
             }
         )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "BCL_STREAM_KEEP_SHM": "1"}
-    run = subprocess.run(
-        [sys.executable, str(SCRIPT), json.dumps(runs)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    run = run_script(SCRIPT, json.dumps(runs), env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     return outs
 

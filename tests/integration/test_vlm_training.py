@@ -32,6 +32,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import torch.nn.functional as F
+from cli_process import run_script
 from pack_oracles import check_every_record_once
 from resume_harness import check_resumed_log
 
@@ -158,10 +159,7 @@ def test_two_ranks_step_gradient_equals_one_process_on_the_whole_step(
         "max_seq_len": 0,
         "processor": str(work / "processor"),
     }
-    run = subprocess.run(
-        [sys.executable, str(SCRIPT), json.dumps([step])],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    run = run_script(SCRIPT, json.dumps([step]), env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert (tmp_path / "normalization.txt").read_text() == "plan"
     batches = [json.loads((tmp_path / f"batches_rank{r}.json").read_text()) for r in range(2)]

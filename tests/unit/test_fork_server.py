@@ -53,7 +53,7 @@ else:
     atexit.register(lambda: open(marker, "w").write("atexit ran"))
     print(json.dumps({
         "argv": sys.argv, "cwd": os.getcwd(), "probe_var": os.environ.get("PROBE_VAR"),
-        "tmp": tempfile.gettempdir(), "name": __name__, "spec": __main__.__spec__.name,
+        "tmp": tempfile.gettempdir(), "name": __name__, "spec": getattr(__main__.__spec__, "name", None),
         "main_file": __main__.__file__, "path0": sys.path[0],
     }))
     print("to stderr", file=sys.stderr)
@@ -88,38 +88,52 @@ def env_for(probe_dir: Path, tmp: Path, **extra: str) -> dict[str, str]:
 
 
 def forked(
-    server: ForkServer, env: dict[str, str], cwd: Path, *args: str, timeout: float = 60
+    server: ForkServer,
+    env: dict[str, str],
+    cwd: Path,
+    *args: str,
+    timeout: float = 60,
+    target: str = "probe",
 ) -> subprocess.CompletedProcess[str]:
-    return fork_server.run(server, "probe", list(args), env=env, cwd=cwd, timeout=timeout)
+    return fork_server.run(server, target, list(args), env=env, cwd=cwd, timeout=timeout)
 
 
-def fresh(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def fresh(
+    env: dict[str, str], cwd: Path, *args: str, target: str = "probe"
+) -> subprocess.CompletedProcess[str]:
+    how = [target] if target.endswith(".py") else ["-m", target]
     return subprocess.run(
-        [sys.executable, "-m", "probe", *args],
+        [sys.executable, *how, *args],
         env=env, cwd=cwd, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 
 
-def test_a_forked_run_is_what_python_dash_m_gives(
-    server: ForkServer, probe_dir: Path, tmp_path: Path
+@pytest.mark.parametrize("as_script", [False, True], ids=["python -m", "python SCRIPT"])
+def test_a_forked_run_is_what_a_fresh_interpreter_gives(
+    server: ForkServer, probe_dir: Path, tmp_path: Path, as_script: bool
 ) -> None:
     cwd = tmp_path / "work"
     cwd.mkdir()
     env = env_for(probe_dir, tmp_path)
+    target = str(probe_dir / "probe.py") if as_script else "probe"
     runs = {}
-    for kind, run in (("forked", forked), ("fresh", fresh)):
+    for kind in ("forked", "fresh"):
         marker = tmp_path / f"{kind}.atexit"
         args = ("report", str(marker), "3")
-        proc = run(server, env, cwd, *args) if kind == "forked" else run(env, cwd, *args)  # type: ignore[operator]
+        if kind == "forked":
+            proc = forked(server, env, cwd, *args, target=target)
+        else:
+            proc = fresh(env, cwd, *args, target=target)
         assert marker.read_text() == "atexit ran"  # the normal exit path: atexit handlers ran
         runs[kind] = (proc.returncode, json.loads(proc.stdout), proc.stderr)
         assert runs[kind][1]["argv"].pop(-2) == str(marker)
     assert runs["forked"] == runs["fresh"]
     code, seen, err = runs["forked"]
     assert code == 3 and err == "to stderr\n"
-    assert seen["cwd"] == str(cwd) and seen["path0"] == str(cwd)
+    assert seen["path0"] == (str(probe_dir) if as_script else str(cwd))
     assert seen["probe_var"] == "set here" and seen["tmp"] == str(tmp_path)
-    assert seen["name"] == "__main__" and seen["spec"] == "probe"
+    assert seen["cwd"] == str(cwd) and seen["name"] == "__main__"
+    assert seen["spec"] == (None if as_script else "probe")
     assert seen["argv"][0] == str(probe_dir / "probe.py") == seen["main_file"]
 
 
