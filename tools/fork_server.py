@@ -177,9 +177,17 @@ def path_conflict(server_front: Sequence[str], front: Sequence[str]) -> str | No
     return None
 
 
-def refusal(server_env: Mapping[str, str], server_cwd: str, request: Mapping[str, Any]) -> str:
-    """Why the server cannot run ``request`` as a fresh interpreter would, or ''."""
-    env = request["env"]
+def refusal(
+    server_env: Mapping[str, str],
+    server_cwd: str,
+    request: Mapping[str, Any],
+    set_by_imports: Sequence[str] = (),
+) -> str:
+    """Why the server cannot run ``request`` as a fresh interpreter would, or ''. Variables
+    the server's imports set (``set_by_imports``: torch's inductor cache directory, Lightning's
+    NVML switch) are not compared: a request made from a process that did the same imports
+    carries them, and the imports keep a value already set or set the same one."""
+    env = {k: v for k, v in request["env"].items() if k not in set_by_imports}
     ours, theirs = import_time_env(server_env), import_time_env(env)
     if ours != theirs:
         keys = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
@@ -328,7 +336,7 @@ def serve(address: str, started: Started) -> Job | None:
                             os.close(fd)
                         conn.sock.close()
                         continue
-                    why = refusal(server_env, server_cwd, request)
+                    why = refusal(server_env, server_cwd, request, list(started.added))
                     if why:
                         for fd in conn.fds:
                             os.close(fd)
