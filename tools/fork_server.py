@@ -383,6 +383,8 @@ def serve(address: str, started: Started) -> Job | None:
                 cpu += charged.pop(job.owns, 0.0)
             _send(job.conn, {"status": status, "cpu": cpu})
             job.conn.close()
+    sys.stdout.write(json.dumps(charged) + "\n")  # charged to a job of another server's
+    sys.stdout.flush()
     return None
 
 
@@ -444,6 +446,7 @@ class ForkServer:
 
     def __init__(self, address: str, proc: subprocess.Popen[bytes] | None = None) -> None:
         self.address, self.proc = address, proc
+        self.unclaimed: dict[str, float] = {}
 
     @classmethod
     def start(
@@ -475,11 +478,15 @@ class ForkServer:
 
     def close(self) -> float:
         """Stop a server started here (it ends when its running children have); its CPU and
-        that of its children."""
+        that of its children. ``unclaimed`` is then the CPU of the runs charged to a job this
+        server did not run (the runner's groups run on its first server, and their Lightning
+        fits on the second), by tag."""
         if self.proc is None:
             return 0.0
-        assert self.proc.stdin is not None
+        assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.close()
+        last = self.proc.stdout.readline()
+        self.unclaimed = {str(k): float(v) for k, v in json.loads(last or b"{}").items()}
         _, status, usage = os.wait4(self.proc.pid, 0)
         self.proc.returncode = os.waitstatus_to_exitcode(status)
         with contextlib.suppress(OSError):

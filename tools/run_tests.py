@@ -52,10 +52,11 @@ What makes concurrent groups safe, and what does not run concurrently:
 
 Why forked, and why that keeps the above: a process that imports torch, Lightning,
 transformers and streaming spends about 8 s of CPU before its first test, and the suite's CPU is
-bounded by the machine's 2 cores. The runner starts one fork server (``tools/fork_server.py``)
-that imports those modules and nothing else, and forks each group's pytest process from it (the
-group's own ``TMPDIR``, ``BCL_STREAM_KEEP_SHM``, working directory and output file, as a fresh
-``python -m pytest`` would have them). A group is still its own process: streaming was only
+bounded by the machine's 2 cores. The runner starts fork servers (``tools/fork_server.py``:
+one in its environment, one with ``OMP_NUM_THREADS=1`` for the tests' Lightning fits and DDP
+scripts) that import those modules and nothing else, and forks each group's pytest process
+from the first (the group's own ``TMPDIR``, ``BCL_STREAM_KEEP_SHM``, working directory and
+output file, as a fresh ``python -m pytest`` would have them). A group is still its own process: streaming was only
 imported before the fork, so every dataset, shared-memory handle and ``atexit`` registration of
 a group is made in that group's process and freed when it exits, and the bands and the
 ``shm_cleanup`` groups work as above. The server ``wait4``s each group and sends its CPU (its
@@ -421,6 +422,8 @@ def main(argv: list[str]) -> int:
         finally:
             for server in servers:
                 server.close()
+                for tag, seconds in server.unclaimed.items():  # runs of a group's tests
+                    together[int(tag)].cpu += seconds
         if mypy is not None:
             proc, log = mypy
             mypy_failed = proc.wait() != 0

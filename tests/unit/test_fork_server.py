@@ -187,6 +187,19 @@ def test_cpu_is_reported_and_charged_to_the_job_that_asked(
     assert cpu >= 0.5  # its own CPU and the busy run it asked the server for
 
 
+def test_cpu_charged_to_a_job_of_another_server_is_reported_when_it_closes(
+    probe_dir: Path, tmp_path: Path
+) -> None:
+    env = env_for(probe_dir, tmp_path)
+    other = ForkServer.start(env, modules=["json"])
+    busy = other.fork(
+        "probe", ["busy", "0.5"], env=env, cwd=tmp_path, fds=[0, 1, 2], charge_to="elsewhere"
+    )
+    assert busy.poll(None) is not None
+    other.close()
+    assert other.unclaimed.keys() == {"elsewhere"} and other.unclaimed["elsewhere"] >= 0.5
+
+
 def test_a_different_start_up_environment_is_refused(
     server: ForkServer, probe_dir: Path, tmp_path: Path
 ) -> None:
