@@ -392,8 +392,7 @@ def main(argv: Sequence[str]) -> None:
     """``python -m tools.fork_server SOCKET [MODULE ...]``: import ``MODULE``s (default
     :data:`PRELOAD`), then serve on ``SOCKET``."""
     modules = list(argv[1:]) or list(PRELOAD)
-    before, tmp = dict(os.environ), tempfile.gettempdir()
-    tempfile.tempdir = None
+    before, tmp = dict(os.environ), tempfile.gettempdir()  # cached, as importing streaming does
     preload(modules)
     gc.collect()
     gc.freeze()  # a child's collections skip what the imports made: no copy of those pages
