@@ -385,7 +385,10 @@ def start_servers(tmp: Path) -> list[ForkServer]:
     if os.environ.get(FORK_ENV) == "0":
         return []
     servers = []
-    for i, extra in enumerate(({}, {"OMP_NUM_THREADS": "1"})):
+    kinds = [{}, {"OMP_NUM_THREADS": "1"}]
+    if os.environ.get("OMP_NUM_THREADS") == "1":  # the first serves both
+        kinds.pop()
+    for i, extra in enumerate(kinds):
         own_tmp = tmp / f"fork-server-{i}"
         own_tmp.mkdir()
         env = {**os.environ, **extra, "TMPDIR": str(own_tmp)}
