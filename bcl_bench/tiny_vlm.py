@@ -18,9 +18,12 @@ it) does not count. Importing this module imports torch and transformers.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import Qwen2VLConfig
 
 VOCAB = 1024
 """Token ids below :data:`IMAGE_TOKEN_ID` are text; the four special ids follow it."""
@@ -28,6 +31,41 @@ IMAGE_TOKEN_ID = 1000
 VIDEO_TOKEN_ID = 1001
 VISION_START_ID = 1002
 VISION_END_ID = 1003
+
+
+def qwen2_vl_config(
+    *, vocab_size: int, width: int, vision_depth: int, vision_width: int, **extra: Any
+) -> Qwen2VLConfig:
+    """A small ``Qwen2VLConfig`` with the real model's patch arithmetic (patch 14, temporal
+    patch 2, 2 x 2 merge, 3 channels) and its split of the rotary half-head into temporal,
+    height and width sections (1/4, 3/8, 3/8: 16/24/24 of its 64): 2 language layers of
+    ``width`` (4 query heads, 2 key/value heads, MLP 2 x ``width``) and ``vision_depth``
+    vision blocks of ``vision_width`` (heads of 16, MLP ratio 2) merged into ``width``.
+    ``extra`` goes to the config: the special token ids, the attention implementation."""
+    from transformers import Qwen2VLConfig
+
+    half = width // 4 // 2  # the rotary half of one of the 4 heads
+    return Qwen2VLConfig(
+        vocab_size=vocab_size,
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_scaling={"type": "mrope", "mrope_section": [half // 4, 3 * half // 8, 3 * half // 8]},
+        vision_config={
+            "depth": vision_depth,
+            "embed_dim": vision_width,
+            "hidden_size": width,
+            "num_heads": vision_width // 16,
+            "mlp_ratio": 2,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "in_channels": 3,
+        },
+        **extra,
+    )
 
 
 class TinyQwen2VL(torch.nn.Module):
@@ -40,27 +78,13 @@ class TinyQwen2VL(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+        from transformers import Qwen2VLForConditionalGeneration
 
-        config = Qwen2VLConfig(
+        config = qwen2_vl_config(
             vocab_size=VOCAB,
-            hidden_size=128,
-            intermediate_size=256,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            rope_scaling={"type": "mrope", "mrope_section": [4, 6, 6]},
-            vision_config={
-                "depth": 2,
-                "embed_dim": 64,
-                "hidden_size": 128,
-                "num_heads": 4,
-                "mlp_ratio": 2,
-                "patch_size": 14,
-                "spatial_merge_size": 2,
-                "temporal_patch_size": 2,
-                "in_channels": 3,
-            },
+            width=128,
+            vision_depth=2,
+            vision_width=64,
             image_token_id=IMAGE_TOKEN_ID,
             video_token_id=VIDEO_TOKEN_ID,
             vision_start_token_id=VISION_START_ID,

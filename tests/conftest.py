@@ -40,32 +40,40 @@ def records(n: int, seed: int = 0) -> Iterator[dict[str, np.ndarray]]:
         yield {"input_ids": np.full(int(length), i, dtype=np.uint32)}
 
 
-def write_mds(
-    out: str | Path, n: int, *, seed: int = 0, size_limit: int = 4096, images: bool = False
+def write_dataset(
+    fmt: str, out: str | Path, n: int, *, seed: int = 0, images: bool = False, **shards: Any
 ) -> None:
-    """A costed MDS dataset of ``n`` records (shards of about ``size_limit`` bytes);
-    ``images``: with image-text cost components (:func:`image_components`)."""
+    """A costed dataset of :func:`records`' ``n`` records in ``fmt``: MDS shards of about
+    ``size_limit`` bytes (4096 unless given), WebDataset shards of ``maxcount`` records (37
+    unless given); ``images``: with image-text cost components (:func:`image_components`)."""
     from bcl_stream.formats.mds_writer import CostedMDSWriter
-
-    with CostedMDSWriter(str(out), cost_model="tokens", size_limit=size_limit) as writer:
-        for record in records(n, seed):
-            writer.write(record)
-        if images:
-            seal_components(writer, n, seed)
-
-
-def write_wds(
-    out: str | Path, n: int, *, seed: int = 0, maxcount: int = 37, images: bool = False
-) -> None:
-    """A costed WebDataset dataset of ``n`` records, ``maxcount`` records per shard;
-    ``images``: with image-text cost components (:func:`image_components`)."""
     from bcl_stream.formats.wds_writer import CostedWDSWriter
 
-    with CostedWDSWriter(str(out), cost_model="tokens", maxcount=maxcount) as writer:
+    writer_type, defaults = {
+        "mds": (CostedMDSWriter, {"size_limit": 4096}),
+        "wds": (CostedWDSWriter, {"maxcount": 37}),
+    }[fmt]
+    with writer_type(str(out), cost_model="tokens", **(defaults | shards)) as writer:
         for record in records(n, seed):
             writer.write(record)
         if images:
             seal_components(writer, n, seed)
+
+
+def write_mds(out: str | Path, n: int, **options: Any) -> None:
+    """:func:`write_dataset` in MDS (``seed``, ``size_limit``, ``images``)."""
+    write_dataset("mds", out, n, **options)
+
+
+def write_wds(out: str | Path, n: int, **options: Any) -> None:
+    """:func:`write_dataset` in WebDataset (``seed``, ``maxcount``, ``images``)."""
+    write_dataset("wds", out, n, **options)
+
+
+def written_files(root: Path) -> dict[str, bytes]:
+    """Every file a writer left in ``root`` (name -> bytes): two writers' outputs compared
+    byte for byte."""
+    return {p.name: p.read_bytes() for p in sorted(root.iterdir())}
 
 
 def image_components(n: int, seed: int = 0) -> RecordComponents:

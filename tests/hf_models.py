@@ -39,28 +39,14 @@ def tiny_qwen2_vl_dir(directory: Path, processor: Any) -> Path:
     the real model) whose vocabulary and image, video and vision-start token ids are
     ``processor``'s (a loaded ``Qwen2VLProcessor``), saved to ``directory`` as a
     ``config.json`` alone: ``HFCausalLM`` initialises it at random, no download."""
-    from transformers import Qwen2VLConfig
+    from bcl_bench.tiny_vlm import qwen2_vl_config
 
     tok = processor.tokenizer
-    Qwen2VLConfig(
+    qwen2_vl_config(
         vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
-        vision_config={
-            "depth": 1,
-            "embed_dim": 32,
-            "hidden_size": 64,
-            "num_heads": 2,
-            "mlp_ratio": 2,
-            "patch_size": 14,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "in_channels": 3,
-        },
+        width=64,
+        vision_depth=1,
+        vision_width=32,
         image_token_id=tok.convert_tokens_to_ids("<|image_pad|>"),
         video_token_id=tok.convert_tokens_to_ids("<|video_pad|>"),
         vision_start_token_id=tok.convert_tokens_to_ids("<|vision_start|>"),

@@ -12,6 +12,48 @@ import numpy as np
 VOCAB = 96
 
 
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "lazy",
+    "dog",
+    "packs",
+    "balance",
+    "ranks",
+    "steps",
+    "because",
+]
+"""The vocabulary of :func:`word_chats`: few words, so a tokenizer trained on the spot knows
+them all."""
+
+
+def word_chats(
+    n: int,
+    seed: int = 0,
+    *,
+    exchanges: tuple[int, int] = (1, 4),
+    user_words: tuple[int, int] = (1, 30),
+    assistant_words: tuple[int, int] = (1, 30),
+) -> list[list[dict[str, str]]]:
+    """``n`` conversations: a system turn, then ``exchanges`` (low, high: numpy's half-open
+    range) user/assistant exchanges of :data:`WORDS` drawn at random, ``user_words`` and
+    ``assistant_words`` words per turn. Few structures, many records of each."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        messages = [{"role": "system", "content": "You are helpful."}]
+        for _ in range(int(rng.integers(*exchanges))):
+            for role, (low, high) in (("user", user_words), ("assistant", assistant_words)):
+                words = rng.choice(WORDS, int(rng.integers(low, high)))
+                messages.append({"role": role, "content": " ".join(words)})
+        out.append(messages)
+    return out
+
+
 def records(n: int, *, seed: int = 7, longest: int = 40) -> list[dict[str, np.ndarray]]:
     """Records of 4..longest tokens; most train one or two spans, every fifth all its tokens,
     record 3 only its last token."""

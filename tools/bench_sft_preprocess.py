@@ -56,40 +56,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from bcl_bench.harness import RESULTS, ROOT, bench_parser, checkout_env, machine_stamp, write_result
 from bcl_bench.writing import timed_preprocess
 from bcl_stream.preprocess import preprocess
 from bcl_stream.records.source import RecordSource
 
-WORDS = [
-    "the",
-    "quick",
-    "brown",
-    "fox",
-    "jumps",
-    "over",
-    "lazy",
-    "dog",
-    "packs",
-    "balance",
-    "ranks",
-    "steps",
-    "because",
-]
-
 
 def corpus(path: Path, n: int, seed: int = 0) -> None:
-    rng = np.random.default_rng(seed)
-    with open(path, "w") as fh:
-        for _ in range(n):
-            messages = [{"role": "system", "content": "You are helpful."}]
-            for _ in range(int(rng.integers(1, 5))):
-                for role, low, high in (("user", 5, 60), ("assistant", 10, 200)):
-                    text = " ".join(rng.choice(WORDS, int(rng.integers(low, high))))
-                    messages.append({"role": role, "content": text})
-            fh.write(json.dumps({"messages": messages}) + "\n")
+    """``n`` chat records (1-4 exchanges, user turns of 5-59 words, assistant turns of 10-199)
+    as JSON lines: the test suite's ``word_chats`` (``main`` has checked that the suite's
+    helpers import)."""
+    from tests.sft_records import word_chats
+
+    chats = word_chats(n, seed, exchanges=(1, 5), user_words=(5, 60), assistant_words=(10, 200))
+    path.write_text("".join(json.dumps({"messages": messages}) + "\n" for messages in chats))
 
 
 def _seconds(command: list[str], env: dict[str, str]) -> tuple[float, float]:
@@ -289,8 +269,8 @@ def main() -> None:
         from tests.hf_tokenizers import LLAMA3, LLAMA3_GENERATION, build_tokenizer_dir
     except ImportError as exc:
         raise SystemExit(
-            "bench_sft_preprocess builds its tokenizers with the test suite's "
-            "tests/hf_tokenizers.py: run it from the checkout's root as "
+            "bench_sft_preprocess builds its tokenizers and corpus with the test suite's "
+            "tests/hf_tokenizers.py and tests/sft_records.py: run it from the checkout's root as "
             "`python -m tools.bench_sft_preprocess`"
         ) from exc
 

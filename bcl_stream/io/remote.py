@@ -333,36 +333,17 @@ def open_cost_index(
     timeout: float = 60.0,
     attempts: int = DEFAULT_RETRIES + 1,
 ) -> tuple[CostIndex, Path]:
-    """Load a dataset's cost index, local or remote (:func:`_open_cost_index`); a remote
-    image-text index's components (``bcl_components.npz``, named with its SHA-256 in the
-    sealed ``extra.components``) are fetched beside it when the cache lacks that file, so a
-    reader's two-term cost (``epoch/terms.py``) reads them where it reads the costs."""
-    index, root = _open_cost_index(location, cache_dir, timeout=timeout, attempts=attempts)
-    entry = index.extra.get("components")
-    if is_remote(location) and isinstance(entry, dict) and entry.get("file") == COMPONENTS_FILE:
-        path = root / COMPONENTS_FILE  # the one name read_components accepts, never the JSON's
-        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != entry.get(
-            "sha256"
-        ):
-            download(join(location, COMPONENTS_FILE), path, timeout=timeout, retries=attempts - 1)
-    return index, root
-
-
-def _open_cost_index(
-    location: str,
-    cache_dir: str | os.PathLike[str] | None = None,
-    *,
-    timeout: float = 60.0,
-    attempts: int = DEFAULT_RETRIES + 1,
-) -> tuple[CostIndex, Path]:
     """Load a dataset's cost index, local or remote. Output: (index, local directory holding it).
 
     Remote: ``bcl_index.json`` is always fetched fresh (it is small); ``bcl_costs.npy`` (and
     ``bcl_hashes.npy`` when the JSON names it) only when a cached copy is missing or its hash
-    differs. A location without a cost index gets
-    the error of :func:`missing_index_error` (not a dataset / incomplete / needs annotate).
-    Each file's download ends within ``attempts`` x ``timeout`` seconds (the readers pass
-    their ``download_timeout`` and ``download_attempts``).
+    differs (:func:`_fetch_index`). An image-text index's components (``bcl_components.npz``,
+    named with its SHA-256 in the sealed ``extra.components``) are fetched beside it when the
+    cache lacks that file, so a reader's two-term cost (``epoch/terms.py``) reads them where it
+    reads the costs. A location without a cost index gets the error of
+    :func:`missing_index_error` (not a dataset / incomplete / needs annotate). Each file's
+    download ends within ``attempts`` x ``timeout`` seconds (the readers pass their
+    ``download_timeout`` and ``download_attempts``).
     """
     if not is_remote(location):
         root = Path(location.removeprefix("file://"))
@@ -374,6 +355,20 @@ def _open_cost_index(
     if cache_dir is None:
         raise ValueError(f"a local cache_dir is required for the remote dataset {location}")
     root = Path(cache_dir)
+    index = _fetch_index(location, root, timeout, attempts)
+    entry = index.extra.get("components")
+    if isinstance(entry, dict) and entry.get("file") == COMPONENTS_FILE:
+        path = root / COMPONENTS_FILE  # the one name read_components accepts, never the JSON's
+        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != entry.get(
+            "sha256"
+        ):
+            download(join(location, COMPONENTS_FILE), path, timeout=timeout, retries=attempts - 1)
+    return index, root
+
+
+def _fetch_index(location: str, root: Path, timeout: float, attempts: int) -> CostIndex:
+    """The remote ``location``'s cost index, read from its copy in ``root``: the JSON fetched,
+    the costs (and hashes) fetched again only when the copy's do not match it."""
     url = join(location, INDEX_JSON)
     try:
         download(url, root / INDEX_JSON, timeout=timeout, retries=attempts - 1)
@@ -384,7 +379,7 @@ def _open_cost_index(
             raise _remote_missing_index(location) from exc
         raise CostIndexError(f"{url}: cannot fetch the cost index ({exc})") from exc
     try:
-        return read_index(root), root
+        return read_index(root)
     except UnsafeNameError as exc:  # name the dataset, not only the cache's copy
         raise UnsafeNameError(f"{location}: {exc}") from exc
     except CostIndexError:
@@ -394,6 +389,6 @@ def _open_cost_index(
         for name in names:
             download(join(location, name), root / name, timeout=timeout, retries=attempts - 1)
         try:
-            return read_index(root), root
+            return read_index(root)
         except UnsafeNameError as exc:
             raise UnsafeNameError(f"{location}: {exc}") from exc

@@ -39,19 +39,14 @@ def demo_model(calls: list[str]) -> Any:
 
 def fit(data: Path, **eval_data: str) -> tuple[list[str], list[str]]:
     """(warning messages, validation calls) of a 2-step fit validating every step."""
-    import lightning.pytorch as pl
-
     from lightning_module import BCLDataModule
+    from tests.trainers import cpu_trainer
 
     calls: list[str] = []
     module = BCLDataModule(
         str(data), plan={"pack_size": 4, "window": 2}, batch={"max_seq_len": 128}, eval=eval_data
     )
-    trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_steps=2, val_check_interval=1,
-        num_sanity_val_steps=0, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, enable_checkpointing=False,
-    )  # fmt: skip
+    trainer = cpu_trainer(max_steps=2, val_check_interval=1)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         trainer.fit(demo_model(calls), module)

@@ -30,6 +30,7 @@ from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.loading.loader import PackLoader
 from lightning_module.datamodule import BCLDataModule
 from lightning_module.tinygpt import TinyGPT
+from tests.trainers import cpu_trainer
 
 pytestmark = pytest.mark.slow
 
@@ -137,16 +138,7 @@ class Data(L.LightningDataModule):
 
 def fit_loader(root: Path, workers: int, **kwargs: Any) -> list[tuple[int, list[int]]]:
     ckpt = kwargs.pop("ckpt_path", None)
-    trainer = L.Trainer(
-        max_epochs=EPOCHS,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing="callbacks" in kwargs,
-        accelerator="cpu",
-        devices=1,
-        **kwargs,
-    )
+    trainer = cpu_trainer(max_epochs=EPOCHS, enable_checkpointing="callbacks" in kwargs, **kwargs)
     model = Recorder()
     trainer.fit(model, Data(root, workers), ckpt_path=ckpt)
     return model.seen

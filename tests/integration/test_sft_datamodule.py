@@ -16,6 +16,7 @@ from sft_records import records, trained_positions, write_sft_mds
 from bcl_stream.epoch.plan import _costs_and_table
 from lightning_module.datamodule import BCLDataModule
 from tests.hf_models import tiny_llama_dir
+from tests.trainers import cpu_trainer
 
 RECS = records(60, seed=11)
 
@@ -104,11 +105,9 @@ def test_a_trainer_fit_feeds_hf_causal_lm_at_most_its_stated_limit(
         def on_train_batch_start(self, trainer, module, batch, i) -> None:  # type: ignore[no-untyped-def]
             seen.append(int(batch["tokens"].max()))
 
-    trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_steps=6, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[Longest()],
-        default_root_dir=str(tmp_path), limit_val_batches=3, val_check_interval=6,
-        num_sanity_val_steps=0,
+    trainer = cpu_trainer(
+        max_steps=6, callbacks=[Longest()], default_root_dir=str(tmp_path), limit_val_batches=3,
+        val_check_interval=6,
     )  # fmt: skip
     trainer.fit(model, dm)
     assert model.labels == "unshifted"  # the DataModule's batch.labels, taken at setup
@@ -124,17 +123,12 @@ def test_hf_causal_lm_follows_or_refuses_the_datamodule_label_convention(
 ) -> None:
     """The DataModule's default, shifted labels, must reach the model: a model that took them
     for unshifted would shift them again and train every record to predict two tokens ahead."""
-    import lightning.pytorch as pl
-
     from lightning_module.hf_causal_lm import HFCausalLM
 
     tiny_llama_dir(tmp_path / "model", max_position_embeddings=64, width=16, layers=1)
     model = HFCausalLM(str(tmp_path / "model"), attention="sdpa", labels=given)
     dm = BCLDataModule(str(sft_dir), plan={"pack_size": 2, "window": 2})  # labels: shifted
-    trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_steps=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
-    )  # fmt: skip
+    trainer = cpu_trainer(max_steps=1, default_root_dir=str(tmp_path))
     if given == "unshifted":
         with pytest.raises(
             ValueError, match="labels='unshifted' contradicts the DataModule's labels='shifted'"
@@ -210,11 +204,7 @@ def test_a_fit_trains_the_hf_model_in_training_mode_with_checkpointing_and_dropo
                 module.train()
 
     dm = BCLDataModule(str(sft_dir), plan={"pack_size": 2, "window": 2})
-    trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_steps=3, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[Watch()],
-        default_root_dir=str(tmp_path),
-    )  # fmt: skip
+    trainer = cpu_trainer(max_steps=3, callbacks=[Watch()], default_root_dir=str(tmp_path))
     trainer.fit(model, dm)
     assert len(seen) == 3
     for row in seen:

@@ -24,13 +24,10 @@ def test_pack_log_has_each_step_once_after_a_resume(mds_dir: Path, tmp_path: Pat
 
     from lightning_module import BCLDataModule, PackLogger, read_pack_log
     from lightning_module.tinygpt import TinyGPT
+    from tests.trainers import cpu_trainer
 
     def trainer(*callbacks: pl.Callback) -> pl.Trainer:
-        return pl.Trainer(
-            accelerator="cpu", devices=1, max_steps=6, logger=False, enable_progress_bar=False,
-            enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
-            callbacks=[PackLogger(tmp_path / "logs"), *callbacks],
-        )  # fmt: skip
+        return cpu_trainer(max_steps=6, callbacks=[PackLogger(tmp_path / "logs"), *callbacks])
 
     def module() -> BCLDataModule:
         plan, batch = {"pack_size": 4, "window": 4}, {"collate": "packed", "max_seq_len": 128}

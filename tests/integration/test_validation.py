@@ -112,10 +112,9 @@ def test_val_streams_give_one_loader_per_stream(
 def test_a_test_pass_with_balanced_packing_reads_every_record_once(
     mds_dir: Path, val_dir: Path, tmp_path: Path
 ) -> None:
-    import lightning.pytorch as pl
-
     from lightning_module import BCLDataModule
     from lightning_module.tinygpt import TinyGPT
+    from tests.trainers import cpu_trainer
 
     got: list[list[int]] = []
 
@@ -129,11 +128,7 @@ def test_a_test_pass_with_balanced_packing_reads_every_record_once(
         eval={"test_data": str(val_dir), "packing": "bcl"},
         batch={"collate": "packed", "max_seq_len": 128},
     )  # fmt: skip
-    trainer = pl.Trainer(
-        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, enable_checkpointing=False,
-    )  # fmt: skip
-    result = trainer.test(Recording(tiny_config()), module)
+    result = cpu_trainer().test(Recording(tiny_config()), module)
     check_every_record_once(got, VAL_RECORDS)
     assert result and "test_loss" in result[0]
     costs = __import__("numpy").load(val_dir / "bcl_costs.npy")["cost"]

@@ -48,6 +48,7 @@ from bcl_stream.vision.storage import stored_images
 from lightning_module.callbacks import read_pack_log
 from lightning_module.datamodule import BCLDataModule
 from lightning_module.hf_causal_lm import HFCausalLM
+from tests.trainers import cpu_trainer
 from tools.vlm_data import build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,11 +129,7 @@ def test_a_fit_trains_in_training_mode_and_each_batch_loss_is_its_records_alone(
         batch={"collate": collate, "labels": "unshifted", "processor": str(work / "processor")},
         loader={"num_workers": 1},  # images decoded in the worker
     )
-    trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_steps=4, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[Watch()],
-        default_root_dir=str(tmp_path),
-    )  # fmt: skip
+    trainer = cpu_trainer(max_steps=4, callbacks=[Watch()], default_root_dir=str(tmp_path))
     trainer.fit(module, dm)
     assert len(seen) == 4
     assert any(row["images"] for row in seen)

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import written_files
 
 from bcl_stream.formats.mds_local import LocalCostedMDSWriter, MDSShards, size_bytes
 from bcl_stream.formats.mds_writer import CostedMDSWriter
@@ -27,10 +28,6 @@ def _records(n: int, seed: int = 0) -> list[dict[str, Any]]:
             record["loss_spans"] = np.asarray([0, max(length // 2, 1)], dtype=np.uint32)
         out.append(record)
     return out
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(root.iterdir())}
 
 
 @pytest.mark.parametrize(
@@ -60,7 +57,7 @@ def test_every_file_is_what_streaming_writes(tmp_path: Path, options: dict[str, 
         ) as writer:
             for record in records:
                 writer.write(record)
-        written[name] = _files(tmp_path / name)
+        written[name] = written_files(tmp_path / name)
     assert written["local"].keys() == written["streaming"].keys()
     assert sum(name.endswith(".mds") for name in written["local"]) >= (2 if options else 1)
     for name, data in written["streaming"].items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -120,16 +121,7 @@ def test_elastic_plan_yields_every_record_once(
 @pytest.mark.parametrize("carry", [0, 2])
 def test_first_packs_are_the_ranks_first_packs(scope: str, carry: int) -> None:
     """Elastic resume plans only the consumed windows: they must be the plan's own packs."""
-    config = ReaderConfig.build(
-        world_size=4,
-        ranks_per_node=2,
-        pack_size=4,
-        window=3,
-        scope=scope,
-        carry=carry,
-        carry_span=2,
-        seed=7,
-    )
+    config = replace(CONFIG, plan=replace(CONFIG.plan, scope=scope, carry=carry, carry_span=2))
     plan = ReaderPlan(make_index(), config, 2)
     whole = np.stack([plan.rank_packs(r) for r in range(4)])
     for k in (0, 1, 3, 4, plan.n_packs):

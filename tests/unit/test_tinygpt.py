@@ -120,23 +120,15 @@ def test_bad_config_is_refused() -> None:
 
 
 def test_trains_under_a_real_trainer_and_reloads_from_checkpoint(tmp_path) -> None:
-    import lightning as L
     from torch.utils.data import DataLoader
+
+    from tests.trainers import cpu_trainer
 
     packs = [make_pack([5, 9, 3, 7], seed=s) for s in range(3)]
     loader = DataLoader(packs, batch_size=None, collate_fn=collate_packed)
     net = TinyGPT(TinyGPTConfig(**SMALL, max_seq_len=64))
     before = [p.detach().clone() for p in net.parameters()]
-    trainer = L.Trainer(
-        max_steps=3,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = cpu_trainer(max_steps=3, default_root_dir=tmp_path)
     trainer.fit(net, loader)
     assert trainer.global_step == 3
     assert any(not torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pytest
 
 from bcl_stream.records.registry import encode
@@ -18,40 +17,13 @@ from bcl_stream.text.loss_spans import mask_from_spans
 from bcl_stream.text.templates import Encoder
 from bcl_stream.text.tokenizers import load_hf_tokenizer
 from tests.hf_tokenizers import CHATML, LLAMA3, LLAMA3_GENERATION, build_tokenizer_dir
+from tests.sft_records import word_chats
 
-WORDS = [
-    "the",
-    "quick",
-    "brown",
-    "fox",
-    "jumps",
-    "over",
-    "lazy",
-    "dog",
-    "packs",
-    "balance",
-    "ranks",
-    "steps",
-]
 TRIMMED = LLAMA3.replace("{{ message['content'] }}", "{{ message['content'] | trim }}")
 BRANCHING = LLAMA3.replace(
     "{{ message['content'] }}",
     "{% if 'flag' in message['content'] %}[flagged] {% endif %}{{ message['content'] }}",
 )
-
-
-def chats(n: int, seed: int = 0) -> list[list[dict[str, Any]]]:
-    """System, then 1-3 user/assistant exchanges (few structures, many records each)."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        messages = [{"role": "system", "content": "You are helpful."}]
-        for _ in range(int(rng.integers(1, 4))):
-            for role in ("user", "assistant"):
-                words = rng.choice(WORDS, int(rng.integers(1, 30)))
-                messages.append({"role": role, "content": " ".join(words)})
-        out.append(messages)
-    return out
 
 
 def masks(encoder: Encoder, conversations: list[list[dict[str, Any]]]) -> list[list[int]]:
@@ -74,7 +46,7 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def test_masks_on_the_skeleton_are_those_found_by_rendering(
     dirs: dict[str, str], name: str
 ) -> None:
-    conversations = chats(40)
+    conversations = word_chats(40)
     by_rendering = Encoder(dirs[name])
     by_rendering.skeletons.after = 10**9  # never built: each record's prefixes rendered
     on_skeleton = Encoder(dirs[name])
@@ -86,7 +58,7 @@ def test_masks_on_the_skeleton_are_those_found_by_rendering(
 
 def test_masks_on_the_skeleton_are_return_assistant_tokens_mask(dirs: dict[str, str]) -> None:
     """The test template's {% generation %} copy marks what the rendering method trains."""
-    conversations = chats(25, seed=1)
+    conversations = word_chats(25, seed=1)
     encoder = Encoder(dirs["llama3"])
     encoder.skeletons.after = 1
     tok = load_hf_tokenizer(dirs["llama3"])

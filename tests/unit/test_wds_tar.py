@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import webdataset as wds
+from conftest import written_files
 
 from bcl_stream.formats.npy import npy_bytes
 from bcl_stream.formats.wds_tar import TarShards, encode_members
@@ -36,10 +37,6 @@ def _samples(n: int, seed: int = 0) -> list[dict[str, Any]]:
             sample["meta.txt"] = "ü" * i
         out.append(sample)
     return out
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(root.iterdir())}
 
 
 @pytest.mark.parametrize(
@@ -76,7 +73,7 @@ def test_shards_are_the_bytes_webdatasets_writer_writes(
     for sample in samples:
         ours.write(encode_members(sample))
     ours.close()
-    stock_files, our_files = _files(tmp_path / "stock"), _files(tmp_path / "ours")
+    stock_files, our_files = written_files(tmp_path / "stock"), written_files(tmp_path / "ours")
     assert len(stock_files) > (1 if options["maxcount"] < 30 or options["maxsize"] < 1e6 else 0)
     assert our_files == stock_files
     assert [Path(f).name for f in closed["ours"]] == [Path(f).name for f in closed["stock"]]

@@ -25,6 +25,7 @@ import torch
 
 from lightning_module.datamodule import BCLDataModule
 from lightning_module.hf_causal_lm import HFCausalLM
+from tests.trainers import cpu_trainer
 
 torch.set_num_threads(1)
 
@@ -83,17 +84,11 @@ def step(
         },
         seed=3,
     )
-    trainer = pl.Trainer(
-        accelerator="cpu",
+    trainer = cpu_trainer(
         devices=2,
         strategy="ddp_fork",
         accumulate_grad_batches=2,
         max_steps=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
         callbacks=[Record(out_dir)],
     )
     trainer.fit(module, dm)
