@@ -25,9 +25,10 @@ outweighs its vision tower, the 2B's does not), under the record contract (B = 8
 budget (T = 16,384 tokens, image tokens included):
 
 - ``bcl``: bcl-world balancing the summed two-term cost;
-- ``bcl_two_term``: the same plan after the two-term refinement (``planner/two_term.py``);
 - ``bcl_tokens_only``: the same loader balancing the language model's cost alone
   (c(text + image tokens)), blind to the vision encoder;
+- ``bcl_two_term``: the token-only plan after the two-term refinement
+  (``planner/two_term.py``), what the readers yield under a two-term cost model;
 - ``verl_dynbsz``, ``nemo_mffd``: the peers, over expanded tokens (text + image tokens);
 - ``sequential``: a plain loader.
 
@@ -129,15 +130,15 @@ def score_all(
         for name, s in plan_schedules(tok, costs, table, config, names).items():
             key = "bcl" if name == "bcl-world" else name
             planned[f"{key}_{label}" if label else key] = s
-    two = refine_two_terms(
-        planned["bcl"].packs,
+    two = refine_two_terms(  # what the readers yield: the language plan, refined
+        planned["bcl_tokens_only"].packs,
         vision,
         language,
         config.ranks_per_node,
         tokens=tok if config.contract == "tokens" else None,
         max_tokens=config.max_tokens if config.contract == "tokens" else None,
     )
-    planned["bcl_two_term"] = replace(planned["bcl"], packs=two)
+    planned["bcl_two_term"] = replace(planned["bcl_tokens_only"], packs=two)
     out: dict[str, dict[str, Any]] = {}
     for name in STRATEGIES:
         s = planned[name]

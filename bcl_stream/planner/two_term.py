@@ -13,19 +13,28 @@ the epoch and no node's records change (the node's stream and its locality are u
   is taken relative to its mean over the ranks (max_r V / mean_r V + max_r L / mean_r L +
   max_r (V + L) / mean_r (V + L): a swap keeps the means, so this is each term's imbalance,
   weighed alike whichever network is the larger). In absolute FLOPs the larger term drowns
-  the smaller one: on the tune half of ``tools/bench_vlm.py`` (20,000 records) the relative
-  rule gives vision efficiency 0.960 where the absolute one stalls at 0.946 (qwen2-vl-7b mix,
-  B=8, whose language model outweighs its encoder), and the same or higher vision and
-  language efficiency in each of the 8 sft and mix rows, for summed efficiency at most 0.001
-  lower. Requiring S never to rise instead (J lowered, S kept) stalls where long text-only
-  records fill the ranks (a mixture): it left the vision efficiency at 0.884 (qwen2-vl-2b
-  mix, B=8) where J + S reaches 0.958;
+  the smaller one (vision efficiency 0.946 against 0.960 relative, qwen2-vl-7b mix, B=8, on
+  the tune half of ``tools/bench_vlm.py``, refining the summed cost's plan). Requiring S
+  never to rise instead (J lowered, S kept) stalls where long text-only records fill the
+  ranks (vision efficiency 0.884 against 0.958, qwen2-vl-2b mix, B=8);
+- no term ends worse balanced than the plan given. The readers refine the language term's
+  plan (the token-only balancer's), and J + S alone may trade some of its language balance
+  for the encoder's: refining the summed cost's plan left the language term up to 0.017
+  below the token-only balancer's (qwen2-vl-2b mix at T = 16,384). So the swaps are first
+  made freely; a node whose sum over its micro-batches of max_r V or of max_r L (each term's
+  efficiency denominator: the numerator, the term's total, no swap changes) ends above the
+  plan given's is refined again from that plan with capped swaps: none may raise the
+  micro-batch's max_r V or max_r L above its max as given. Capped swaps alone stall early
+  (tune half, 8,000 records: vision efficiency 0.948 instead of 0.995 on qwen2-vl-2b mix at
+  T, 0.950 instead of 0.972 on qwen2-vl-7b mix at B=8); the free ones kept both terms at or
+  above the plan given's on every node of every tune row, so the caps are a guarantee more
+  than a path;
 - under a token budget the swapped micro-batches stay within it;
 - rank a is a rank holding max_r V or max_r L; the best swap over every other rank and every
   record pair is applied (ties to the lowest rank, then record slot), at most ``iterations``
   times per micro-batch.
 
-Speed: every micro-batch of a node is refined at once. One iteration scores, for each
+Speed: every micro-batch of a node is refined at once (twice for a node refined again). One iteration scores, for each
 micro-batch still improving and each of its (one or two) givers, every candidate swap as a
 (B, P, B) array: the new maxima are those of the two ranks involved and the largest of the
 others, so no candidate rebuilds the P ranks' sums. ``tools/bench_two_term.py``
@@ -105,7 +114,7 @@ def refine_packs(
     # (nodes * micro-batches, ranks_per_node, width): one row per micro-batch of a node
     rows = out.reshape(n_nodes, ranks_per_node, *out.shape[1:]).transpose(0, 2, 1, 3)
     rows = np.ascontiguousarray(rows).reshape(-1, ranks_per_node, out.shape[2])
-    _refine_rows(rows, vision, language, tokens, max_tokens, iterations)
+    _refine_rows(rows, vision, language, tokens, max_tokens, iterations, n_nodes)
     back = rows.reshape(n_nodes, out.shape[1], ranks_per_node, out.shape[2]).transpose(0, 2, 1, 3)
     return np.ascontiguousarray(back).reshape(out.shape)
 
@@ -157,8 +166,12 @@ def _refine_rows(
     tokens: npt.ArrayLike | None,
     max_tokens: int | None,
     iterations: int,
+    n_nodes: int,
 ) -> None:
-    """Refine every micro-batch of ``rows`` (micro-batches, ranks, width) in place."""
+    """Refine every micro-batch of ``rows`` (micro-batches, ranks, width; node-major: each
+    node's micro-batches one block) in place: free swaps first; then each node whose sum over
+    its micro-batches of max_r V or of max_r L rose is refined again from its plan as given,
+    under caps (the module docstring's rule)."""
     m, p, w = rows.shape
     valid = rows != EMPTY
     safe = np.where(valid, rows, 0)
@@ -171,13 +184,52 @@ def _refine_rows(
 
     v, lang, tok = gather(vision), gather(language), gather(tokens)
     assert v is not None and lang is not None
-    per_row = 2 * w * p * w
-    step = max(1, CHUNK_ELEMENTS // per_row)
+    start = rows.copy()
+    before = _node_maxima(v, lang, n_nodes)
+    free_v, free_l = v.copy(), lang.copy()
+    free_tok = None if tok is None else tok.copy()
+    _refine_parts(rows, valid.copy(), free_v, free_l, free_tok, max_tokens, iterations, False)
+    worse = np.flatnonzero((_node_maxima(free_v, free_l, n_nodes) > before).any(axis=1))
+    if worse.size == 0:
+        return
+    depth = m // n_nodes
+    redo = (worse[:, None] * depth + np.arange(depth)).ravel()
+    part = start[redo]
+    _refine_parts(
+        part, valid[redo], v[redo], lang[redo], None if tok is None else tok[redo],
+        max_tokens, iterations, True,
+    )  # fmt: skip
+    rows[redo] = part
+
+
+def _node_maxima(
+    v: npt.NDArray[np.float64], lang: npt.NDArray[np.float64], n_nodes: int
+) -> npt.NDArray[np.float64]:
+    """(nodes, 2): each node's sum over its micro-batches of max_r V and of max_r L (the
+    denominators of its vision and language efficiency)."""
+    maxima = np.stack([v.sum(axis=2).max(axis=1), lang.sum(axis=2).max(axis=1)], axis=1)
+    return maxima.reshape(n_nodes, -1, 2).sum(axis=1)
+
+
+def _refine_parts(
+    ids: npt.NDArray[np.int64],
+    valid: npt.NDArray[np.bool_],
+    v: npt.NDArray[np.float64],
+    lang: npt.NDArray[np.float64],
+    tok: npt.NDArray[np.float64] | None,
+    max_tokens: int | None,
+    iterations: int,
+    capped: bool,
+) -> None:
+    """:func:`_refine_chunk` over ``ids`` in chunks, so one numpy call scores at most
+    ``CHUNK_ELEMENTS`` candidates (all arrays swapped in place)."""
+    m, p, w = ids.shape
+    step = max(1, CHUNK_ELEMENTS // (2 * w * p * w))
     for lo in range(0, m, step):
         part = slice(lo, min(lo + step, m))
         _refine_chunk(
-            rows[part], valid[part], v[part], lang[part],
-            None if tok is None else tok[part], max_tokens, iterations,
+            ids[part], valid[part], v[part], lang[part],
+            None if tok is None else tok[part], max_tokens, iterations, capped,
         )  # fmt: skip
 
 
@@ -189,18 +241,21 @@ def _refine_chunk(
     tok: npt.NDArray[np.float64] | None,
     max_tokens: int | None,
     iterations: int,
+    capped: bool,
 ) -> None:
     """Up to ``iterations`` best swaps in each micro-batch (arrays (m, ranks, width), all
-    swapped in place), only the micro-batches that improved last time scored again."""
+    swapped in place), only the micro-batches that improved last time scored again;
+    ``capped``: no swap may raise max_r V or max_r L above the micro-batch's as given."""
     p = ids.shape[1]
     active = np.arange(ids.shape[0])
     ranks = np.arange(p)
+    caps = (v.sum(axis=2).max(axis=1), lang.sum(axis=2).max(axis=1)) if capped else None
     for _ in range(iterations):
         if active.size == 0:
             return
         found = _best_swaps(
             valid[active], v[active], lang[active], None if tok is None else tok[active],
-            max_tokens, ranks,
+            max_tokens, ranks, None if caps is None else (caps[0][active], caps[1][active]),
         )  # fmt: skip
         improved, a, i, b, j = found
         rows = active[improved]
@@ -218,11 +273,13 @@ def _best_swaps(
     tok: npt.NDArray[np.float64] | None,
     max_tokens: int | None,
     ranks: npt.NDArray[np.int64],
+    caps: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]] | None = None,
 ) -> tuple[npt.NDArray[np.bool_], ...]:
     """The best J + S-lowering swap of each micro-batch: (which improve, and for those the
     giving rank, its slot, the taking rank, its slot). Givers: the rank holding max_r V and
     the one holding max_r L, scored once where they are one rank; ties go to the lower
-    giver, then the lower slot, taker and slot."""
+    giver, then the lower slot, taker and slot. ``caps``: per micro-batch, the max_r V and
+    max_r L no swap may exceed (None: no cap)."""
     m, p, w = v.shape
     rows = np.arange(m)
     vs, ls = v.sum(axis=2), lang.sum(axis=2)
@@ -261,6 +318,9 @@ def _best_swaps(
     max_s = np.maximum(np.maximum(new_va + new_la, new_vb + new_lb), ex_s[ex])
     per = (slice(None), None, None, None)
     both = max_v * wv[at][per] + max_l * wl[at][per] + max_s * ws[at][per]
+    if caps is not None:
+        within = (max_v <= caps[0][at][per]) & (max_l <= caps[1][at][per])
+        both = np.where(within, both, np.inf)
     # a padding slot on either side, or the giver as its own taker: never a candidate
     valid_k = valid[at]
     mine = np.where(valid_k[np.arange(k), giver], 0.0, np.inf)[:, :, None, None]
