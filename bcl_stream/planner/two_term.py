@@ -182,23 +182,36 @@ def _refine_rows(
         taken = np.asarray(np.asarray(values)[safe.ravel()], dtype=np.float64).reshape(m, p, w)
         return np.where(valid, taken, 0.0)
 
+    def refine(
+        ids: npt.NDArray[np.int64],
+        ok: npt.NDArray[np.bool_],
+        vis: npt.NDArray[np.float64],
+        lan: npt.NDArray[np.float64],
+        tks: npt.NDArray[np.float64] | None,
+        capped: bool,
+    ) -> None:
+        """:func:`_refine_chunk` over ``ids`` and its arrays (all swapped in place alike), in
+        chunks of at most ``CHUNK_ELEMENTS`` candidates per numpy call."""
+        step = max(1, CHUNK_ELEMENTS // (2 * w * p * w))
+        for lo in range(0, ids.shape[0], step):
+            at = slice(lo, lo + step)
+            k = None if tks is None else tks[at]
+            _refine_chunk(ids[at], ok[at], vis[at], lan[at], k, max_tokens, iterations, capped)
+
     v, lang, tok = gather(vision), gather(language), gather(tokens)
     assert v is not None and lang is not None
     start = rows.copy()
     before = _node_maxima(v, lang, n_nodes)
     free_v, free_l = v.copy(), lang.copy()
     free_tok = None if tok is None else tok.copy()
-    _refine_parts(rows, valid.copy(), free_v, free_l, free_tok, max_tokens, iterations, False)
+    refine(rows, valid.copy(), free_v, free_l, free_tok, False)
     worse = np.flatnonzero((_node_maxima(free_v, free_l, n_nodes) > before).any(axis=1))
     if worse.size == 0:
         return
     depth = m // n_nodes
     redo = (worse[:, None] * depth + np.arange(depth)).ravel()
     part = start[redo]
-    _refine_parts(
-        part, valid[redo], v[redo], lang[redo], None if tok is None else tok[redo],
-        max_tokens, iterations, True,
-    )  # fmt: skip
+    refine(part, valid[redo], v[redo], lang[redo], None if tok is None else tok[redo], True)
     rows[redo] = part
 
 
@@ -209,28 +222,6 @@ def _node_maxima(
     denominators of its vision and language efficiency)."""
     maxima = np.stack([v.sum(axis=2).max(axis=1), lang.sum(axis=2).max(axis=1)], axis=1)
     return maxima.reshape(n_nodes, -1, 2).sum(axis=1)
-
-
-def _refine_parts(
-    ids: npt.NDArray[np.int64],
-    valid: npt.NDArray[np.bool_],
-    v: npt.NDArray[np.float64],
-    lang: npt.NDArray[np.float64],
-    tok: npt.NDArray[np.float64] | None,
-    max_tokens: int | None,
-    iterations: int,
-    capped: bool,
-) -> None:
-    """:func:`_refine_chunk` over ``ids`` in chunks, so one numpy call scores at most
-    ``CHUNK_ELEMENTS`` candidates (all arrays swapped in place)."""
-    m, p, w = ids.shape
-    step = max(1, CHUNK_ELEMENTS // (2 * w * p * w))
-    for lo in range(0, m, step):
-        part = slice(lo, min(lo + step, m))
-        _refine_chunk(
-            ids[part], valid[part], v[part], lang[part],
-            None if tok is None else tok[part], max_tokens, iterations, capped,
-        )  # fmt: skip
 
 
 def _refine_chunk(
