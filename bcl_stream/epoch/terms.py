@@ -3,12 +3,11 @@
 Why: an image-text dataset's cost index stores the language model's c(L) alone (images enter
 only as their image tokens); its components (``bcl_components.npz``) say what each record
 costs the vision encoder. A reader given a two-term cost model (``ReaderConfig.cost_model``: a
-preset of ``bcl_stream.vision.cost`` such as ``qwen2-vl-2b``, or its JSON) plans the summed
-cost: it plans the language term (the token-only balancer's plan, as if blind to the
-encoder), then exchanges records between the ranks of each node at each micro-batch index so
-that the vision term and the sum are balanced too, never leaving either term worse balanced
-than that plan (``planner/two_term.py``). Every plan
-path (a rank's windows, the whole epoch, the first packs an elastic resume replays) applies
+preset of ``bcl_stream.vision.cost`` such as ``qwen2-vl-2b``, or its JSON) plans the language
+term (the token-only balancer's plan), then exchanges records between the ranks of each node at
+each micro-batch index so that the vision term and the sum are balanced too, never leaving
+either term worse balanced than that plan (``planner/two_term.py``); with one rank per node
+(nothing to exchange) it plans the summed cost vision + language. Every plan path (a rank's windows, the whole epoch, the first packs an elastic resume replays) applies
 the same refinement to the same packs, per micro-batch index and per node, so all of them
 agree without communication.
 

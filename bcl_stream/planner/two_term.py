@@ -34,16 +34,16 @@ the epoch and no node's records change (the node's stream and its locality are u
   record pair is applied (ties to the lowest rank, then record slot), at most ``iterations``
   times per micro-batch.
 
-Speed: every micro-batch of a node is refined at once (twice for a node refined again). One iteration scores, for each
-micro-batch still improving and each of its (one or two) givers, every candidate swap as a
-(B, P, B) array: the new maxima are those of the two ranks involved and the largest of the
-others, so no candidate rebuilds the P ranks' sums. ``tools/bench_two_term.py``
-(``results/bench_two_term.json``, 1 x 8, qwen2-vl-2b, held-out sft and mix, a loaded 2-core
-machine): 47 to 114 us per record, 1.7 to 4.1 times faster than the first implementation,
-with the same swaps, but 10 to 31 times the planning it refines; beside an image's decode
-(8.9 ms for a 640 x 480 JPEG, ``results/bench_image_headers.json``) it is under 1.5%. The
-readers apply it on every batch of windows they plan (``epoch/terms.py``). Deterministic,
-numpy only.
+Speed: every micro-batch of a node is refined at once (twice for a node refined again). One
+iteration scores, for each micro-batch still improving and each of its (one or two) givers,
+every candidate swap as a (B, P, B) array: the new maxima are those of the two ranks involved
+and the largest of the others, so no candidate rebuilds the P ranks' sums.
+``tools/bench_two_term.py`` (``results/bench_two_term.json``, 1 x 8, qwen2-vl-2b, held-out sft
+and mix, a loaded 2-core machine): 44 to 179 us per record, 2.5 to 4.1 times faster than the
+first implementation, with the same swaps, but 17 to 31 times the planning it refines; beside
+an image's decode (8.9 ms for a 640 x 480 JPEG, ``results/bench_image_headers.json``) it is
+under 2%. The readers apply it on every batch of windows they plan (``epoch/terms.py``).
+Deterministic, numpy only.
 Called only where records carry a vision cost; text-only plans never reach it, so their
 plans (and ``tools/plan_hashes.py``) are unchanged.
 """
