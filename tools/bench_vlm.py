@@ -39,6 +39,9 @@ budget (T = 16,384 tokens, image tokens included):
   (``planner/two_term.py``), what the readers yield under a two-term cost model, with
   ``vision_ceiling``: the most vision efficiency any exchange of records between the ranks of
   its micro-batches could reach (records are whole);
+- ``bcl_two_term_free``, ``bcl_two_term_capped``: the refinement's two halves alone (free
+  swaps; capped swaps only), to weigh the rule; ``two_term_kept_free_swaps`` per row: whether
+  the readers' rule kept the free swaps on every node;
 - ``verl_dynbsz``, ``nemo_mffd``: the peers, over expanded tokens (text + image tokens);
 - ``sequential``: a plain loader.
 
@@ -75,7 +78,7 @@ from bcl_bench.harness import (
 from bcl_stream.analysis.sim import SimConfig, plan_schedules, shard_table
 from bcl_stream.analysis.terms import term_figures
 from bcl_stream.planner.padded import ragged_pack_costs
-from bcl_stream.planner.two_term import ITERATIONS, refine_two_terms
+from bcl_stream.planner.two_term import ITERATIONS, RULES, refine_two_terms
 from bcl_stream.vision.components import RecordComponents
 from bcl_stream.vision.cost import get_two_term_preset
 from bcl_stream.vision.geometry import qwen2_vl
@@ -89,7 +92,10 @@ WORKLOADS = ("captions", "sft", "mix")
 HALVES = ("tune", "held_out")
 T, ACCUM, RANKS, B = 16_384, 4, 8, 8
 PEERS = ("verl_dynbsz", "nemo_mffd")
-STRATEGIES = ("bcl", "bcl_two_term", "bcl_tokens_only", *PEERS, "sequential")
+STRATEGIES = (
+    "bcl", "bcl_two_term", "bcl_two_term_free", "bcl_two_term_capped", "bcl_tokens_only",
+    *PEERS, "sequential",
+)  # fmt: skip
 COST_MODELS = ("qwen2-vl-7b", "qwen2-vl-2b")
 MAN_CAP = 8192
 
@@ -165,15 +171,18 @@ def score_all(
         for name, s in plan_schedules(tok, costs, table, config, names).items():
             key = "bcl" if name == "bcl-world" else name
             planned[f"{key}_{label}" if label else key] = s
-    two = refine_two_terms(  # what the readers yield: the language plan, refined
-        planned["bcl_tokens_only"].packs,
-        vision,
-        language,
-        config.ranks_per_node,
-        tokens=tok if config.contract == "tokens" else None,
-        max_tokens=config.max_tokens if config.contract == "tokens" else None,
-    )
-    planned["bcl_two_term"] = replace(planned["bcl_tokens_only"], packs=two)
+    for rule in RULES:  # guarded: what the readers yield (the language plan, refined)
+        two = refine_two_terms(
+            planned["bcl_tokens_only"].packs,
+            vision,
+            language,
+            config.ranks_per_node,
+            tokens=tok if config.contract == "tokens" else None,
+            max_tokens=config.max_tokens if config.contract == "tokens" else None,
+            rule=rule,
+        )
+        name = "bcl_two_term" if rule == "guarded" else f"bcl_two_term_{rule}"
+        planned[name] = replace(planned["bcl_tokens_only"], packs=two)
     out: dict[str, dict[str, Any]] = {}
     for name in STRATEGIES:
         s = planned[name]
@@ -217,6 +226,13 @@ def vision_ceiling(packs: Any, vision: npt.NDArray[np.float64], ranks_per_node: 
             mean += share
             bound += max(share, float(seen[: -(-seen.size // ranks_per_node)].sum()))
     return mean / bound if bound > 0 else 1.0
+
+
+def kept_free(cells: dict[str, dict[str, Any]]) -> bool:
+    """Whether the readers' rule kept the free swaps (no node refined again under caps): its
+    figures are the free rule's."""
+    keys = ("efficiency_vision", "efficiency_language", "time_separate_stages")
+    return all(cells["bcl_two_term"][k] == cells["bcl_two_term_free"][k] for k in keys)
 
 
 def settings() -> dict[str, SimConfig]:
@@ -362,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
                         "strategies": cells,
                         "bcl_speedup_vs": versus(cells, "bcl"),
                         "bcl_two_term_speedup_vs": versus(cells, "bcl_two_term"),
+                        "two_term_kept_free_swaps": kept_free(cells),
                         "seconds": time.perf_counter() - t0,
                     }
                 )

@@ -25,10 +25,9 @@ the epoch and no node's records change (the node's stream and its locality are u
   efficiency denominator: the numerator, the term's total, no swap changes) ends above the
   plan given's is refined again from that plan with capped swaps: none may raise the
   micro-batch's max_r V or max_r L above its max as given. Capped swaps alone stall early
-  (tune half, 8,000 records: vision efficiency 0.948 instead of 0.995 on qwen2-vl-2b mix at
-  T, 0.950 instead of 0.972 on qwen2-vl-7b mix at B=8); the free ones kept both terms at or
-  above the plan given's on every node of every tune row, so the caps are a guarantee more
-  than a path;
+  (``tools/bench_vlm.py``'s tune sft and mix rows: vision efficiency 0.913 to 0.987 where this
+  rule reaches 0.955 to 0.998); the free ones were kept on every node of every row there, so
+  the caps are a guarantee more than a path (``rule`` runs either half alone);
 - under a token budget the swapped micro-batches stay within it;
 - rank a is a rank holding max_r V or max_r L; the best swap over every other rank and every
   record pair is applied (ties to the lowest rank, then record slot), at most ``iterations``
@@ -67,6 +66,10 @@ qwen2-vl-7b, 1 x 8, 8,000 records): vision efficiency 0.919 / 0.968 / 0.981 / 0.
 0.986 at B=8 and 0.953 / 0.983 / 0.992 / 0.998 / 0.999 / 0.999 at T=16,384 for
 0 / 4 / 8 / 16 / 32 / 64 swaps: the third decimal stops moving at 32."""
 
+RULES = ("guarded", "free", "capped")
+"""``guarded``: free swaps, capped ones again for a node they left worse (the readers' rule);
+``free``, ``capped``: either half alone."""
+
 CHUNK_ELEMENTS = 1 << 21
 """Candidate swaps scored per numpy call at most (micro-batches are taken in chunks so one
 call's arrays stay a few tens of MB whatever the micro-batch width)."""
@@ -97,13 +100,18 @@ def refine_packs(
     tokens: npt.ArrayLike | None = None,
     max_tokens: int | None = None,
     iterations: int = ITERATIONS,
+    rule: str = "guarded",
 ) -> npt.NDArray[np.int64]:
     """A copy of ``packs`` (ranks, micro-batches, width; ``EMPTY`` pads a short micro-batch)
     with records exchanged between the ranks of each node (``ranks_per_node`` consecutive
     ranks) at each micro-batch index while J + S drops (the module docstring's rule).
     ``vision``, ``language``: per-record costs by id (memory-mapped arrays work: only the
     plan's ids are read); ``tokens`` and ``max_tokens``: the budget every micro-batch keeps
-    (None: no budget). Padding slots stay where they are."""
+    (None: no budget). Padding slots stay where they are. ``rule``: ``guarded`` (the module
+    docstring's), or one of its halves alone, ``free`` or ``capped`` (for benchmarks that
+    weigh it: ``tools/bench_vlm.py``)."""
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
     out = np.array(packs, dtype=np.int64, copy=True)
     if out.ndim != 3:
         raise ValueError(f"packs must be (ranks, micro-batches, width), got shape {out.shape}")
@@ -114,7 +122,7 @@ def refine_packs(
     # (nodes * micro-batches, ranks_per_node, width): one row per micro-batch of a node
     rows = out.reshape(n_nodes, ranks_per_node, *out.shape[1:]).transpose(0, 2, 1, 3)
     rows = np.ascontiguousarray(rows).reshape(-1, ranks_per_node, out.shape[2])
-    _refine_rows(rows, vision, language, tokens, max_tokens, iterations, n_nodes)
+    _refine_rows(rows, vision, language, tokens, max_tokens, iterations, n_nodes, rule)
     back = rows.reshape(n_nodes, out.shape[1], ranks_per_node, out.shape[2]).transpose(0, 2, 1, 3)
     return np.ascontiguousarray(back).reshape(out.shape)
 
@@ -128,6 +136,7 @@ def refine_two_terms(
     tokens: npt.ArrayLike | None = None,
     max_tokens: int | None = None,
     iterations: int = ITERATIONS,
+    rule: str = "guarded",
 ) -> Ragged:
     """:func:`refine_packs` on any plan's packs (ranks may hold ragged micro-batches and
     different numbers of them, as the simulator's peers do): micro-batch indices every rank
@@ -152,6 +161,7 @@ def refine_two_terms(
             tokens=tokens,
             max_tokens=max_tokens,
             iterations=iterations,
+            rule=rule,
         )
         for r, rank in enumerate(node):
             for t in range(depth):
@@ -167,6 +177,7 @@ def _refine_rows(
     max_tokens: int | None,
     iterations: int,
     n_nodes: int,
+    rule: str,
 ) -> None:
     """Refine every micro-batch of ``rows`` (micro-batches, ranks, width; node-major: each
     node's micro-batches one block) in place: free swaps first; then each node whose sum over
@@ -200,6 +211,9 @@ def _refine_rows(
 
     v, lang, tok = gather(vision), gather(language), gather(tokens)
     assert v is not None and lang is not None
+    if rule != "guarded":
+        refine(rows, valid, v, lang, tok, rule == "capped")
+        return
     start = rows.copy()
     before = _node_maxima(v, lang, n_nodes)
     free_v, free_l = v.copy(), lang.copy()

@@ -103,6 +103,9 @@ def test_no_term_ends_worse_balanced_than_the_plan_given() -> None:
     got = term_figures(after, vision, language)
     assert got["efficiency_language"] == pytest.approx(1.0)
     assert [a[0].tolist() for a in after] == [[0, 1], [2, 3]]
+    free = term_figures(refine_two_terms(packs, vision, language, 2, rule="free"), vision, language)
+    assert free["efficiency_language"] == pytest.approx(10 / 11)  # what the caps prevent
+    assert free["efficiency_vision"] == pytest.approx(1.0)
 
 
 def test_free_swaps_are_kept_where_both_terms_end_better() -> None:
@@ -142,6 +145,8 @@ def test_bad_arguments() -> None:
         refine_two_terms(packs, np.ones(2), np.ones(2), 3)
     with pytest.raises(ValueError, match="both tokens and max_tokens"):
         refine_two_terms(packs, np.ones(2), np.ones(2), 2, tokens=np.ones(2))
+    with pytest.raises(ValueError, match="rule must be one of"):
+        refine_two_terms(packs, np.ones(2), np.ones(2), 2, rule="greedy")
 
 
 @settings(max_examples=60, deadline=None)
