@@ -11,6 +11,8 @@ Why one harness:
   under ``"machine"``, and its PNG is drawn from exactly the dict that was written.
 - **One parser** (:func:`bench_parser`): ``--out`` (and ``--quick`` where a benchmark has a
   quick mode) spelled and defaulted alike everywhere.
+- **One table form** (:func:`markdown_table`): the tables docs/ carry, printed by each
+  benchmark's ``--markdown``, with the separator row counted from the header.
 - **One-core runs** (:func:`run_on_one_core`): each planning row in its own process pinned to
   one core, so caches, memory peaks and thread pools of one row never leak into the next.
 
@@ -70,6 +72,13 @@ def parse_or_print_table(
         return args
     print(markdown(json.loads(args.markdown.read_text())), end="")
     return None
+
+
+def markdown_table(columns: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table: the header of ``columns``, its separator row, one line per row."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    return "\n".join(lines) + "\n"
 
 
 def _cpu_model() -> str:

@@ -2,7 +2,8 @@
 
 - :func:`reference_refine`: the refinement as it was first written, one micro-batch and one
   swap per numpy call, every candidate rebuilding the P ranks' sums (with each max relative
-  to its mean, as the refinement now weighs them). Slow (2 to 6 s per 8,000
+  to its mean, and the fallback to capped swaps for a node whose sum of either term's maxima
+  rose, as the refinement now does). Slow (2 to 6 s per 8,000
   records) but plain; ``test_two_term.py`` checks the vectorized ``planner/two_term.py``
   makes exactly its swaps (on integer-valued costs, where every float sum is exact).
 - :func:`check_two_terms_refined`: a reader's plan of image-text data is the planner's plan of
@@ -35,7 +36,8 @@ def reference_refine(
     iterations: int = 32,
 ) -> Packs:
     """The plan with records exchanged between the ranks of each node at each micro-batch
-    index while J + S drops (the module docstring's rule). ``vision``, ``language``: per-record costs by id;
+    index while J + S drops, capped where a node's free swaps left either term worse (the
+    module docstring's rule). ``vision``, ``language``: per-record costs by id;
     ``tokens`` and ``max_tokens``: the budget every micro-batch keeps (None: no budget)."""
     out = [[np.asarray(p, dtype=np.int64)[np.asarray(p) >= 0] for p in rank] for rank in packs]
     if ranks_per_node < 2 or len(out) % ranks_per_node:
@@ -50,14 +52,41 @@ def reference_refine(
     for first in range(0, len(out), ranks_per_node):
         node = out[first : first + ranks_per_node]
         depth = min(len(rank) for rank in node)
-        for t in range(depth):
-            batch = [rank[t] for rank in node]
-            for _ in range(iterations):
-                if not _swap_once(batch, v, lang, tok, max_tokens):
-                    break
+        given = [[rank[t] for rank in node] for t in range(depth)]
+        free = [_refine_batch(list(b), v, lang, tok, max_tokens, iterations, False) for b in given]
+        if any(_maxima(free, term) > _maxima(given, term) for term in (v, lang)):
+            free = [
+                _refine_batch(list(b), v, lang, tok, max_tokens, iterations, True) for b in given
+            ]
+        for t, batch in enumerate(free):
             for rank, ids in zip(node, batch, strict=True):
                 rank[t] = ids
     return out
+
+
+def _maxima(batches: list[list[npt.NDArray[np.int64]]], term: npt.NDArray[np.float64]) -> float:
+    """The sum over a node's micro-batches of one term's max over its ranks."""
+    return sum(max(term[ids].sum() for ids in batch) for batch in batches)
+
+
+def _refine_batch(
+    batch: list[npt.NDArray[np.int64]],
+    v: npt.NDArray[np.float64],
+    lang: npt.NDArray[np.float64],
+    tok: npt.NDArray[np.float64] | None,
+    max_tokens: int | None,
+    iterations: int,
+    capped: bool,
+) -> list[npt.NDArray[np.int64]]:
+    """One micro-batch's swaps; ``capped``: none may raise max_r V or max_r L above the
+    micro-batch's as given."""
+    caps = None
+    if capped:
+        caps = (max(v[ids].sum() for ids in batch), max(lang[ids].sum() for ids in batch))
+    for _ in range(iterations):
+        if not _swap_once(batch, v, lang, tok, max_tokens, caps):
+            break
+    return batch
 
 
 def _swap_once(
@@ -66,6 +95,7 @@ def _swap_once(
     lang: npt.NDArray[np.float64],
     tok: npt.NDArray[np.float64] | None,
     max_tokens: int | None,
+    caps: tuple[float, float] | None = None,
 ) -> bool:
     """Apply the best improving swap of one micro-batch across a node's ranks (in place);
     False when none improves."""
@@ -100,6 +130,8 @@ def _swap_once(
         new_l[:, cols, owner] -= dl
         both = new_v.max(axis=-1) * wv + new_l.max(axis=-1) * wl + (new_v + new_l).max(axis=-1) * ws
         ok = both < j_now + s_now - eps
+        if caps is not None:
+            ok &= (new_v.max(axis=-1) <= caps[0]) & (new_l.max(axis=-1) <= caps[1])
         if tok is not None and ks is not None and max_tokens is not None:
             dk = tok[theirs][None, :] - tok[mine][:, None]
             ok &= (ks[a] + dk <= max_tokens) & (ks[owner][None, :] - dk <= max_tokens)
@@ -122,17 +154,17 @@ def check_two_terms_refined(
     index: Any, config: Any, packs: npt.NDArray[np.int64], epoch: int, model: str = "qwen2-vl-2b"
 ) -> None:
     """``packs`` (a reader config's whole-epoch plan of the ``vlm_dirs`` data, -1 padding
-    under a budget) is the summed cost's plan (the planner's, unrefined) with records
-    exchanged only between the ranks of a node at the same micro-batch index; the exchanges
-    lower J + S (separate-stage plus one-stage time, each max relative to its mean) of some
-    micro-batches and raise it in none (``planner/two_term.py``)."""
+    under a budget) is the language term's plan (the planner's, unrefined: the token-only
+    balancer's) with records exchanged only between the ranks of a node at the same
+    micro-batch index; the exchanges lower J + S (separate-stage plus one-stage time, each max
+    relative to its mean) of some micro-batches and raise it in none, and no node's sum over
+    its micro-batches of max_r V or of max_r L rises (``planner/two_term.py``)."""
     vision, language = get_two_term_preset(model).terms(image_components(len(index)))
-    summed = vision + language
     counts = index.shard_counts
-    table = ShardTable.build(counts, weight=shard_weights(counts, summed))
+    table = ShardTable.build(counts, weight=shard_weights(counts, language))
     pc = config.plan
     tokens = None if pc.max_tokens is None else np.asarray(index.tokens, dtype=np.int64)
-    plain = plan_epoch(summed, table, pc, seed=config.seed, epoch=epoch, tokens=tokens).packs
+    plain = plan_epoch(language, table, pc, seed=config.seed, epoch=epoch, tokens=tokens).packs
     assert plain.shape == packs.shape
 
     def j_plus_s(batch: npt.NDArray[np.int64]) -> float:  # each max relative to its mean
@@ -140,10 +172,15 @@ def check_two_terms_refined(
         lang = np.where(batch >= 0, language[batch], 0.0).sum(axis=1)
         return float(sum(s.max() / s.mean() for s in (v, lang, v + lang) if s.sum() > 0))
 
+    def maxima(node_packs: npt.NDArray[np.int64], term: npt.NDArray[np.float64]) -> float:
+        return float(np.where(node_packs >= 0, term[node_packs], 0.0).sum(axis=2).max(axis=0).sum())
+
     per_node = pc.ranks_per_node
     lowered = 0
     for node in range(pc.world_size // per_node):
         ranks = slice(node * per_node, (node + 1) * per_node)
+        for term in (vision, language):
+            assert maxima(packs[ranks], term) <= maxima(plain[ranks], term) * (1 + 1e-12)
         for t in range(packs.shape[1]):
             old, new = plain[ranks, t], packs[ranks, t]
             assert sorted(old.ravel().tolist()) == sorted(new.ravel().tolist())

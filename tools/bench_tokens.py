@@ -30,7 +30,13 @@ from typing import Any
 import numpy as np
 
 from bcl_bench import text_corpora
-from bcl_bench.harness import RESULTS, bench_parser, parse_or_print_table, write_result
+from bcl_bench.harness import (
+    RESULTS,
+    bench_parser,
+    markdown_table,
+    parse_or_print_table,
+    write_result,
+)
 from bcl_stream.analysis.sim import (
     SimConfig,
     budget_figures,
@@ -213,13 +219,12 @@ def layout_markdown(result: dict[str, Any]) -> str:
     each peer's efficiency and modeled time over bcl-world's at F = 0.1."""
     rows = result["rows"]
     peers = [p for p in PEERS if rows and all(p in r["at_T"] for r in rows)]
-    head = (
-        "| layout | corpus | records | bcl-world efficiency / fill | micro-batches per rank "
-        "(min = max) | largest micro-batch | bcl-node | "
-        + " | ".join(f"{p} efficiency (time vs bcl-world, F=0.1)" for p in peers)
-        + " | bound vs verl_dynbsz (F=0.1) | left |\n"
-        + "|---" * (9 + len(peers)) + "|\n"
-    )  # fmt: skip
+    columns = [
+        "layout", "corpus", "records", "bcl-world efficiency / fill",
+        "micro-batches per rank (min = max)", "largest micro-batch", "bcl-node",
+        *(f"{p} efficiency (time vs bcl-world, F=0.1)" for p in peers),
+        "bound vs verl_dynbsz (F=0.1)", "left",
+    ]  # fmt: skip
     key = "time_per_cost_overhead_0.1"
     lines = []
     for r in rows:
@@ -233,14 +238,20 @@ def layout_markdown(result: dict[str, Any]) -> str:
             else "-"
         )
         lines.append(
-            f"| {r['layout'].replace('x', ' x ')} | {r['corpus']}"
-            f"{' (held out)' if r['held_out'] else ''} | {r['records']:,} "
-            f"| {w['efficiency']:.4f} / {w['fill']:.3f} | {counts['min']} {equal} {counts['max']} "
-            f"| {w['micro_batch_tokens']['max']:,} | {at['bcl-node']['efficiency']:.4f} | "
-            + " | ".join(cells)
-            + f" | {bound} | {w['records_left']:,} ({w['records_left'] / r['records']:.1%}) |"
+            [
+                r["layout"].replace("x", " x "),
+                f"{r['corpus']}{' (held out)' if r['held_out'] else ''}",
+                f"{r['records']:,}",
+                f"{w['efficiency']:.4f} / {w['fill']:.3f}",
+                f"{counts['min']} {equal} {counts['max']}",
+                f"{w['micro_batch_tokens']['max']:,}",
+                f"{at['bcl-node']['efficiency']:.4f}",
+                *cells,
+                bound,
+                f"{w['records_left']:,} ({w['records_left'] / r['records']:.1%})",
+            ]
         )
-    return head + "\n".join(lines) + "\n"
+    return markdown_table(columns, lines)
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -248,13 +259,12 @@ def markdown(result: dict[str, Any]) -> str:
     without the same-memory comparison (the multi-node cells), :func:`layout_markdown`."""
     if result["rows"] and "same_memory" not in result["rows"][0]:
         return layout_markdown(result)
-    head = (
-        "| corpus | bcl-world efficiency | fill | micro-batches per rank (min = max) "
-        "| time vs verl_dynbsz (F=0 / 0.1) | bound vs verl_dynbsz (F=0.1) "
-        "| vs verl_dynbsz held to T (F=0.1) | vs multipack (F=0.1) | vs nemo_mffd (F=0.1) "
-        "| vs trl_token_budget (F=0.1) | same memory T | record B=8 -> tokens at T (F=0 / 0.1) |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
-    )
+    columns = [
+        "corpus", "bcl-world efficiency", "fill", "micro-batches per rank (min = max)",
+        "time vs verl_dynbsz (F=0 / 0.1)", "bound vs verl_dynbsz (F=0.1)",
+        "vs verl_dynbsz held to T (F=0.1)", "vs multipack (F=0.1)", "vs nemo_mffd (F=0.1)",
+        "vs trl_token_budget (F=0.1)", "same memory T", "record B=8 -> tokens at T (F=0 / 0.1)",
+    ]  # fmt: skip
     lines = []
     for r in result["rows"]:
         at, mem = r["at_T"], r["same_memory"]
@@ -271,16 +281,23 @@ def markdown(result: dict[str, Any]) -> str:
         equal = "=" if counts["min"] == counts["max"] else "!="
         rec, tok = mem["record_B8"], mem["tokens"]
         lines.append(
-            f"| {r['corpus']}{' (held out)' if r['held_out'] else ''} "
-            f"| {w['efficiency']:.4f} | {w['fill']:.3f} | {counts['min']} {equal} {counts['max']} "
-            f"| {vs('verl_dynbsz', 0.0)} / {vs('verl_dynbsz', 0.1)} "
-            f"| {at['verl_dynbsz'][key1] / r['bound_time_per_cost_overhead_0.1']:.3f} "
-            f"| {peak} | {vs('multipack', 0.1)} "
-            f"| {vs('nemo_mffd', 0.1)} | {vs('trl_token_budget', 0.1)} | {mem['T']} "
-            f"| {rec['time_per_cost_overhead_0.0'] / tok['time_per_cost_overhead_0.0']:.3f} / "
-            f"{rec['time_per_cost_overhead_0.1'] / tok['time_per_cost_overhead_0.1']:.3f} |"
+            [
+                f"{r['corpus']}{' (held out)' if r['held_out'] else ''}",
+                f"{w['efficiency']:.4f}",
+                f"{w['fill']:.3f}",
+                f"{counts['min']} {equal} {counts['max']}",
+                f"{vs('verl_dynbsz', 0.0)} / {vs('verl_dynbsz', 0.1)}",
+                f"{at['verl_dynbsz'][key1] / r['bound_time_per_cost_overhead_0.1']:.3f}",
+                peak,
+                vs("multipack", 0.1),
+                vs("nemo_mffd", 0.1),
+                vs("trl_token_budget", 0.1),
+                f"{mem['T']}",
+                f"{rec['time_per_cost_overhead_0.0'] / tok['time_per_cost_overhead_0.0']:.3f} / "
+                f"{rec['time_per_cost_overhead_0.1'] / tok['time_per_cost_overhead_0.1']:.3f}",
+            ]
         )
-    return head + "\n".join(lines) + "\n"
+    return markdown_table(columns, lines)
 
 
 def main(argv: list[str] | None = None) -> int:

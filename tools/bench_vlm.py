@@ -1,11 +1,19 @@
 """Image-text balance on real image sizes: the two-term cost against token-only balancing.
 
-Records: COCO val2017's 5,000 images in the annotation file's own order
-(``bcl_bench/data/coco_val2017_sizes.csv``), each turned into Qwen2-VL patches and image tokens
-by the processor's own arithmetic (``bcl_stream.vision.geometry.qwen2_vl``, transformers'
-defaults: min_pixels 3136, max_pixels 1,003,520). Text lengths, three workloads:
+Records: the images of two public annotation files, each turned into Qwen2-VL patches and image
+tokens by the processor's own arithmetic (``bcl_stream.vision.geometry.qwen2_vl``,
+transformers' defaults: min_pixels 3136, max_pixels 1,003,520):
 
-- ``captions``: each image with its own first caption (the real pairing; captioning data);
+- COCO val2017's 5,000 images in the annotation file's own order
+  (``bcl_bench/data/coco_val2017_sizes.csv``), split in halves by image order: ``tune`` (the
+  first 2,500) and ``held_out`` (the rest);
+- TACO's 1,500 photos (``bcl_bench/data/taco_sizes.csv``, 0.4 to 24 megapixels), held out
+  whole: added after every choice was made on COCO's tune half.
+
+Text lengths, three workloads:
+
+- ``captions``: each image with its own first caption (the real pairing; captioning data;
+  COCO only, TACO has no captions);
 - ``sft``: image i with record i of the committed stdlib chat corpus
   (``tools/data/stdlib_cl100k_lengths.npy``, cl100k, its own order): instruction data whose
   text is only loosely tied to its image;
@@ -13,11 +21,11 @@ defaults: min_pixels 3136, max_pixels 1,003,520). Text lengths, three workloads:
   (``bcl_bench.text_corpora``'s ``man`` corpus, capped at 8,192 tokens, in path order), source
   after source as a writer stores them.
 
-Each workload is split in halves by image order: ``tune`` (the first 2,500 images and the first
-half of each text source) and ``held_out`` (the rest); each half repeated end to end to
-``--records``. Three choices were made on ``tune`` only: the two-term refinement's acceptance
-rule, its weighing (each max relative to its mean) and its swap limit
-(``planner/two_term.py``); every planner setting is the default.
+Each text source is split in halves too (``tune`` rows take the first, ``held_out`` rows of
+both corpora the second); each half repeated end to end to ``--records``. Four choices were
+made on COCO's ``tune`` rows only: the two-term refinement's acceptance rule, its weighing
+(each max relative to its mean), its swap limit and its start (the token-only plan, with the
+capped fallback; ``planner/two_term.py``); every planner setting is the default.
 
 Compared at 1 node x 8 ranks, G = 4, one sync per micro-batch, under the qwen2-vl-7b and
 qwen2-vl-2b training-FLOPs presets (``bcl_stream.vision.cost``: the 7B's language model
@@ -25,9 +33,15 @@ outweighs its vision tower, the 2B's does not), under the record contract (B = 8
 budget (T = 16,384 tokens, image tokens included):
 
 - ``bcl``: bcl-world balancing the summed two-term cost;
-- ``bcl_two_term``: the same plan after the two-term refinement (``planner/two_term.py``);
 - ``bcl_tokens_only``: the same loader balancing the language model's cost alone
   (c(text + image tokens)), blind to the vision encoder;
+- ``bcl_two_term``: the token-only plan after the two-term refinement
+  (``planner/two_term.py``), what the readers yield under a two-term cost model, with
+  ``vision_ceiling``: the most vision efficiency any exchange of records between the ranks of
+  its micro-batches could reach (records are whole);
+- ``bcl_two_term_free``, ``bcl_two_term_capped``: the refinement's two halves alone (free
+  swaps; capped swaps only), to weigh the rule; ``two_term_kept_free_swaps`` per row: whether
+  the readers' rule kept the free swaps on every node;
 - ``verl_dynbsz``, ``nemo_mffd``: the peers, over expanded tokens (text + image tokens);
 - ``sequential``: a plain loader.
 
@@ -53,22 +67,35 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_bench import text_corpora
-from bcl_bench.harness import RESULTS, ROOT, bench_parser, parse_or_print_table, write_result
+from bcl_bench.harness import (
+    RESULTS,
+    ROOT,
+    bench_parser,
+    markdown_table,
+    parse_or_print_table,
+    write_result,
+)
 from bcl_stream.analysis.sim import SimConfig, plan_schedules, shard_table
 from bcl_stream.analysis.terms import term_figures
 from bcl_stream.planner.padded import ragged_pack_costs
-from bcl_stream.planner.two_term import ITERATIONS, refine_two_terms
+from bcl_stream.planner.two_term import ITERATIONS, RULES, refine_two_terms
 from bcl_stream.vision.components import RecordComponents
 from bcl_stream.vision.cost import get_two_term_preset
 from bcl_stream.vision.geometry import qwen2_vl
 
 SIZES = ROOT / "bcl_bench" / "data" / "coco_val2017_sizes.csv"
+WIDE_SIZES = ROOT / "bcl_bench" / "data" / "taco_sizes.csv"
+CORPORA = {"coco": SIZES, "taco": WIDE_SIZES}
+"""Image sizes: COCO val2017 (tune and held-out halves) and TACO (held out whole)."""
 TEXTS = ROOT / "tools" / "data" / "stdlib_cl100k_lengths.npy"
 WORKLOADS = ("captions", "sft", "mix")
 HALVES = ("tune", "held_out")
 T, ACCUM, RANKS, B = 16_384, 4, 8, 8
 PEERS = ("verl_dynbsz", "nemo_mffd")
-STRATEGIES = ("bcl", "bcl_two_term", "bcl_tokens_only", *PEERS, "sequential")
+STRATEGIES = (
+    "bcl", "bcl_two_term", "bcl_two_term_free", "bcl_two_term_capped", "bcl_tokens_only",
+    *PEERS, "sequential",
+)  # fmt: skip
 COST_MODELS = ("qwen2-vl-7b", "qwen2-vl-2b")
 MAN_CAP = 8192
 
@@ -82,30 +109,45 @@ def records(text: npt.NDArray[np.int64], patches: npt.NDArray[np.int64]) -> Reco
     )
 
 
-def coco() -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """(patches, caption tokens) of every COCO val2017 image, in the file's order."""
+def image_sizes(corpus: str = "coco") -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64] | None]:
+    """(patches, caption tokens or None where the corpus has no captions) of every image of
+    ``corpus``, in its file's order."""
     geometry = qwen2_vl()
     patches, captions = [], []
-    with SIZES.open() as fh:
+    with CORPORA[corpus].open() as fh:
         for row in csv.DictReader(fh):
             patches.append(geometry.patches(int(row["width"]), int(row["height"])))
-            captions.append(int(row["caption_tokens"]))
-    return np.asarray(patches, dtype=np.int64), np.asarray(captions, dtype=np.int64)
+            if "caption_tokens" in row:
+                captions.append(int(row["caption_tokens"]))
+    caps = np.asarray(captions, dtype=np.int64) if captions else None
+    return np.asarray(patches, dtype=np.int64), caps
 
 
-def workload(name: str, half: str, n: int) -> RecordComponents:
-    """``n`` records of one workload's half (its records repeated end to end, order kept)."""
-    patches, captions = coco()
+def workload(name: str, half: str, n: int, corpus: str = "coco") -> RecordComponents:
+    """``n`` records of one workload's half (its records repeated end to end, order kept).
+    TACO is held out whole (``half`` must be ``held_out``), beside the text sources' held-out
+    halves; it has no captions."""
+    patches, captions = image_sizes(corpus)
     texts = np.load(TEXTS).astype(np.int64)
     k = patches.size // 2
     part = slice(0, k) if half == "tune" else slice(k, 2 * k)
+    if corpus != "coco":
+        if half != "held_out" or (captions is None and name == "captions"):
+            raise ValueError(f"{corpus} is held out whole and has no captions: {name} {half}")
+        part = slice(0, patches.size)
     t_half = texts.size // 2
     text_part = slice(0, t_half) if half == "tune" else slice(t_half, 2 * t_half)
     p = patches[part]
-    text = captions[part] if name == "captions" else np.resize(texts[text_part], p.size)
-    if name == "mix":
-        man = np.minimum(text_corpora.build("man", 2 * p.size, MAN_CAP), MAN_CAP)
-        only = man[: p.size] if half == "tune" else man[p.size :]
+    if name == "captions":
+        assert captions is not None
+        text = captions[part]
+    else:
+        text = np.resize(texts[text_part], p.size)
+    if name == "mix":  # the manual pages cut where COCO's halves cut them, whatever the corpus
+        k = image_sizes("coco")[0].size // 2
+        man = np.minimum(text_corpora.build("man", 2 * k, MAN_CAP), MAN_CAP)
+        only = man[:k] if half == "tune" else man[k:]
+        only = only[: p.size]
         text = np.concatenate([text, only])
         p = np.concatenate([p, np.zeros(only.size, dtype=np.int64)])
     idx = np.resize(np.arange(p.size), n)
@@ -129,15 +171,18 @@ def score_all(
         for name, s in plan_schedules(tok, costs, table, config, names).items():
             key = "bcl" if name == "bcl-world" else name
             planned[f"{key}_{label}" if label else key] = s
-    two = refine_two_terms(
-        planned["bcl"].packs,
-        vision,
-        language,
-        config.ranks_per_node,
-        tokens=tok if config.contract == "tokens" else None,
-        max_tokens=config.max_tokens if config.contract == "tokens" else None,
-    )
-    planned["bcl_two_term"] = replace(planned["bcl"], packs=two)
+    for rule in RULES:  # guarded: what the readers yield (the language plan, refined)
+        two = refine_two_terms(
+            planned["bcl_tokens_only"].packs,
+            vision,
+            language,
+            config.ranks_per_node,
+            tokens=tok if config.contract == "tokens" else None,
+            max_tokens=config.max_tokens if config.contract == "tokens" else None,
+            rule=rule,
+        )
+        name = "bcl_two_term" if rule == "guarded" else f"bcl_two_term_{rule}"
+        planned[name] = replace(planned["bcl_tokens_only"], packs=two)
     out: dict[str, dict[str, Any]] = {}
     for name in STRATEGIES:
         s = planned[name]
@@ -160,8 +205,34 @@ def score_all(
             "records_used": s.records_used,
             "records_left": s.records_left,
             "micro_batches_per_rank": {"min": min(counts), "max": max(counts)},
+            "vision_ceiling": vision_ceiling(s.packs, vision, config.ranks_per_node),
         }
     return out
+
+
+def vision_ceiling(packs: Any, vision: npt.NDArray[np.float64], ranks_per_node: int) -> float:
+    """The most vision efficiency any exchange of records between a node's ranks at each
+    micro-batch index (what the two-term refinement does) could reach on these micro-batches:
+    of a micro-batch's n records with a vision cost, some rank holds at least ceil(n / P), so
+    its max_r V is at least the sum of the ceil(n / P) smallest (and at least the mean)."""
+    mean = bound = 0.0
+    for first in range(0, len(packs), ranks_per_node):
+        node = packs[first : first + ranks_per_node]
+        for t in range(min(len(rank) for rank in node)):
+            ids = np.concatenate([np.asarray(rank[t], dtype=np.int64) for rank in node])
+            costs = vision[ids[ids >= 0]]
+            seen = np.sort(costs[costs > 0])
+            share = float(costs.sum()) / ranks_per_node
+            mean += share
+            bound += max(share, float(seen[: -(-seen.size // ranks_per_node)].sum()))
+    return mean / bound if bound > 0 else 1.0
+
+
+def kept_free(cells: dict[str, dict[str, Any]]) -> bool:
+    """Whether the readers' rule kept the free swaps (no node refined again under caps): its
+    figures are the free rule's."""
+    keys = ("efficiency_vision", "efficiency_language", "time_separate_stages")
+    return all(cells["bcl_two_term"][k] == cells["bcl_two_term_free"][k] for k in keys)
 
 
 def settings() -> dict[str, SimConfig]:
@@ -243,12 +314,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def markdown(result: dict[str, Any]) -> str:
     """The table docs/vlm.md carries: per row, each term's efficiency of bcl_two_term, bcl,
     the token-only balancer and the best peer, and the separate-stage speedups."""
-    head = (
-        "| model | workload | half | setting | two-term: sum / vision / language "
-        "| bcl: sum / vision / language | tokens-only: sum / vision / language "
-        "| verl_dynbsz: sum / vision / language | two-term vs tokens-only, separate / one stage "
-        "| ceiling over tokens-only |\n|---|---|---|---|---|---|---|---|---|---|\n"
-    )
+    columns = [
+        "model", "corpus", "workload", "half", "setting", "two-term: sum / vision / language",
+        "bcl: sum / vision / language", "tokens-only: sum / vision / language",
+        "verl_dynbsz: sum / vision / language", "two-term vs tokens-only, separate / one stage",
+        "ceiling over tokens-only", "two-term vision ceiling",
+    ]  # fmt: skip
 
     def terms(cell: dict[str, Any]) -> str:
         return (
@@ -260,14 +331,17 @@ def markdown(result: dict[str, Any]) -> str:
     for r in result["rows"]:
         c, vs = r["strategies"], r["bcl_two_term_speedup_vs"]
         lines.append(
-            f"| {r['cost_model']} | {r['workload']} | {r['half']} | {r['setting']} "
-            f"| {terms(c['bcl_two_term'])} | {terms(c['bcl'])} | {terms(c['bcl_tokens_only'])} "
-            f"| {terms(c['verl_dynbsz'])} "
-            f"| {vs['bcl_tokens_only']['separate_stages']:.3f} / "
-            f"{vs['bcl_tokens_only']['one_stage']:.3f} "
-            f"| {vs['ceiling_over_tokens_only']['separate_stages']:.3f} |"
-        )
-    return head + "\n".join(lines) + "\n"
+            [
+                r["cost_model"], r.get("corpus", "coco"), r["workload"], r["half"], r["setting"],
+                terms(c["bcl_two_term"]), terms(c["bcl"]), terms(c["bcl_tokens_only"]),
+                terms(c["verl_dynbsz"]),
+                f"{vs['bcl_tokens_only']['separate_stages']:.3f} / "
+                f"{vs['bcl_tokens_only']['one_stage']:.3f}",
+                f"{vs['ceiling_over_tokens_only']['separate_stages']:.3f}",
+                f"{c['bcl_two_term'].get('vision_ceiling', float('nan')):.3f}",
+            ]
+        )  # fmt: skip
+    return markdown_table(columns, lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -275,40 +349,49 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=20_000, help="records per half")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--cost-models", nargs="+", default=list(COST_MODELS), choices=COST_MODELS)
+    parser.add_argument("--corpora", nargs="+", default=list(CORPORA), choices=list(CORPORA))
     args = parse_or_print_table(parser, argv, markdown)
     if args is None:
         return 0
     rows = []
+    cells_of = [
+        (corpus, name, half)
+        for corpus in args.corpora
+        for name in args.workloads
+        for half in (HALVES if corpus == "coco" else ("held_out",))
+        if corpus == "coco" or name != "captions"
+    ]
     for cost_model in args.cost_models:
-        for name in args.workloads:
-            for half in HALVES:
-                data = workload(name, half, args.records)
-                for label, config in settings().items():
-                    t0 = time.perf_counter()
-                    cells = score_all(data, config, cost_model)
-                    rows.append(
-                        {
-                            "cost_model": cost_model,
-                            "workload": name,
-                            "half": half,
-                            "setting": label,
-                            "shape": describe(data),
-                            "strategies": cells,
-                            "bcl_speedup_vs": versus(cells, "bcl"),
-                            "bcl_two_term_speedup_vs": versus(cells, "bcl_two_term"),
-                            "seconds": time.perf_counter() - t0,
-                        }
-                    )
-                    b = cells["bcl_two_term"]
-                    vs = rows[-1]["bcl_two_term_speedup_vs"]["bcl_tokens_only"]
-                    print(
-                        f"{cost_model} {name:8s} {half:8s} {label:13s} two-term eff sum "
-                        f"{b['efficiency_summed']:.4f} vision {b['efficiency_vision']:.4f} "
-                        f"language {b['efficiency_language']:.4f} | "
-                        f"x{vs['separate_stages']:.3f} vs tokens-only (separate stages) "
-                        f"({rows[-1]['seconds']:.0f}s)",
-                        flush=True,
-                    )
+        for corpus, name, half in cells_of:
+            data = workload(name, half, args.records, corpus)
+            for label, config in settings().items():
+                t0 = time.perf_counter()
+                cells = score_all(data, config, cost_model)
+                rows.append(
+                    {
+                        "cost_model": cost_model,
+                        "corpus": corpus,
+                        "workload": name,
+                        "half": half,
+                        "setting": label,
+                        "shape": describe(data),
+                        "strategies": cells,
+                        "bcl_speedup_vs": versus(cells, "bcl"),
+                        "bcl_two_term_speedup_vs": versus(cells, "bcl_two_term"),
+                        "two_term_kept_free_swaps": kept_free(cells),
+                        "seconds": time.perf_counter() - t0,
+                    }
+                )
+                b = cells["bcl_two_term"]
+                vs = rows[-1]["bcl_two_term_speedup_vs"]["bcl_tokens_only"]
+                print(
+                    f"{cost_model} {corpus} {name:8s} {half:8s} {label:13s} two-term eff sum "
+                    f"{b['efficiency_summed']:.4f} vision {b['efficiency_vision']:.4f} "
+                    f"language {b['efficiency_language']:.4f} | "
+                    f"x{vs['separate_stages']:.3f} vs tokens-only (separate stages) "
+                    f"({rows[-1]['seconds']:.0f}s)",
+                    flush=True,
+                )
     result = {
         "settings": {
             "cost_models": args.cost_models,
@@ -319,7 +402,10 @@ def main(argv: list[str] | None = None) -> int:
             "max_tokens": T,
             "sync": "microbatch",
             "records_per_half": args.records,
-            "sizes": "bcl_bench/data/coco_val2017_sizes.csv",
+            "sizes": {
+                "coco": "bcl_bench/data/coco_val2017_sizes.csv",
+                "taco": "bcl_bench/data/taco_sizes.csv",
+            },
             "texts": "tools/data/stdlib_cl100k_lengths.npy",
             "text_only": f"bcl_bench.text_corpora man, capped at {MAN_CAP}",
             "two_term_iterations": ITERATIONS,

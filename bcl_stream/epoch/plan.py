@@ -28,7 +28,7 @@ from bcl_stream.epoch.cache import cached
 from bcl_stream.epoch.canonical_config import check_canonical
 from bcl_stream.epoch.mixture_index import MixtureIndex
 from bcl_stream.epoch.process_group import launcher_ranks_per_node, process_group
-from bcl_stream.epoch.terms import Terms, plan_terms, two_term_costs, two_term_model
+from bcl_stream.epoch.terms import Terms, plan_terms, two_term_costs
 from bcl_stream.epoch.truncation import fed_costs, fed_tokens, truncation
 from bcl_stream.errors import StateError
 from bcl_stream.io.index import CostIndex
@@ -53,6 +53,7 @@ from bcl_stream.planner.token_contract import (
 )
 from bcl_stream.process_layout import ProcessLayout
 from bcl_stream.records.source import RecordSource
+from bcl_stream.vision.cost import resolve_two_term
 
 log = logging.getLogger(__name__)
 
@@ -377,7 +378,6 @@ class ReaderPlan:
         self.config = config
         self.consumed = _consumed(index, config, epoch, segments)
         costs, table = _costs_and_table(index, config)
-        self._costs = costs
         self._tokens = (
             None if config.plan.max_tokens is None else fed_tokens(index, config.max_seq_len)
         )
@@ -390,6 +390,9 @@ class ReaderPlan:
                 self._tokens,
                 config.plan.max_tokens,
             )
+        if self._terms is not None:  # planned on the language term, then refined
+            costs, table = self._terms.language, self._terms.table
+        self._costs = costs
         draw = epoch_draw(index, config, epoch)
         self._tokens_walker: TokenWalker | None = None
         streams_kwargs: dict[str, Any] = {
@@ -601,7 +604,7 @@ def _costs_and_table(index: PlanData, config: ReaderConfig) -> tuple[Any, ShardT
     model)."""
 
     def make() -> tuple[Any, ShardTable]:
-        two_term = two_term_model(config.cost_model)
+        two_term = resolve_two_term(config.cost_model)
         if two_term is not None:  # image-text data: vision + language (epoch/terms.py)
             costs, _ = two_term_costs(index, two_term, config.max_seq_len)
             counts = index.shard_counts

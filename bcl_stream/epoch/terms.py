@@ -3,10 +3,11 @@
 Why: an image-text dataset's cost index stores the language model's c(L) alone (images enter
 only as their image tokens); its components (``bcl_components.npz``) say what each record
 costs the vision encoder. A reader given a two-term cost model (``ReaderConfig.cost_model``: a
-preset of ``bcl_stream.vision.cost`` such as ``qwen2-vl-2b``, or its JSON) plans the summed
-cost vision + language, then exchanges records between the ranks of each node at each
-micro-batch index so that each term is balanced too (``planner/two_term.py``). Every plan
-path (a rank's windows, the whole epoch, the first packs an elastic resume replays) applies
+preset of ``bcl_stream.vision.cost`` such as ``qwen2-vl-2b``, or its JSON) plans the language
+term (the token-only balancer's plan), then exchanges records between the ranks of each node at
+each micro-batch index so that the vision term and the sum are balanced too, never leaving
+either term worse balanced than that plan (``planner/two_term.py``); with one rank per node
+(nothing to exchange) it plans the summed cost vision + language. Every plan path (a rank's windows, the whole epoch, the first packs an elastic resume replays) applies
 the same refinement to the same packs, per micro-batch index and per node, so all of them
 agree without communication.
 
@@ -28,6 +29,7 @@ from bcl_stream.cost import resolve
 from bcl_stream.epoch.cache import cached
 from bcl_stream.errors import CostIndexError
 from bcl_stream.io.index import CostIndex
+from bcl_stream.planner import ShardTable, shard_weights
 from bcl_stream.planner.bcl import validate_costs
 from bcl_stream.planner.two_term import refine_packs
 from bcl_stream.vision.components import COMPONENTS_KEY, RecordComponents, read_components
@@ -40,6 +42,8 @@ class Terms:
 
     vision: npt.NDArray[np.float64]
     language: npt.NDArray[np.float64]
+    table: ShardTable
+    """The shard table of the language term: what the plan refined is planned on."""
     ranks_per_node: int
     tokens: Any | None = None
     """Tokens per record as fed, under a token budget (None: no budget)."""
@@ -73,9 +77,12 @@ def index_components(index: CostIndex) -> RecordComponents | None:
     )
 
 
-def two_term_model(cost_model: str | None) -> TwoTermCost | None:
-    """The two-term cost model ``cost_model`` names, or None (a single-term model or none)."""
-    return resolve_two_term(cost_model)
+def component_terms(
+    index: CostIndex, components: RecordComponents, model: TwoTermCost
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """(vision, language) per record of ``index``'s ``components`` under ``model``, made once
+    per dataset and model (a reader's costs and its refinement share them)."""
+    return cached(("terms", index.fingerprint(), model), lambda: model.terms(components))
 
 
 def two_term_costs(
@@ -100,7 +107,7 @@ def two_term_costs(
             "is never cut (its image tokens must match its images); raise max_seq_len or leave "
             "it unset"
         )
-    vision, language = model.terms(components)
+    vision, language = component_terms(index, components, model)
     return validate_costs(vision + language), components
 
 
@@ -113,23 +120,27 @@ def plan_terms(
 ) -> Terms | None:
     """The terms a BCL reader refines with, or None (no two-term model, text-only data, or
     one rank per node: nothing to exchange)."""
-    model = two_term_model(cost_model)
+    model = resolve_two_term(cost_model)
     if model is None or ranks_per_node < 2 or not isinstance(index, CostIndex):
         return None  # a mixture under a two-term model is refused where its costs are made
     components = index_components(index)
     if components is None:
         return None
-    vision, language = model.terms(components)
-    return Terms(
-        vision, language, ranks_per_node, tokens if max_tokens is not None else None, max_tokens
+    vision, language = component_terms(index, components, model)
+    counts = index.shard_counts
+    table = cached(
+        ("terms_table", index.fingerprint(), model),
+        lambda: ShardTable.build(counts, weight=shard_weights(counts, language)),
     )
+    budget = tokens if max_tokens is not None else None
+    return Terms(vision, language, table, ranks_per_node, budget, max_tokens)
 
 
 def record_costs(index: Any, cost_model: str | None) -> Any:
     """Per-record costs a reader config's ``cost_model`` gives (by global record id): the
     summed two-term cost for a two-term model, else the stored costs or those of the
     single-term model named (``CostIndex.costs``, a mixture's view)."""
-    two_term = two_term_model(cost_model)
+    two_term = resolve_two_term(cost_model)
     if two_term is not None:
         return two_term_costs(index, two_term, None)[0]
     return index.costs(None if cost_model is None else resolve(cost_model))

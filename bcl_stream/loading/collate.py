@@ -57,12 +57,13 @@ from bcl_stream.cost import resolve
 from bcl_stream.epoch.loss_tokens import RANK_STEP_LOSS_TOKENS, STEP_LOSS_TOKENS
 from bcl_stream.epoch.mixture_index import MixtureIndex
 from bcl_stream.epoch.plan import PlanData
-from bcl_stream.epoch.terms import two_term_costs, two_term_model
+from bcl_stream.epoch.terms import two_term_costs
 from bcl_stream.epoch.truncation import fed_costs
 from bcl_stream.errors import DatasetError
 from bcl_stream.formats.reader_base import Pack
 from bcl_stream.loading.loss_mask import target_mask
 from bcl_stream.planner.padded import LAYOUTS
+from bcl_stream.vision.cost import resolve_two_term
 
 IGNORE_INDEX = -100
 LABELS = ("shifted", "unshifted")
@@ -248,7 +249,7 @@ class PackCollate:
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         _check_labels(labels)
-        two_term = two_term_model(cost_model)
+        two_term = resolve_two_term(cost_model)
         if two_term is not None:  # image-text data: vision + language (epoch/terms.py)
             summed = two_term_costs(index, two_term, max_seq_len)[0]
             return cls(layout, (summed,), max_seq_len, labels, step_records)

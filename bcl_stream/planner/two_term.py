@@ -13,28 +13,36 @@ the epoch and no node's records change (the node's stream and its locality are u
   is taken relative to its mean over the ranks (max_r V / mean_r V + max_r L / mean_r L +
   max_r (V + L) / mean_r (V + L): a swap keeps the means, so this is each term's imbalance,
   weighed alike whichever network is the larger). In absolute FLOPs the larger term drowns
-  the smaller one: on the tune half of ``tools/bench_vlm.py`` (20,000 records) the relative
-  rule gives vision efficiency 0.960 where the absolute one stalls at 0.946 (qwen2-vl-7b mix,
-  B=8, whose language model outweighs its encoder), and the same or higher vision and
-  language efficiency in each of the 8 sft and mix rows, for summed efficiency at most 0.001
-  lower. Requiring S never to rise instead (J lowered, S kept) stalls where long text-only
-  records fill the ranks (a mixture): it left the vision efficiency at 0.884 (qwen2-vl-2b
-  mix, B=8) where J + S reaches 0.958;
+  the smaller one (vision efficiency 0.946 against 0.960 relative, qwen2-vl-7b mix, B=8, on
+  the tune half of ``tools/bench_vlm.py``, refining the summed cost's plan). Requiring S
+  never to rise instead (J lowered, S kept) stalls where long text-only records fill the
+  ranks (vision efficiency 0.884 against 0.958, qwen2-vl-2b mix, B=8);
+- no term ends worse balanced than the plan given. The readers refine the language term's
+  plan (the token-only balancer's), and J + S alone may trade some of its language balance
+  for the encoder's: refining the summed cost's plan left the language term up to 0.017
+  below the token-only balancer's (qwen2-vl-2b mix at T = 16,384). So the swaps are first
+  made freely; a node whose sum over its micro-batches of max_r V or of max_r L (each term's
+  efficiency denominator: the numerator, the term's total, no swap changes) ends above the
+  plan given's is refined again from that plan with capped swaps: none may raise the
+  micro-batch's max_r V or max_r L above its max as given. Capped swaps alone stall early
+  (``tools/bench_vlm.py``'s tune sft and mix rows: vision efficiency 0.913 to 0.987 where this
+  rule reaches 0.955 to 0.998); the free ones were kept on every node of every row there, so
+  the caps are a guarantee more than a path (``rule`` runs either half alone);
 - under a token budget the swapped micro-batches stay within it;
 - rank a is a rank holding max_r V or max_r L; the best swap over every other rank and every
   record pair is applied (ties to the lowest rank, then record slot), at most ``iterations``
   times per micro-batch.
 
-Speed: every micro-batch of a node is refined at once. One iteration scores, for each
-micro-batch still improving and each of its (one or two) givers, every candidate swap as a
-(B, P, B) array: the new maxima are those of the two ranks involved and the largest of the
-others, so no candidate rebuilds the P ranks' sums. ``tools/bench_two_term.py``
-(``results/bench_two_term.json``, 1 x 8, qwen2-vl-2b, held-out sft and mix, a loaded 2-core
-machine): 47 to 114 us per record, 1.7 to 4.1 times faster than the first implementation,
-with the same swaps, but 10 to 31 times the planning it refines; beside an image's decode
-(8.9 ms for a 640 x 480 JPEG, ``results/bench_image_headers.json``) it is under 1.5%. The
-readers apply it on every batch of windows they plan (``epoch/terms.py``). Deterministic,
-numpy only.
+Speed: every micro-batch of a node is refined at once (twice for a node refined again). One
+iteration scores, for each micro-batch still improving and each of its (one or two) givers,
+every candidate swap as a (B, P, B) array: the new maxima are those of the two ranks involved
+and the largest of the others, so no candidate rebuilds the P ranks' sums.
+``tools/bench_two_term.py`` (``results/bench_two_term.json``, 1 x 8, qwen2-vl-2b, held-out sft
+and mix, a loaded 2-core machine): 44 to 179 us per record, 2.5 to 4.1 times faster than the
+first implementation, with the same swaps, but 17 to 31 times the planning it refines; beside
+an image's decode (8.9 ms for a 640 x 480 JPEG, ``results/bench_image_headers.json``) it is
+under 2%. The readers apply it on every batch of windows they plan (``epoch/terms.py``).
+Deterministic, numpy only.
 Called only where records carry a vision cost; text-only plans never reach it, so their
 plans (and ``tools/plan_hashes.py``) are unchanged.
 """
@@ -57,6 +65,10 @@ ITERATIONS = 32
 qwen2-vl-7b, 1 x 8, 8,000 records): vision efficiency 0.919 / 0.968 / 0.981 / 0.985 / 0.986 /
 0.986 at B=8 and 0.953 / 0.983 / 0.992 / 0.998 / 0.999 / 0.999 at T=16,384 for
 0 / 4 / 8 / 16 / 32 / 64 swaps: the third decimal stops moving at 32."""
+
+RULES = ("guarded", "free", "capped")
+"""``guarded``: free swaps, capped ones again for a node they left worse (the readers' rule);
+``free``, ``capped``: either half alone."""
 
 CHUNK_ELEMENTS = 1 << 21
 """Candidate swaps scored per numpy call at most (micro-batches are taken in chunks so one
@@ -88,13 +100,18 @@ def refine_packs(
     tokens: npt.ArrayLike | None = None,
     max_tokens: int | None = None,
     iterations: int = ITERATIONS,
+    rule: str = "guarded",
 ) -> npt.NDArray[np.int64]:
     """A copy of ``packs`` (ranks, micro-batches, width; ``EMPTY`` pads a short micro-batch)
     with records exchanged between the ranks of each node (``ranks_per_node`` consecutive
     ranks) at each micro-batch index while J + S drops (the module docstring's rule).
     ``vision``, ``language``: per-record costs by id (memory-mapped arrays work: only the
     plan's ids are read); ``tokens`` and ``max_tokens``: the budget every micro-batch keeps
-    (None: no budget). Padding slots stay where they are."""
+    (None: no budget). Padding slots stay where they are. ``rule``: ``guarded`` (the module
+    docstring's), or one of its halves alone, ``free`` or ``capped`` (for benchmarks that
+    weigh it: ``tools/bench_vlm.py``)."""
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
     out = np.array(packs, dtype=np.int64, copy=True)
     if out.ndim != 3:
         raise ValueError(f"packs must be (ranks, micro-batches, width), got shape {out.shape}")
@@ -105,7 +122,7 @@ def refine_packs(
     # (nodes * micro-batches, ranks_per_node, width): one row per micro-batch of a node
     rows = out.reshape(n_nodes, ranks_per_node, *out.shape[1:]).transpose(0, 2, 1, 3)
     rows = np.ascontiguousarray(rows).reshape(-1, ranks_per_node, out.shape[2])
-    _refine_rows(rows, vision, language, tokens, max_tokens, iterations)
+    _refine_rows(rows, vision, language, tokens, max_tokens, iterations, n_nodes, rule)
     back = rows.reshape(n_nodes, out.shape[1], ranks_per_node, out.shape[2]).transpose(0, 2, 1, 3)
     return np.ascontiguousarray(back).reshape(out.shape)
 
@@ -119,6 +136,7 @@ def refine_two_terms(
     tokens: npt.ArrayLike | None = None,
     max_tokens: int | None = None,
     iterations: int = ITERATIONS,
+    rule: str = "guarded",
 ) -> Ragged:
     """:func:`refine_packs` on any plan's packs (ranks may hold ragged micro-batches and
     different numbers of them, as the simulator's peers do): micro-batch indices every rank
@@ -143,6 +161,7 @@ def refine_two_terms(
             tokens=tokens,
             max_tokens=max_tokens,
             iterations=iterations,
+            rule=rule,
         )
         for r, rank in enumerate(node):
             for t in range(depth):
@@ -157,8 +176,13 @@ def _refine_rows(
     tokens: npt.ArrayLike | None,
     max_tokens: int | None,
     iterations: int,
+    n_nodes: int,
+    rule: str,
 ) -> None:
-    """Refine every micro-batch of ``rows`` (micro-batches, ranks, width) in place."""
+    """Refine every micro-batch of ``rows`` (micro-batches, ranks, width; node-major: each
+    node's micro-batches one block) in place: free swaps first; then each node whose sum over
+    its micro-batches of max_r V or of max_r L rose is refined again from its plan as given,
+    under caps (the module docstring's rule)."""
     m, p, w = rows.shape
     valid = rows != EMPTY
     safe = np.where(valid, rows, 0)
@@ -169,16 +193,49 @@ def _refine_rows(
         taken = np.asarray(np.asarray(values)[safe.ravel()], dtype=np.float64).reshape(m, p, w)
         return np.where(valid, taken, 0.0)
 
+    def refine(
+        ids: npt.NDArray[np.int64],
+        ok: npt.NDArray[np.bool_],
+        vis: npt.NDArray[np.float64],
+        lan: npt.NDArray[np.float64],
+        tks: npt.NDArray[np.float64] | None,
+        capped: bool,
+    ) -> None:
+        """:func:`_refine_chunk` over ``ids`` and its arrays (all swapped in place alike), in
+        chunks of at most ``CHUNK_ELEMENTS`` candidates per numpy call."""
+        step = max(1, CHUNK_ELEMENTS // (2 * w * p * w))
+        for lo in range(0, ids.shape[0], step):
+            at = slice(lo, lo + step)
+            k = None if tks is None else tks[at]
+            _refine_chunk(ids[at], ok[at], vis[at], lan[at], k, max_tokens, iterations, capped)
+
     v, lang, tok = gather(vision), gather(language), gather(tokens)
     assert v is not None and lang is not None
-    per_row = 2 * w * p * w
-    step = max(1, CHUNK_ELEMENTS // per_row)
-    for lo in range(0, m, step):
-        part = slice(lo, min(lo + step, m))
-        _refine_chunk(
-            rows[part], valid[part], v[part], lang[part],
-            None if tok is None else tok[part], max_tokens, iterations,
-        )  # fmt: skip
+    if rule != "guarded":
+        refine(rows, valid, v, lang, tok, rule == "capped")
+        return
+    start = rows.copy()
+    before = _node_maxima(v, lang, n_nodes)
+    free_v, free_l = v.copy(), lang.copy()
+    free_tok = None if tok is None else tok.copy()
+    refine(rows, valid.copy(), free_v, free_l, free_tok, False)
+    worse = np.flatnonzero((_node_maxima(free_v, free_l, n_nodes) > before).any(axis=1))
+    if worse.size == 0:
+        return
+    depth = m // n_nodes
+    redo = (worse[:, None] * depth + np.arange(depth)).ravel()
+    part = start[redo]
+    refine(part, valid[redo], v[redo], lang[redo], None if tok is None else tok[redo], True)
+    rows[redo] = part
+
+
+def _node_maxima(
+    v: npt.NDArray[np.float64], lang: npt.NDArray[np.float64], n_nodes: int
+) -> npt.NDArray[np.float64]:
+    """(nodes, 2): each node's sum over its micro-batches of max_r V and of max_r L (the
+    denominators of its vision and language efficiency)."""
+    maxima = np.stack([v.sum(axis=2).max(axis=1), lang.sum(axis=2).max(axis=1)], axis=1)
+    return maxima.reshape(n_nodes, -1, 2).sum(axis=1)
 
 
 def _refine_chunk(
@@ -189,18 +246,21 @@ def _refine_chunk(
     tok: npt.NDArray[np.float64] | None,
     max_tokens: int | None,
     iterations: int,
+    capped: bool,
 ) -> None:
     """Up to ``iterations`` best swaps in each micro-batch (arrays (m, ranks, width), all
-    swapped in place), only the micro-batches that improved last time scored again."""
+    swapped in place), only the micro-batches that improved last time scored again;
+    ``capped``: no swap may raise max_r V or max_r L above the micro-batch's as given."""
     p = ids.shape[1]
     active = np.arange(ids.shape[0])
     ranks = np.arange(p)
+    caps = (v.sum(axis=2).max(axis=1), lang.sum(axis=2).max(axis=1)) if capped else None
     for _ in range(iterations):
         if active.size == 0:
             return
         found = _best_swaps(
             valid[active], v[active], lang[active], None if tok is None else tok[active],
-            max_tokens, ranks,
+            max_tokens, ranks, None if caps is None else (caps[0][active], caps[1][active]),
         )  # fmt: skip
         improved, a, i, b, j = found
         rows = active[improved]
@@ -218,11 +278,13 @@ def _best_swaps(
     tok: npt.NDArray[np.float64] | None,
     max_tokens: int | None,
     ranks: npt.NDArray[np.int64],
+    caps: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]] | None = None,
 ) -> tuple[npt.NDArray[np.bool_], ...]:
     """The best J + S-lowering swap of each micro-batch: (which improve, and for those the
     giving rank, its slot, the taking rank, its slot). Givers: the rank holding max_r V and
     the one holding max_r L, scored once where they are one rank; ties go to the lower
-    giver, then the lower slot, taker and slot."""
+    giver, then the lower slot, taker and slot. ``caps``: per micro-batch, the max_r V and
+    max_r L no swap may exceed (None: no cap)."""
     m, p, w = v.shape
     rows = np.arange(m)
     vs, ls = v.sum(axis=2), lang.sum(axis=2)
@@ -261,6 +323,9 @@ def _best_swaps(
     max_s = np.maximum(np.maximum(new_va + new_la, new_vb + new_lb), ex_s[ex])
     per = (slice(None), None, None, None)
     both = max_v * wv[at][per] + max_l * wl[at][per] + max_s * ws[at][per]
+    if caps is not None:
+        within = (max_v <= caps[0][at][per]) & (max_l <= caps[1][at][per])
+        both = np.where(within, both, np.inf)
     # a padding slot on either side, or the giver as its own taker: never a candidate
     valid_k = valid[at]
     mine = np.where(valid_k[np.arange(k), giver], 0.0, np.inf)[:, :, None, None]

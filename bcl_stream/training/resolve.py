@@ -31,8 +31,10 @@ What is decided, once, identically on every rank (from the shared cost index):
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from bcl_stream.epoch.loss_tokens import normalization
@@ -42,12 +44,14 @@ from bcl_stream.errors import DatasetError
 from bcl_stream.formats.open_dataset import open_dataset
 from bcl_stream.formats.read_options import ReadOptions
 from bcl_stream.formats.reader_base import PlanDataset
+from bcl_stream.io.index_meta import INDEX_JSON
 from bcl_stream.loading.collate import PackCollate
 from bcl_stream.loading.loader import PackLoader
 from bcl_stream.planner.contracts import contract
 from bcl_stream.training.context import TrainingContext
 from bcl_stream.training.knobs import TrainingKnobs
 from bcl_stream.vision.batch import ImageCollate
+from bcl_stream.vision.fingerprint import FINGERPRINT_KEY, processor_fingerprint
 from bcl_stream.vision.preprocess import VISION_KEY
 
 HOW = {
@@ -184,11 +188,48 @@ def collate_processor(knobs: TrainingKnobs) -> str | None:
 def image_processor(index: PlanData) -> str | None:
     """The processor name image-text data was preprocessed with (its index's
     ``extra.vision``; a mixture: its first image-text stream's), or None for text."""
+    vision = _vision(index)
+    return None if vision is None else str(vision.get("processor", "?"))
+
+
+def _vision(index: PlanData) -> dict[str, Any] | None:
+    """``extra.vision`` of image-text data (a mixture: its first image-text stream's)."""
     for one in getattr(index, "indexes", (index,)):
         vision = getattr(one, "extra", {}).get(VISION_KEY)
         if isinstance(vision, dict):
-            return str(vision.get("processor", "?"))
+            return vision
     return None
+
+
+def _check_fingerprint(index: PlanData, processor: str, name: str) -> None:
+    """Refuse (one line naming both) a processor directory whose content differs from the
+    one the data was preprocessed with; warn once where the index predates fingerprints."""
+    vision = _vision(index) or {}
+    stored = vision.get(FINGERPRINT_KEY)
+    source = getattr(getattr(index, "source", None), "path", None)
+    where = str(Path(source).with_name(INDEX_JSON)) if source else "the data's cost index"
+    if stored is None:
+        warnings.warn(
+            f"{where}: its extra.vision has no {FINGERPRINT_KEY} (written before processors "
+            f"were fingerprinted), so batch.processor={processor!r} is matched by the collate's "
+            "image-token count only; re-run `bcl-stream annotate --processor DIR` (or "
+            "preprocess) to record it",
+            UserWarning,
+            stacklevel=3,
+        )
+        return
+    try:
+        mine = processor_fingerprint(processor)
+    except ValueError as exc:
+        raise DatasetError(f"batch.processor={processor!r}: {exc}") from exc
+    if mine != stored:
+        raise DatasetError(
+            f"batch.processor={processor!r} (processor_sha256 {mine[:16]}) is not the "
+            f"processor the data was preprocessed with ({name}, processor_sha256 "
+            f"{str(stored)[:16]} in {where}): its tokenizer, chat template or "
+            "preprocessor_config.json differ; give that processor's directory, or re-run "
+            "preprocess/annotate with this one"
+        )
 
 
 def checked_processor(index: PlanData, processor: str | None, cut: Truncation) -> str | None:
@@ -212,6 +253,7 @@ def checked_processor(index: PlanData, processor: str | None, cut: Truncation) -
             f"batch.processor={processor!r}: no preprocessor_config.json there; give the local "
             f"processor directory the data was preprocessed with ({name})"
         )
+    _check_fingerprint(index, processor, name)
     if cut.records:
         raise DatasetError(
             f"image-text data: {cut.describe()}; a record with images is never cut (its image "

@@ -25,6 +25,7 @@ import numpy.typing as npt
 from bcl_stream.errors import DatasetError
 from bcl_stream.text.chat import Conversation
 from bcl_stream.text.templates import Encoded, Encoder, TemplateError
+from bcl_stream.vision.fingerprint import FINGERPRINT_KEY, processor_fingerprint
 from bcl_stream.vision.geometry import (
     PREPROCESSOR_CONFIG,
     ImageGeometry,
@@ -110,6 +111,7 @@ class ImageTextEncoder:
             "processor": os.path.basename(self.processor_dir),
             "geometry": self.geometry.to_dict(),
             "image_token": self.image_token,
+            FINGERPRINT_KEY: processor_fingerprint(self.processor_dir),
         }
 
     def encode(self, record: ImageRecord, source: str) -> ImageEncoded:

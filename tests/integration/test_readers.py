@@ -245,3 +245,26 @@ def test_loader_reports_the_remainder_each_epoch(
     assert "epoch 0: 37 packs per rank; 4 records not yielded this epoch (epoch_tail: 4)" in (
         caplog.text
     )
+
+
+def test_a_two_term_reader_costs_its_records_once(
+    vlm_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Building a reader's plan under a two-term model computes each record's two terms
+    once (its planning costs and its refinement share them), however many plans use them."""
+    from bcl_stream.epoch import cache
+    from bcl_stream.epoch.plan import reader_plan
+    from bcl_stream.io.index import read_index
+    from bcl_stream.vision.cost import TwoTermCost
+
+    calls: list[int] = []
+    terms = TwoTermCost.terms
+    monkeypatch.setattr(TwoTermCost, "terms", lambda self, c: calls.append(1) or terms(self, c))
+    cache.clear()
+    index = read_index(vlm_dirs["mds"])
+    config = ReaderConfig.build(world_size=4, ranks_per_node=2, pack_size=3, window=4,
+                                cost_model="qwen2-vl-2b")  # fmt: skip
+    for epoch in (0, 1):
+        assert reader_plan(index, config, epoch).rank_packs(0).size
+    assert calls == [1]
+    cache.clear()

@@ -23,6 +23,7 @@ import json
 import os
 import runpy
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -335,3 +336,65 @@ def test_the_zero_term_stays_zero_where_the_vision_weights_sum_past_float16(work
     assert float(total) == float(want)
     total.backward()
     assert all(p.grad is not None and not p.grad.any() for p in visual)
+
+
+def test_the_processor_is_matched_by_content_not_path(work: Path, tmp_path: Path) -> None:
+    """The index stores the processor's content fingerprint: a copy elsewhere (a JSON file
+    re-indented) is the same processor; one whose chat template or image processor differs
+    is refused at set-up in one line naming both, before a worker decodes anything."""
+    from bcl_stream.errors import DatasetError
+    from bcl_stream.vision.fingerprint import FINGERPRINT_KEY, processor_fingerprint
+
+    stored = read_index(work / "mds").extra["vision"][FINGERPRINT_KEY]
+    assert stored == processor_fingerprint(work / "processor")
+    plan = {"pack_size": 2, "window": 2}
+
+    def setup(processor: Path, data: Path = work / "mds") -> None:
+        dm = BCLDataModule(
+            str(data), plan=plan, batch={"collate": "packed", "processor": str(processor)}
+        )
+        dm.setup_for(rank=0, world_size=1, ranks_per_node=1)
+
+    copy = tmp_path / "copy"
+    shutil.copytree(work / "processor", copy)
+    config = json.loads((copy / "preprocessor_config.json").read_text())
+    (copy / "preprocessor_config.json").write_text(json.dumps(config, indent=7, sort_keys=True))
+    setup(copy)  # another path, the same content
+
+    template = tmp_path / "template"
+    shutil.copytree(work / "processor", template)
+    jinja = template / "chat_template.jinja"
+    jinja.write_text(jinja.read_text().replace("<|im_start|>", "<|im_start|> "))
+    pixels = tmp_path / "pixels"
+    shutil.copytree(work / "processor", pixels)
+    (pixels / "preprocessor_config.json").write_text(
+        json.dumps({**config, "max_pixels": config["max_pixels"] * 2})
+    )
+    for other in (template, pixels):
+        mine = processor_fingerprint(other)[:16]
+        with pytest.raises(DatasetError, match=rf"{other}.*{mine}\) is not the processor the data "
+                           rf"was preprocessed with \(processor, processor_sha256 {stored[:16]}"):  # fmt: skip
+            setup(other)
+
+
+def test_an_index_without_a_processor_fingerprint_is_read_with_a_warning(
+    work: Path, tmp_path: Path
+) -> None:
+    """An image-text index written before processors were fingerprinted: read, with one
+    warning naming the index and what to do (the collate's image-token check still runs)."""
+    from bcl_stream.io.index_meta import INDEX_JSON, seal
+    from bcl_stream.vision.fingerprint import FINGERPRINT_KEY
+
+    old = tmp_path / "old"
+    shutil.copytree(work / "mds", old)
+    doc = json.loads((old / INDEX_JSON).read_text())
+    del doc["extra"]["vision"][FINGERPRINT_KEY]
+    (old / INDEX_JSON).write_text(json.dumps(seal(doc)))
+    dm = BCLDataModule(
+        str(old), plan={"pack_size": 2, "window": 2},
+        batch={"collate": "packed", "processor": str(work / "processor")},
+    )  # fmt: skip
+    with pytest.warns(
+        UserWarning, match=rf"{INDEX_JSON}: its extra.vision has no {FINGERPRINT_KEY}.*re-run"
+    ):
+        dm.setup_for(rank=0, world_size=1, ranks_per_node=1)

@@ -66,6 +66,8 @@ def test_invariants(grid: Grid, nodes: int, budget: bool, iterations: int, seed:
     )
     for node in range(nodes):
         group = range(node * per_node, (node + 1) * per_node)
+        for term in (vision, language):  # each term's efficiency over the node never drops
+            assert node_maxima(after, group, term) <= node_maxima(packs, group, term) + 1e-9
         for t in range(depth):
             old = [packs[r][t] for r in group]
             new = [after[r][t] for r in group]
@@ -80,6 +82,46 @@ def test_invariants(grid: Grid, nodes: int, budget: bool, iterations: int, seed:
             assert relative(new) <= relative(old) + 1e-9
             if cap is not None:
                 assert all(tokens[m].sum() <= cap for m in new)
+
+
+def node_maxima(packs: list, group: range, term: np.ndarray) -> float:
+    """The sum over a node's micro-batches of one term's max over its ranks."""
+    depth = min(len(packs[r]) for r in group)
+    return float(sum(max(term[packs[r][t]].sum() for r in group) for t in range(depth)))
+
+
+def test_no_term_ends_worse_balanced_than_the_plan_given() -> None:
+    """The language term is balanced (10 and 10), the vision term not (8 and 0). The swap
+    that lowers J + S most evens the vision term (4 and 4) but leaves language 9 and 11, worse
+    than the plan given (the token-only balancer's, whose language term the readers must not
+    fall below). Every swap here raises max_r L, so under the caps none is made: the plan
+    given is kept, language efficiency 1.0 (the unconditional rule gave 10/11)."""
+    vision = np.array([4.0, 4.0, 0.0, 0.0])
+    language = np.array([5.0, 5.0, 4.0, 6.0])
+    packs = [[np.array([0, 1])], [np.array([2, 3])]]
+    after = refine_two_terms(packs, vision, language, 2)
+    got = term_figures(after, vision, language)
+    assert got["efficiency_language"] == pytest.approx(1.0)
+    assert [a[0].tolist() for a in after] == [[0, 1], [2, 3]]
+    free = term_figures(refine_two_terms(packs, vision, language, 2, rule="free"), vision, language)
+    assert free["efficiency_language"] == pytest.approx(10 / 11)  # what the caps prevent
+    assert free["efficiency_vision"] == pytest.approx(1.0)
+
+
+def test_free_swaps_are_kept_where_both_terms_end_better() -> None:
+    """Two micro-batches of one node: in the first the free swaps even the vision term at a
+    small cost to the language term, in the second they even both; summed over the node,
+    both terms' maxima drop, so the free swaps are kept (not the capped ones, which could
+    not touch the first micro-batch)."""
+    vision = np.array([4.0, 4.0, 0.0, 0.0, 6.0, 6.0, 0.0, 0.0])
+    language = np.array([5.0, 5.0, 4.0, 6.0, 1.0, 1.0, 9.0, 9.0])
+    packs = [[np.array([0, 1]), np.array([4, 5])], [np.array([2, 3]), np.array([6, 7])]]
+    after = refine_two_terms(packs, vision, language, 2)
+    before_l = node_maxima(packs, range(2), language)
+    assert node_maxima(after, range(2), language) < before_l
+    assert node_maxima(after, range(2), vision) < node_maxima(packs, range(2), vision)
+    assert sorted(after[0][0].tolist() + after[1][0].tolist()) == [0, 1, 2, 3]
+    assert after[0][0].tolist() != [0, 1]  # the first micro-batch's free swap is kept
 
 
 def test_a_balanced_micro_batch_is_left_alone() -> None:
@@ -103,6 +145,8 @@ def test_bad_arguments() -> None:
         refine_two_terms(packs, np.ones(2), np.ones(2), 3)
     with pytest.raises(ValueError, match="both tokens and max_tokens"):
         refine_two_terms(packs, np.ones(2), np.ones(2), 2, tokens=np.ones(2))
+    with pytest.raises(ValueError, match="rule must be one of"):
+        refine_two_terms(packs, np.ones(2), np.ones(2), 2, rule="greedy")
 
 
 @settings(max_examples=60, deadline=None)
