@@ -15,13 +15,13 @@ QUIET: dict[str, Any] = {
     "enable_checkpointing": False,
     "enable_progress_bar": False,
     "enable_model_summary": False,
-    "num_sanity_val_steps": 0,
 }
-"""One CPU device; no logger, checkpoints, progress bar, model summary or sanity validation:
-a test's fit writes and prints nothing it did not ask for."""
+"""One CPU device; no logger, checkpoints, progress bar or model summary: a test's fit writes
+and prints nothing it did not ask for. The YAML fits of
+``tests/integration/lightning_scripts/harness.py`` start from it too."""
 
 
 def cpu_trainer(**options: Any) -> pl.Trainer:
-    """A :data:`QUIET` Trainer; ``options`` add to it or override it (``max_steps``,
-    ``callbacks``, ``devices``, ``strategy``, ``default_root_dir``, ...)."""
-    return pl.Trainer(**(QUIET | options))
+    """A :data:`QUIET` Trainer without sanity validation; ``options`` add to it or override it
+    (``max_steps``, ``callbacks``, ``devices``, ``strategy``, ``default_root_dir``, ...)."""
+    return pl.Trainer(**(QUIET | {"num_sanity_val_steps": 0} | options))

@@ -17,6 +17,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_module.callbacks import PackLogger, read_pack_log
 from lightning_module.tinygpt import TinyGPTConfig
+from tests.trainers import QUIET
 
 # One thread per process: the test machine has 2 cores shared by several jobs, and torch's
 # default (all cores) makes a tiny step 50x slower under contention (measured 8 ms vs 0.5 s).
@@ -196,12 +197,7 @@ def tiny_fit_config(
     config = {
         "seed_everything": 0,
         "trainer": {
-            "accelerator": "cpu",
-            "devices": 1,
-            "logger": False,
-            "enable_checkpointing": False,
-            "enable_progress_bar": False,
-            "enable_model_summary": False,
+            **QUIET,
             "default_root_dir": str(tmp / "run"),
             "callbacks": [
                 {
