@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.fork_server import run_forked  # noqa: E402
+from tools.fork_client import run_forked  # noqa: E402
 
 
 def bcl_stream_cli(

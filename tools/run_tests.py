@@ -98,7 +98,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script (make test): tools/ is first, not the checkout
     sys.path.insert(0, str(ROOT))
 
-from tools.fork_server import FORK_ENV, SERVER_ENV, TAG_ENV, Forked, ForkServer, Refused  # noqa: E402
+from tools.fork_client import Forked, ForkServer, Refused  # noqa: E402
+from tools.fork_server import FORK_ENV, SERVER_ENV, TAG_ENV  # noqa: E402
 
 CLEANUP_MARKER = "shm_cleanup"
 SHARED_MARKER = "shared_process"

@@ -1,7 +1,7 @@
-"""The fork server (``tools/fork_server.py``): a forked run is what ``python -m MODULE ARGS``
-would be (exit code, stdout, stderr, environment, working directory, ``sys.argv``,
-``__main__``; atexit handlers run), a crash or a hang of a child is reported and never hangs
-the caller, the CPU of a child is reported (and charged to the job that asked for it), a
+"""The fork server (``tools/fork_server.py``; its client, ``tools/fork_client.py``): a forked
+run is what ``python -m MODULE ARGS`` would be (exit code, stdout, stderr, environment,
+working directory, ``sys.argv``, ``__main__``; atexit handlers run), a crash or a hang of a
+child is reported and never hangs the caller, the CPU of a child is reported (and charged to the job that asked for it), a
 request whose start-up environment differs is refused, and a fresh-interpreter request never
 forks. The servers here import only ``json`` (the behaviour does not depend on what is
 preloaded; the suite's servers import torch, Lightning and streaming)."""
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tools import fork_server
-from tools.fork_server import ForkServer, Refused
+from tools import fork_client, fork_server
+from tools.fork_client import ForkServer, Refused
 
 PROBE = """
 import atexit, json, os, sys, tempfile, time
@@ -43,9 +43,9 @@ elif args[0] == "raise":
     raise ValueError("from the probe")
 elif args[0] == "ask":  # run a busy child on the server named in the env, charged to a tag
     sys.path.insert(0, os.environ["CHECKOUT"])
-    from tools import fork_server
-    server = fork_server.ForkServer(os.environ["SERVER"])
-    done = fork_server.run(server, "probe", ["busy", "0.5"], env=dict(os.environ),
+    from tools import fork_client
+    server = fork_client.ForkServer(os.environ["SERVER"])
+    done = fork_client.run(server, "probe", ["busy", "0.5"], env=dict(os.environ),
                            cwd=os.getcwd(), timeout=60, charge_to="owner")
     print(done.returncode)
 else:
@@ -95,7 +95,7 @@ def forked(
     timeout: float = 60,
     target: str = "probe",
 ) -> subprocess.CompletedProcess[str]:
-    return fork_server.run(server, target, list(args), env=env, cwd=cwd, timeout=timeout)
+    return fork_client.run(server, target, list(args), env=env, cwd=cwd, timeout=timeout)
 
 
 def fresh(
