@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tools.fork_server import (
+    ENV_REFUSAL,
     FORK_ENV,
     HEADER,
     ROOT,
@@ -201,7 +202,7 @@ def run_forked(
     timeout: float | None,
 ) -> subprocess.CompletedProcess[str] | None:
     """:func:`run` on the runner's server (``BCL_FORK_SERVER``, charged to this group) or,
-    where it refuses ``env``, on a server of ``env``'s start-up variables started by this
+    where it refuses ``env``'s start-up variables, on a server of those started by this
     process on first use (stopped, and waited for so that its CPU counts in this process's,
     when this process exits); None where forking is off (``BCL_TEST_FORK=0``) or no server can
     run it as a fresh interpreter would: then the caller starts one."""
@@ -212,8 +213,9 @@ def run_forked(
             server = ForkServer(shared)
             tag = os.environ.get(TAG_ENV)
             return run(server, module, args, env=env, cwd=cwd, timeout=timeout, charge_to=tag)
-        except Refused:
-            continue
+        except Refused as exc:
+            if not str(exc).startswith(ENV_REFUSAL):
+                return None  # its start-up environment matched: a server of ours would refuse too
     key = json.dumps(sorted(import_time_env(env).items()))
     if key not in _SERVERS:
         if not _SERVERS:

@@ -15,7 +15,7 @@ handlers run (streaming frees its shared memory there).
 Why the child is as good as a fresh process for these runs:
 - Each child is its own process with a real pid; nothing of a child survives into the next
   one. The server imports modules and does nothing else: it builds no dataset, runs no torch
-  op, starts no Python thread (:func:`preload` checks ``/proc/self/task``: the one native
+  op, starts no Python thread (:func:`preload` checks ``threading.enumerate()``: the one native
   thread numpy's OpenBLAS starts for its pool is re-made by OpenBLAS's own fork handlers, as
   in every DataLoader worker), so streaming's registrations and shared memory are created in
   the child only.
@@ -174,6 +174,11 @@ def path_conflict(server_front: Sequence[str], front: Sequence[str]) -> str | No
     return None
 
 
+ENV_REFUSAL = "start-up environment differs in"
+"""How a refusal over the start-up environment begins: a server of the request's environment
+could run it. Any other refusal (the path) a new server would make too."""
+
+
 def refusal(
     server_env: Mapping[str, str],
     server_cwd: str,
@@ -188,7 +193,7 @@ def refusal(
     ours, theirs = import_time_env(server_env), import_time_env(env)
     if ours != theirs:
         keys = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
-        return f"start-up environment differs in {', '.join(keys)}"
+        return f"{ENV_REFUSAL} {', '.join(keys)}"
     conflict = path_conflict(
         front_path(server_cwd, server_env.get("PYTHONPATH", "")),
         front_path(first_dir(request["module"], request["cwd"]), env.get("PYTHONPATH", "")),

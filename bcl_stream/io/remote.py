@@ -339,7 +339,7 @@ def open_cost_index(
     ``bcl_hashes.npy`` when the JSON names it) only when a cached copy is missing or its hash
     differs (:func:`_fetch_index`). An image-text index's components (``bcl_components.npz``,
     named with its SHA-256 in the sealed ``extra.components``) are fetched beside it when the
-    cache lacks that file, so a reader's two-term cost (``epoch/terms.py``) reads them where it
+    cache lacks that file or its copy's SHA-256 differs, so a reader's two-term cost (``epoch/terms.py``) reads them where it
     reads the costs. A location without a cost index gets the error of
     :func:`missing_index_error` (not a dataset / incomplete / needs annotate). Each file's
     download ends within ``attempts`` x ``timeout`` seconds (the readers pass their

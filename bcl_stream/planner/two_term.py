@@ -38,10 +38,10 @@ iteration scores, for each micro-batch still improving and each of its (one or t
 every candidate swap as a (B, P, B) array: the new maxima are those of the two ranks involved
 and the largest of the others, so no candidate rebuilds the P ranks' sums.
 ``tools/bench_two_term.py`` (``results/bench_two_term.json``, 1 x 8, qwen2-vl-2b, held-out sft
-and mix, a loaded 2-core machine): 44 to 179 us per record, 2.5 to 4.1 times faster than the
+and mix, a loaded 2-core machine): 44 to 179 us per record, 2.5 to 4.2 times faster than the
 first implementation, with the same swaps, but 17 to 31 times the planning it refines; beside
 an image's decode (8.9 ms for a 640 x 480 JPEG, ``results/bench_image_headers.json``) it is
-under 2%. The readers apply it on every batch of windows they plan (``epoch/terms.py``).
+about 2%. The readers apply it on every batch of windows they plan (``epoch/terms.py``).
 Deterministic, numpy only.
 Called only where records carry a vision cost; text-only plans never reach it, so their
 plans (and ``tools/plan_hashes.py``) are unchanged.
@@ -218,7 +218,7 @@ def _refine_rows(
     before = _node_maxima(v, lang, n_nodes)
     free_v, free_l = v.copy(), lang.copy()
     free_tok = None if tok is None else tok.copy()
-    refine(rows, valid.copy(), free_v, free_l, free_tok, False)
+    refine(rows, valid, free_v, free_l, free_tok, False)  # swaps move valid slots only
     worse = np.flatnonzero((_node_maxima(free_v, free_l, n_nodes) > before).any(axis=1))
     if worse.size == 0:
         return

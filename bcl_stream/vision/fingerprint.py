@@ -20,10 +20,11 @@ import json
 from pathlib import Path
 
 from bcl_stream.io.index_meta import field_hash
+from bcl_stream.vision.geometry import PREPROCESSOR_CONFIG, PROCESSOR_CONFIG
 
 PROCESSOR_FILES = (
-    "preprocessor_config.json",
-    "processor_config.json",
+    PREPROCESSOR_CONFIG,
+    PROCESSOR_CONFIG,
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",

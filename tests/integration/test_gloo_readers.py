@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_process import run_script
+from cli_process import ROOT, run_script
 from pack_oracles import check_every_record_once
 
 from bcl_stream.epoch.full_plan import full_plan
@@ -34,7 +34,12 @@ def free_port() -> int:
 def test_two_gloo_ranks_follow_the_plan(mds_dir: Path, wds_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     # Keep shared memory: other streaming jobs may be alive on this machine.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "BCL_STREAM_KEEP_SHM": "1"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "BCL_STREAM_KEEP_SHM": "1",
+        "PYTHONPATH": str(ROOT),
+    }
     proc = run_script(SCRIPT, str(mds_dir), str(wds_dir), str(free_port()), str(out), env=env)
     first_error = max(proc.stderr.find("Traceback"), 0)
     assert proc.returncode == 0, proc.stderr[first_error : first_error + 6000]

@@ -74,7 +74,7 @@ def server(probe_dir: Path) -> Iterator[ForkServer]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(probe_dir)])}
     started = ForkServer.start(env, modules=["json"])
     yield started
-    assert started.close() > 0.0  # the server's own CPU and its children's, once waited for
+    started.close()
 
 
 def env_for(probe_dir: Path, tmp: Path, **extra: str) -> dict[str, str]:

@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_module.callbacks import PackLogger, read_pack_log
 from lightning_module.tinygpt import TinyGPTConfig
-from tests.trainers import QUIET
+from tests.trainers import QUIET, cpu_trainer
 
 # One thread per process: the test machine has 2 cores shared by several jobs, and torch's
 # default (all cores) makes a tiny step 50x slower under contention (measured 8 ms vs 0.5 s).
@@ -70,16 +70,10 @@ def make_trainer(
                 save_top_k=-1,
             )
         )
-    kwargs.setdefault("accelerator", "cpu")
-    kwargs.setdefault("devices", 1)
-    return pl.Trainer(
+    return cpu_trainer(
         max_epochs=max_epochs,
         max_steps=max_steps,
-        logger=False,
         enable_checkpointing=checkpoint_every is not None,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
         callbacks=cbs,
         **kwargs,
     )
