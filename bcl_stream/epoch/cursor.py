@@ -23,9 +23,14 @@ from bcl_stream.errors import StateError
 from bcl_stream.planner import PlanConfig
 from bcl_stream.planner.checks import MAX_COUNT
 from bcl_stream.planner.config import MAX_RANKS
+from bcl_stream.vision.cost import resolve_two_term
 
-STATE_VERSION = 7
-"""7: the tokens contract (``planner/token_contract.py``): the config's ``contract`` may be
+STATE_VERSION = 8
+"""8: image-text plans under a two-term cost model regroup each window's micro-batches
+(``planner/two_term_regroup.py``) and decide their refinement per window, which changes their
+packs: a version 7 state or older whose config names a two-term cost model is refused (its
+position cannot be replayed exactly); every other state of versions 5-7 reads as before (text
+plans are unchanged). 7: the tokens contract (``planner/token_contract.py``): the config's ``contract`` may be
 ``tokens``, whose ``packs_consumed`` counts micro-batches of at most ``max_tokens`` tokens; a
 release before it cannot replay such a position, so it must refuse the state (it does: it
 reads versions up to 6). Versions 5 and 6 hold no tokens contract and read as before (their
@@ -42,7 +47,7 @@ raw integer bytes, or a text column and its tokenizer) and ``max_seq_len`` (wher
 record, which the plan then costs as truncated; a state without it means none). 3 added ``mixture`` (the streams a
 mixture plan reads; absent for one dataset). Versions 1-4 are refused with what to do: their
 position cannot be replayed exactly."""
-READABLE = (5, 6, STATE_VERSION)
+READABLE = (5, 6, 7, STATE_VERSION)
 KEY_MIXTURE = "mixture"
 MIXTURE_CHANGES = ("refuse", "restart_epoch")
 """What a resume does when the checkpoint's mixture differs from the loader's."""
@@ -186,7 +191,22 @@ def parse_state(state: Any) -> Cursor:
             "states hold: it was edited or written by another release; drop the data loader's "
             "state from the checkpoint to start the epoch over"
         )
+    if version < 8 and _two_term(cursor.config.cost_model):
+        raise StateError(
+            f"reader state version {version} was written under the two-term cost model "
+            f"{cursor.config.cost_model!r} by an earlier planner, which refined image-text plans "
+            "without regrouping their windows; this release plans them differently, so its "
+            f"position cannot be replayed exactly. {_REPLAY_FIX}"
+        )
     return cursor
+
+
+def _two_term(cost_model: str | None) -> bool:
+    """Whether a state's cost model is a two-term one (a bad two-term file is refused)."""
+    try:
+        return resolve_two_term(cost_model) is not None
+    except ValueError as exc:
+        raise StateError(f"reader state names a cost model that cannot be read: {exc}") from exc
 
 
 def _readable_version(state: dict[str, Any]) -> int:

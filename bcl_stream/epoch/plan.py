@@ -49,6 +49,7 @@ from bcl_stream.planner.token_contract import (
     EMPTY,
     REASON_OVER_BUDGET,
     TokenWalker,
+    micro_batches_per_window,
     plan_tokens,
 )
 from bcl_stream.process_layout import ProcessLayout
@@ -383,10 +384,12 @@ class ReaderPlan:
         )
         self._terms: Terms | None = None
         if config.packing == "bcl":  # image-text data under a two-term model (epoch/terms.py)
+            budget = contract(config.plan.contract).budget
             self._terms = plan_terms(
                 index,
                 config.cost_model,
                 config.plan.ranks_per_node,
+                micro_batches_per_window(config.plan) if budget else config.plan.window,
                 self._tokens,
                 config.plan.max_tokens,
             )
@@ -464,24 +467,14 @@ class ReaderPlan:
         consumed). Cost O(k * world_size * B), not O(epoch)."""
         if not 0 <= k <= self.n_packs:
             raise ValueError(f"segment consumed {k} packs but its plan has {self.n_packs}")
-        streams, pc = self._streams, self.config.plan
-        if self._tokens_walker is not None:
-            walker = self._tokens_walker
-            batches = list(walker.walk(np.arange(streams.n_rows), 0, -(-k // walker.per_window)))
-            width = max((b.packs.shape[2] for b in batches), default=1)
-            taken = np.full((pc.world_size, k, width), EMPTY, dtype=np.int64)
-            for tb in batches:
-                part = tb.packs[:, : k - tb.first_pack]
-                at = tb.first_pack
-                taken[:, at : at + part.shape[1], : part.shape[2]] = part
-            return self._refined(taken)
-        out = np.empty((pc.world_size, k, pc.pack_size), dtype=np.int64)
-        rows = np.arange(streams.n_rows)
-        stop = -(-k // pc.window)
-        for batch in iter_windows(streams, self._costs, self._tokens, rows, 0, stop):
-            taken = batch.packs[:, : k - batch.first_pack]
-            out[:, batch.first_pack : batch.first_pack + taken.shape[1]] = taken
-        return self._refined(out)
+        rows = list(range(self._streams.n_rows))
+        unit = 1 if self._terms is None else self._terms.unit
+        whole = min(-(-k // unit) * unit, self.n_packs)  # whole units: refined as read
+        parts = [packs for _, packs in self._units(self._batches(rows, 0, whole))]
+        if not parts:
+            width = self.config.plan.pack_size
+            return np.empty((self.config.plan.world_size, 0, width), dtype=np.int64)
+        return _joined(parts)[:, :k]
 
     def iter_ranks_packs(
         self, ranks: list[int], start: int = 0
@@ -495,22 +488,59 @@ class ReaderPlan:
     def _walk(self, ranks: list[int], start: int) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
         """The one walk of the rank-level methods: plan the rows holding ``ranks`` (with the
         two-term refinement in scope ``rank``: every row of their nodes, whose ranks it
-        exchanges records between), refine, and keep ``ranks``' packs."""
+        exchanges records between), refine whole units of it, and keep ``ranks``' packs."""
         config = self._streams.config
         places = [config.row_of(r) for r in ranks]
         rows = self._planned_rows(sorted({row for row, _ in places}))
         take = [rows.index(row) * config.row_ranks + place for row, place in places]
+        unit = 1 if self._terms is None else self._terms.unit
+        begin = start - start % unit  # a two-term unit is refined whole, from its start
+        for first, packs in self._units(self._batches(rows, begin)):
+            skip = max(start - first, 0)
+            if skip < packs.shape[1]:
+                yield first + skip, packs[take, skip:]
+
+    def _batches(
+        self, rows: list[int], start: int, stop: int | None = None
+    ) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
+        """(first micro-batch, packs of ``rows``) as planned, unrefined, from the window
+        holding micro-batch ``start`` to the one holding ``stop - 1`` (None: the epoch's
+        end)."""
         if self._tokens_walker is not None:
             per_window = self._tokens_walker.per_window
-            for tb in self._tokens_walker.walk(rows, start // per_window):
+            end = None if stop is None else -(-stop // per_window)
+            for tb in self._tokens_walker.walk(rows, start // per_window, end):
                 _warn_over_budget(tb.dropped, rows)
-                skip = max(start - tb.first_pack, 0)
-                yield tb.first_pack + skip, self._refined(tb.packs)[take, skip:]
+                yield tb.first_pack, tb.packs
             return
-        first = start // self.config.plan.window
-        for batch in iter_windows(self._streams, self._costs, self._tokens, rows, first):
-            skip = max(start - batch.first_pack, 0)
-            yield batch.first_pack + skip, self._refined(batch.packs)[take, skip:]
+        window = self.config.plan.window
+        end = None if stop is None else -(-stop // window)
+        for batch in iter_windows(
+            self._streams, self._costs, self._tokens, rows, start // window, end
+        ):
+            yield batch.first_pack, batch.packs
+
+    def _units(
+        self, batches: Iterator[tuple[int, npt.NDArray[np.int64]]]
+    ) -> Iterator[tuple[int, npt.NDArray[np.int64]]]:
+        """``batches`` (from a unit's start) joined into whole units of the two-term
+        refinement and refined (``epoch/terms.py``), the epoch's last unit possibly short;
+        unchanged without it."""
+        if self._terms is None:
+            yield from batches
+            return
+        unit, first = self._terms.unit, 0
+        held: list[npt.NDArray[np.int64]] = []
+        for at, packs in batches:
+            if not held:
+                first = at
+            held.append(packs)
+            end = at + packs.shape[1]
+            if end % unit == 0 or end >= self.n_packs:
+                yield first, self._refined(_joined(held), first)
+                held = []
+        if held:
+            yield first, self._refined(_joined(held), first)
 
     def _planned_rows(self, rows: list[int]) -> list[int]:
         """``rows``, or under the two-term refinement in scope ``rank`` (a row is one rank)
@@ -521,9 +551,10 @@ class ReaderPlan:
         per_node = self._terms.ranks_per_node // row_ranks
         return sorted({r - r % per_node + i for r in rows for i in range(per_node)})
 
-    def _refined(self, packs: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """``packs`` of whole nodes after the two-term refinement (unchanged without it)."""
-        return packs if self._terms is None else self._terms.refine(packs)
+    def _refined(self, packs: npt.NDArray[np.int64], first: int = 0) -> npt.NDArray[np.int64]:
+        """``packs`` of whole nodes and whole windows from micro-batch ``first`` on, after the
+        two-term refinement (unchanged without it)."""
+        return packs if self._terms is None else self._terms.refine(packs, first)
 
     def rank_packs(self, rank: int) -> npt.NDArray[np.int64]:
         """(n_packs, pack_size) record ids of one rank (materialized: tools and tests); under
@@ -620,6 +651,21 @@ def _costs_and_table(index: PlanData, config: ReaderConfig) -> tuple[Any, ShardT
 
     key = ("table", index.fingerprint(), config.cost_model, config.max_seq_len)
     return cached(key, make)
+
+
+def _joined(parts: list[npt.NDArray[np.int64]]) -> npt.NDArray[np.int64]:
+    """Consecutive packs (ranks, n, width) joined along the micro-batch axis, narrower ones
+    padded with ``EMPTY`` (the tokens contract's micro-batches vary in width)."""
+    if len(parts) == 1:
+        return parts[0]
+    width = max(p.shape[2] for p in parts)
+    return np.concatenate(
+        [
+            np.pad(p, ((0, 0), (0, 0), (0, width - p.shape[2])), constant_values=EMPTY)
+            for p in parts
+        ],
+        axis=1,
+    )
 
 
 def _warn_over_budget(dropped: npt.NDArray[np.int64], row: int | list[int]) -> None:

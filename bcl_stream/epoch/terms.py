@@ -31,7 +31,7 @@ from bcl_stream.errors import CostIndexError
 from bcl_stream.io.index import CostIndex
 from bcl_stream.planner import ShardTable, shard_weights
 from bcl_stream.planner.bcl import validate_costs
-from bcl_stream.planner.two_term import refine_packs
+from bcl_stream.planner.two_term import GUARD_WINDOWS, refine_packs
 from bcl_stream.vision.components import COMPONENTS_KEY, RecordComponents, read_components
 from bcl_stream.vision.cost import TwoTermCost, resolve_two_term
 
@@ -45,12 +45,23 @@ class Terms:
     table: ShardTable
     """The shard table of the language term: what the plan refined is planned on."""
     ranks_per_node: int
+    window: int
+    """Micro-batches per planning window: the refinement regroups and chooses per window."""
     tokens: Any | None = None
     """Tokens per record as fed, under a token budget (None: no budget)."""
     max_tokens: int | None = None
 
-    def refine(self, packs: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """``packs`` (ranks of whole nodes, micro-batches, width) refined node by node."""
+    @property
+    def unit(self) -> int:
+        """Micro-batches per unit of the refinement's guard (:data:`GUARD_WINDOWS` windows):
+        every plan path refines whole units from a unit's start, so all of them agree."""
+        return self.window * GUARD_WINDOWS
+
+    def refine(self, packs: npt.NDArray[np.int64], first: int) -> npt.NDArray[np.int64]:
+        """``packs`` (ranks of whole nodes, whole units from micro-batch ``first`` on, the
+        epoch's last possibly short, width) refined node by node and window by window."""
+        if first % self.unit:
+            raise ValueError(f"micro-batch {first} does not start a unit of {self.unit}")
         return refine_packs(
             packs,
             self.vision,
@@ -58,6 +69,8 @@ class Terms:
             self.ranks_per_node,
             tokens=self.tokens,
             max_tokens=self.max_tokens,
+            window=self.window,
+            guard_windows=GUARD_WINDOWS,
         )
 
 
@@ -115,11 +128,12 @@ def plan_terms(
     index: Any,
     cost_model: str | None,
     ranks_per_node: int,
+    window: int,
     tokens: Any | None,
     max_tokens: int | None,
 ) -> Terms | None:
     """The terms a BCL reader refines with, or None (no two-term model, text-only data, or
-    one rank per node: nothing to exchange)."""
+    one rank per node: nothing to exchange); ``window``: micro-batches per planning window."""
     model = resolve_two_term(cost_model)
     if model is None or ranks_per_node < 2 or not isinstance(index, CostIndex):
         return None  # a mixture under a two-term model is refused where its costs are made
@@ -133,7 +147,7 @@ def plan_terms(
         lambda: ShardTable.build(counts, weight=shard_weights(counts, language)),
     )
     budget = tokens if max_tokens is not None else None
-    return Terms(vision, language, table, ranks_per_node, budget, max_tokens)
+    return Terms(vision, language, table, ranks_per_node, window, budget, max_tokens)
 
 
 def record_costs(index: Any, cost_model: str | None) -> Any:

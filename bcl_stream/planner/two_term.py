@@ -3,9 +3,11 @@
 Why: BCL balances one cost per record, the sum of the vision encoder's and the language
 model's (``bcl_stream.vision.cost``). When the encoder runs as its own stage, each micro-batch
 takes max_r V + max_r L, not max_r (V + L): a plan balanced in sum can still leave one rank
-with most of a micro-batch's images. This pass exchanges records between the ranks of one
-node at the same micro-batch index, so no rank's record count, no micro-batch's position in
-the epoch and no node's records change (the node's stream and its locality are untouched):
+with most of a micro-batch's images. This pass moves records only within a node and one
+planning window: it exchanges records between the ranks of one micro-batch index, and it may
+deal a window's whole micro-batches again among its indices and ranks, so no micro-batch's
+size and no window's or node's records change (the node's stream, its windows and their
+locality are untouched):
 
 - a swap (record i of rank a for record j of rank b) is kept only if it lowers J + S, the
   micro-batch's time with the encoder as its own stage (J = max_r V + max_r L) plus its time
@@ -20,28 +22,35 @@ the epoch and no node's records change (the node's stream and its locality are u
 - no term ends worse balanced than the plan given. The readers refine the language term's
   plan (the token-only balancer's), and J + S alone may trade some of its language balance
   for the encoder's: refining the summed cost's plan left the language term up to 0.017
-  below the token-only balancer's (qwen2-vl-2b mix at T = 16,384). So the swaps are first
-  made freely; a node whose sum over its micro-batches of max_r V or of max_r L (each term's
-  efficiency denominator: the numerator, the term's total, no swap changes) ends above the
-  plan given's is refined again from that plan with capped swaps: none may raise the
-  micro-batch's max_r V or max_r L above its max as given. Capped swaps alone stall early
-  (``tools/bench_vlm.py``'s tune sft and mix rows: vision efficiency 0.913 to 0.987 where this
-  rule reaches 0.955 to 0.998); the free ones were kept on every node of every row there, so
-  the caps are a guarantee more than a path (``rule`` runs either half alone);
+  below the token-only balancer's (qwen2-vl-2b mix at T = 16,384). The guard is each node's
+  sum over the micro-batches of a unit (:data:`GUARD_WINDOWS` windows) of max_r V and of
+  max_r L (each term's efficiency denominator: the numerator, the term's total, no swap or
+  regrouping changes), never above the plan given's;
+- the swaps exchange records at one micro-batch index, so they never change how many images
+  an index holds in all: each window is also regrouped (``two_term_regroup.py``: its packs
+  dealt again into micro-batch indices of like vision and language cost) and refined. Per
+  window the lowest score (the sum of its vision, language and summed inverse efficiencies)
+  among the plan given and its regroupings, each after free swaps, is kept where its unit
+  passes the guard. A unit that fails is repaired (swaps that lower max_r L alone, raising no
+  max), else takes the plan given under free swaps where that passes, else each window's best
+  candidate that passes in the window alone: the capped swaps (none may raise the
+  micro-batch's max_r V or max_r L above its max as given) always do, so each term is at or
+  above the plan given's on every unit by construction. ``in_place`` is this rule without the
+  regroupings (records stay at their micro-batch index);
 - under a token budget the swapped micro-batches stay within it;
 - rank a is a rank holding max_r V or max_r L; the best swap over every other rank and every
   record pair is applied (ties to the lowest rank, then record slot), at most ``iterations``
   times per micro-batch.
 
-Speed: every micro-batch of a node is refined at once (twice for a node refined again). One
+Speed: every micro-batch of a node is refined at once, once per candidate (the plan given
+and two regroupings; again where a unit is capped or repaired). One
 iteration scores, for each micro-batch still improving and each of its (one or two) givers,
 every candidate swap as a (B, P, B) array: the new maxima are those of the two ranks involved
 and the largest of the others, so no candidate rebuilds the P ranks' sums.
 ``tools/bench_two_term.py`` (``results/bench_two_term.json``, 1 x 8, qwen2-vl-2b, held-out sft
-and mix, a loaded 2-core machine): 44 to 179 us per record, 2.5 to 4.2 times faster than the
-first implementation, with the same swaps, but 17 to 31 times the planning it refines; beside
-an image's decode (8.9 ms for a 640 x 480 JPEG, ``results/bench_image_headers.json``) it is
-about 2%. The readers apply it on every batch of windows they plan (``epoch/terms.py``).
+and mix) measures it per record beside the planning it refines and an image's decode
+(``docs/vlm.md``). The readers apply it to every unit of windows they plan
+(``epoch/terms.py``).
 Deterministic, numpy only.
 Called only where records carry a vision cost; text-only plans never reach it, so their
 plans (and ``tools/plan_hashes.py``) are unchanged.
@@ -53,6 +62,14 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.planner.padded import Packs
+from bcl_stream.planner.two_term_regroup import (
+    GROUPINGS,
+    TOLERANCE,
+    not_worse,
+    per_guard,
+    regrouped,
+    window_figures,
+)
 
 Ragged = list[list[npt.NDArray[np.int64]]]
 """``packs[r][t]``: record ids of rank r's t-th micro-batch (no -1 padding)."""
@@ -66,9 +83,19 @@ qwen2-vl-7b, 1 x 8, 8,000 records): vision efficiency 0.919 / 0.968 / 0.981 / 0.
 0.986 at B=8 and 0.953 / 0.983 / 0.992 / 0.998 / 0.999 / 0.999 at T=16,384 for
 0 / 4 / 8 / 16 / 32 / 64 swaps: the third decimal stops moving at 32."""
 
-RULES = ("guarded", "free", "capped")
-"""``guarded``: free swaps, capped ones again for a node they left worse (the readers' rule);
-``free``, ``capped``: either half alone."""
+RULES = ("guarded", "in_place", "free", "capped")
+"""``guarded``: the plan as given and its regroupings (``two_term_regroup.py``), each refined
+by free swaps, the best one that leaves no term worse kept per node and window, capped swaps
+where none does (the readers' rule); ``in_place``: the same without the regroupings (records
+stay at their micro-batch index); ``free``, ``capped``: either kind of swap alone."""
+
+GUARD_WINDOWS = 16
+"""Windows per unit of the guard (neither term's sum of maxima over a node's unit may rise
+above the plan given's), aligned on the epoch's first window. Chosen on ``tools/bench_vlm.py``
+(both corpora; see ``two_term_regroup.py``): a unit of one window rejects regroupings that
+cost the language term a hair in one window and give it back in the next (TACO's mix at T:
+vision efficiency 0.943 with one window, 0.974 with 16 or with the whole epoch); 16 is the
+readers' batch of windows (``planner.bcl.WINDOW_BATCH``), so a fresh reader plans no more."""
 
 CHUNK_ELEMENTS = 1 << 21
 """Candidate swaps scored per numpy call at most (micro-batches are taken in chunks so one
@@ -101,15 +128,22 @@ def refine_packs(
     max_tokens: int | None = None,
     iterations: int = ITERATIONS,
     rule: str = "guarded",
+    window: int | None = None,
+    guard_windows: int = 1,
 ) -> npt.NDArray[np.int64]:
     """A copy of ``packs`` (ranks, micro-batches, width; ``EMPTY`` pads a short micro-batch)
     with records exchanged between the ranks of each node (``ranks_per_node`` consecutive
     ranks) at each micro-batch index while J + S drops (the module docstring's rule).
     ``vision``, ``language``: per-record costs by id (memory-mapped arrays work: only the
     plan's ids are read); ``tokens`` and ``max_tokens``: the budget every micro-batch keeps
-    (None: no budget). Padding slots stay where they are. ``rule``: ``guarded`` (the module
-    docstring's), or one of its halves alone, ``free`` or ``capped`` (for benchmarks that
-    weigh it: ``tools/bench_vlm.py``)."""
+    (None: no budget). Padding slots stay where they are. ``rule``: one of :data:`RULES`
+    (``guarded``, the readers'; the others for benchmarks that weigh it: ``tools/bench_vlm.py``).
+    ``window``: micro-batches per planning window, the unit a rule decides on (regroups,
+    keeps or caps) per node, counted from ``packs``' first micro-batch, which must be a
+    window's first; None: all of ``packs`` is one window. ``guard_windows``: windows per unit
+    of the guard (neither term's sum of maxima may rise over a unit; the module docstring),
+    counted the same way. Every plan path passes whole guard units from a unit's start, so a
+    window is refined the same whichever path plans it."""
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
     out = np.array(packs, dtype=np.int64, copy=True)
@@ -122,7 +156,19 @@ def refine_packs(
     # (nodes * micro-batches, ranks_per_node, width): one row per micro-batch of a node
     rows = out.reshape(n_nodes, ranks_per_node, *out.shape[1:]).transpose(0, 2, 1, 3)
     rows = np.ascontiguousarray(rows).reshape(-1, ranks_per_node, out.shape[2])
-    _refine_rows(rows, vision, language, tokens, max_tokens, iterations, n_nodes, rule)
+    depth = out.shape[1]
+    span = depth if window is None else window
+    if span < 1 or guard_windows < 1:
+        raise ValueError(f"window and guard_windows must be >= 1, got {window}, {guard_windows}")
+    per_node = -(-depth // span)
+    bounds = [
+        (node * depth + lo, node * depth + min(lo + span, depth))
+        for node in range(n_nodes)
+        for lo in range(0, depth, span)
+    ]
+    k = np.arange(n_nodes * per_node)
+    guards = (k // per_node) * per_node + (k % per_node) // guard_windows
+    _refine_rows(rows, vision, language, tokens, max_tokens, iterations, bounds, guards, rule)
     back = rows.reshape(n_nodes, out.shape[1], ranks_per_node, out.shape[2]).transpose(0, 2, 1, 3)
     return np.ascontiguousarray(back).reshape(out.shape)
 
@@ -137,6 +183,8 @@ def refine_two_terms(
     max_tokens: int | None = None,
     iterations: int = ITERATIONS,
     rule: str = "guarded",
+    window: int | None = None,
+    guard_windows: int = 1,
 ) -> Ragged:
     """:func:`refine_packs` on any plan's packs (ranks may hold ragged micro-batches and
     different numbers of them, as the simulator's peers do): micro-batch indices every rank
@@ -162,11 +210,78 @@ def refine_two_terms(
             max_tokens=max_tokens,
             iterations=iterations,
             rule=rule,
+            window=window,
+            guard_windows=guard_windows,
         )
         for r, rank in enumerate(node):
             for t in range(depth):
-                rank[t] = done[r, t, : rank[t].size]
+                got = done[r, t]
+                rank[t] = got[got != EMPTY]  # a regrouped pack may have another size
     return out
+
+
+class _Swaps:
+    """The swap engine over rows (micro-batches, ranks, width) of one shape: each term's cost
+    per slot, swaps in place, and each window's figures."""
+
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        vision: npt.ArrayLike,
+        language: npt.ArrayLike,
+        tokens: npt.ArrayLike | None,
+        max_tokens: int | None,
+        iterations: int,
+    ) -> None:
+        self.shape = shape
+        self.terms = (vision, language, tokens)
+        self.max_tokens, self.iterations = max_tokens, iterations
+
+    def gathered(self, ids: npt.NDArray[np.int64]) -> list[npt.NDArray[np.float64] | None]:
+        """[vision, language, tokens] of ``ids``' slots, 0 on padding (tokens None without a
+        budget)."""
+        valid = ids != EMPTY
+        safe = np.where(valid, ids, 0).ravel()
+        out: list[npt.NDArray[np.float64] | None] = []
+        for values in self.terms:
+            if values is None:
+                out.append(None)
+                continue
+            got = np.asarray(np.asarray(values)[safe], dtype=np.float64).reshape(self.shape)
+            out.append(np.where(valid, got, 0.0))
+        return out
+
+    def refine(
+        self,
+        ids: npt.NDArray[np.int64],
+        capped: bool,
+        at: npt.NDArray[np.int64],
+        language_only: bool = False,
+    ) -> None:
+        """:func:`_refine_chunk` over rows ``at`` of ``ids`` in place, in chunks of at most
+        ``CHUNK_ELEMENTS`` candidates per numpy call."""
+        v, lang, tok = (None if a is None else a[at] for a in self.gathered(ids))
+        assert v is not None and lang is not None
+        part = ids[at]
+        ok = part != EMPTY
+        _, p, w = self.shape
+        step = max(1, CHUNK_ELEMENTS // (2 * w * p * w))
+        for lo in range(0, part.shape[0], step):
+            cut = slice(lo, lo + step)
+            k = None if tok is None else tok[cut]
+            _refine_chunk(
+                part[cut], ok[cut], v[cut], lang[cut], k, self.max_tokens, self.iterations,
+                capped, language_only,
+            )  # fmt: skip
+        ids[at] = part
+
+    def figures(
+        self, ids: npt.NDArray[np.int64], unit: npt.NDArray[np.int64], n: int
+    ) -> npt.NDArray[np.float64]:
+        """:func:`window_figures` of ``ids`` (``unit[row]``: the row's window, of ``n``)."""
+        v, lang, _ = self.gathered(ids)
+        assert v is not None and lang is not None
+        return window_figures(v, lang, unit, n)
 
 
 def _refine_rows(
@@ -176,66 +291,94 @@ def _refine_rows(
     tokens: npt.ArrayLike | None,
     max_tokens: int | None,
     iterations: int,
-    n_nodes: int,
+    bounds: list[tuple[int, int]],
+    guards: npt.NDArray[np.int64],
     rule: str,
 ) -> None:
-    """Refine every micro-batch of ``rows`` (micro-batches, ranks, width; node-major: each
-    node's micro-batches one block) in place: free swaps first; then each node whose sum over
-    its micro-batches of max_r V or of max_r L rose is refined again from its plan as given,
-    under caps (the module docstring's rule)."""
-    m, p, w = rows.shape
-    valid = rows != EMPTY
-    safe = np.where(valid, rows, 0)
-
-    def gather(values: npt.ArrayLike | None) -> npt.NDArray[np.float64] | None:
-        if values is None:
-            return None
-        taken = np.asarray(np.asarray(values)[safe.ravel()], dtype=np.float64).reshape(m, p, w)
-        return np.where(valid, taken, 0.0)
-
-    def refine(
-        ids: npt.NDArray[np.int64],
-        ok: npt.NDArray[np.bool_],
-        vis: npt.NDArray[np.float64],
-        lan: npt.NDArray[np.float64],
-        tks: npt.NDArray[np.float64] | None,
-        capped: bool,
-    ) -> None:
-        """:func:`_refine_chunk` over ``ids`` and its arrays (all swapped in place alike), in
-        chunks of at most ``CHUNK_ELEMENTS`` candidates per numpy call."""
-        step = max(1, CHUNK_ELEMENTS // (2 * w * p * w))
-        for lo in range(0, ids.shape[0], step):
-            at = slice(lo, lo + step)
-            k = None if tks is None else tks[at]
-            _refine_chunk(ids[at], ok[at], vis[at], lan[at], k, max_tokens, iterations, capped)
-
-    v, lang, tok = gather(vision), gather(language), gather(tokens)
-    assert v is not None and lang is not None
-    if rule != "guarded":
-        refine(rows, valid, v, lang, tok, rule == "capped")
+    """Refine every micro-batch of ``rows`` (micro-batches, ranks, width; node-major, each
+    window of ``bounds``, a node's, one block of rows) in place under ``rule`` (the module
+    docstring's; :data:`RULES`); ``guards[i]``: the guard unit of window i."""
+    swaps = _Swaps(rows.shape, vision, language, tokens, max_tokens, iterations)
+    every = np.arange(rows.shape[0])
+    if rule in ("free", "capped"):
+        swaps.refine(rows, rule == "capped", every)
         return
     start = rows.copy()
-    before = _node_maxima(v, lang, n_nodes)
-    free_v, free_l = v.copy(), lang.copy()
-    free_tok = None if tok is None else tok.copy()
-    refine(rows, valid, free_v, free_l, free_tok, False)  # swaps move valid slots only
-    worse = np.flatnonzero((_node_maxima(free_v, free_l, n_nodes) > before).any(axis=1))
-    if worse.size == 0:
-        return
-    depth = m // n_nodes
-    redo = (worse[:, None] * depth + np.arange(depth)).ravel()
-    part = start[redo]
-    refine(part, valid[redo], v[redo], lang[redo], None if tok is None else tok[redo], True)
-    rows[redo] = part
+    unit = np.zeros(rows.shape[0], dtype=np.int64)
+    for u, (lo, hi) in enumerate(bounds):
+        unit[lo:hi] = u
+    n = len(bounds)
+    before = swaps.figures(start, unit, n)
+    candidates = [start]
+    if rule == "guarded":
+        v0, l0, _ = swaps.gathered(start)
+        assert v0 is not None and l0 is not None
+        packs_v, packs_l = v0.sum(axis=2), l0.sum(axis=2)
+        candidates += [regrouped(start, packs_v, packs_l, bounds, g) for g in GROUPINGS]
+    refined = []
+    for ids in candidates:
+        ids = ids.copy()
+        swaps.refine(ids, False, every)
+        refined.append(ids)
+    figures = [swaps.figures(ids, unit, n) for ids in refined]
+    lost = ~not_worse(figures[0], before)
+    if lost.any():  # the capped swaps from the plan as given: never worse, by construction
+        capped = start.copy()
+        swaps.refine(capped, True, np.flatnonzero(lost[unit]))
+        refined.append(capped)
+        figures.append(swaps.figures(capped, unit, n))
+    chosen = _choose(swaps, start, refined, np.stack(figures), before, unit, guards)
+    for c, ids in enumerate(refined):
+        mine = chosen[unit] == c
+        rows[mine] = ids[mine]
 
 
-def _node_maxima(
-    v: npt.NDArray[np.float64], lang: npt.NDArray[np.float64], n_nodes: int
-) -> npt.NDArray[np.float64]:
-    """(nodes, 2): each node's sum over its micro-batches of max_r V and of max_r L (the
-    denominators of its vision and language efficiency)."""
-    maxima = np.stack([v.sum(axis=2).max(axis=1), lang.sum(axis=2).max(axis=1)], axis=1)
-    return maxima.reshape(n_nodes, -1, 2).sum(axis=1)
+def _choose(
+    swaps: _Swaps,
+    start: npt.NDArray[np.int64],
+    refined: list[npt.NDArray[np.int64]],
+    fig: npt.NDArray[np.float64],
+    before: npt.NDArray[np.float64],
+    unit: npt.NDArray[np.int64],
+    guards: npt.NDArray[np.int64],
+) -> npt.NDArray[np.int64]:
+    """Each window's candidate, an index into ``refined`` (a repair may append one); ``fig``:
+    the candidates' window figures (candidates, windows, 3). The lowest score (ties: the
+    earlier candidate) is kept where its guard unit's sum of either term's maxima does not
+    rise; the module docstring's fallbacks elsewhere."""
+    n = before.shape[0]
+    chosen = np.argmin(fig[:, :, 2], axis=0)
+    tops = fig[chosen, np.arange(n), :2]
+
+    def within(tops: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
+        """Per window: whether its guard unit's sums of both terms' maxima did not rise."""
+        sums = per_guard(tops, guards)
+        return (sums <= per_guard(before[:, :2], guards) * (1 + TOLERANCE)).all(axis=1)[guards]
+
+    ok = within(tops)
+    if not ok.all() and len(refined) > 1:
+        # repair: the lowest-score choice of each window of a failing unit, then swaps that
+        # lower max_r L alone without raising max_r V or max_r L (often the language term
+        # lost only a hair to the regrouping); kept where its unit now passes
+        mixed = start.copy()
+        for c, ids in enumerate(refined):
+            mine = chosen[unit] == c
+            mixed[mine] = ids[mine]
+        swaps.refine(mixed, True, np.flatnonzero(~ok[unit]), language_only=True)
+        repaired = swaps.figures(mixed, unit, n)
+        fixed = ~ok & within(np.where(ok[:, None], tops, repaired[:, :2]))
+        if fixed.any():
+            refined.append(mixed)
+            fig = np.concatenate([fig, np.where(fixed[:, None], repaired, np.inf)[None]])
+            chosen = np.where(fixed, len(refined) - 1, chosen)
+            ok = ok | fixed
+    # a unit still failing takes the plan as given under free swaps where that passes (what
+    # ``in_place`` keeps), else each window's lowest score among the candidates that leave
+    # neither term worse in that window (the capped swaps, or the plan as given where no
+    # swap was capped, always do)
+    plain = ~ok & within(fig[0, :, :2])
+    safe = np.where(not_worse(fig, before), fig[:, :, 2], np.inf)
+    return np.where(ok, chosen, np.where(plain, 0, np.argmin(safe, axis=0)))
 
 
 def _refine_chunk(
@@ -247,10 +390,12 @@ def _refine_chunk(
     max_tokens: int | None,
     iterations: int,
     capped: bool,
+    language_only: bool = False,
 ) -> None:
     """Up to ``iterations`` best swaps in each micro-batch (arrays (m, ranks, width), all
     swapped in place), only the micro-batches that improved last time scored again;
-    ``capped``: no swap may raise max_r V or max_r L above the micro-batch's as given."""
+    ``capped``: no swap may raise max_r V or max_r L above the micro-batch's as given;
+    ``language_only``: the swaps lower max_r L alone (the repair of ``_refine_rows``)."""
     p = ids.shape[1]
     active = np.arange(ids.shape[0])
     ranks = np.arange(p)
@@ -261,6 +406,7 @@ def _refine_chunk(
         found = _best_swaps(
             valid[active], v[active], lang[active], None if tok is None else tok[active],
             max_tokens, ranks, None if caps is None else (caps[0][active], caps[1][active]),
+            language_only,
         )  # fmt: skip
         improved, a, i, b, j = found
         rows = active[improved]
@@ -279,17 +425,20 @@ def _best_swaps(
     max_tokens: int | None,
     ranks: npt.NDArray[np.int64],
     caps: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]] | None = None,
+    language_only: bool = False,
 ) -> tuple[npt.NDArray[np.bool_], ...]:
     """The best J + S-lowering swap of each micro-batch: (which improve, and for those the
     giving rank, its slot, the taking rank, its slot). Givers: the rank holding max_r V and
     the one holding max_r L, scored once where they are one rank; ties go to the lower
     giver, then the lower slot, taker and slot. ``caps``: per micro-batch, the max_r V and
-    max_r L no swap may exceed (None: no cap)."""
+    max_r L no swap may exceed (None: no cap). ``language_only``: the score is max_r L alone."""
     m, p, w = v.shape
     rows = np.arange(m)
     vs, ls = v.sum(axis=2), lang.sum(axis=2)
     ss = vs + ls
     wv, wl, ws = (_per_mean(sums) for sums in (vs, ls, ss))
+    if language_only:
+        wv, ws = np.zeros_like(wv), np.zeros_like(ws)
     j_now = vs.max(axis=1) * wv + ls.max(axis=1) * wl
     s_now = ss.max(axis=1) * ws
     limit = j_now + s_now - 1e-12 * np.maximum(j_now, 1.0)

@@ -15,6 +15,7 @@ from pack_oracles import check_every_record_once
 from resume_harness import DataModuleLoader, pack_key, run_test_save_load_state
 from two_term_reference import check_two_terms_refined
 
+from bcl_stream.epoch.cursor import STATE_VERSION
 from bcl_stream.epoch.full_plan import full_plan
 from bcl_stream.errors import StateError
 from bcl_stream.process_layout import ProcessLayout
@@ -120,7 +121,7 @@ def test_the_state_records_the_contract(mds_dir: Path) -> None:
     first = setup(mds_dir, 0, 1, 1)
     next(iter(first.train_dataloader()))
     state = first.state_dict()
-    assert state["reader"]["version"] == 7
+    assert state["reader"]["version"] == STATE_VERSION  # 7 and later hold the tokens contract
     assert state["reader"]["config"]["plan"]["contract"] == "tokens"
     other = BCLDataModule(str(mds_dir), plan={"window": W}, seed=2, batch={"collate": "packed"})
     other.setup_for(0, 1, 1, grad_accum=G)

@@ -268,3 +268,32 @@ def test_a_two_term_reader_costs_its_records_once(
         assert reader_plan(index, config, epoch).rank_packs(0).size
     assert calls == [1]
     cache.clear()
+
+
+@pytest.mark.parametrize("contract", ["pack", "tokens"])
+def test_two_term_units_are_refined_alike_on_every_plan_path(
+    contract: str, vlm_dirs: dict[str, Path]
+) -> None:
+    """The two-term refinement regroups windows and guards units of several windows
+    (``planner/two_term.py``): a reader starting mid-unit, the elastic resume's first packs
+    and the whole-epoch plan all refine whole units from a unit's start, so they agree."""
+    budget = {"contract": "tokens", "max_tokens": 64} if contract == "tokens" else {}
+    config = ReaderConfig.build(
+        world_size=2, ranks_per_node=2, pack_size=2, window=1, seed=3, grad_accum=1,
+        cost_model="qwen2-vl-2b", **budget,
+    )  # fmt: skip
+    dataset = open_reader("mds", vlm_dirs["mds"], config, 0)
+    plan = dataset.epoch_plan(0)
+    whole = full_plan(dataset.index, config, 0).plan.packs
+    assert plan.n_packs > 2 * 16  # more than two units of 16 windows
+
+    def ids(packs: np.ndarray) -> list[list[int]]:
+        return [[i for i in p if i >= 0] for p in packs.tolist()]
+
+    for rank in range(config.plan.world_size):
+        for start in (0, 5, 17, 33):
+            got = [p for _, batch in plan.iter_rank_packs(rank, start) for p in ids(batch)]
+            assert got == ids(whole[rank, start:])
+    for k in (5, 17, plan.n_packs):
+        first = plan.first_packs(k)
+        assert [ids(r) for r in first] == [ids(r) for r in whole[:, :k]]

@@ -58,6 +58,18 @@ def test_malformed_states_are_refused(changes: dict[str, object], match: str) ->
         parse_state(state(**changes))
 
 
+def test_version_7_reads_as_before_unless_its_plan_was_two_term() -> None:
+    """Version 8 changed image-text plans under a two-term cost model only (windows are
+    regrouped): a version 7 state of a text config resumes; one naming a two-term model is
+    refused, since its position in the old plan cannot be replayed."""
+    assert parse_state(state(version=7)) == parse_state(state())
+    two_term = ReaderConfig.build(**{**CONFIG.flat(), "cost_model": "qwen2-vl-2b"})
+    old = json.loads(json.dumps({**Cursor(1, 5, "abc", two_term).to_dict(), "version": 7}))
+    with pytest.raises(StateError, match="version 7 was written under the two-term.*epoch over"):
+        parse_state(old)
+    assert parse_state({**old, "version": STATE_VERSION}).config == two_term
+
+
 def test_missing_key_and_non_dict() -> None:
     broken = state()
     del broken["epoch"]
