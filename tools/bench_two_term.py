@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             r = rows[-1]
             print(
                 f"{name:4s} {label:14s} plan {r['plan_us_per_record']:.1f} us/rec, refine "
-                f"{r['refine_us_per_record']:.1f}, reference {r['reference_us_per_record']:.1f}, "
-                f"same {r['same_swaps_as_reference']}",
+                f"{r['refine_us_per_record']:.1f}, in place {r['in_place_us_per_record']:.1f}, "
+                f"reference {r['reference_us_per_record']:.1f}, same {r['same_swaps_as_reference']}",
                 flush=True,
             )
     result = {
