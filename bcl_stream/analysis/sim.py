@@ -54,6 +54,7 @@ from bcl_stream.peers import (
 from bcl_stream.planner.bcl import build_node_streams, plan_epoch, plan_streams, validate_costs
 from bcl_stream.planner.canonical import physical_packs
 from bcl_stream.planner.config import PlanConfig, PlanKnobs
+from bcl_stream.planner.contracts import contract
 from bcl_stream.planner.node_streams import NodeStreams
 from bcl_stream.planner.padded import Packs, check_layout, ragged_pack_costs
 from bcl_stream.planner.shard_table import Draw, ShardTable, shard_weights
@@ -61,7 +62,9 @@ from bcl_stream.planner.step_contract import node_micro_batches
 from bcl_stream.planner.token_contract import (
     fill,
     mean_fed_tokens,
+    micro_batches_per_window,
 )
+from bcl_stream.planner.two_term import GUARD_WINDOWS, refine_packs
 
 STRATEGIES = ("sequential", *PEERS, "bcl-rank", "bcl-node", "bcl-world")
 
@@ -227,13 +230,16 @@ def plan_schedules(
     config: SimConfig,
     strategies: tuple[str, ...] = STRATEGIES,
     draw: Draw | None = None,
+    terms: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]] | None = None,
 ) -> dict[str, Schedule]:
     """:func:`schedules` from per-record costs and the shard table, for records already costed
     (a mixture: each stream under its own model, ``draw`` its epoch's draw; the pooled peers
-    then read a global shuffle of the draw)."""
+    then read a global shuffle of the draw). ``terms``: image-text data's (vision, language)
+    per record, ``costs`` their sum: the BCL strategies then plan as the readers do under a
+    two-term cost model (:func:`_reader_terms`)."""
     squares = np.square(tokens.astype(np.float64))
     layout = check_layout(config.layout)
-    epoch = _SimEpoch(tokens, costs, squares, table, config, draw, layout)
+    epoch = _SimEpoch(tokens, costs, squares, table, config, draw, layout, terms)
     out: dict[str, Schedule] = {}
     for name in strategies:
         if name == "sequential":
@@ -264,6 +270,8 @@ class _SimEpoch:
     config: SimConfig
     draw: Draw | None
     layout: str
+    terms: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]] | None = None
+    """Image-text data's (vision, language) per record (``costs`` is their sum), or None."""
 
     def schedule(
         self, packs: Packs, used: int, left: int, steps: npt.NDArray[np.int64] | None = None
@@ -324,11 +332,12 @@ def _bcl_tokens(e: _SimEpoch, name: str) -> Schedule:
     the config sets canonical ranks."""
     config = e.config
     planner = plan_config(config, name.removeprefix("bcl-"))
+    on = _reader_terms(e, planner)
     whole = plan_epoch(
-        e.costs, e.table, planner, seed=config.seed, epoch=config.epoch, tokens=e.tokens,
+        on.costs, on.table, planner, seed=config.seed, epoch=config.epoch, tokens=e.tokens,
         draw=e.draw,
     )  # fmt: skip
-    packs3 = whole.packs
+    packs3 = _refined(e, planner, whole.packs)
     if config.canonical_ranks is not None:
         packs3 = physical_packs(
             packs3,
@@ -342,17 +351,49 @@ def _bcl_tokens(e: _SimEpoch, name: str) -> Schedule:
     return e.schedule(ragged, whole.records_used, whole.records_left)
 
 
+def _reader_terms(e: _SimEpoch, planner: PlanConfig) -> _SimEpoch:
+    """The epoch a BCL strategy plans on: under ``terms`` with two or more ranks per node,
+    the language term and its shard table, as the readers plan image-text data under a
+    two-term cost model (``epoch/terms.py``); else ``e`` itself."""
+    if e.terms is None or planner.ranks_per_node < 2:
+        return e
+    language = e.terms[1]
+    counts = e.table.counts
+    table = ShardTable.build(counts, weight=shard_weights(counts, language))
+    return replace(e, costs=language, table=table)
+
+
+def _refined(
+    e: _SimEpoch, planner: PlanConfig, packs: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """``packs`` (the whole epoch) after the readers' two-term refinement where
+    :func:`_reader_terms` planned the language term (unchanged elsewhere)."""
+    if e.terms is None or planner.ranks_per_node < 2:
+        return packs
+    budget = planner.max_tokens is not None
+    window = (
+        micro_batches_per_window(planner) if contract(planner.contract).budget else planner.window
+    )
+    return refine_packs(
+        packs, e.terms[0], e.terms[1], planner.ranks_per_node,
+        tokens=e.tokens if budget else None, max_tokens=planner.max_tokens,
+        window=window, guard_windows=GUARD_WINDOWS,
+    )  # fmt: skip
+
+
 def _bcl(e: _SimEpoch, name: str) -> Schedule:
     """BCL under the pack or step contract, on canonical ranks where the config sets them;
     with how far each record moved from its stream position."""
     config = e.config
     planner = plan_config(config, name.removeprefix("bcl-"))
-    streams = e.streams_for(planner, True)
-    plan = plan_streams(streams, e.costs, e.tokens)
-    packs: Packs = plan.packs
+    on = _reader_terms(e, planner)
+    streams = on.streams_for(planner, True)
+    plan = plan_streams(streams, on.costs, e.tokens)
+    planned = _refined(e, planner, plan.packs)
+    packs: Packs = planned
     if config.canonical_ranks is not None:
         packs = physical_packs(
-            plan.packs,
+            planned,
             e.costs,
             config.ranks,
             config.ranks_per_node,
@@ -362,7 +403,7 @@ def _bcl(e: _SimEpoch, name: str) -> Schedule:
     if config.contract == "step":
         group = streams.config.row_ranks
         packs = node_micro_batches(
-            plan.packs, e.costs, config.grad_accum, e.layout, group, e.tokens, config.max_tokens
+            planned, e.costs, config.grad_accum, e.layout, group, e.tokens, config.max_tokens
         )
     return replace(
         e.schedule(packs, plan.records_used, plan.records_left),

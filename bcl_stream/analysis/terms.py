@@ -1,7 +1,8 @@
 """Per-term balance of a schedule: the vision encoder's and the language model's costs apart.
 
-Why: the planner balances one number per record (the summed two-term cost,
-``bcl_stream.vision.cost.TwoTermCost``), but a vision-language step runs two networks. When
+Why: the planner balances one number per record (the language term, or the summed two-term
+cost, ``bcl_stream.vision.cost.TwoTermCost``; the readers then refine both terms,
+``planner/two_term.py``), but a vision-language step runs two networks. When
 the vision encoder runs as its own stage (all ranks encode their images, then all run the
 language model), a rank waits at each stage for the slowest rank *of that stage*, so a pack
 balanced in sum can still leave the encoder unbalanced. This module scores each term on its own

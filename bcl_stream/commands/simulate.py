@@ -296,12 +296,15 @@ def run(args: argparse.Namespace) -> int:
     names = tuple(s for s in args.strategies.split(",") if s)
     data = sim_input(args, config)
     table = data.table
-    planned = plan_schedules(data.lengths, data.costs, table, config, names, data.draw)
+    terms = None if data.vision is None else (data.vision, data.language())
+    planned = plan_schedules(data.lengths, data.costs, table, config, names, data.draw, terms)
     price = micro_batch_price(data.lengths, data.costs, config)
     layouts = {config.layout: (planned, score(planned, config, table, price))}
     if config.layout == "padded":
         packed = dataclasses.replace(config, layout="packed")
-        packed_plans = plan_schedules(data.lengths, data.costs, table, packed, names, data.draw)
+        packed_plans = plan_schedules(
+            data.lengths, data.costs, table, packed, names, data.draw, terms
+        )
         layouts = {"packed": (packed_plans, score(packed_plans, packed, table, price)), **layouts}
     results = layouts[config.layout][1]
     refuse_empty(args.dataset or args.lengths or ",".join(args.stream), config, data, results)

@@ -428,17 +428,16 @@ def _best_swaps(
     language_only: bool = False,
 ) -> tuple[npt.NDArray[np.bool_], ...]:
     """The best J + S-lowering swap of each micro-batch: (which improve, and for those the
-    giving rank, its slot, the taking rank, its slot). Givers: the rank holding max_r V and
-    the one holding max_r L, scored once where they are one rank; ties go to the lower
-    giver, then the lower slot, taker and slot. ``caps``: per micro-batch, the max_r V and
-    max_r L no swap may exceed (None: no cap). ``language_only``: the score is max_r L alone."""
+    giving rank, its slot, the taking rank, its slot). Givers: the ranks holding max_r V and
+    max_r L (one block where they are one rank); ties go to the lower giver, slot, taker and
+    slot. ``caps``: per micro-batch, the max_r V and max_r L no swap may exceed (None: no
+    cap). ``language_only``: the score is max_r L alone."""
     m, p, w = v.shape
     rows = np.arange(m)
     vs, ls = v.sum(axis=2), lang.sum(axis=2)
     ss = vs + ls
     wv, wl, ws = (_per_mean(sums) for sums in (vs, ls, ss))
-    if language_only:
-        wv, ws = np.zeros_like(wv), np.zeros_like(ws)
+    wv, ws = (wv * 0, ws * 0) if language_only else (wv, ws)
     j_now = vs.max(axis=1) * wv + ls.max(axis=1) * wl
     s_now = ss.max(axis=1) * ws
     limit = j_now + s_now - 1e-12 * np.maximum(j_now, 1.0)
@@ -481,12 +480,7 @@ def _best_swaps(
     theirs = valid_k & (ranks[None, :, None] != giver[:, None, None])
     both += mine + np.where(theirs, 0.0, np.inf)[:, None, :, :]
     if tok is not None and max_tokens is not None:
-        t_k = tok[at]
-        ks = t_k.sum(axis=2)
-        dk = t_k[:, None, :, :] - t_k[np.arange(k), giver][:, :, None, None]
-        fits = ks[np.arange(k), giver][:, None, None, None] + dk <= max_tokens
-        fits &= ks[:, None, :, None] - dk <= max_tokens
-        both = np.where(fits, both, np.inf)
+        both = np.where(_fits(tok[at], giver, max_tokens), both, np.inf)
     flat = both.reshape(k, -1)
     best = np.argmin(flat, axis=1)
     score = flat[np.arange(k), best]
@@ -499,6 +493,18 @@ def _best_swaps(
     chosen = pick[improved]
     i, b, j = np.unravel_index(best[chosen], (w, p, w))
     return improved, giver[chosen], i, b, j
+
+
+def _fits(
+    t_k: npt.NDArray[np.float64], giver: npt.NDArray[np.int64], max_tokens: int
+) -> npt.NDArray[np.bool_]:
+    """Candidate swaps (k, i, taker, j) of the candidate blocks' tokens ``t_k`` (k, ranks,
+    width) after which both micro-batches involved stay within ``max_tokens``."""
+    k = t_k.shape[0]
+    ks = t_k.sum(axis=2)
+    dk = t_k[:, None, :, :] - t_k[np.arange(k), giver][:, :, None, None]
+    fits = ks[np.arange(k), giver][:, None, None, None] + dk <= max_tokens
+    return fits & (ks[:, None, :, None] - dk <= max_tokens)
 
 
 def _per_mean(sums: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:

@@ -14,7 +14,9 @@ from bcl_stream.analysis.sim import SimConfig, plan_schedules, score, shard_tabl
 from bcl_stream.analysis.terms import term_figures
 from bcl_stream.cli import main
 from bcl_stream.cost import get_preset
-from bcl_stream.io.index import CostIndex, ShardEntry, write_index
+from bcl_stream.epoch.full_plan import full_plan
+from bcl_stream.epoch.plan import ReaderConfig
+from bcl_stream.io.index import CostIndex, ShardEntry, read_index, write_index
 from bcl_stream.planner.shard_table import ShardTable, shard_weights
 from bcl_stream.vision.components import COMPONENTS_KEY, RecordComponents, write_components
 from bcl_stream.vision.cost import get_two_term_preset
@@ -123,15 +125,24 @@ def test_simulate_dataset_reports_the_vision_term_under_a_two_term_model(
         assert 0 < row["efficiency_vision"] <= 1
         assert 0 < row["efficiency_language"] <= 1
         assert row["efficiency_vision"] != pytest.approx(row["efficiency_language"])
-    # the same schedule scored by hand: the summed cost is what was planned
-    config = SimConfig(ranks=8, ranks_per_node=8, grad_accum=1, window=16)
-    costs = vision + language
-    table = ShardTable.build([256, 256], weight=shard_weights([256, 256], costs))
-    planned = plan_schedules(comps.tokens, costs, table, config, ("bcl-world",))
-    got = term_figures(planned["bcl-world"].packs, vision, language)
+    # bcl-world is what the readers yield under the same model: the language term planned,
+    # then refined (epoch/terms.py); scored by hand on the readers' own whole-epoch plan
+    config = ReaderConfig.build(
+        world_size=8, ranks_per_node=8, grad_accum=1, window=16, scope="world",
+        cost_model="qwen2-vl-7b",
+    )  # fmt: skip
+    readers = full_plan(read_index(tmp_path), config, 0).plan.packs
+    got = term_figures(readers, vision, language)
     row = payload["strategies"]["bcl-world"]
     assert row["efficiency_vision"] == pytest.approx(got["efficiency_vision"])
+    assert row["efficiency_language"] == pytest.approx(got["efficiency_language"])
     assert row["efficiency"] == pytest.approx(got["efficiency_summed"])
+    # and it is not the summed cost's plan, unrefined (what simulate showed before)
+    costs = vision + language
+    table = ShardTable.build([256, 256], weight=shard_weights([256, 256], costs))
+    sim = SimConfig(ranks=8, ranks_per_node=8, grad_accum=1, window=16)
+    summed = plan_schedules(comps.tokens, costs, table, sim, ("bcl-world",))["bcl-world"]
+    assert term_figures(summed.packs, vision, language) != got
 
 
 def test_simulate_dataset_without_a_two_term_model_says_the_vision_term_is_not_modeled(
