@@ -27,7 +27,7 @@ made on COCO's ``tune`` rows only: the two-term refinement's acceptance rule, it
 (each max relative to its mean), its swap limit and its start (the token-only plan, with the
 capped fallback; ``planner/two_term.py``); every planner setting is the default. A fifth, the
 regrouping of a window's micro-batches (``planner/two_term_regroup.py``), was made after
-TACO's ``mix`` rows missed their targets, and its two groupings were compared on rows of
+TACO's ``mix`` rows missed their targets, and its three groupings were compared on rows of
 both corpora: no row is held out for that choice.
 
 Compared at 1 node x 8 ranks, G = 4, one sync per micro-batch, under the qwen2-vl-7b and

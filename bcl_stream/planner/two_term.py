@@ -43,7 +43,7 @@ locality are untouched):
   times per micro-batch.
 
 Speed: every micro-batch of a node is refined at once, once per candidate (the plan given
-and two regroupings; again where a unit is capped or repaired). One
+and three regroupings; again where a unit is capped or repaired). One
 iteration scores, for each micro-batch still improving and each of its (one or two) givers,
 every candidate swap as a (B, P, B) array: the new maxima are those of the two ranks involved
 and the largest of the others, so no candidate rebuilds the P ranks' sums.
