@@ -1,6 +1,6 @@
 """Image-text balance on real image sizes: the two-term cost against token-only balancing.
 
-Records: the images of two public annotation files, each turned into Qwen2-VL patches and image
+Records: the images of three public annotation files, each turned into Qwen2-VL patches and image
 tokens by the processor's own arithmetic (``bcl_stream.vision.geometry.qwen2_vl``,
 transformers' defaults: min_pixels 3136, max_pixels 1,003,520):
 
@@ -8,12 +8,15 @@ transformers' defaults: min_pixels 3136, max_pixels 1,003,520):
   (``bcl_bench/data/coco_val2017_sizes.csv``), split in halves by image order: ``tune`` (the
   first 2,500) and ``held_out`` (the rest);
 - TACO's 1,500 photos (``bcl_bench/data/taco_sizes.csv``, 0.4 to 24 megapixels), held out
-  whole: added after every choice was made on COCO's tune half.
+  whole: added after every choice was made on COCO's tune half;
+- MathVista testmini's 1,000 images (``bcl_bench/data/mathvista_testmini_sizes.csv``:
+  diagrams, charts, documents and photos, 24 to 5,092 patches), held out whole: added after
+  the window regrouping was chosen on rows of COCO and TACO.
 
 Text lengths, three workloads:
 
 - ``captions``: each image with its own first caption (the real pairing; captioning data;
-  COCO only, TACO has no captions);
+  COCO only, TACO and MathVista have no captions);
 - ``sft``: image i with record i of the committed stdlib chat corpus
   (``tools/data/stdlib_cl100k_lengths.npy``, cl100k, its own order): instruction data whose
   text is only loosely tied to its image;
@@ -22,13 +25,13 @@ Text lengths, three workloads:
   after source as a writer stores them.
 
 Each text source is split in halves too (``tune`` rows take the first, ``held_out`` rows of
-both corpora the second); each half repeated end to end to ``--records``. Four choices were
+every corpus the second); each half repeated end to end to ``--records``. Four choices were
 made on COCO's ``tune`` rows only: the two-term refinement's acceptance rule, its weighing
 (each max relative to its mean), its swap limit and its start (the token-only plan, with the
 capped fallback; ``planner/two_term.py``); every planner setting is the default. A fifth, the
 regrouping of a window's micro-batches (``planner/two_term_regroup.py``), was made after
 TACO's ``mix`` rows missed their targets, and its three groupings were compared on rows of
-both corpora: no row is held out for that choice.
+both corpora; MathVista's rows, added afterwards, are held out for it.
 
 Compared at 1 node x 8 ranks, G = 4, one sync per micro-batch, under the qwen2-vl-7b and
 qwen2-vl-2b training-FLOPs presets (``bcl_stream.vision.cost``: the 7B's language model
@@ -93,8 +96,10 @@ from bcl_stream.vision.geometry import qwen2_vl
 
 SIZES = ROOT / "bcl_bench" / "data" / "coco_val2017_sizes.csv"
 WIDE_SIZES = ROOT / "bcl_bench" / "data" / "taco_sizes.csv"
-CORPORA = {"coco": SIZES, "taco": WIDE_SIZES}
-"""Image sizes: COCO val2017 (tune and held-out halves) and TACO (held out whole)."""
+SPREAD_SIZES = ROOT / "bcl_bench" / "data" / "mathvista_testmini_sizes.csv"
+CORPORA = {"coco": SIZES, "taco": WIDE_SIZES, "mathvista": SPREAD_SIZES}
+"""Image sizes: COCO val2017 (tune and held-out halves); TACO and MathVista testmini (each
+held out whole)."""
 TEXTS = ROOT / "tools" / "data" / "stdlib_cl100k_lengths.npy"
 WORKLOADS = ("captions", "sft", "mix")
 HALVES = ("tune", "held_out")
@@ -133,8 +138,8 @@ def image_sizes(corpus: str = "coco") -> tuple[npt.NDArray[np.int64], npt.NDArra
 
 def workload(name: str, half: str, n: int, corpus: str = "coco") -> RecordComponents:
     """``n`` records of one workload's half (its records repeated end to end, order kept).
-    TACO is held out whole (``half`` must be ``held_out``), beside the text sources' held-out
-    halves; it has no captions."""
+    TACO and MathVista are held out whole (``half`` must be ``held_out``), beside the text
+    sources' held-out halves; they have no captions."""
     patches, captions = image_sizes(corpus)
     texts = np.load(TEXTS).astype(np.int64)
     k = patches.size // 2
@@ -409,10 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_tokens": T,
             "sync": "microbatch",
             "records_per_half": args.records,
-            "sizes": {
-                "coco": "bcl_bench/data/coco_val2017_sizes.csv",
-                "taco": "bcl_bench/data/taco_sizes.csv",
-            },
+            "sizes": {corpus: str(CORPORA[corpus].relative_to(ROOT)) for corpus in args.corpora},
             "texts": "tools/data/stdlib_cl100k_lengths.npy",
             "text_only": f"bcl_bench.text_corpora man, capped at {MAN_CAP}",
             "two_term_iterations": ITERATIONS,
