@@ -231,7 +231,8 @@ def vision_ceiling(packs: Any, vision: npt.NDArray[np.float64], ranks_per_node: 
     """The most vision efficiency any exchange of records between a node's ranks at each
     micro-batch index (what the two-term refinement does) could reach on these micro-batches:
     of a micro-batch's n records with a vision cost, some rank holds at least ceil(n / P), so
-    its max_r V is at least the sum of the ceil(n / P) smallest (and at least the mean)."""
+    its max_r V is at least the sum of the ceil(n / P) smallest, at least its costliest
+    record's (records are whole) and at least the mean."""
     mean = bound = 0.0
     for first in range(0, len(packs), ranks_per_node):
         node = packs[first : first + ranks_per_node]
@@ -241,7 +242,8 @@ def vision_ceiling(packs: Any, vision: npt.NDArray[np.float64], ranks_per_node: 
             seen = np.sort(costs[costs > 0])
             share = float(costs.sum()) / ranks_per_node
             mean += share
-            bound += max(share, float(seen[: -(-seen.size // ranks_per_node)].sum()))
+            whole = float(seen[-1]) if seen.size else 0.0
+            bound += max(share, float(seen[: -(-seen.size // ranks_per_node)].sum()), whole)
     return mean / bound if bound > 0 else 1.0
 
 

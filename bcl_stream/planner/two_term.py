@@ -28,15 +28,16 @@ locality are untouched):
   regrouping changes), never above the plan given's;
 - the swaps exchange records at one micro-batch index, so they never change how many images
   an index holds in all: each window is also regrouped (``two_term_regroup.py``: its packs
-  dealt again into micro-batch indices of like vision and language cost) and refined. Per
-  window the lowest score (the sum of its vision, language and summed inverse efficiencies)
-  among the plan given and its regroupings, each after free swaps, is kept where its unit
-  passes the guard. A unit that fails is repaired (swaps that lower max_r L alone, raising no
-  max), else takes the plan given under free swaps where that passes, else each window's best
-  candidate that passes in the window alone: the capped swaps (none may raise the
-  micro-batch's max_r V or max_r L above its max as given) always do, so each term is at or
-  above the plan given's on every unit by construction. ``in_place`` is this rule without the
-  regroupings (records stay at their micro-batch index);
+  dealt again into micro-batch indices of like vision and language cost) and refined. The
+  plan as given and each regrouping are refined by free swaps; per unit, among the choices
+  that pass the guard, the one whose unit has the lowest sum of its vision, language and
+  summed inverse efficiencies is kept (``_choose``: each window's best candidate, the same for
+  the ``in_place`` candidates alone, each repaired where its unit fails by swaps that lower
+  max_r L alone and raise neither max, the plan as given under free swaps, and each window's
+  best candidate that passes in the window alone: the capped swaps, none of which may raise a
+  micro-batch's max_r V or max_r L above its max as given, always do). So each term is at or
+  above the plan given's on every unit by construction, and no unit scores above
+  ``in_place``, this rule without the regroupings (records stay at their micro-batch index);
 - under a token budget the swapped micro-batches stay within it;
 - rank a is a rank holding max_r V or max_r L; the best swap over every other rank and every
   record pair is applied (ties to the lowest rank, then record slot), at most ``iterations``
@@ -68,6 +69,7 @@ from bcl_stream.planner.two_term_regroup import (
     not_worse,
     per_guard,
     regrouped,
+    scores,
     window_figures,
 )
 
@@ -321,13 +323,15 @@ def _refine_rows(
         swaps.refine(ids, False, every)
         refined.append(ids)
     figures = [swaps.figures(ids, unit, n) for ids in refined]
+    in_place = [0]
     lost = ~not_worse(figures[0], before)
     if lost.any():  # the capped swaps from the plan as given: never worse, by construction
         capped = start.copy()
         swaps.refine(capped, True, np.flatnonzero(lost[unit]))
+        in_place.append(len(refined))
         refined.append(capped)
         figures.append(swaps.figures(capped, unit, n))
-    chosen = _choose(swaps, start, refined, np.stack(figures), before, unit, guards)
+    chosen = _choose(swaps, start, refined, np.stack(figures), before, unit, guards, in_place)
     for c, ids in enumerate(refined):
         mine = chosen[unit] == c
         rows[mine] = ids[mine]
@@ -341,44 +345,60 @@ def _choose(
     before: npt.NDArray[np.float64],
     unit: npt.NDArray[np.int64],
     guards: npt.NDArray[np.int64],
+    in_place: list[int],
 ) -> npt.NDArray[np.int64]:
-    """Each window's candidate, an index into ``refined`` (a repair may append one); ``fig``:
-    the candidates' window figures (candidates, windows, 3). The lowest score (ties: the
-    earlier candidate) is kept where its guard unit's sum of either term's maxima does not
-    rise; the module docstring's fallbacks elsewhere."""
+    """Each window's candidate, an index into ``refined`` (repairs append theirs); ``fig``:
+    the candidates' window figures (candidates, windows, 6); ``in_place``: the candidates of
+    the ``in_place`` rule (the plan as given under free swaps, and the capped swaps where
+    computed). Per guard unit, of the choices that leave neither term's sum of maxima above
+    the plan's over the unit, the one of lowest score over the unit (:func:`scores`; ties:
+    the earlier): for all candidates, then for ``in_place``'s alone, each window's lowest
+    score, and that choice repaired where its unit fails (swaps that lower max_r L alone,
+    raising neither max: the language term often lost only a hair); the plan as given under
+    free swaps; each window's lowest score among the candidates that pass in the window
+    alone (the capped swaps, or the plan as given where no swap was capped, always do). So
+    the rule never scores above ``in_place`` on a unit."""
     n = before.shape[0]
-    chosen = np.argmin(fig[:, :, 2], axis=0)
-    tops = fig[chosen, np.arange(n), :2]
+    windows = np.arange(n)
+    means = per_guard(before[:, 3:], guards)[guards]  # the same for every candidate
+    weights = np.where(means > 0, 1.0 / np.where(means > 0, means, 1.0), 0.0)
 
     def within(tops: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
         """Per window: whether its guard unit's sums of both terms' maxima did not rise."""
         sums = per_guard(tops, guards)
         return (sums <= per_guard(before[:, :2], guards) * (1 + TOLERANCE)).all(axis=1)[guards]
 
-    ok = within(tops)
-    if not ok.all() and len(refined) > 1:
-        # repair: the lowest-score choice of each window of a failing unit, then swaps that
-        # lower max_r L alone without raising max_r V or max_r L (often the language term
-        # lost only a hair to the regrouping); kept where its unit now passes
+    score = scores(fig, weights)  # (candidates, windows)
+    safe = np.where(not_worse(fig, before), score, np.inf)
+    choices: list[npt.NDArray[np.int64]] = []
+    passes: list[npt.NDArray[np.bool_]] = []
+    for subset in [list(range(len(refined))), in_place][: 1 + (len(in_place) < len(refined))]:
+        best = np.asarray(subset)[np.argmin(score[subset], axis=0)]
+        ok = within(fig[best, windows, :2])
+        choices.append(best)
+        passes.append(ok)
+        if ok.all() or len(subset) == 1:
+            continue
         mixed = start.copy()
-        for c, ids in enumerate(refined):
-            mine = chosen[unit] == c
-            mixed[mine] = ids[mine]
+        for c in subset:
+            mine = best[unit] == c
+            mixed[mine] = refined[c][mine]
         swaps.refine(mixed, True, np.flatnonzero(~ok[unit]), language_only=True)
-        repaired = swaps.figures(mixed, unit, n)
-        fixed = ~ok & within(np.where(ok[:, None], tops, repaired[:, :2]))
-        if fixed.any():
-            refined.append(mixed)
-            fig = np.concatenate([fig, np.where(fixed[:, None], repaired, np.inf)[None]])
-            chosen = np.where(fixed, len(refined) - 1, chosen)
-            ok = ok | fixed
-    # a unit still failing takes the plan as given under free swaps where that passes (what
-    # ``in_place`` keeps), else each window's lowest score among the candidates that leave
-    # neither term worse in that window (the capped swaps, or the plan as given where no
-    # swap was capped, always do)
-    plain = ~ok & within(fig[0, :, :2])
-    safe = np.where(not_worse(fig, before), fig[:, :, 2], np.inf)
-    return np.where(ok, chosen, np.where(plain, 0, np.argmin(safe, axis=0)))
+        refined.append(mixed)
+        fig = np.concatenate([fig, swaps.figures(mixed, unit, n)[None]])
+        score = scores(fig, weights)
+        choices.append(np.full(n, len(refined) - 1))
+        passes.append(~ok & within(fig[-1, :, :2]))
+    choices += [np.zeros(n, dtype=np.int64), np.argmin(safe, axis=0)]
+    passes += [within(fig[0, :, :2]), np.ones(n, dtype=bool)]
+    totals = np.stack(
+        [
+            np.where(ok, per_guard(score[c, windows][:, None], guards)[guards, 0], np.inf)
+            for c, ok in zip(choices, passes, strict=True)
+        ]
+    )
+    pick = np.argmin(totals, axis=0)  # per window, the same for every window of a unit
+    return np.stack(choices)[pick, windows]
 
 
 def _refine_chunk(

@@ -114,20 +114,28 @@ def window_figures(
     unit: npt.NDArray[np.int64],
     n_units: int,
 ) -> npt.NDArray[np.float64]:
-    """(windows, 3) from per-slot costs (micro-batches, ranks, width) and each micro-batch's
-    window ``unit``: each window's sum over its micro-batches of max_r V and of max_r L (the
-    denominators of its vision and language efficiency: no regrouping or swap changes the
-    numerators, the terms' totals), and its score: the sum of its vision, language and summed
-    inverse efficiencies (a term the window does not have weighs nothing)."""
+    """(windows, 6) from per-slot costs (micro-batches, ranks, width) and each micro-batch's
+    window ``unit``: each window's sum over its micro-batches of max_r V, max_r L and
+    max_r (V + L) (the denominators of its vision, language and summed efficiency), then of
+    mean_r V, mean_r L and mean_r (V + L) (their numerators, which no regrouping or swap
+    changes)."""
     vs, ls = v.sum(axis=2), lang.sum(axis=2)
-    out = np.zeros((n_units, 3))
+    out = np.zeros((n_units, 6))
     for col, sums in enumerate((vs, ls, vs + ls)):
-        top = np.bincount(unit, weights=sums.max(axis=1), minlength=n_units)
-        mean = np.bincount(unit, weights=sums.sum(axis=1), minlength=n_units) / sums.shape[1]
-        if col < 2:
-            out[:, col] = top
-        out[:, 2] += np.where(mean > 0, top / np.where(mean > 0, mean, 1.0), 0.0)
+        out[:, col] = np.bincount(unit, weights=sums.max(axis=1), minlength=n_units)
+        out[:, 3 + col] = np.bincount(unit, weights=sums.mean(axis=1), minlength=n_units)
     return out
+
+
+def scores(
+    figures: npt.NDArray[np.float64], weights: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    """Each window's score under ``weights`` (windows, 3): its three sums of maxima, each
+    divided by its guard unit's sum of means (``weights`` = 1 / those; 0 for a term the unit
+    lacks). Summed over a unit it is the unit's vision, language and summed inverse
+    efficiencies: the windows of a unit add up as the efficiency over the epoch does, a
+    window weighing by its cost, not alike."""
+    return (figures[..., :3] * weights).sum(axis=-1)
 
 
 def not_worse(
