@@ -306,8 +306,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
     rows = [
         r for r in result["rows"] if r["half"] == "held_out" and r["cost_model"] == "qwen2-vl-7b"
     ] or [r for r in result["rows"] if r["half"] == "held_out"]
-    fig, axes = plt.subplots(1, len(rows), figsize=(3.6 * len(rows), 3.6), squeeze=False)
-    for ax, row in zip(axes[0], rows, strict=True):
+    per_line = 4
+    lines = -(-len(rows) // per_line)
+    fig, axes = plt.subplots(lines, per_line, figsize=(3.6 * per_line, 3.6 * lines), squeeze=False)
+    for ax in axes.ravel()[len(rows) :]:
+        ax.axis("off")
+    for ax, row in zip(axes.ravel(), rows, strict=False):
         x = np.arange(len(STRATEGIES))
         cells = row["strategies"]
         vis = [cells[n]["efficiency_vision"] or 0.0 for n in STRATEGIES]
@@ -316,7 +320,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.bar(x + 0.2, lang, 0.4, label="language efficiency")
         ax.set_xticks(x, STRATEGIES, rotation=60, fontsize=7)
         ax.set_ylim(0.0, 1.0)
-        ax.set_title(f"{row['cost_model']} {row['workload']}, {row['setting']}", fontsize=8)
+        corpus = row.get("corpus", "coco")
+        ax.set_title(
+            f"{row['cost_model']} {corpus} {row['workload']}, {row['setting']}", fontsize=8
+        )
     axes[0, 0].legend(fontsize=7, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
