@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.fork_client import run_forked  # noqa: E402
+from tools.fork_client import ForkedPopen, popen_forked, run_forked  # noqa: E402
 
 
 def bcl_stream_cli(
@@ -92,6 +92,29 @@ def run_script(
     return subprocess.run(
         [sys.executable, str(script), *args],
         cwd=where, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def start_module(
+    module: str,
+    *args: str,
+    env: Mapping[str, str],
+    cwd: Path = ROOT,
+    session: bool = False,
+    fresh: bool = False,
+) -> ForkedPopen | subprocess.Popen[bytes]:
+    """``subprocess.Popen([python, -m, MODULE, *ARGS], stdout=PIPE, stderr=STDOUT,
+    start_new_session=session)`` in ``env`` as given and ``cwd``, not waited for: for a test
+    that polls, signals or kills its run (``session``: with every process the run starts, as
+    one process group). Forked from a pre-imported server unless ``fresh`` (module
+    docstring); ``pid``, ``returncode``, ``poll()`` and ``communicate()`` either way."""
+    if not fresh:
+        forked = popen_forked(module, args, env=env, cwd=cwd, session=session)
+        if forked is not None:
+            return forked
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, start_new_session=session,
     )  # fmt: skip
 
 
