@@ -96,25 +96,30 @@ def run_script(
 
 
 def start_module(
-    module: str,
+    module: str | Path,
     *args: str,
     env: Mapping[str, str],
     cwd: Path = ROOT,
     session: bool = False,
+    stderr: bool = True,
     fresh: bool = False,
 ) -> ForkedPopen | subprocess.Popen[bytes]:
     """``subprocess.Popen([python, -m, MODULE, *ARGS], stdout=PIPE, stderr=STDOUT,
     start_new_session=session)`` in ``env`` as given and ``cwd``, not waited for: for a test
     that polls, signals or kills its run (``session``: with every process the run starts, as
-    one process group). Forked from a pre-imported server unless ``fresh`` (module
-    docstring); ``pid``, ``returncode``, ``poll()`` and ``communicate()`` either way."""
+    one process group). ``module`` a ``Path``: ``python SCRIPT``; ``stderr`` False:
+    ``stderr=DEVNULL``. Forked from a pre-imported server unless ``fresh`` (module
+    docstring); ``pid``, ``returncode``, ``stdout`` (bytes), ``poll()`` and
+    ``communicate()`` either way."""
+    target = str(module)
     if not fresh:
-        forked = popen_forked(module, args, env=env, cwd=cwd, session=session)
+        forked = popen_forked(target, args, env=env, cwd=cwd, session=session, stderr=stderr)
         if forked is not None:
             return forked
+    how = [target] if isinstance(module, Path) else ["-m", target]
     return subprocess.Popen(
-        [sys.executable, "-m", module, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, start_new_session=session,
+        [sys.executable, *how, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if stderr else subprocess.DEVNULL, start_new_session=session,
     )  # fmt: skip
 
 

@@ -240,16 +240,26 @@ def _servers(env: Mapping[str, str]) -> Iterator[tuple[ForkServer, str | None]]:
 class ForkedPopen:
     """What :func:`popen_forked` returns: the part of ``subprocess.Popen(...,
     stdout=PIPE, stderr=STDOUT)`` that a caller which polls, kills or waits for a run uses
-    (``pid``, ``returncode``, ``poll``, ``communicate``), for a child of a server."""
+    (``pid``, ``returncode``, ``stdout``, ``poll``, ``wait``, ``communicate``), for a child
+    of a server."""
 
     def __init__(self, child: Forked, out: int, args: list[str]) -> None:
         self.child, self.pid, self.args = child, child.pid, args
         self.returncode: int | None = None
+        # Unbuffered: what readline() did not ask for stays in the pipe for communicate().
+        self.stdout = open(out, "rb", buffering=0)  # noqa: SIM115
         self._out, self._read = out, bytearray()
 
     def poll(self) -> int | None:
         """The exit code, or None while the run goes on."""
         return self._ended(0.0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit code; ``subprocess.TimeoutExpired`` if still running after ``timeout``."""
+        code = self._ended(timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        return code
 
     def _ended(self, timeout: float | None) -> int | None:
         """The exit code; None if still running after ``timeout`` seconds."""
@@ -276,7 +286,7 @@ class ForkedPopen:
                     self._read += chunk
                     if not chunk:
                         sel.unregister(self._out)
-                        os.close(self._out)
+                        self.stdout.close()
                         self._out = -1
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         if self._ended(left) is None:
@@ -291,17 +301,20 @@ def popen_forked(
     env: Mapping[str, str],
     cwd: Path | str,
     session: bool = False,
+    stderr: bool = True,
 ) -> ForkedPopen | None:
     """``subprocess.Popen([python, -m, module, *args], stdout=PIPE, stderr=STDOUT,
-    start_new_session=session)`` through the servers :func:`run_forked` asks, without waiting
+    start_new_session=session)`` (``module`` a ``.py`` path: ``python SCRIPT``; ``stderr``
+    False: ``stderr=DEVNULL``) through the servers :func:`run_forked` asks, without waiting
     for the end; None where none can run it as a fresh interpreter would (the caller then
     starts one). Its CPU is charged as :func:`run_forked`'s."""
     read, write = os.pipe()
+    err = write if stderr else os.open(os.devnull, os.O_WRONLY)
     try:
         for server, tag in _servers(env):
             try:
                 child = server.fork(
-                    module, args, env=env, cwd=cwd, fds=[0, write, write], charge_to=tag,
+                    module, args, env=env, cwd=cwd, fds=[0, write, err], charge_to=tag,
                     session=session,
                 )  # fmt: skip
             except Refused as exc:
@@ -315,6 +328,8 @@ def popen_forked(
         raise
     finally:
         os.close(write)
+        if err != write:
+            os.close(err)
     os.close(read)
     return None
 

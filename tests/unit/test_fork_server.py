@@ -207,12 +207,15 @@ def test_a_session_request_is_its_own_process_group_that_killpg_ends(
         assert seen["pgid"] == os.getpgid(server.proc.pid) != proc.pid  # type: ignore[union-attr]
         with pytest.raises(subprocess.TimeoutExpired):
             proc.communicate(timeout=0.5)
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.2)
         os.kill(seen["kid"], signal.SIGKILL)
         child.kill()
         proc.communicate(timeout=30)
         return
     assert seen["pgid"] == seen["sid"] == proc.pid != os.getpgid(0)
     os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
     # The pipe reads to its end only once the grandchild, which held it too, has exited.
     out, _ = proc.communicate(timeout=30)
     assert out == b"" and proc.returncode == proc.poll() == -signal.SIGKILL
