@@ -8,8 +8,9 @@ real process with its own pid, standard streams, environment, working directory,
 ``sys.argv`` and ``__main__`` as ``python -m`` gives them, and its exit code, but it does not
 import torch, Lightning and streaming again (about 7 s of CPU a run). A run whose start-up
 environment (``OMP_*``, ``HF_*``, ``PYTHON*``, ...) differs from the server's gets a server of
-its own, or a fresh interpreter. A test of what a fresh interpreter does (imports, start-up,
-signals) asks for one."""
+its own, or a fresh interpreter. A test of what a fresh interpreter does (imports, start-up)
+asks for one; a test that signals or kills its run starts it with :func:`start_module` (in a
+new session where the signal is for the run's whole process group)."""
 
 from __future__ import annotations
 
