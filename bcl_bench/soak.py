@@ -30,8 +30,9 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from bcl_bench.harness import ROOT, checkout_env
 from bcl_bench.soak_config import write_config
@@ -54,12 +55,27 @@ def private_tmpdir() -> Path:
     return path
 
 
-def launch(config: Path, tmpdir: Path, *extra: str) -> subprocess.Popen[bytes]:
-    env = checkout_env(OMP_NUM_THREADS="1", TMPDIR=str(tmpdir))
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK"):
-        env.pop(key, None)
+class Job(Protocol):
+    """A started run: what this harness uses of ``subprocess.Popen``."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def communicate(self, *, timeout: float | None = None) -> tuple[Any, Any]: ...
+
+
+Start = Callable[[list[str], dict[str, str]], Job]
+"""Starts ``python -m lightning_module ARGS`` in ``env`` from the checkout's root, in a new
+session (one process group: launcher, both ranks, their workers), its stdout and stderr
+together in ``communicate()``'s first item."""
+
+
+def fresh_start(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """:data:`Start` as a new interpreter."""
     return subprocess.Popen(
-        [sys.executable, "-m", "lightning_module", "fit", "--config", str(config), *extra],
+        [sys.executable, "-m", "lightning_module", *args],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -68,7 +84,14 @@ def launch(config: Path, tmpdir: Path, *extra: str) -> subprocess.Popen[bytes]:
     )
 
 
-def finish(proc: subprocess.Popen[bytes], timeout: float = 240) -> None:
+def launch(config: Path, tmpdir: Path, *extra: str, start: Start = fresh_start) -> Job:
+    env = checkout_env(OMP_NUM_THREADS="1", TMPDIR=str(tmpdir))
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK"):
+        env.pop(key, None)
+    return start(["fit", "--config", str(config), *extra], env)
+
+
+def finish(proc: Job, timeout: float = 240) -> None:
     out, _ = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, out.decode(errors="replace")[-4000:]
 
@@ -96,7 +119,7 @@ def checkpoint_step(path: Path) -> int:
     return int(match.group(1))
 
 
-def kill_group(proc: subprocess.Popen[bytes]) -> str:
+def kill_group(proc: Job) -> str:
     """SIGKILL the run's whole process group; returns what it printed."""
     os.killpg(proc.pid, signal.SIGKILL)
     out, _ = proc.communicate(timeout=60)
@@ -104,7 +127,7 @@ def kill_group(proc: subprocess.Popen[bytes]) -> str:
 
 
 def wait_and_kill(
-    proc: subprocess.Popen[bytes], kind: str, logs: Path, markers: Path, after: int, target: int,
+    proc: Job, kind: str, logs: Path, markers: Path, after: int, target: int,
     delay: float, timeout: float = 180,
 ) -> bool:  # fmt: skip
     """Kill the run at the moment ``kind`` describes; False if it ended first."""
@@ -133,15 +156,15 @@ def _saves(markers: Path) -> list[int]:
 
 
 def reference_run(
-    data: Path, work: Path, *, every: int = 5, workers: int = 0
+    data: Path, work: Path, *, every: int = 5, workers: int = 0, start: Start = fresh_start
 ) -> list[dict[int, list[int]]]:
-    """The uninterrupted run: per rank, step -> record ids."""
+    """The uninterrupted run: per rank, step -> record ids (``start``: see :func:`soak`)."""
     tmpdir = private_tmpdir()
     config = write_config(
         work / "reference.yaml", data=data, work=work / "reference", every=every,
         workers=workers, persistent=workers > 0,
     )  # fmt: skip
-    finish(launch(config, tmpdir))
+    finish(launch(config, tmpdir, start=start))
     reference = [by_step(work / "reference" / "logs", r) for r in (0, 1)]
     steps = len(reference[0])
     assert steps > 0 and sorted(reference[0]) == list(range(steps)) == sorted(reference[1])
@@ -150,11 +173,14 @@ def reference_run(
 
 def soak(
     data: Path, work: Path, reference: list[dict[int, list[int]]], *, kills: int, seed: int,
-    every: int = 5, workers: int = 1, kinds: tuple[str, ...] = KINDS,
+    every: int = 5, workers: int = 1, kinds: tuple[str, ...] = KINDS, start: Start = fresh_start,
 ) -> dict[str, Any]:  # fmt: skip
     """One job killed ``kills`` times (kinds in turn), each time resumed from the last
     complete checkpoint; return what happened. ``reference``: :func:`reference_run`'s output
     (DataLoader workers do not change what is trained, so one reference serves any count).
+    ``start`` starts each run (the tests fork it from a pre-imported server: the same run
+    without the launcher's imports); a run to be killed during start-up is always a new
+    interpreter, so its kill moment is drawn over a real start-up, imports included.
 
     Raises AssertionError (with the seed) if the job trains other records than the reference,
     per step and per rank, or leaves an unreadable checkpoint behind.
@@ -184,7 +210,10 @@ def soak(
             save_sleep=0.5 if kind == "save" else 0.0, **common,
         )  # fmt: skip
         before = {p.name: p.stat().st_mtime_ns for p in ckpt_dir.glob("*.ckpt")}
-        proc = launch(config, tmpdir, *(["--ckpt_path", str(resume)] if resume else []))
+        proc = launch(
+            config, tmpdir, *(["--ckpt_path", str(resume)] if resume else []),
+            start=fresh_start if kind == "startup" else start,
+        )  # fmt: skip
         target = min(after + rng.randint(1, 2 * every + 1), steps - 2)
         delay = rng.uniform(0.5, 8.0)
         info: dict[str, Any] = {"kind": kind, "resumed_at": after, "target_step": target}

@@ -8,8 +8,9 @@ real process with its own pid, standard streams, environment, working directory,
 ``sys.argv`` and ``__main__`` as ``python -m`` gives them, and its exit code, but it does not
 import torch, Lightning and streaming again (about 7 s of CPU a run). A run whose start-up
 environment (``OMP_*``, ``HF_*``, ``PYTHON*``, ...) differs from the server's gets a server of
-its own, or a fresh interpreter. A test of what a fresh interpreter does (imports, start-up,
-signals) asks for one."""
+its own, or a fresh interpreter. A test of what a fresh interpreter does (imports, start-up)
+asks for one; a test that signals or kills its run starts it with :func:`start_module` (in a
+new session where the signal is for the run's whole process group)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tools.fork_client import run_forked  # noqa: E402
+from tools.fork_client import ForkedPopen, popen_forked, run_forked  # noqa: E402
 
 
 def bcl_stream_cli(
@@ -92,6 +93,34 @@ def run_script(
     return subprocess.run(
         [sys.executable, str(script), *args],
         cwd=where, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def start_module(
+    module: str | Path,
+    *args: str,
+    env: Mapping[str, str],
+    cwd: Path = ROOT,
+    session: bool = False,
+    stderr: bool = True,
+    fresh: bool = False,
+) -> ForkedPopen | subprocess.Popen[bytes]:
+    """``subprocess.Popen([python, -m, MODULE, *ARGS], stdout=PIPE, stderr=STDOUT,
+    start_new_session=session)`` in ``env`` as given and ``cwd``, not waited for: for a test
+    that polls, signals or kills its run (``session``: with every process the run starts, as
+    one process group). ``module`` a ``Path``: ``python SCRIPT``; ``stderr`` False:
+    ``stderr=DEVNULL``. Forked from a pre-imported server unless ``fresh`` (module
+    docstring); ``pid``, ``returncode``, ``stdout`` (bytes), ``poll()`` and
+    ``communicate()`` either way."""
+    target = str(module)
+    if not fresh:
+        forked = popen_forked(target, args, env=env, cwd=cwd, session=session, stderr=stderr)
+        if forked is not None:
+            return forked
+    how = [target] if isinstance(module, Path) else ["-m", target]
+    return subprocess.Popen(
+        [sys.executable, *how, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if stderr else subprocess.DEVNULL, start_new_session=session,
     )  # fmt: skip
 
 

@@ -8,13 +8,14 @@ import atexit
 import contextlib
 import json
 import os
+import selectors
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from tools.fork_server import (
@@ -127,9 +128,11 @@ class ForkServer:
         fds: Sequence[int],
         owns: str | None = None,
         charge_to: str | None = None,
+        session: bool = False,
     ) -> Forked:
-        """Start ``python -m module args`` as a child of the server, ``fds`` as its 0, 1 and 2;
-        raises :class:`Refused` when its environment or path rule that out."""
+        """Start ``python -m module args`` as a child of the server, ``fds`` as its 0, 1 and 2
+        (``session``: in a new session, its own process group); raises :class:`Refused` when
+        its environment or path rule that out."""
         request = {
             "module": module,
             "args": list(args),
@@ -137,6 +140,7 @@ class ForkServer:
             "cwd": str(Path(cwd).resolve()),
             "owns": owns,
             "charge_to": charge_to,
+            "session": session,
         }
         payload = json.dumps(request).encode()
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -206,16 +210,23 @@ def run_forked(
     process on first use (stopped, and waited for so that its CPU counts in this process's,
     when this process exits); None where forking is off (``BCL_TEST_FORK=0``) or no server can
     run it as a fresh interpreter would: then the caller starts one."""
-    if os.environ.get(FORK_ENV) == "0":
-        return None
-    for shared in filter(None, os.environ.get(SERVER_ENV, "").split(os.pathsep)):
+    for server, tag in _servers(env):
         try:
-            server = ForkServer(shared)
-            tag = os.environ.get(TAG_ENV)
             return run(server, module, args, env=env, cwd=cwd, timeout=timeout, charge_to=tag)
         except Refused as exc:
             if not str(exc).startswith(ENV_REFUSAL):
                 return None  # its start-up environment matched: a server of ours would refuse too
+    return None
+
+
+def _servers(env: Mapping[str, str]) -> Iterator[tuple[ForkServer, str | None]]:
+    """The servers to ask, in turn, with the tag to charge a run to: the runner's
+    (``BCL_FORK_SERVER``, this group's tag), then one of ``env``'s start-up environment
+    started by this process on first use; none with ``BCL_TEST_FORK=0``."""
+    if os.environ.get(FORK_ENV) == "0":
+        return
+    for shared in filter(None, os.environ.get(SERVER_ENV, "").split(os.pathsep)):
+        yield ForkServer(shared), os.environ.get(TAG_ENV)
     key = json.dumps(sorted(import_time_env(env).items()))
     if key not in _SERVERS:
         if not _SERVERS:
@@ -223,10 +234,104 @@ def run_forked(
         start_env = {**env, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
         start_env.pop(SERVER_ENV, None)
         _SERVERS[key] = ForkServer.start(start_env)
+    yield _SERVERS[key], None
+
+
+class ForkedPopen:
+    """What :func:`popen_forked` returns: the part of ``subprocess.Popen(...,
+    stdout=PIPE, stderr=STDOUT)`` that a caller which polls, kills or waits for a run uses
+    (``pid``, ``returncode``, ``stdout``, ``poll``, ``wait``, ``communicate``), for a child
+    of a server."""
+
+    def __init__(self, child: Forked, out: int, args: list[str]) -> None:
+        self.child, self.pid, self.args = child, child.pid, args
+        self.returncode: int | None = None
+        # Unbuffered: what readline() did not ask for stays in the pipe for communicate().
+        self.stdout = open(out, "rb", buffering=0)  # noqa: SIM115
+        self._out, self._read = out, bytearray()
+
+    def poll(self) -> int | None:
+        """The exit code, or None while the run goes on."""
+        return self._ended(0.0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit code; ``subprocess.TimeoutExpired`` if still running after ``timeout``."""
+        code = self._ended(timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        return code
+
+    def _ended(self, timeout: float | None) -> int | None:
+        """The exit code; None if still running after ``timeout`` seconds."""
+        if self.returncode is None:
+            result = self.child.poll(timeout)
+            if result is not None:
+                self.returncode = result[0]
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[bytes, None]:
+        """Everything the run wrote (stdout and stderr; read until every process that holds
+        the pipe, descendants included, has closed it), then its end; as ``Popen``'s, raises
+        ``subprocess.TimeoutExpired`` after ``timeout`` seconds (the run left running)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with selectors.DefaultSelector() as sel:
+            if self._out >= 0:
+                sel.register(self._out, selectors.EVENT_READ)
+            while self._out >= 0:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise subprocess.TimeoutExpired(self.args, timeout or 0.0, bytes(self._read))
+                if sel.select(left):
+                    chunk = os.read(self._out, 1 << 16)
+                    self._read += chunk
+                    if not chunk:
+                        sel.unregister(self._out)
+                        self.stdout.close()
+                        self._out = -1
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if self._ended(left) is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0, bytes(self._read))
+        return bytes(self._read), None
+
+
+def popen_forked(
+    module: str,
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: Path | str,
+    session: bool = False,
+    stderr: bool = True,
+) -> ForkedPopen | None:
+    """``subprocess.Popen([python, -m, module, *args], stdout=PIPE, stderr=STDOUT,
+    start_new_session=session)`` (``module`` a ``.py`` path: ``python SCRIPT``; ``stderr``
+    False: ``stderr=DEVNULL``) through the servers :func:`run_forked` asks, without waiting
+    for the end; None where none can run it as a fresh interpreter would (the caller then
+    starts one). Its CPU is charged as :func:`run_forked`'s."""
+    read, write = os.pipe()
+    err = write if stderr else os.open(os.devnull, os.O_WRONLY)
     try:
-        return run(_SERVERS[key], module, args, env=env, cwd=cwd, timeout=timeout)
-    except Refused:
-        return None
+        for server, tag in _servers(env):
+            try:
+                child = server.fork(
+                    module, args, env=env, cwd=cwd, fds=[0, write, err], charge_to=tag,
+                    session=session,
+                )  # fmt: skip
+            except Refused as exc:
+                if not str(exc).startswith(ENV_REFUSAL):
+                    break
+                continue
+            cmd = [sys.executable, *([module] if is_script(module) else ["-m", module]), *args]
+            return ForkedPopen(child, read, cmd)
+    except BaseException:
+        os.close(read)
+        raise
+    finally:
+        os.close(write)
+        if err != write:
+            os.close(err)
+    os.close(read)
+    return None
 
 
 def _close_servers() -> None:

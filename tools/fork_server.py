@@ -34,12 +34,15 @@ Why the child is as good as a fresh process for these runs:
   asked for; the server's own CPU and its children's count in the run's total once the server
   is waited for.
 
-Not for a run that checks what a fresh interpreter does (imports, start-up time, signals
-delivered to a process group, a bare environment): those callers start ``sys.executable``.
+Not for a run that checks what a fresh interpreter does (imports, start-up time, a bare
+environment): those callers start ``sys.executable``. A request may ask for a new session
+(``session``: the child calls ``setsid()`` first, as ``subprocess.Popen(...,
+start_new_session=True)`` does), so that a caller can signal the child and every process it
+starts as one process group (the kill-and-resume tests SIGKILL a whole DDP job that way).
 
 Protocol: one Unix-socket connection per job. The client sends a length-prefixed JSON request
-(module, args, env, cwd, optional ``owns`` / ``charge_to`` tags) with three descriptors for the
-child's fds 0, 1 and 2; the server answers one JSON line ``{"pid": N}`` or ``{"refused":
+(module, args, env, cwd, optional ``owns`` / ``charge_to`` tags and ``session``) with three
+descriptors for the child's fds 0, 1 and 2; the server answers one JSON line ``{"pid": N}`` or ``{"refused":
 WHY}``, and when the child has ended, ``{"status": WAIT_STATUS, "cpu": SECONDS}``. The server
 runs until its standard input (a pipe from the process that started it) closes, then waits for
 its running children and exits.
@@ -222,10 +225,14 @@ class Job:
     env: dict[str, str]
     cwd: str
     fds: list[int]
+    session: bool = False
+    """Start a new session (its own process group), as ``start_new_session=True``."""
 
     def run(self, server: Started) -> None:
         """Become the requested process, then run the module as ``python -m`` does; returns
         (exit 0) or raises like the module does, to the interpreter's own exit path."""
+        if self.session:
+            os.setsid()
         for target, fd in enumerate(self.fds):
             os.dup2(fd, target)
         for fd in set(self.fds):
@@ -363,6 +370,7 @@ def serve(address: str, started: Started) -> Job | None:
                             dict(request["env"]),
                             request["cwd"],
                             conn.fds,
+                            bool(request.get("session")),
                         )
                     for fd in conn.fds:
                         os.close(fd)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_process import run_module
 
 from bcl_stream.analysis.sim import STRATEGIES
 
@@ -19,17 +20,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(400), pytest.mark.shared_pro
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_check(out: Path, *extra: str) -> tuple[int, dict[str, Any], str]:
-    # As on the device machine: from the checkout's root, nothing on PYTHONPATH.
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tools.gpu_check", "--cpu-tiny", "--out", str(out), *extra],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=360,
-    )
+def run_check(out: Path, *extra: str, fresh: bool = True) -> tuple[int, dict[str, Any], str]:
+    """``fresh``: as on the device machine, a new interpreter from the checkout's root with
+    nothing on PYTHONPATH (what the check finds imported is part of its result). Otherwise
+    forked from the tests' pre-imported server (tests/cli_process.py), for a run whose
+    assertions do not depend on what is imported."""
+    args = ("--cpu-tiny", "--out", str(out), *extra)
+    if fresh:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        proc = subprocess.run(
+            [sys.executable, "-m", "tools.gpu_check", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=360,
+        )
+    else:
+        proc = run_module("tools.gpu_check", *args, cwd=ROOT, timeout=360)
     path = out / "gpu_check_cpu_tiny.json"
     assert path.exists(), proc.stdout + proc.stderr
     return proc.returncode, json.loads(path.read_text()), proc.stdout
@@ -112,7 +120,7 @@ def test_padding_waste_by_layout(tiny: Any) -> None:
 
 
 def test_a_budget_too_small_stops_cleanly_and_still_writes(tmp_path: Path) -> None:
-    code, result, stdout = run_check(tmp_path, "--budget-s", "1")
+    code, result, stdout = run_check(tmp_path, "--budget-s", "1", fresh=False)
     assert code == 2
     assert result["complete"] is False and "budget" in result["stopped"]
     assert result["model"]["parameters"] > 0 and "environment" in result

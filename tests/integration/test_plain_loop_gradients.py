@@ -16,12 +16,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from cli_process import run_module, run_script
 from sft_records import VOCAB, records, write_sft_mds
 
 from tests.hf_models import tiny_llama_dir
@@ -41,9 +41,10 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_llama_dir(tmp_path_factory.mktemp("model"), vocab_size=VOCAB)
 
 
-def run(args: list[str]) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "BCL_STREAM_KEEP_SHM": "1"}
-    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "BCL_STREAM_KEEP_SHM": "1"}
+
+
+def check(proc: subprocess.CompletedProcess[str]) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -68,10 +69,13 @@ def steps(
         common = {"data": str(local), "model_dir": str(model_dir), "out": str(out)}
         runs.append(common | {"scope": scope, "max_seq_len": max_seq_len or 0})
     lightning = [r | {"budget": 0, "collate": "padded"} for r in runs]
-    run([sys.executable, str(SCRIPTS / "step_gradients.py"), json.dumps(lightning)])
+    # Both forked from the tests' pre-imported server (tests/cli_process.py): the Lightning
+    # script's second rank is forked from its first (ddp_fork); torchrun's launcher is
+    # forked, and it starts its two workers as fresh interpreters, as torchrun does.
+    check(run_script(SCRIPTS / "step_gradients.py", json.dumps(lightning), env=ENV, timeout=600))
     plain = SCRIPTS / "plain_step_gradients.py"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    run([*torchrun, "--nproc_per_node", "2", str(plain), json.dumps(runs)])
+    torchrun = ("--standalone", "--nproc_per_node", "2", str(plain), json.dumps(runs))
+    check(run_module("torch.distributed.run", *torchrun, env=ENV, timeout=600))
     return outs
 
 

@@ -17,10 +17,10 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_process import ForkedPopen, start_module
 from conftest import write_mds
 from pack_oracles import check_every_record_once
 
@@ -29,31 +29,32 @@ from pack_oracles import check_every_record_once
 # other groups' shared-memory band, where the cleanup stops).
 pytestmark = [pytest.mark.slow, pytest.mark.shm_cleanup, pytest.mark.timeout(240)]
 
+Started = ForkedPopen | subprocess.Popen[bytes]
 SCRIPTS = Path(__file__).parent / "reliability_scripts"
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run(url: str, cache: Path, mode: str, tmpdir: Path) -> subprocess.Popen[str]:
+def run(url: str, cache: Path, mode: str, tmpdir: Path) -> Started:
+    """``python read_remote.py`` in its own process group, forked from the tests' server
+    (``tests/cli_process.py``): streaming was only imported before the fork, so its shared
+    memory, lock files and resource tracker are this run's, and ``os.killpg`` ends them as it
+    ends a fresh interpreter's."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), str(SCRIPTS)]),
         "TMPDIR": str(tmpdir),
         "OMP_NUM_THREADS": "1",
     }
-    return subprocess.Popen(
-        [sys.executable, str(SCRIPTS / "read_remote.py"), url, str(cache), mode],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
+    script = SCRIPTS / "read_remote.py"
+    return start_module(
+        script, url, str(cache), mode, env=env, cwd=Path.cwd(), session=True, stderr=False
     )
 
 
-def result(proc: subprocess.Popen[str]) -> dict:  # type: ignore[type-arg]
+def result(proc: Started) -> dict:  # type: ignore[type-arg]
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out
-    return json.loads(out.strip().splitlines()[-1])
+    return json.loads(out.decode().strip().splitlines()[-1])
 
 
 def stale_registrations(cache: Path) -> list[str]:
@@ -76,7 +77,7 @@ def test_killed_reader_leftovers_do_not_stop_the_next_job(moto_s3, tmp_path: Pat
 
     victim = run(url, cache, "hang", tmpdir)
     assert victim.stdout is not None
-    assert victim.stdout.readline().strip() == "READY"
+    assert victim.stdout.readline().strip() == b"READY"
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait(timeout=30)
 

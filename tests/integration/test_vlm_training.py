@@ -25,7 +25,6 @@ import re
 import runpy
 import shlex
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import torch.nn.functional as F
-from cli_process import run_script
+from cli_process import run_module, run_script
 from pack_oracles import check_every_record_once
 from resume_harness import check_resumed_log
 
@@ -204,17 +203,19 @@ def test_the_documented_command_trains_on_two_ranks_and_resumes_exactly(
 ) -> None:
     """The docs' commands as written, their relative paths moved under ``tmp_path`` by
     ``BCL_STREAM_ROOT`` (the checkout's results/ stay untouched): the data script run as its
-    ``__main__`` in this process (no new interpreter for it), the fit in a new one (its DDP
+    ``__main__`` in this process (no new interpreter for it), the fit in a new process (its DDP
     launcher starts the second rank); then the fit again from its last mid-epoch checkpoint, in
-    a new process."""
+    a new process. Both fits are ``python -m lightning_module`` processes forked from the tests'
+    pre-imported server (tests/cli_process.py: ``-m``'s ``__main__`` and ``sys.argv``, so the
+    launcher re-runs the same command line for rank 1, a fresh interpreter)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "BCL_STREAM_ROOT": str(tmp_path),
            "BCL_STREAM_KEEP_SHM": "1", "OMP_NUM_THREADS": "1"}  # fmt: skip
     for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "BCL_STREAM_DEBUG"):
         env.pop(key, None)
 
     def run(argv: list[str]) -> None:
-        done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=600)  # fmt: skip
+        assert argv[:3] == [sys.executable, "-m", "lightning_module"], argv
+        done = run_module("lightning_module", *argv[3:], env=env, cwd=ROOT, timeout=600)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
 
     (script, *script_args), *fits = [argv[1:] for argv in documented_commands()]

@@ -39,6 +39,12 @@ elif args[0] == "segfault":
     ctypes.string_at(0)
 elif args[0] == "sleep":
     time.sleep(float(args[1]))
+elif args[0] == "group":  # a grandchild that holds stdout too, then wait to be killed
+    import subprocess
+    kid = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print(json.dumps({"pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
+                      "kid": kid.pid}), flush=True)
+    time.sleep(600)
 elif args[0] == "raise":
     raise ValueError("from the probe")
 elif args[0] == "ask":  # run a busy child on the server named in the env, charged to a tag
@@ -169,6 +175,52 @@ def test_a_timeout_kills_the_child(server: ForkServer, probe_dir: Path, tmp_path
         os.kill(child.pid, 0)  # reaped by the server: gone
 
 
+def first_line(fd: int) -> dict[str, int]:
+    got = b""
+    while not got.endswith(b"\n"):
+        chunk = os.read(fd, 1)
+        assert chunk, got
+        got += chunk
+    return dict(json.loads(got))
+
+
+@pytest.mark.parametrize("session", [False, True], ids=["plain", "session"])
+def test_a_session_request_is_its_own_process_group_that_killpg_ends(
+    server: ForkServer, probe_dir: Path, tmp_path: Path, session: bool
+) -> None:
+    """``session``: the child is the leader of a new session and process group, as
+    ``start_new_session=True`` makes it, so ``os.killpg(child.pid)`` ends it and what it
+    started (the pipe they shared then reads to its end); without it the child stays in the
+    server's group."""
+    read, write = os.pipe()
+    try:
+        child = server.fork(
+            "probe", ["group"], env=env_for(probe_dir, tmp_path), cwd=tmp_path,
+            fds=[0, write, write], session=session,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    proc = fork_client.ForkedPopen(child, read, ["probe", "group"])
+    seen = first_line(read)
+    assert seen["pid"] == proc.pid and proc.poll() is None
+    if not session:
+        assert seen["pgid"] == os.getpgid(server.proc.pid) != proc.pid  # type: ignore[union-attr]
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.communicate(timeout=0.5)
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.2)
+        os.kill(seen["kid"], signal.SIGKILL)
+        child.kill()
+        proc.communicate(timeout=30)
+        return
+    assert seen["pgid"] == seen["sid"] == proc.pid != os.getpgid(0)
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    # The pipe reads to its end only once the grandchild, which held it too, has exited.
+    out, _ = proc.communicate(timeout=30)
+    assert out == b"" and proc.returncode == proc.poll() == -signal.SIGKILL
+
+
 def test_cpu_is_reported_and_charged_to_the_job_that_asked(
     server: ForkServer, probe_dir: Path, tmp_path: Path
 ) -> None:
@@ -217,7 +269,7 @@ def test_a_different_start_up_environment_is_refused(
 def test_a_fresh_request_never_forks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``fresh=True`` and ``python_process`` start ``sys.executable`` as this process's child;
     the default is forked from a server, whose child is not ours."""
-    from cli_process import python_process, run_module
+    from cli_process import python_process, run_module, start_module
 
     code = "import os; print(os.getppid())"
     (tmp_path / "ppid.py").write_text(code)
@@ -225,5 +277,13 @@ def test_a_fresh_request_never_forks(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert run_module("ppid", path=[tmp_path], fresh=True).stdout.strip() == ours
     assert python_process(code).stdout.strip() == ours
     assert run_module("ppid", path=[tmp_path]).stdout.strip() != ours
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+
+    def started(**how: bool) -> str:
+        out, _ = start_module("ppid", env=env, cwd=tmp_path, **how).communicate(timeout=60)
+        return str(out.decode().strip())
+
+    assert started(fresh=True) == ours and started(session=True) != ours
     monkeypatch.setenv(fork_server.FORK_ENV, "0")
     assert run_module("ppid", path=[tmp_path]).stdout.strip() == ours
+    assert started(session=True) == ours

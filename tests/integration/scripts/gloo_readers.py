@@ -154,4 +154,9 @@ if __name__ == "__main__":
     # (the test sets it): streaming's cleanup unlinks the shared memory of every streaming job
     # on the machine, live ones included, such as the test suite of another checkout.
     clean_stale_shared_memory_once()
-    mp.spawn(worker, args=(mds_root, wds_root, port, out), nprocs=WORLD, join=True)
+    # Forked, not spawned: two real processes as before, each its own gloo rank (no process
+    # group exists yet here, and this process starts no thread), without a new interpreter
+    # importing torch and streaming again for each rank.
+    mp.start_processes(
+        worker, args=(mds_root, wds_root, port, out), nprocs=WORLD, join=True, start_method="fork"
+    )
