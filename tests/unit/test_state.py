@@ -65,7 +65,7 @@ def test_version_7_reads_as_before_unless_its_plan_was_two_term() -> None:
     assert parse_state(state(version=7)) == parse_state(state())
     two_term = ReaderConfig.build(**{**CONFIG.flat(), "cost_model": "qwen2-vl-2b"})
     old = json.loads(json.dumps({**Cursor(1, 5, "abc", two_term).to_dict(), "version": 7}))
-    with pytest.raises(StateError, match="version 7 was written under the two-term.*epoch over"):
+    with pytest.raises(StateError, match=r"version 7 was written under the two-term.*epoch over"):
         parse_state(old)
     assert parse_state({**old, "version": STATE_VERSION}).config == two_term
 
