@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -148,49 +145,20 @@ def lengths_file(tmp_path: Path) -> Path:
     return path
 
 
-MOTO_START_S = 60.0
-"""How long the moto server may take to listen (a fresh interpreter importing moto)."""
-
-
-def start_moto() -> tuple[subprocess.Popen[bytes], str]:
-    """moto's S3 server in a process of its own on a free port of 127.0.0.1: (process,
-    endpoint URL).
-
-    Why not moto's ``ThreadedMotoServer`` in the test process: its request threads run in the
-    process that DataLoader workers are forked from, and a fork taken while one of them holds
-    a lock (botocore's, which moto parses requests with) leaves that lock held in the worker
-    forever; a worker's download then hangs until its deadline (a full run once lost
-    ``test_wds_from_s3_via_cli`` so, every attempt stalled). A store in another process is
-    also what readers meet in production."""
-    for _ in range(5):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + MOTO_START_S
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                return proc, f"http://127.0.0.1:{port}"
-            except OSError:
-                time.sleep(0.05)
-        proc.kill()  # the port was taken meanwhile, or it never listened: another port
-        proc.wait()
-    raise RuntimeError("the moto S3 server did not start on 127.0.0.1 (5 ports tried)")
-
-
 @pytest.fixture(scope="session")
 def moto_s3() -> Iterator[Callable[[str], str]]:
-    """A moto S3 server on 127.0.0.1 (:func:`start_moto`); yields ``make_bucket(name) ->
-    "s3://name"``.
+    """A moto S3 server on 127.0.0.1; yields ``make_bucket(name) -> "s3://name"``.
 
     Sets ``S3_ENDPOINT_URL`` and dummy credentials for the session (streaming's S3 client and
     boto3 both read them).
     """
     import boto3
+    from moto.server import ThreadedMotoServer
 
-    server, endpoint = start_moto()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
     env = {
         "S3_ENDPOINT_URL": endpoint,
         "AWS_ACCESS_KEY_ID": "testing",
@@ -208,8 +176,7 @@ def moto_s3() -> Iterator[Callable[[str], str]]:
     try:
         yield make_bucket
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        server.stop()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
