@@ -40,9 +40,15 @@ def test_mds_from_s3_with_workers_and_resume(moto_s3, dataset_writers, tmp_path:
     loader = PackLoader(dataset, num_workers=2)
     assert ids(loader) == plan
     assert len(list((tmp_path / "cache").glob("shard.*.mds"))) > 1  # shards came from S3
-    # Resume mid-epoch, from the same process's live dataset (one per cache dir).
+    # Resume mid-epoch, from the same process's live dataset (one per cache dir). Read in a
+    # worker: a StreamingDataset iterated in this process leaves streaming's download threads
+    # running here, and the next test forks its DataLoader workers from this process; a fork
+    # taken while such a thread held a lock (boto's) left a worker's downloads hung until
+    # their deadline (every attempt), in full runs of the suite.
     reference = [[tuple(p) for p in plan]]
-    run_test_save_load_state(lambda: PackLoader(dataset), 1, [5], reference=reference)
+    run_test_save_load_state(
+        lambda: PackLoader(dataset, num_workers=1), 1, [5], reference=reference
+    )
 
 
 def test_wds_from_s3_via_cli(  # type: ignore[no-untyped-def]
