@@ -20,7 +20,7 @@ import numpy.typing as npt
 from conftest import image_components
 
 from bcl_stream.planner import ShardTable, plan_epoch, shard_weights
-from bcl_stream.planner.token_contract import micro_batches_per_window
+from bcl_stream.planner.token_contract import planning_window
 from bcl_stream.planner.two_term import GUARD_WINDOWS
 from bcl_stream.vision.cost import get_two_term_preset
 
@@ -170,7 +170,7 @@ def check_two_terms_refined(
     tokens = None if pc.max_tokens is None else np.asarray(index.tokens, dtype=np.int64)
     plain = plan_epoch(language, table, pc, seed=config.seed, epoch=epoch, tokens=tokens).packs
     assert plain.shape == packs.shape
-    window = micro_batches_per_window(pc) if tokens is not None else pc.window
+    window = planning_window(pc)
 
     def sums(part: npt.NDArray[np.int64], term: npt.NDArray[np.float64]) -> Any:
         return np.where(part >= 0, term[part], 0.0).sum(axis=2)  # (ranks, micro-batches)

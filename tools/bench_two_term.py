@@ -34,7 +34,7 @@ import numpy as np
 
 from bcl_bench.harness import RESULTS, ROOT, bench_parser, parse_or_print_table, write_result
 from bcl_stream.analysis.sim import plan_schedules, shard_table
-from bcl_stream.planner.token_contract import micro_batches_per_window
+from bcl_stream.planner.token_contract import planning_window
 from bcl_stream.planner.two_term import GUARD_WINDOWS, ITERATIONS, refine_two_terms
 from bcl_stream.vision.cost import get_two_term_preset
 from tools.bench_vlm import settings, workload
@@ -57,7 +57,7 @@ def cell(name: str, label: str, records: int, repeats: int) -> dict[str, Any]:
         "tokens": tok if budget else None,
         "max_tokens": config.max_tokens if budget else None,
     }
-    window = micro_batches_per_window(config) if budget else config.window  # the readers'
+    window = planning_window(config)  # the readers'
     plan_s, refine_s, in_place_s = [], [], []
     for _ in range(repeats):
         t0 = time.perf_counter()

@@ -88,7 +88,7 @@ from bcl_bench.harness import (
 from bcl_stream.analysis.sim import SimConfig, plan_schedules, shard_table
 from bcl_stream.analysis.terms import term_figures
 from bcl_stream.planner.padded import ragged_pack_costs
-from bcl_stream.planner.token_contract import micro_batches_per_window
+from bcl_stream.planner.token_contract import planning_window
 from bcl_stream.planner.two_term import GUARD_WINDOWS, ITERATIONS, RULES, refine_two_terms
 from bcl_stream.vision.components import RecordComponents
 from bcl_stream.vision.cost import get_two_term_preset
@@ -185,7 +185,7 @@ def score_all(
             key = "bcl" if name == "bcl-world" else name
             planned[f"{key}_{label}" if label else key] = s
     budget = config.contract == "tokens"
-    window = micro_batches_per_window(config) if budget else config.window  # the readers' unit
+    window = planning_window(config)  # the readers' unit
     for rule in RULES:  # guarded: what the readers yield (the language plan, refined)
         two = refine_two_terms(
             planned["bcl_tokens_only"].packs,

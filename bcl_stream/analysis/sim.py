@@ -54,7 +54,6 @@ from bcl_stream.peers import (
 from bcl_stream.planner.bcl import build_node_streams, plan_epoch, plan_streams, validate_costs
 from bcl_stream.planner.canonical import physical_packs
 from bcl_stream.planner.config import PlanConfig, PlanKnobs
-from bcl_stream.planner.contracts import contract
 from bcl_stream.planner.node_streams import NodeStreams
 from bcl_stream.planner.padded import Packs, check_layout, ragged_pack_costs
 from bcl_stream.planner.shard_table import Draw, ShardTable, shard_weights
@@ -62,7 +61,7 @@ from bcl_stream.planner.step_contract import node_micro_batches
 from bcl_stream.planner.token_contract import (
     fill,
     mean_fed_tokens,
-    micro_batches_per_window,
+    planning_window,
 )
 from bcl_stream.planner.two_term import GUARD_WINDOWS, refine_packs
 
@@ -371,9 +370,7 @@ def _refined(
     if e.terms is None or planner.ranks_per_node < 2:
         return packs
     budget = planner.max_tokens is not None
-    window = (
-        micro_batches_per_window(planner) if contract(planner.contract).budget else planner.window
-    )
+    window = planning_window(planner)
     return refine_packs(
         packs, e.terms[0], e.terms[1], planner.ranks_per_node,
         tokens=e.tokens if budget else None, max_tokens=planner.max_tokens,

@@ -49,8 +49,8 @@ from bcl_stream.planner.token_contract import (
     EMPTY,
     REASON_OVER_BUDGET,
     TokenWalker,
-    micro_batches_per_window,
     plan_tokens,
+    planning_window,
 )
 from bcl_stream.process_layout import ProcessLayout
 from bcl_stream.records.source import RecordSource
@@ -384,12 +384,11 @@ class ReaderPlan:
         )
         self._terms: Terms | None = None
         if config.packing == "bcl":  # image-text data under a two-term model (epoch/terms.py)
-            budget = contract(config.plan.contract).budget
             self._terms = plan_terms(
                 index,
                 config.cost_model,
                 config.plan.ranks_per_node,
-                micro_batches_per_window(config.plan) if budget else config.plan.window,
+                planning_window(config.plan),
                 self._tokens,
                 config.plan.max_tokens,
             )
@@ -562,10 +561,7 @@ class ReaderPlan:
         parts = [packs for _, packs in self.iter_rank_packs(rank)]
         if not parts:
             return np.empty((0, self.config.plan.pack_size), dtype=np.int64)
-        width = max(p.shape[1] for p in parts)
-        return np.concatenate(
-            [np.pad(p, ((0, 0), (0, width - p.shape[1])), constant_values=EMPTY) for p in parts]
-        )
+        return _joined(parts)
 
     def whole(self) -> EpochPlan:
         """Every rank's packs and the remainder's ids, materialized (``full_plan``). Under the
@@ -654,17 +650,15 @@ def _costs_and_table(index: PlanData, config: ReaderConfig) -> tuple[Any, ShardT
 
 
 def _joined(parts: list[npt.NDArray[np.int64]]) -> npt.NDArray[np.int64]:
-    """Consecutive packs (ranks, n, width) joined along the micro-batch axis, narrower ones
+    """Consecutive packs ((ranks,) n, width) joined along the micro-batch axis, narrower ones
     padded with ``EMPTY`` (the tokens contract's micro-batches vary in width)."""
     if len(parts) == 1:
         return parts[0]
-    width = max(p.shape[2] for p in parts)
+    width = max(p.shape[-1] for p in parts)
+    pad = [(0, 0)] * (parts[0].ndim - 1)
     return np.concatenate(
-        [
-            np.pad(p, ((0, 0), (0, 0), (0, width - p.shape[2])), constant_values=EMPTY)
-            for p in parts
-        ],
-        axis=1,
+        [np.pad(p, [*pad, (0, width - p.shape[-1])], constant_values=EMPTY) for p in parts],
+        axis=-2,
     )
 
 

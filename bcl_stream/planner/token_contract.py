@@ -44,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.planner.config import PlanConfig
+from bcl_stream.planner.contracts import contract
 from bcl_stream.planner.node_streams import NodeStreams
 from bcl_stream.planner.shard_table import Ids
 from bcl_stream.planner.windows import rank_order
@@ -78,6 +79,13 @@ def micro_batches_per_window(config: PlanConfig) -> int:
     """M: ``window`` rounded up to a multiple of ``grad_accum`` (whole steps per window)."""
     g = config.grad_accum
     return -(-config.window // g) * g
+
+
+def planning_window(config: PlanConfig) -> int:
+    """Micro-batches per rank of one planning window under ``config``'s contract: M under a
+    budget contract (:func:`micro_batches_per_window`), else the record contract's W packs.
+    What per-window work keyed to the plan (the two-term refinement) counts in."""
+    return micro_batches_per_window(config) if contract(config.contract).budget else config.window
 
 
 MEAN_CHUNK = 1 << 22
