@@ -336,16 +336,7 @@ def _bcl_tokens(e: _SimEpoch, name: str) -> Schedule:
         on.costs, on.table, planner, seed=config.seed, epoch=config.epoch, tokens=e.tokens,
         draw=e.draw,
     )  # fmt: skip
-    packs3 = _refined(e, planner, whole.packs)
-    if config.canonical_ranks is not None:
-        packs3 = physical_packs(
-            packs3,
-            e.costs,
-            config.ranks,
-            config.ranks_per_node,
-            planner.ranks_per_node,
-            planner.grad_accum,
-        )
+    packs3 = _physical(e, planner, _refined(e, planner, whole.packs))
     ragged = [[row[row >= 0] for row in rank] for rank in packs3]
     return e.schedule(ragged, whole.records_used, whole.records_left)
 
@@ -378,6 +369,25 @@ def _refined(
     )  # fmt: skip
 
 
+def _physical(
+    e: _SimEpoch, planner: PlanConfig, packs: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """``packs`` (a whole canonical plan) as the physical ranks run them where the config sets
+    canonical ranks (unchanged elsewhere): both BCL contracts' strategies map their plan the
+    same way, so the simulated steps are the ones the readers would run."""
+    config = e.config
+    if config.canonical_ranks is None:
+        return packs
+    return physical_packs(
+        packs,
+        e.costs,
+        config.ranks,
+        config.ranks_per_node,
+        planner.ranks_per_node,
+        planner.grad_accum,
+    )
+
+
 def _bcl(e: _SimEpoch, name: str) -> Schedule:
     """BCL under the pack or step contract, on canonical ranks where the config sets them;
     with how far each record moved from its stream position."""
@@ -387,16 +397,7 @@ def _bcl(e: _SimEpoch, name: str) -> Schedule:
     streams = on.streams_for(planner, True)
     plan = plan_streams(streams, on.costs, e.tokens)
     planned = _refined(e, planner, plan.packs)
-    packs: Packs = planned
-    if config.canonical_ranks is not None:
-        packs = physical_packs(
-            planned,
-            e.costs,
-            config.ranks,
-            config.ranks_per_node,
-            planner.ranks_per_node,
-            planner.grad_accum,
-        )
+    packs: Packs = _physical(e, planner, planned)
     if config.contract == "step":
         group = streams.config.row_ranks
         packs = node_micro_batches(
