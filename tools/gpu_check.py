@@ -97,23 +97,44 @@ STRATEGY_CHOICES = (
 LENGTHS = ROOT / "tools" / "data" / "stdlib_cl100k_lengths.npy"
 
 
+MODE_DEFAULTS: dict[str, tuple[float, float, str]] = {
+    "budget_s": (300.0, 150.0, "stop cleanly after this"),
+    "pack_size": (8, 4, "B"),
+    "window": (8, 4, "W"),
+    "grad_accum": (4, 2, "G"),
+    "max_steps": (64, 4, "most steps planned"),
+    "repeats": (2, 2, "timing rounds"),
+    "calib_packs": (32, 16, "calibration packs per layout"),
+    "max_len": (8192, 256, "records clipped to this"),
+    # 4 simulated ranks on the CPU: every strategy and both layouts still plan and time
+    # distinct packs, at half the packs (and half the seconds) of 8.
+    "ranks": (8, 4, "simulated ranks"),
+}
+"""Per-mode settings: (GPU default, ``--cpu-tiny`` default, what it sets), each also a flag
+(``--budget-s`` for ``budget_s``) of the default's type; one table, so the run's defaults and
+the ``--help`` figures cannot drift apart."""
+
+
+def add_mode_options(p: argparse.ArgumentParser) -> None:
+    """One flag per :data:`MODE_DEFAULTS` row (default None: the mode's default applies)."""
+    for name, (gpu, tiny, what) in MODE_DEFAULTS.items():
+        figures = f"{gpu:g}" if gpu == tiny else f"{gpu:g}; tiny {tiny:g}"
+        p.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=type(gpu),
+            default=None,
+            help=f"{what} ({figures})",
+        )
+
+
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     """Per-mode defaults; explicit flags win."""
-    tiny = args.cpu_tiny
-    defaults = {
-        "budget_s": 150.0 if tiny else 300.0,
-        "pack_size": 4 if tiny else 8,
-        "window": 4 if tiny else 8,
-        "grad_accum": 2 if tiny else 4,
-        "max_steps": 4 if tiny else 64,
-        "repeats": 2,
-        "calib_packs": 16 if tiny else 32,
-        "max_len": 256 if tiny else 8192,
-        # 4 simulated ranks on the CPU: every strategy and both layouts still plan and time
-        # distinct packs, at half the packs (and half the seconds) of 8.
-        "ranks": 4 if tiny else 8,
+    column = 1 if args.cpu_tiny else 0
+    chosen = {
+        k: row[column] if getattr(args, k) is None else getattr(args, k)
+        for k, row in MODE_DEFAULTS.items()
     }
-    chosen = {k: v if getattr(args, k) is None else getattr(args, k) for k, v in defaults.items()}
     return {**chosen, "seed": args.seed}
 
 
@@ -360,39 +381,7 @@ def plot(result: dict[str, Any], path: Path) -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     p = bench_parser(__doc__, RESULTS / "gpu", out_help="output directory")
     p.add_argument("--cpu-tiny", action="store_true", help="tiny model on the CPU (CI smoke run)")
-    p.add_argument(
-        "--budget-s",
-        dest="budget_s",
-        type=float,
-        default=None,
-        help="stop cleanly after this (300; tiny 150)",
-    )
-    p.add_argument("--ranks", type=int, default=None, help="simulated ranks (8; tiny 4)")
-    p.add_argument("--pack-size", dest="pack_size", type=int, default=None, help="B (8; tiny 4)")
-    p.add_argument("--window", type=int, default=None, help="W (8; tiny 4)")
-    p.add_argument("--grad-accum", dest="grad_accum", type=int, default=None, help="G (4; tiny 2)")
-    p.add_argument(
-        "--max-steps",
-        dest="max_steps",
-        type=int,
-        default=None,
-        help="most steps planned (64; tiny 4)",
-    )
-    p.add_argument("--repeats", type=int, default=None, help="timing rounds (2)")
-    p.add_argument(
-        "--calib-packs",
-        dest="calib_packs",
-        type=int,
-        default=None,
-        help="calibration packs per layout (32; tiny 16)",
-    )
-    p.add_argument(
-        "--max-len",
-        dest="max_len",
-        type=int,
-        default=None,
-        help="records clipped to this (8192; tiny 256)",
-    )
+    add_mode_options(p)
     p.add_argument("--lengths", default=str(LENGTHS), help="1-D .npy of token counts")
     p.add_argument("--strategies", default=None, help="comma list (default: every one present)")
     p.add_argument("--seed", type=int, default=0)
