@@ -25,8 +25,11 @@ from bcl_stream.planner.checks import MAX_COUNT
 from bcl_stream.planner.config import MAX_RANKS
 from bcl_stream.vision.cost import resolve_two_term
 
-STATE_VERSION = 8
-"""8: image-text plans under a two-term cost model regroup each window's micro-batches
+STATE_VERSION = 9
+"""9: image-text plans under a two-term cost model may also deal a window's records again one
+by one (``two_term_regroup.redealt``), which changes their packs: a version 8 state or older
+whose config names a two-term cost model is refused, like version 7's below; every other
+state of versions 5-8 reads as before (text plans are unchanged). 8: image-text plans under a two-term cost model regroup each window's micro-batches
 (``planner/two_term_regroup.py``) and decide their refinement per window, which changes their
 packs: a version 7 state or older whose config names a two-term cost model is refused (its
 position cannot be replayed exactly); every other state of versions 5-7 reads as before (text
@@ -47,7 +50,7 @@ raw integer bytes, or a text column and its tokenizer) and ``max_seq_len`` (wher
 record, which the plan then costs as truncated; a state without it means none). 3 added ``mixture`` (the streams a
 mixture plan reads; absent for one dataset). Versions 1-4 are refused with what to do: their
 position cannot be replayed exactly."""
-READABLE = (5, 6, 7, STATE_VERSION)
+READABLE = (5, 6, 7, 8, STATE_VERSION)
 KEY_MIXTURE = "mixture"
 MIXTURE_CHANGES = ("refuse", "restart_epoch")
 """What a resume does when the checkpoint's mixture differs from the loader's."""
@@ -191,12 +194,12 @@ def parse_state(state: Any) -> Cursor:
             "states hold: it was edited or written by another release; drop the data loader's "
             "state from the checkpoint to start the epoch over"
         )
-    if version < 8 and _two_term(cursor.config.cost_model):
+    if version < STATE_VERSION and _two_term(cursor.config.cost_model):
         raise StateError(
             f"reader state version {version} was written under the two-term cost model "
             f"{cursor.config.cost_model!r} by an earlier planner, which refined image-text plans "
-            "without regrouping their windows; this release plans them differently, so its "
-            f"position cannot be replayed exactly. {_REPLAY_FIX}"
+            "another way; this release plans them differently, so its position cannot be "
+            f"replayed exactly. {_REPLAY_FIX}"
         )
     return cursor
 

@@ -5,9 +5,9 @@ model's (``bcl_stream.vision.cost``). When the encoder runs as its own stage, ea
 takes max_r V + max_r L, not max_r (V + L): a plan balanced in sum can still leave one rank
 with most of a micro-batch's images. This pass moves records only within a node and one
 planning window: it exchanges records between the ranks of one micro-batch index, and it may
-deal a window's whole micro-batches again among its indices and ranks, so no micro-batch's
-size and no window's or node's records change (the node's stream, its windows and their
-locality are untouched):
+deal a window's micro-batches, or its records, again among its indices and ranks, so no
+micro-batch's record count or budget and no window's or node's records change (the node's
+stream, its windows and their locality are untouched):
 
 - a swap (record i of rank a for record j of rank b) is kept only if it lowers J + S, the
   micro-batch's time with the encoder as its own stage (J = max_r V + max_r L) plus its time
@@ -27,31 +27,31 @@ locality are untouched):
   max_r L (each term's efficiency denominator: the numerator, the term's total, no swap or
   regrouping changes), never above the plan given's;
 - the swaps exchange records at one micro-batch index, so they never change how many images
-  an index holds in all: each window is also regrouped (``two_term_regroup.py``: its packs
-  dealt again into micro-batch indices of like vision and language cost) and refined. The
-  plan as given and each regrouping are refined by free swaps; per unit, among the choices
-  that pass the guard, the one whose unit has the lowest sum of its vision, language and
-  summed inverse efficiencies is kept (``_choose``: each window's best candidate, the same for
-  the ``in_place`` candidates alone, each repaired where its unit fails by swaps that lower
-  max_r L alone and raise neither max, the plan as given under free swaps, and each window's
-  best candidate that passes in the window alone: the capped swaps, none of which may raise a
-  micro-batch's max_r V or max_r L above its max as given, always do). So each term is at or
-  above the plan given's on every unit by construction, and no unit scores above
-  ``in_place``, this rule without the regroupings (records stay at their micro-batch index);
+  an index holds in all: each window is also regrouped (``two_term_regroup.py``: its
+  micro-batches dealt again, whole, into indices of like vision and language cost) and
+  redealt (its records dealt again one by one, images of like cost at one index; each
+  micro-batch keeps its record count and budget). The plan as given, each regrouping and the
+  redeal are refined by free swaps; per unit, among the choices that pass the guard, the one
+  whose unit has the lowest sum of its vision, language and summed inverse efficiencies is
+  kept (``_choose``: for all candidates, those that keep micro-batches whole, and the
+  ``in_place`` ones, each window's best, each repaired where its unit fails by swaps that
+  lower max_r L alone and raise neither max; the plan as given under free swaps; and each
+  window's best candidate that passes in the window alone: the capped swaps, none of which
+  may raise a micro-batch's max_r V or max_r L above its max as given, always do). So each
+  term is at or above the plan given's on every unit by construction, and no unit scores
+  above ``packs_whole`` (this rule without the redeal) or ``in_place`` (without regroupings
+  either: records stay at their micro-batch index);
 - under a token budget the swapped micro-batches stay within it;
 - rank a is a rank holding max_r V or max_r L; the best swap over every other rank and every
   record pair is applied (ties to the lowest rank, then record slot), at most ``iterations``
   times per micro-batch.
 
-Speed: every micro-batch of a node is refined at once, once per candidate (the plan given
-and three regroupings; again where a unit is capped or repaired). One
-iteration scores, for each micro-batch still improving and each of its (one or two) givers,
-every candidate swap as a (B, P, B) array: the new maxima are those of the two ranks involved
-and the largest of the others, so no candidate rebuilds the P ranks' sums.
-``tools/bench_two_term.py`` (``results/bench_two_term.json``, 1 x 8, qwen2-vl-2b, held-out sft
-and mix) measures it per record beside the planning it refines and an image's decode
-(``docs/vlm.md``). The readers apply it to every unit of windows they plan
-(``epoch/terms.py``).
+Speed: every micro-batch of a node is refined at once, once per candidate (the plan given,
+three regroupings and the redeal; again where a unit is capped or repaired), by the swap
+engine (``two_term_swaps.py``). ``tools/bench_two_term.py`` (``results/bench_two_term.json``,
+1 x 8, qwen2-vl-2b, held-out sft and mix) measures it per record beside the planning it
+refines and an image's decode (``docs/vlm.md``). The readers apply it to every unit of
+windows they plan (``epoch/terms.py``).
 Deterministic, numpy only.
 Called only where records carry a vision cost; text-only plans never reach it, so their
 plans (and ``tools/plan_hashes.py``) are unchanged.
@@ -59,25 +59,27 @@ plans (and ``tools/plan_hashes.py``) are unchanged.
 
 from __future__ import annotations
 
+from typing import TypedDict, Unpack
+
 import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.planner.padded import Packs
+from bcl_stream.planner.token_contract import EMPTY
 from bcl_stream.planner.two_term_regroup import (
     GROUPINGS,
     TOLERANCE,
     not_worse,
     per_guard,
+    redealt,
     regrouped,
     scores,
     window_figures,
 )
+from bcl_stream.planner.two_term_swaps import Swaps
 
 Ragged = list[list[npt.NDArray[np.int64]]]
 """``packs[r][t]``: record ids of rank r's t-th micro-batch (no -1 padding)."""
-
-EMPTY = -1
-"""A padding slot (the token contract's ``EMPTY``): never swapped."""
 
 ITERATIONS = 32
 """Swaps per micro-batch at most. Chosen under the absolute weighing, on the tune half of ``tools/bench_vlm.py`` (sft,
@@ -85,10 +87,11 @@ qwen2-vl-7b, 1 x 8, 8,000 records): vision efficiency 0.919 / 0.968 / 0.981 / 0.
 0.986 at B=8 and 0.953 / 0.983 / 0.992 / 0.998 / 0.999 / 0.999 at T=16,384 for
 0 / 4 / 8 / 16 / 32 / 64 swaps: the third decimal stops moving at 32."""
 
-RULES = ("guarded", "in_place", "free", "capped")
-"""``guarded``: the plan as given and its regroupings (``two_term_regroup.py``), each refined
-by free swaps, the best one that leaves no term worse kept per node and window, capped swaps
-where none does (the readers' rule); ``in_place``: the same without the regroupings (records
+RULES = ("guarded", "packs_whole", "in_place", "free", "capped")
+"""``guarded``: the plan as given, its regroupings and its redeal (``two_term_regroup.py``),
+each refined by free swaps, the best that leaves no term worse kept per guard unit, capped
+swaps where none does (the readers' rule); ``packs_whole``: the same without the redeal (a
+micro-batch's records stay together); ``in_place``: without regroupings or redeal (records
 stay at their micro-batch index); ``free``, ``capped``: either kind of swap alone."""
 
 GUARD_WINDOWS = 16
@@ -99,9 +102,17 @@ cost the language term a hair in one window and give it back in the next (TACO's
 vision efficiency 0.943 with one window, 0.974 with 16 or with the whole epoch); 16 is the
 readers' batch of windows (``planner.bcl.WINDOW_BATCH``), so a fresh reader plans no more."""
 
-CHUNK_ELEMENTS = 1 << 21
-"""Candidate swaps scored per numpy call at most (micro-batches are taken in chunks so one
-call's arrays stay a few tens of MB whatever the micro-batch width)."""
+
+class Options(TypedDict, total=False):
+    """The refinement's keywords, shared by :func:`refine_packs` and :func:`refine_two_terms`
+    (their docstrings say what each means)."""
+
+    tokens: npt.ArrayLike | None
+    max_tokens: int | None
+    iterations: int
+    rule: str
+    window: int | None
+    guard_windows: int
 
 
 def ragged(packs: Packs) -> Ragged:
@@ -180,19 +191,13 @@ def refine_two_terms(
     vision: npt.ArrayLike,
     language: npt.ArrayLike,
     ranks_per_node: int,
-    *,
-    tokens: npt.ArrayLike | None = None,
-    max_tokens: int | None = None,
-    iterations: int = ITERATIONS,
-    rule: str = "guarded",
-    window: int | None = None,
-    guard_windows: int = 1,
+    **options: Unpack[Options],
 ) -> Ragged:
     """:func:`refine_packs` on any plan's packs (ranks may hold ragged micro-batches and
     different numbers of them, as the simulator's peers do): micro-batch indices every rank
     of a node holds are refined, the rest kept."""
     out = ragged(packs)
-    _check(len(out), ranks_per_node, tokens, max_tokens)
+    _check(len(out), ranks_per_node, options.get("tokens"), options.get("max_tokens"))
     for first in range(0, len(out), ranks_per_node):
         node = out[first : first + ranks_per_node]
         depth = min(len(rank) for rank in node)
@@ -203,87 +208,12 @@ def refine_two_terms(
         for r, rank in enumerate(node):
             for t, ids in enumerate(rank[:depth]):
                 dense[r, t, : ids.size] = ids
-        done = refine_packs(
-            dense,
-            vision,
-            language,
-            ranks_per_node,
-            tokens=tokens,
-            max_tokens=max_tokens,
-            iterations=iterations,
-            rule=rule,
-            window=window,
-            guard_windows=guard_windows,
-        )
+        done = refine_packs(dense, vision, language, ranks_per_node, **options)
         for r, rank in enumerate(node):
             for t in range(depth):
                 got = done[r, t]
                 rank[t] = got[got != EMPTY]  # a regrouped pack may have another size
     return out
-
-
-class _Swaps:
-    """The swap engine over rows (micro-batches, ranks, width) of one shape: each term's cost
-    per slot, swaps in place, and each window's figures."""
-
-    def __init__(
-        self,
-        shape: tuple[int, ...],
-        vision: npt.ArrayLike,
-        language: npt.ArrayLike,
-        tokens: npt.ArrayLike | None,
-        max_tokens: int | None,
-        iterations: int,
-    ) -> None:
-        self.shape = shape
-        self.terms = (vision, language, tokens)
-        self.max_tokens, self.iterations = max_tokens, iterations
-
-    def gathered(self, ids: npt.NDArray[np.int64]) -> list[npt.NDArray[np.float64] | None]:
-        """[vision, language, tokens] of ``ids``' slots, 0 on padding (tokens None without a
-        budget)."""
-        valid = ids != EMPTY
-        safe = np.where(valid, ids, 0).ravel()
-        out: list[npt.NDArray[np.float64] | None] = []
-        for values in self.terms:
-            if values is None:
-                out.append(None)
-                continue
-            got = np.asarray(np.asarray(values)[safe], dtype=np.float64).reshape(self.shape)
-            out.append(np.where(valid, got, 0.0))
-        return out
-
-    def refine(
-        self,
-        ids: npt.NDArray[np.int64],
-        capped: bool,
-        at: npt.NDArray[np.int64],
-        language_only: bool = False,
-    ) -> None:
-        """:func:`_refine_chunk` over rows ``at`` of ``ids`` in place, in chunks of at most
-        ``CHUNK_ELEMENTS`` candidates per numpy call."""
-        v, lang, tok = (None if a is None else a[at] for a in self.gathered(ids))
-        assert v is not None and lang is not None
-        part = ids[at]
-        ok = part != EMPTY
-        _, p, w = self.shape
-        step = max(1, CHUNK_ELEMENTS // (2 * w * p * w))
-        for lo in range(0, part.shape[0], step):
-            cut = slice(lo, lo + step)
-            k = None if tok is None else tok[cut]
-            _refine_chunk(
-                part[cut], ok[cut], v[cut], lang[cut], k, self.max_tokens, self.iterations,
-                capped, language_only,
-            )  # fmt: skip
-        ids[at] = part
-
-    def figures(
-        self, ids: npt.NDArray[np.int64], unit: npt.NDArray[np.int64], n: int
-    ) -> npt.NDArray[np.float64]:
-        """:func:`window_figures` of ``ids`` (``unit[row]``: the row's window, of ``n``)."""
-        v, lang, _ = self.gathered(ids)
-        assert v is not None and lang is not None
-        return window_figures(v, lang, unit, n)
 
 
 def _refine_rows(
@@ -300,66 +230,71 @@ def _refine_rows(
     """Refine every micro-batch of ``rows`` (micro-batches, ranks, width; node-major, each
     window of ``bounds``, a node's, one block of rows) in place under ``rule`` (the module
     docstring's; :data:`RULES`); ``guards[i]``: the guard unit of window i."""
-    swaps = _Swaps(rows.shape, vision, language, tokens, max_tokens, iterations)
+    unit = np.zeros(rows.shape[0], dtype=np.int64)
+    for u, (lo, hi) in enumerate(bounds):
+        unit[lo:hi] = u
+    swaps = Swaps(rows.shape, vision, language, tokens, max_tokens, iterations, unit, len(bounds))
     every = np.arange(rows.shape[0])
     if rule in ("free", "capped"):
         swaps.refine(rows, rule == "capped", every)
         return
     start = rows.copy()
-    unit = np.zeros(rows.shape[0], dtype=np.int64)
-    for u, (lo, hi) in enumerate(bounds):
-        unit[lo:hi] = u
-    n = len(bounds)
-    before = swaps.figures(start, unit, n)
+    v0, l0, k0 = swaps.gathered(start)
+    assert v0 is not None and l0 is not None
+    before = window_figures(v0, l0, unit, len(bounds))
     candidates = [start]
-    if rule == "guarded":
-        v0, l0, _ = swaps.gathered(start)
-        assert v0 is not None and l0 is not None
+    if rule != "in_place":
         packs_v, packs_l = v0.sum(axis=2), l0.sum(axis=2)
         candidates += [regrouped(start, packs_v, packs_l, bounds, g) for g in GROUPINGS]
-    refined = []
+    if rule == "guarded":
+        candidates.append(redealt(start, (v0, l0, k0), max_tokens, bounds))
+    refined, figures = [], []
     for ids in candidates:
         ids = ids.copy()
-        swaps.refine(ids, False, every)
+        figures.append(swaps.refine(ids, False, every))
         refined.append(ids)
-    figures = [swaps.figures(ids, unit, n) for ids in refined]
+    whole = list(range(len(refined) - (rule == "guarded")))  # each pack's records together
     in_place = [0]
     lost = ~not_worse(figures[0], before)
     if lost.any():  # the capped swaps from the plan as given: never worse, by construction
         capped = start.copy()
-        swaps.refine(capped, True, np.flatnonzero(lost[unit]))
+        figures.append(swaps.refine(capped, True, np.flatnonzero(lost[unit])))
         in_place.append(len(refined))
+        whole.append(len(refined))
         refined.append(capped)
-        figures.append(swaps.figures(capped, unit, n))
-    chosen = _choose(swaps, start, refined, np.stack(figures), before, unit, guards, in_place)
+    subsets = [list(range(len(refined))), whole, in_place]
+    subsets = [c for i, c in enumerate(subsets) if c not in subsets[:i]]
+    chosen = _choose(swaps, start, refined, np.stack(figures), before, guards, subsets)
     for c, ids in enumerate(refined):
         mine = chosen[unit] == c
         rows[mine] = ids[mine]
 
 
 def _choose(
-    swaps: _Swaps,
+    swaps: Swaps,
     start: npt.NDArray[np.int64],
     refined: list[npt.NDArray[np.int64]],
     fig: npt.NDArray[np.float64],
     before: npt.NDArray[np.float64],
-    unit: npt.NDArray[np.int64],
     guards: npt.NDArray[np.int64],
-    in_place: list[int],
+    subsets: list[list[int]],
 ) -> npt.NDArray[np.int64]:
     """Each window's candidate, an index into ``refined`` (repairs append theirs); ``fig``:
-    the candidates' window figures (candidates, windows, 6); ``in_place``: the candidates of
-    the ``in_place`` rule (the plan as given under free swaps, and the capped swaps where
+    the candidates' window figures (candidates, windows, 6); ``subsets``: the candidates of
+    each rule this one must never score above, the widest first (all; those that keep packs
+    whole; ``in_place``'s: the plan as given under free swaps, and the capped swaps where
     computed). Per guard unit, of the choices that leave neither term's sum of maxima above
     the plan's over the unit, the one of lowest score over the unit (:func:`scores`; ties:
-    the earlier): for all candidates, then for ``in_place``'s alone, each window's lowest
-    score, and that choice repaired where its unit fails (swaps that lower max_r L alone,
-    raising neither max: the language term often lost only a hair); the plan as given under
-    free swaps; each window's lowest score among the candidates that pass in the window
-    alone (the capped swaps, or the plan as given where no swap was capped, always do). So
-    the rule never scores above ``in_place`` on a unit."""
+    the earlier): for each subset, each window's lowest score, and that choice repaired where
+    its unit fails (swaps that lower max_r L alone, raising neither max: the language term
+    often lost only a hair); the plan as given under free swaps; each window's lowest score
+    among the candidates that pass in the window alone (the capped swaps, or the plan as
+    given where no swap was capped, always do). A subset's own rule makes no choice its
+    options here lack, so the rule never scores above a narrower one on a unit: adding a
+    candidate never costs a unit."""
     n = before.shape[0]
     windows = np.arange(n)
+    unit = swaps.unit
     means = per_guard(before[:, 3:], guards)[guards]  # the same for every candidate
     weights = np.where(means > 0, 1.0 / np.where(means > 0, means, 1.0), 0.0)
 
@@ -372,7 +307,7 @@ def _choose(
     safe = np.where(not_worse(fig, before), score, np.inf)
     choices: list[npt.NDArray[np.int64]] = []
     passes: list[npt.NDArray[np.bool_]] = []
-    for subset in [list(range(len(refined))), in_place][: 1 + (len(in_place) < len(refined))]:
+    for subset in subsets:
         best = np.asarray(subset)[np.argmin(score[subset], axis=0)]
         ok = within(fig[best, windows, :2])
         choices.append(best)
@@ -383,9 +318,9 @@ def _choose(
         for c in subset:
             mine = best[unit] == c
             mixed[mine] = refined[c][mine]
-        swaps.refine(mixed, True, np.flatnonzero(~ok[unit]), language_only=True)
+        repaired = swaps.refine(mixed, True, np.flatnonzero(~ok[unit]), language_only=True)
         refined.append(mixed)
-        fig = np.concatenate([fig, swaps.figures(mixed, unit, n)[None]])
+        fig = np.concatenate([fig, repaired[None]])
         score = scores(fig, weights)
         choices.append(np.full(n, len(refined) - 1))
         passes.append(~ok & within(fig[-1, :, :2]))
@@ -399,137 +334,3 @@ def _choose(
     )
     pick = np.argmin(totals, axis=0)  # per window, the same for every window of a unit
     return np.stack(choices)[pick, windows]
-
-
-def _refine_chunk(
-    ids: npt.NDArray[np.int64],
-    valid: npt.NDArray[np.bool_],
-    v: npt.NDArray[np.float64],
-    lang: npt.NDArray[np.float64],
-    tok: npt.NDArray[np.float64] | None,
-    max_tokens: int | None,
-    iterations: int,
-    capped: bool,
-    language_only: bool = False,
-) -> None:
-    """Up to ``iterations`` best swaps in each micro-batch (arrays (m, ranks, width), all
-    swapped in place), only the micro-batches that improved last time scored again;
-    ``capped``: no swap may raise max_r V or max_r L above the micro-batch's as given;
-    ``language_only``: the swaps lower max_r L alone (the repair of ``_refine_rows``)."""
-    p = ids.shape[1]
-    active = np.arange(ids.shape[0])
-    ranks = np.arange(p)
-    caps = (v.sum(axis=2).max(axis=1), lang.sum(axis=2).max(axis=1)) if capped else None
-    for _ in range(iterations):
-        if active.size == 0:
-            return
-        found = _best_swaps(
-            valid[active], v[active], lang[active], None if tok is None else tok[active],
-            max_tokens, ranks, None if caps is None else (caps[0][active], caps[1][active]),
-            language_only,
-        )  # fmt: skip
-        improved, a, i, b, j = found
-        rows = active[improved]
-        for arr in (ids, valid, v, lang) if tok is None else (ids, valid, v, lang, tok):
-            mine = arr[rows, a, i].copy()
-            arr[rows, a, i] = arr[rows, b, j]
-            arr[rows, b, j] = mine
-        active = rows
-
-
-def _best_swaps(
-    valid: npt.NDArray[np.bool_],
-    v: npt.NDArray[np.float64],
-    lang: npt.NDArray[np.float64],
-    tok: npt.NDArray[np.float64] | None,
-    max_tokens: int | None,
-    ranks: npt.NDArray[np.int64],
-    caps: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]] | None = None,
-    language_only: bool = False,
-) -> tuple[npt.NDArray[np.bool_], ...]:
-    """The best J + S-lowering swap of each micro-batch: (which improve, and for those the
-    giving rank, its slot, the taking rank, its slot). Givers: the ranks holding max_r V and
-    max_r L (one block where they are one rank); ties go to the lower giver, slot, taker and
-    slot. ``caps``: per micro-batch, the max_r V and max_r L no swap may exceed (None: no
-    cap). ``language_only``: the score is max_r L alone."""
-    m, p, w = v.shape
-    rows = np.arange(m)
-    vs, ls = v.sum(axis=2), lang.sum(axis=2)
-    ss = vs + ls
-    wv, wl, ws = (_per_mean(sums) for sums in (vs, ls, ss))
-    wv, ws = (wv * 0, ws * 0) if language_only else (wv, ws)
-    j_now = vs.max(axis=1) * wv + ls.max(axis=1) * wl
-    s_now = ss.max(axis=1) * ws
-    limit = j_now + s_now - 1e-12 * np.maximum(j_now, 1.0)
-    a_v, a_l = np.argmax(vs, axis=1), np.argmax(ls, axis=1)
-    second = np.flatnonzero(a_v != a_l)  # micro-batches whose two givers differ
-    at = np.concatenate([rows, second])  # one candidate block per (micro-batch, giver)
-    giver = np.concatenate([np.minimum(a_v, a_l), np.maximum(a_v, a_l)[second]])
-    k = at.size
-    # the largest sum over the ranks other than giver a and taker b: (k, p)
-    others = (ranks[None, None, :] != giver[:, None, None]) & (
-        ranks[None, None, :] != ranks[None, :, None]
-    )
-
-    def rest(sums: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        return np.where(others, sums[at][:, None, :], -np.inf).max(axis=2)
-
-    ex_v, ex_l, ex_s = rest(vs), rest(ls), rest(ss)
-    # candidate axes (k, i, taker, j)
-    v_k, l_k = v[at], lang[at]
-    dv = v_k[:, None, :, :] - v_k[np.arange(k), giver][:, :, None, None]  # a gains, b loses
-    dl = l_k[:, None, :, :] - l_k[np.arange(k), giver][:, :, None, None]
-    vs_a = vs[at, giver][:, None, None, None]
-    ls_a = ls[at, giver][:, None, None, None]
-    vs_b = vs[at][:, None, :, None]
-    ls_b = ls[at][:, None, :, None]
-    new_va, new_vb = vs_a + dv, vs_b - dv
-    new_la, new_lb = ls_a + dl, ls_b - dl
-    ex = (slice(None), None, slice(None), None)
-    max_v = np.maximum(np.maximum(new_va, new_vb), ex_v[ex])
-    max_l = np.maximum(np.maximum(new_la, new_lb), ex_l[ex])
-    max_s = np.maximum(np.maximum(new_va + new_la, new_vb + new_lb), ex_s[ex])
-    per = (slice(None), None, None, None)
-    both = max_v * wv[at][per] + max_l * wl[at][per] + max_s * ws[at][per]
-    if caps is not None:
-        within = (max_v <= caps[0][at][per]) & (max_l <= caps[1][at][per])
-        both = np.where(within, both, np.inf)
-    # a padding slot on either side, or the giver as its own taker: never a candidate
-    valid_k = valid[at]
-    mine = np.where(valid_k[np.arange(k), giver], 0.0, np.inf)[:, :, None, None]
-    theirs = valid_k & (ranks[None, :, None] != giver[:, None, None])
-    both += mine + np.where(theirs, 0.0, np.inf)[:, None, :, :]
-    if tok is not None and max_tokens is not None:
-        both = np.where(_fits(tok[at], giver, max_tokens), both, np.inf)
-    flat = both.reshape(k, -1)
-    best = np.argmin(flat, axis=1)
-    score = flat[np.arange(k), best]
-    score = np.where(score < limit[at], score, np.inf)
-    pick = np.arange(m)  # the first giver's block, unless the second's is strictly better
-    later = m + np.arange(second.size)
-    better = score[later] < score[second]
-    pick[second[better]] = later[better]
-    improved = np.isfinite(score[pick])
-    chosen = pick[improved]
-    i, b, j = np.unravel_index(best[chosen], (w, p, w))
-    return improved, giver[chosen], i, b, j
-
-
-def _fits(
-    t_k: npt.NDArray[np.float64], giver: npt.NDArray[np.int64], max_tokens: int
-) -> npt.NDArray[np.bool_]:
-    """Candidate swaps (k, i, taker, j) of the candidate blocks' tokens ``t_k`` (k, ranks,
-    width) after which both micro-batches involved stay within ``max_tokens``."""
-    k = t_k.shape[0]
-    ks = t_k.sum(axis=2)
-    dk = t_k[:, None, :, :] - t_k[np.arange(k), giver][:, :, None, None]
-    fits = ks[np.arange(k), giver][:, None, None, None] + dk <= max_tokens
-    return fits & (ks[:, None, :, None] - dk <= max_tokens)
-
-
-def _per_mean(sums: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """1 / (the mean over ranks) of each micro-batch's per-rank ``sums`` (m, ranks), 0 where
-    they are all 0 (a term the micro-batch does not have weighs nothing). A swap keeps every
-    total, so these weights are constants of the micro-batch."""
-    total = sums.sum(axis=1)
-    return np.where(total > 0, sums.shape[1] / np.where(total > 0, total, 1.0), 0.0)

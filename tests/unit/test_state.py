@@ -58,14 +58,17 @@ def test_malformed_states_are_refused(changes: dict[str, object], match: str) ->
         parse_state(state(**changes))
 
 
-def test_version_7_reads_as_before_unless_its_plan_was_two_term() -> None:
-    """Version 8 changed image-text plans under a two-term cost model only (windows are
-    regrouped): a version 7 state of a text config resumes; one naming a two-term model is
-    refused, since its position in the old plan cannot be replayed."""
-    assert parse_state(state(version=7)) == parse_state(state())
+@pytest.mark.parametrize("version", [7, 8])
+def test_versions_7_and_8_read_as_before_unless_their_plan_was_two_term(version: int) -> None:
+    """Versions 8 (windows regrouped) and 9 (windows redealt) changed image-text plans under a
+    two-term cost model only: an older state of a text config resumes; one naming a two-term
+    model is refused, since its position in the old plan cannot be replayed."""
+    assert parse_state(state(version=version)) == parse_state(state())
     two_term = ReaderConfig.build(**{**CONFIG.flat(), "cost_model": "qwen2-vl-2b"})
-    old = json.loads(json.dumps({**Cursor(1, 5, "abc", two_term).to_dict(), "version": 7}))
-    with pytest.raises(StateError, match=r"version 7 was written under the two-term.*epoch over"):
+    old = json.loads(json.dumps({**Cursor(1, 5, "abc", two_term).to_dict(), "version": version}))
+    with pytest.raises(
+        StateError, match=rf"version {version} was written under the two-term.*epoch over"
+    ):
         parse_state(old)
     assert parse_state({**old, "version": STATE_VERSION}).config == two_term
 
