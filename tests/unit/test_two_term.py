@@ -12,7 +12,7 @@ from two_term_reference import reference_refine
 
 from bcl_stream.analysis.terms import term_figures
 from bcl_stream.planner.token_contract import EMPTY
-from bcl_stream.planner.two_term import ragged, refine_packs, refine_two_terms
+from bcl_stream.planner.two_term import _budgeted, ragged, refine_packs, refine_two_terms
 from bcl_stream.planner.two_term_regroup import redealt
 
 
@@ -360,3 +360,45 @@ def test_a_redeal_keeps_counts_padding_and_budget(seed: int) -> None:
         at = {int(i): t for t in range(hi - lo) for i in new[t][new[t] >= 0]}
         for g in range(0, order.size, p):
             assert {at[int(i)] for i in order[g : g + p]} == {(g // p) % (hi - lo)}
+
+
+def test_a_unit_spends_one_window_s_language_gain_on_another() -> None:
+    """Two windows of one guard unit, both terms' maxima 10 in each as planned. Candidate 1
+    lowers window 0's score a lot for +0.5 language, and window 1's for +0.6; candidate 2
+    saves window 1 0.5 language at a small score gain. No candidate for both windows passes
+    and scores below 5.9; window by window within the unit's budget, window 1 takes candidate
+    2 and its 0.5 pays for window 0's candidate 1 (4.9)."""
+    fig = np.zeros((3, 2, 6))
+    fig[:, :, :2] = 10.0
+    fig[1, 0, :2] = (5.0, 10.5)
+    fig[1, 1, :2] = (10.0, 10.6)
+    fig[2, 1, :2] = (10.0, 9.5)
+    score = np.array([[3.0, 3.0], [2.0, 2.0], [3.0, 2.9]])
+    before = fig[0]
+    guards = np.zeros(2, dtype=np.int64)
+    got = _budgeted(fig, score, before, guards, np.array([0, 2]))
+    assert got.tolist() == [1, 2]
+    assert score[got, [0, 1]].sum() == pytest.approx(4.9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=SEEDS, windows=st.integers(1, 6), candidates=st.integers(1, 5), unit=st.integers(1, 3))
+def test_a_budgeted_choice_stays_within_each_unit(
+    seed: int, windows: int, candidates: int, unit: int
+) -> None:
+    """On random figures: each unit's sums of both terms' maxima stay within the plan's, and
+    no unit scores above the choice it starts from."""
+    rng = np.random.default_rng(seed)
+    fig = np.zeros((candidates + 1, windows, 6))
+    fig[:, :, :2] = rng.uniform(5, 15, (candidates + 1, windows, 2))
+    before = fig[0]
+    score = rng.uniform(1, 5, (candidates + 1, windows))
+    guards = np.arange(windows) // unit
+    start = np.zeros(windows, dtype=np.int64)  # the plan itself always passes
+    got = _budgeted(fig, score, before, guards, start)
+    for g in np.unique(guards):
+        mine = np.flatnonzero(guards == g)
+        assert (
+            fig[got[mine], mine, :2].sum(axis=0) <= before[mine, :2].sum(axis=0) * (1 + 1e-9)
+        ).all()
+        assert score[got[mine], mine].sum() <= score[start[mine], mine].sum() + 1e-12
