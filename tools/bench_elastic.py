@@ -43,7 +43,7 @@ import numpy as np
 from bcl_bench import canonical
 from bcl_bench.harness import RESULTS, ROOT, bench_parser, run_on_one_core, write_result
 from bcl_stream.cost import get_preset
-from bcl_stream.epoch.plan import ReaderConfig, ReaderPlan, Segment, _costs_and_table
+from bcl_stream.epoch.plan import ReaderConfig, ReaderPlan, Segment, costs_and_table
 from bcl_stream.io.index import COST_DTYPE, CostIndex, ShardEntry, read_index, write_index
 from bcl_stream.process_layout import ProcessLayout
 
@@ -82,7 +82,7 @@ def measure(root: Path, scope: str, consumed: int) -> dict[str, Any]:
     config = ReaderConfig.build(
         world_size=NEW_RANKS, ranks_per_node=PER_NODE, pack_size=PACK, window=WINDOW, scope=scope
     )
-    _costs_and_table(index, config)
+    costs_and_table(index, config)
     setup_s = time.perf_counter() - t0
 
     def first_pack(segments: tuple[Segment, ...]) -> tuple[float, int]:

@@ -31,7 +31,7 @@ from bcl_stream.epoch.plan import (
     PlanData,
     ReaderConfig,
     ReaderPlan,
-    _costs_and_table,
+    costs_and_table,
     reader_plan,
 )
 from bcl_stream.epoch.steps import whole_steps, widened
@@ -65,7 +65,7 @@ class CanonicalPlan:
         self.epoch = epoch
         self.canonical: ReaderPlan = reader_plan(index, config.canonical(), epoch)
         self.consumed = self.canonical.consumed
-        self._costs, _ = _costs_and_table(index, config)
+        self._costs, _ = costs_and_table(index, config)
 
     @property
     def n_packs(self) -> int:

@@ -378,7 +378,7 @@ class ReaderPlan:
         self.epoch = epoch
         self.config = config
         self.consumed = _consumed(index, config, epoch, segments)
-        costs, table = _costs_and_table(index, config)
+        costs, table = costs_and_table(index, config)
         self._tokens = (
             None if config.plan.max_tokens is None else fed_tokens(index, config.max_seq_len)
         )
@@ -624,7 +624,7 @@ def reader_plan(
     return cached(key, lambda: ReaderPlan(index, config, epoch, segments))
 
 
-def _costs_and_table(index: PlanData, config: ReaderConfig) -> tuple[Any, ShardTable]:
+def costs_and_table(index: PlanData, config: ReaderConfig) -> tuple[Any, ShardTable]:
     """Per-record costs and the shard table (mean cost per shard), once per data, model and
     ``max_seq_len`` (in the plan cache): records longer than ``max_seq_len`` at their truncated
     cost. For a mixture the costs are a view over its streams' indexes (each its own cost

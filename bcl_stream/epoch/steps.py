@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bcl_stream.epoch.plan import PlanData, ReaderConfig, _costs_and_table
+from bcl_stream.epoch.plan import PlanData, ReaderConfig, costs_and_table
 from bcl_stream.epoch.truncation import fed_tokens
 from bcl_stream.planner.contracts import contract
 from bcl_stream.planner.step_contract import deal_step, recut_step
@@ -56,7 +56,7 @@ def step_cut(index: PlanData, config: ReaderConfig) -> StepCut | None:
     plan = config.plan
     if not contract(plan.contract).recut_steps or plan.layout == "packed":
         return None
-    costs, _ = _costs_and_table(index, config)
+    costs, _ = costs_and_table(index, config)
     tokens = None if plan.max_tokens is None else fed_tokens(index, config.max_seq_len)
     deal = config.packing == "bcl" and plan.scope != "rank"
     return StepCut(costs, plan.layout, deal, tokens, plan.max_tokens)

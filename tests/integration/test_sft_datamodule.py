@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from sft_records import records, trained_positions, write_sft_mds
 
-from bcl_stream.epoch.plan import _costs_and_table
+from bcl_stream.epoch.plan import costs_and_table
 from lightning_module.datamodule import BCLDataModule
 from tests.hf_models import tiny_llama_dir
 from tests.trainers import cpu_trainer
@@ -60,7 +60,7 @@ def test_the_models_limit_truncates_plans_and_is_reported(
     long = [i for i, r in enumerate(RECS) if r["input_ids"].size > 20]
     cut = sum(RECS[i]["input_ids"].size - 20 for i in long)
     assert dm.dataset is not None and dm.dataset.config.max_seq_len == 20
-    costs, _ = _costs_and_table(dm.dataset.index, dm.dataset.config)
+    costs, _ = costs_and_table(dm.dataset.index, dm.dataset.config)
     assert np.asarray(costs).tolist() == [min(r["input_ids"].size, 20) for r in RECS]
     with caplog.at_level(logging.INFO):
         got = batches(dm)

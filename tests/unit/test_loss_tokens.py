@@ -10,7 +10,7 @@ import pytest
 from bcl_stream.cost import get_preset
 from bcl_stream.epoch.full_plan import full_plan
 from bcl_stream.epoch.loss_tokens import StepTokens, normalization, step_tokens
-from bcl_stream.epoch.plan import ReaderConfig, Segment, _costs_and_table
+from bcl_stream.epoch.plan import ReaderConfig, Segment, costs_and_table
 from bcl_stream.epoch.truncation import fed_costs, fed_tokens, fed_trained, truncation
 from bcl_stream.io.index import CostIndex, ShardEntry
 
@@ -48,7 +48,7 @@ def test_fed_costs_and_tokens_are_those_of_the_truncated_records() -> None:
     assert fed_costs(index, [None], stored, None) is stored  # nothing cut: no copy
     # the planner reads the truncated costs
     config = ReaderConfig.build(world_size=1, pack_size=2, window=2, max_seq_len=50)
-    planned, _ = _costs_and_table(index, config)
+    planned, _ = costs_and_table(index, config)
     np.testing.assert_allclose(planned, want, rtol=1e-6)
 
 
