@@ -10,8 +10,9 @@ transformers' defaults: min_pixels 3136, max_pixels 1,003,520):
 - TACO's 1,500 photos (``bcl_bench/data/taco_sizes.csv``, 0.4 to 24 megapixels), held out
   whole: added after every choice was made on COCO's tune half;
 - MathVista testmini's 1,000 images (``bcl_bench/data/mathvista_testmini_sizes.csv``:
-  diagrams, charts, documents and photos, 24 to 5,092 patches), held out whole: added after
-  the window regrouping was chosen on rows of COCO and TACO.
+  diagrams, charts, documents and photos, 24 to 5,092 patches), held out whole from the
+  window regrouping (added after it was chosen on rows of COCO and TACO), then looked at to
+  choose the redeal and the budgeted choice (``planner/two_term.py``).
 
 Text lengths, three workloads:
 
@@ -31,7 +32,9 @@ made on COCO's ``tune`` rows only: the two-term refinement's acceptance rule, it
 capped fallback; ``planner/two_term.py``); every planner setting is the default. A fifth, the
 regrouping of a window's micro-batches (``planner/two_term_regroup.py``), was made after
 TACO's ``mix`` rows missed their targets, and its three groupings were compared on rows of
-both corpora; MathVista's rows, added afterwards, are held out for it.
+both corpora; MathVista's rows, added afterwards, are held out for it. The last two, the
+record-level redeal of a window and the choice within each guard unit's budget, were made on
+MathVista's rows after they missed, and checked on COCO's and TACO's.
 
 Compared at 1 node x 8 ranks, G = 4, one sync per micro-batch, under the qwen2-vl-7b and
 qwen2-vl-2b training-FLOPs presets (``bcl_stream.vision.cost``: the 7B's language model
@@ -47,9 +50,12 @@ budget (T = 16,384 tokens, image tokens included):
   what the readers yield under a two-term cost model, with ``vision_ceiling``: the most vision
   efficiency any exchange of records between the ranks of its micro-batches could reach
   (records are whole);
-- ``bcl_two_term_in_place``: the refinement without regrouping a window's micro-batches
+- ``bcl_two_term_packs_whole``: the refinement without the redeal (a micro-batch's records
+  stay together; the readers' rule of the last release);
+- ``bcl_two_term_in_place``: without regrouping a window's micro-batches either
   (``planner/two_term_regroup.py``): records stay at their micro-batch index (the readers'
-  rule until the regrouping was added); its ``vision_ceiling`` is the one regrouping lifts;
+  rule until the regrouping was added); its ``vision_ceiling`` is the one regrouping and the
+  redeal lift;
 - ``bcl_two_term_free``, ``bcl_two_term_capped``: the swaps alone (free; capped), to weigh
   the rule;
 - ``verl_dynbsz``, ``nemo_mffd``: the peers, over expanded tokens (text + image tokens);
