@@ -113,6 +113,7 @@ class Options(TypedDict, total=False):
     rule: str
     window: int | None
     guard_windows: int
+    slack: float
 
 
 def ragged(packs: Packs) -> Ragged:
@@ -143,6 +144,7 @@ def refine_packs(
     rule: str = "guarded",
     window: int | None = None,
     guard_windows: int = 1,
+    slack: float = 0.0,
 ) -> npt.NDArray[np.int64]:
     """A copy of ``packs`` (ranks, micro-batches, width; ``EMPTY`` pads a short micro-batch)
     with records exchanged between the ranks of each node (``ranks_per_node`` consecutive
@@ -156,7 +158,9 @@ def refine_packs(
     window's first; None: all of ``packs`` is one window. ``guard_windows``: windows per unit
     of the guard (neither term's sum of maxima may rise over a unit; the module docstring),
     counted the same way. Every plan path passes whole guard units from a unit's start, so a
-    window is refined the same whichever path plans it."""
+    window is refined the same whichever path plans it. ``slack``: how far, relative, each
+    term's sum of maxima over a unit may end above the plan's (0, the readers': never; a
+    benchmark weighs what a slack would buy, ``tools/bench_vlm.py``)."""
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
     out = np.array(packs, dtype=np.int64, copy=True)
@@ -173,6 +177,8 @@ def refine_packs(
     span = depth if window is None else window
     if span < 1 or guard_windows < 1:
         raise ValueError(f"window and guard_windows must be >= 1, got {window}, {guard_windows}")
+    if not 0.0 <= slack < 1.0:
+        raise ValueError(f"slack must be in [0, 1), got {slack}")
     per_node = -(-depth // span)
     bounds = [
         (node * depth + lo, node * depth + min(lo + span, depth))
@@ -181,7 +187,8 @@ def refine_packs(
     ]
     k = np.arange(n_nodes * per_node)
     guards = (k // per_node) * per_node + (k % per_node) // guard_windows
-    _refine_rows(rows, vision, language, tokens, max_tokens, iterations, bounds, guards, rule)
+    costs = (vision, language, tokens)
+    _refine_rows(rows, costs, max_tokens, iterations, bounds, guards, rule, slack)
     back = rows.reshape(n_nodes, out.shape[1], ranks_per_node, out.shape[2]).transpose(0, 2, 1, 3)
     return np.ascontiguousarray(back).reshape(out.shape)
 
@@ -218,18 +225,19 @@ def refine_two_terms(
 
 def _refine_rows(
     rows: npt.NDArray[np.int64],
-    vision: npt.ArrayLike,
-    language: npt.ArrayLike,
-    tokens: npt.ArrayLike | None,
+    costs: tuple[npt.ArrayLike, npt.ArrayLike, npt.ArrayLike | None],
     max_tokens: int | None,
     iterations: int,
     bounds: list[tuple[int, int]],
     guards: npt.NDArray[np.int64],
     rule: str,
+    slack: float,
 ) -> None:
     """Refine every micro-batch of ``rows`` (micro-batches, ranks, width; node-major, each
     window of ``bounds``, a node's, one block of rows) in place under ``rule`` (the module
-    docstring's; :data:`RULES`); ``guards[i]``: the guard unit of window i."""
+    docstring's; :data:`RULES`); ``costs``: (vision, language, tokens) by record id;
+    ``guards[i]``: the guard unit of window i; ``slack``: :func:`refine_packs`'."""
+    vision, language, tokens = costs
     unit = np.zeros(rows.shape[0], dtype=np.int64)
     for u, (lo, hi) in enumerate(bounds):
         unit[lo:hi] = u
@@ -242,6 +250,7 @@ def _refine_rows(
     v0, l0, k0 = swaps.gathered(start)
     assert v0 is not None and l0 is not None
     before = window_figures(v0, l0, unit, len(bounds))
+    before[:, :2] *= 1.0 + slack  # the guard's sums of maxima; the means stay
     candidates = [start]
     if rule != "in_place":
         packs_v, packs_l = v0.sum(axis=2), l0.sum(axis=2)
