@@ -51,11 +51,11 @@ budget (T = 16,384 tokens, image tokens included):
   efficiency any exchange of records between the ranks of its micro-batches could reach
   (records are whole);
 - ``bcl_two_term_packs_whole``: the refinement without the redeal (a micro-batch's records
-  stay together; the readers' rule of the last release);
+  stay together; the last release's candidates, chosen as this release chooses);
 - ``bcl_two_term_in_place``: without regrouping a window's micro-batches either
-  (``planner/two_term_regroup.py``): records stay at their micro-batch index (the readers'
-  rule until the regrouping was added); its ``vision_ceiling`` is the one regrouping and the
-  redeal lift;
+  (``planner/two_term_regroup.py``): records stay at their micro-batch index (the candidates
+  of the readers' rule before the regrouping); its ``vision_ceiling`` is the one regrouping
+  and the redeal lift;
 - ``bcl_two_term_free``, ``bcl_two_term_capped``: the swaps alone (free; capped), to weigh
   the rule;
 - ``bcl_two_term_slack``: the readers' rule with the guard loosened by :data:`SLACK` (0.1%):

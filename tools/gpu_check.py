@@ -97,7 +97,7 @@ STRATEGY_CHOICES = (
 LENGTHS = ROOT / "tools" / "data" / "stdlib_cl100k_lengths.npy"
 
 
-MODE_DEFAULTS: dict[str, tuple[float, float, str]] = {
+MODE_DEFAULTS: dict[str, tuple[int | float, int | float, str]] = {
     "budget_s": (300.0, 150.0, "stop cleanly after this"),
     "pack_size": (8, 4, "B"),
     "window": (8, 4, "W"),

@@ -28,9 +28,10 @@ from bcl_stream.vision.cost import resolve_two_term
 STATE_VERSION = 9
 """9: image-text plans under a two-term cost model may also deal a window's records again one
 by one (``two_term_regroup.redealt``), and each guard unit's windows choose their candidates
-within the unit's budget (``two_term._budgeted``), which changes their packs: a version 8 state or older
-whose config names a two-term cost model is refused, like version 7's below; every other
-state of versions 5-8 reads as before (text plans are unchanged). 8: image-text plans under a two-term cost model regroup each window's micro-batches
+within the unit's budget (``two_term._budgeted``), which changes their packs: a version 8
+state or older whose config names a two-term cost model is refused, like version 7's below;
+every other state of versions 5-8 reads as before (text plans are unchanged).
+8: image-text plans under a two-term cost model regroup each window's micro-batches
 (``planner/two_term_regroup.py``) and decide their refinement per window, which changes their
 packs: a version 7 state or older whose config names a two-term cost model is refused (its
 position cannot be replayed exactly); every other state of versions 5-7 reads as before (text

@@ -92,7 +92,8 @@ RULES = ("guarded", "packs_whole", "in_place", "free", "capped")
 each refined by free swaps, the best that leaves no term worse kept per guard unit, capped
 swaps where none does (the readers' rule); ``packs_whole``: the same without the redeal (a
 micro-batch's records stay together); ``in_place``: without regroupings or redeal (records
-stay at their micro-batch index); ``free``, ``capped``: either kind of swap alone."""
+stay at their micro-batch index); the three choose alike, within each unit's budget;
+``free``, ``capped``: either kind of swap alone."""
 
 GUARD_WINDOWS = 16
 """Windows per unit of the guard (neither term's sum of maxima over a node's unit may rise
@@ -255,6 +256,7 @@ def _refine_rows(
     if rule != "in_place":
         packs_v, packs_l = v0.sum(axis=2), l0.sum(axis=2)
         candidates += [regrouped(start, packs_v, packs_l, bounds, g) for g in GROUPINGS]
+    whole = list(range(len(candidates)))  # the candidates that keep each pack's records together
     if rule == "guarded":
         candidates.append(redealt(start, (v0, l0, k0), max_tokens, bounds))
     refined, figures = [], []
@@ -262,7 +264,6 @@ def _refine_rows(
         ids = ids.copy()
         figures.append(swaps.refine(ids, False, every))
         refined.append(ids)
-    whole = list(range(len(refined) - (rule == "guarded")))  # each pack's records together
     in_place = [0]
     lost = ~not_worse(figures[0], before)
     if lost.any():  # the capped swaps from the plan as given: never worse, by construction
@@ -368,9 +369,9 @@ def _budgeted(
     sum; a move that spends none goes first), until none is left (ties: the earlier window,
     then candidate). A window that gains on a term leaves room for another to spend it, which
     neither a unit-wide choice (one kind of candidate for every window) nor the per-window one
-    can: on MathVista's mix (``tools/bench_vlm.py``) the vision term went from 0.948 to 0.967
-    (7B, B = 8) and from 0.659 to 0.797 (2B, T = 16,384), chosen after the redeal on the same
-    rows (the move of the largest score change first reached 0.967 and 0.732)."""
+    can. Added after the redeal, on MathVista's mix rows (``tools/bench_vlm.py``; its JSON at
+    the commit before this choice has 0.948 vision on the 7B at B = 8 and 0.659 on the 2B at
+    T = 16,384, this one 0.967 and 0.797)."""
     out = start.copy()
     for g in np.unique(guards):
         mine = np.flatnonzero(guards == g)

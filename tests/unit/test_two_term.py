@@ -407,40 +407,35 @@ def test_a_budgeted_choice_stays_within_each_unit(
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_a_slack_bounds_each_term_and_zero_is_the_default(seed: int) -> None:
-    """With ``slack`` s each term's sum of maxima over a unit ends at most (1 + s) times the
-    plan's; s = 0 is the readers' rule."""
+def test_zero_slack_is_the_readers_rule(seed: int) -> None:
+    """``slack=0`` refines exactly as the default (the readers' rule)."""
     rng = np.random.default_rng(seed)
-    ranks, depth, size, window = 4, 6, 3, 2
+    ranks, depth, size = 4, 6, 3
     n = ranks * depth * size
     vision = rng.uniform(0, 10, n) * (rng.uniform(size=n) < 0.5)
     language = rng.uniform(0, 10, n)
     packs = [list(rank) for rank in rng.permutation(n).reshape(ranks, depth, size)]
-    kwargs = {"window": window, "guard_windows": 2}
+    kwargs = {"window": 2, "guard_windows": 2}
     plain = refine_two_terms(packs, vision, language, ranks, **kwargs)
     zero = refine_two_terms(packs, vision, language, ranks, slack=0.0, **kwargs)
     assert [[p.tolist() for p in rank] for rank in plain] == [
         [p.tolist() for p in rank] for rank in zero
     ]
-    loose = refine_two_terms(packs, vision, language, ranks, slack=0.05, **kwargs)
-    group = range(ranks)
-    for lo in range(0, depth, window * 2):
-        unit = range(lo, min(lo + window * 2, depth))
-        for term in (vision, language):
-            was = maxima(packs, group, unit, term)
-            assert maxima(loose, group, unit, term) <= was * 1.05 * (1 + 1e-9)
 
 
-def test_a_slack_buys_vision_balance_for_a_little_language() -> None:
+@pytest.mark.parametrize(("slack", "vision_efficiency"), [(0.0, 0.5), (0.01, 0.5), (0.05, 1.0)])
+def test_a_slack_buys_vision_balance_for_a_little_language(
+    slack: float, vision_efficiency: float
+) -> None:
     """Rank 0 holds both images, the language term is even (10 / 10): each exchange that
-    parts the images leaves one rank with 10.2 of language, 2% above the plan's maximum. The
-    readers' rule (no slack) keeps the plan; a 5% slack parts them."""
+    parts the images leaves one rank with 10.2 of language, 2% above the plan's maximum. No
+    slack (the readers' rule) or 1% keeps the plan; 5% parts them."""
     vision = np.array([10.0, 10.0, 0.0, 0.0])
     language = np.array([5.0, 5.0, 5.2, 4.8])
     packs = [[np.array([0, 1])], [np.array([2, 3])]]
-    exact = term_figures(refine_two_terms(packs, vision, language, 2), vision, language)
-    assert exact["efficiency_vision"] == pytest.approx(0.5)
-    loose = refine_two_terms(packs, vision, language, 2, slack=0.05)
-    got = term_figures(loose, vision, language)
-    assert got["efficiency_vision"] == pytest.approx(1.0)
-    assert maxima(loose, range(2), range(1), language) == pytest.approx(10.2)
+    after = refine_two_terms(packs, vision, language, 2, slack=slack)
+    got = term_figures(after, vision, language)
+    assert got["efficiency_vision"] == pytest.approx(vision_efficiency)
+    top = maxima(after, range(2), range(1), language)
+    assert top <= 10.0 * (1 + slack) + 1e-9
+    assert top == pytest.approx(10.0 if vision_efficiency < 1 else 10.2)
