@@ -147,18 +147,16 @@ def lengths_file(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def moto_s3() -> Iterator[Callable[[str], str]]:
-    """A moto S3 server on 127.0.0.1; yields ``make_bucket(name) -> "s3://name"``.
+    """A moto S3 server on 127.0.0.1, in a process of its own (:mod:`s3_server` says why);
+    yields ``make_bucket(name) -> "s3://name"``.
 
     Sets ``S3_ENDPOINT_URL`` and dummy credentials for the session (streaming's S3 client and
     boto3 both read them).
     """
     import boto3
-    from moto.server import ThreadedMotoServer
+    import s3_server
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
+    server, endpoint = s3_server.start()
     env = {
         "S3_ENDPOINT_URL": endpoint,
         "AWS_ACCESS_KEY_ID": "testing",
@@ -176,7 +174,7 @@ def moto_s3() -> Iterator[Callable[[str], str]]:
     try:
         yield make_bucket
     finally:
-        server.stop()
+        s3_server.stop(server)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)

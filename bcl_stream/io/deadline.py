@@ -12,8 +12,13 @@ gives up on a call after its seconds, so a shard's download ends within ``downlo
 
 from __future__ import annotations
 
+import sys
 import threading
+import traceback
 from typing import Any
+
+STACK_LINES = 8
+"""How many innermost frames of an abandoned attempt a :class:`DownloadStalled` notes."""
 
 
 class DownloadStalled(TimeoutError):
@@ -38,8 +43,20 @@ def within(seconds: float, action: Any, what: str) -> Any:
     worker.start()
     worker.join(seconds)
     if not box:
-        raise DownloadStalled(f"{what}: no answer within {seconds:g} s")
+        raise stalled(worker, f"{what}: no answer within {seconds:g} s")
     ok, value = box[0]
     if not ok:
         raise value
     return value
+
+
+def stalled(worker: threading.Thread, message: str) -> DownloadStalled:
+    """The :class:`DownloadStalled` for an abandoned attempt, noting where its thread waits
+    now (its innermost frames: a socket read, a lock, DNS), which the chained traceback of
+    ``--debug`` shows: without it a hang says only that it hung, not in what."""
+    error = DownloadStalled(message)
+    frame = sys._current_frames().get(worker.ident or -1)
+    if frame is not None:
+        where = "".join(traceback.format_stack(frame)[-STACK_LINES:])
+        error.add_note(f"the abandoned attempt ({worker.name}) is waiting in:\n{where}")
+    return error
