@@ -58,8 +58,9 @@ budget (T = 16,384 tokens, image tokens included):
   and the redeal lift;
 - ``bcl_two_term_free``, ``bcl_two_term_capped``: the swaps alone (free; capped), to weigh
   the rule;
-- ``bcl_two_term_slack``: the readers' rule with the guard loosened by :data:`SLACK` (0.1%):
-  what a slack on "never below token-only" would buy, for the owners of that target to weigh;
+- ``bcl_two_term_slack``: the readers' rule with the guard loosened by :data:`SLACK` (0.1%), as
+  the planner knob ``two_term_slack=0.001`` sets it: what a slack on "never below token-only"
+  buys, for the owners of that target and the users who set the knob to weigh;
 - ``verl_dynbsz``, ``nemo_mffd``: the peers, over expanded tokens (text + image tokens);
 - ``sequential``: a plain loader.
 
@@ -121,7 +122,7 @@ STRATEGIES = (
 COST_MODELS = ("qwen2-vl-7b", "qwen2-vl-2b")
 SLACK = 0.001
 """The guard slack ``bcl_two_term_slack`` weighs: what letting each term's sum of maxima end
-0.1% above the token-only plan's would buy (the readers use none)."""
+0.1% above the token-only plan's buys (the readers' default, ``two_term_slack``, is 0)."""
 MAN_CAP = 8192
 
 

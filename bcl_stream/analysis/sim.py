@@ -365,7 +365,7 @@ def _refined(
     return refine_packs(
         packs, e.terms[0], e.terms[1], planner.ranks_per_node,
         tokens=e.tokens if budget else None, max_tokens=planner.max_tokens,
-        window=window, guard_windows=GUARD_WINDOWS,
+        window=window, guard_windows=GUARD_WINDOWS, slack=planner.two_term_slack,
     )  # fmt: skip
 
 

@@ -391,6 +391,7 @@ class ReaderPlan:
                 planning_window(config.plan),
                 self._tokens,
                 config.plan.max_tokens,
+                config.plan.two_term_slack,
             )
         if self._terms is not None:  # planned on the language term, then refined
             costs, table = self._terms.language, self._terms.table

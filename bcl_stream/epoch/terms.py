@@ -50,6 +50,8 @@ class Terms:
     tokens: Any | None = None
     """Tokens per record as fed, under a token budget (None: no budget)."""
     max_tokens: int | None = None
+    slack: float = 0.0
+    """The guard's slack (``PlanKnobs.two_term_slack``; 0: never worse than the plan refined)."""
 
     @property
     def unit(self) -> int:
@@ -71,6 +73,7 @@ class Terms:
             max_tokens=self.max_tokens,
             window=self.window,
             guard_windows=GUARD_WINDOWS,
+            slack=self.slack,
         )
 
 
@@ -131,9 +134,11 @@ def plan_terms(
     window: int,
     tokens: Any | None,
     max_tokens: int | None,
+    slack: float = 0.0,
 ) -> Terms | None:
     """The terms a BCL reader refines with, or None (no two-term model, text-only data, or
-    one rank per node: nothing to exchange); ``window``: micro-batches per planning window."""
+    one rank per node: nothing to exchange); ``window``: micro-batches per planning window;
+    ``slack``: the guard's (``PlanKnobs.two_term_slack``)."""
     model = resolve_two_term(cost_model)
     if model is None or ranks_per_node < 2 or not isinstance(index, CostIndex):
         return None  # a mixture under a two-term model is refused where its costs are made
@@ -147,7 +152,7 @@ def plan_terms(
         lambda: ShardTable.build(counts, weight=shard_weights(counts, language)),
     )
     budget = tokens if max_tokens is not None else None
-    return Terms(vision, language, table, ranks_per_node, window, budget, max_tokens)
+    return Terms(vision, language, table, ranks_per_node, window, budget, max_tokens, slack)
 
 
 def record_costs(index: Any, cost_model: str | None) -> Any:

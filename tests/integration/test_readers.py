@@ -19,7 +19,7 @@ from two_term_reference import check_two_terms_refined
 from bcl_stream.cli import main
 from bcl_stream.epoch.full_plan import full_plan
 from bcl_stream.epoch.plan import ReaderConfig
-from bcl_stream.errors import DatasetError
+from bcl_stream.errors import DatasetError, StateError
 from bcl_stream.formats.mds_reader import MDSPackDataset
 from bcl_stream.formats.reader_base import PlanDataset
 from bcl_stream.formats.wds_reader import WDSPackDataset
@@ -297,3 +297,34 @@ def test_two_term_units_are_refined_alike_on_every_plan_path(
     for k in (5, 17, plan.n_packs):
         first = plan.first_packs(k)
         assert [ids(r) for r in first] == [ids(r) for r in whole[:, :k]]
+
+
+def test_the_two_term_slack_reaches_the_refinement_and_a_resume_keeps_it(
+    vlm_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``plan.two_term_slack`` is what the readers' refinement guards with (0 by default: never
+    below the token-only plan), and a reader state saved under one slack is refused by a loader
+    set to another, naming it (the plans differ)."""
+    from bcl_stream.epoch import cache, terms
+
+    seen: list[float] = []
+    refine = terms.refine_packs
+
+    def spy(*args: object, **kwargs: object) -> np.ndarray:
+        seen.append(float(kwargs["slack"]))  # type: ignore[arg-type]
+        return refine(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(terms, "refine_packs", spy)
+    layout = {"world_size": 2, "ranks_per_node": 2, "pack_size": 2, "window": 2, "seed": 1}
+    datasets = {}
+    for slack in (0.0, 0.05):
+        cache.clear()
+        config = ReaderConfig.build(**layout, cost_model="qwen2-vl-2b", two_term_slack=slack)
+        datasets[slack] = open_reader("mds", vlm_dirs["mds"], config, 0)
+        assert datasets[slack].epoch_plan(0).rank_packs(0).size
+        assert seen and set(seen) == {slack}
+        seen.clear()
+    state = PackLoader(datasets[0.05]).state_dict()
+    with pytest.raises(StateError, match=r"two_term_slack=0\.05"):
+        PackLoader(datasets[0.0]).load_state_dict(state)
+    cache.clear()

@@ -54,6 +54,7 @@ VALUES: dict[str, Any] = {
     "world_row": 3,
     "layout": "padded",
     "contract": "step",
+    "two_term_slack": 0.001,
 }
 """A valid value for each PlanConfig field, different from its default and from BASE."""
 
