@@ -25,8 +25,12 @@ from bcl_stream.planner.checks import MAX_COUNT
 from bcl_stream.planner.config import MAX_RANKS
 from bcl_stream.vision.cost import resolve_two_term
 
-STATE_VERSION = 9
-"""9: image-text plans under a two-term cost model may also deal a window's records again one
+STATE_VERSION = 10
+"""10: image-text plans under a two-term cost model may also swap records anywhere in a
+window toward cells of equal cost (``two_term_window.window_swapped``), which changes their
+packs: a version 9 state or older whose config names a two-term cost model is refused; every
+other state of versions 5-9 reads as before (text plans are unchanged).
+9: image-text plans under a two-term cost model may also deal a window's records again one
 by one (``two_term_regroup.redealt``), and each guard unit's windows choose their candidates
 within the unit's budget (``two_term._budgeted``), which changes their packs: a version 8
 state or older whose config names a two-term cost model is refused, like version 7's below;
@@ -52,7 +56,7 @@ raw integer bytes, or a text column and its tokenizer) and ``max_seq_len`` (wher
 record, which the plan then costs as truncated; a state without it means none). 3 added ``mixture`` (the streams a
 mixture plan reads; absent for one dataset). Versions 1-4 are refused with what to do: their
 position cannot be replayed exactly."""
-READABLE = (5, 6, 7, 8, STATE_VERSION)
+READABLE = (5, 6, 7, 8, 9, STATE_VERSION)
 KEY_MIXTURE = "mixture"
 MIXTURE_CHANGES = ("refuse", "restart_epoch")
 """What a resume does when the checkpoint's mixture differs from the loader's."""

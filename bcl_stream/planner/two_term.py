@@ -30,8 +30,12 @@ stream, its windows and their locality are untouched):
   an index holds in all: each window is also regrouped (``two_term_regroup.py``: its
   micro-batches dealt again, whole, into indices of like vision and language cost) and
   redealt (its records dealt again one by one, images of like cost at one index; each
-  micro-batch keeps its record count and budget). The plan as given, each regrouping and the
-  redeal are refined by free swaps; per unit, among the choices that pass the guard, the one
+  micro-batch keeps its record count and budget), and its records swapped anywhere in the
+  window toward cells (one rank's micro-batch) of equal vision and equal language cost
+  (``two_term_window.py``: where the token-only plan leaves the language term no room, the
+  only candidate that lifts the vision term and keeps the language term). The plan as given,
+  each regrouping and the redeal are refined by free swaps, the window swaps by capped ones
+  (free ones would spend the language balance they reach); per unit, among the choices that pass the guard, the one
   whose unit has the lowest sum of its vision, language and summed inverse efficiencies is
   kept (``_choose``: for all candidates, those that keep micro-batches whole, and the
   ``in_place`` ones, each window's best, each repaired where its unit fails by swaps that
@@ -39,16 +43,17 @@ stream, its windows and their locality are untouched):
   window's best candidate that passes in the window alone: the capped swaps, none of which
   may raise a micro-batch's max_r V or max_r L above its max as given, always do). So each
   term is at or above the plan given's on every unit by construction, and no unit scores
-  above ``packs_whole`` (this rule without the redeal) or ``in_place`` (without regroupings
-  either: records stay at their micro-batch index);
+  above ``packs_whole`` (this rule without the redeal and the window swaps) or ``in_place``
+  (without regroupings either: records stay at their micro-batch index);
 - under a token budget the swapped micro-batches stay within it;
 - rank a is a rank holding max_r V or max_r L; the best swap over every other rank and every
   record pair is applied (ties to the lowest rank, then record slot), at most ``iterations``
   times per micro-batch.
 
 Speed: every micro-batch of a node is refined at once, once per candidate (the plan given,
-three regroupings and the redeal; again where a unit is capped or repaired), by the swap
-engine (``two_term_swaps.py``). ``tools/bench_two_term.py`` (``results/bench_two_term.json``,
+three regroupings, the redeal and the window swaps; again where a unit is capped or
+repaired), by the swap engine (``two_term_swaps.py``); the window swaps search every window of
+a node at once. ``tools/bench_two_term.py`` (``results/bench_two_term.json``,
 1 x 8, qwen2-vl-2b, held-out sft and mix) measures it per record beside the planning it
 refines and an image's decode (``docs/vlm.md``). The readers apply it to every unit of
 windows they plan (``epoch/terms.py``).
@@ -77,6 +82,7 @@ from bcl_stream.planner.two_term_regroup import (
     window_figures,
 )
 from bcl_stream.planner.two_term_swaps import Swaps
+from bcl_stream.planner.two_term_window import window_swapped
 
 Ragged = list[list[npt.NDArray[np.int64]]]
 """``packs[r][t]``: record ids of rank r's t-th micro-batch (no -1 padding)."""
@@ -89,10 +95,11 @@ qwen2-vl-7b, 1 x 8, 8,000 records): vision efficiency 0.919 / 0.968 / 0.981 / 0.
 
 RULES = ("guarded", "packs_whole", "in_place", "free", "capped")
 """``guarded``: the plan as given, its regroupings and its redeal (``two_term_regroup.py``),
-each refined by free swaps, the best that leaves no term worse kept per guard unit, capped
-swaps where none does (the readers' rule); ``packs_whole``: the same without the redeal (a
-micro-batch's records stay together); ``in_place``: without regroupings or redeal (records
-stay at their micro-batch index); the three choose alike, within each unit's budget;
+each refined by free swaps, and its window swaps (``two_term_window.py``), refined by capped
+ones, the best that leaves no term worse kept per guard unit, capped swaps where none does
+(the readers' rule); ``packs_whole``: the same without the redeal and the window swaps (a
+micro-batch's records stay together); ``in_place``: without regroupings, redeal or window
+swaps (records stay at their micro-batch index); the three choose alike, within each unit's budget;
 ``free``, ``capped``: either kind of swap alone."""
 
 GUARD_WINDOWS = 16
@@ -264,6 +271,10 @@ def _refine_rows(
         ids = ids.copy()
         figures.append(swaps.refine(ids, False, every))
         refined.append(ids)
+    if rule == "guarded":  # refined by capped swaps: free ones would spend its language gain
+        swapped = window_swapped(start, (v0, l0, k0), max_tokens, bounds)
+        figures.append(swaps.refine(swapped, True, every))
+        refined.append(swapped)
     in_place = [0]
     lost = ~not_worse(figures[0], before)
     if lost.any():  # the capped swaps from the plan as given: never worse, by construction

@@ -58,10 +58,10 @@ def test_malformed_states_are_refused(changes: dict[str, object], match: str) ->
         parse_state(state(**changes))
 
 
-@pytest.mark.parametrize("version", [7, 8])
-def test_versions_7_and_8_read_as_before_unless_their_plan_was_two_term(version: int) -> None:
-    """Versions 8 (windows regrouped) and 9 (windows redealt) changed image-text plans under a
-    two-term cost model only: an older state of a text config resumes; one naming a two-term
+@pytest.mark.parametrize("version", [7, 8, 9])
+def test_versions_7_to_9_read_as_before_unless_their_plan_was_two_term(version: int) -> None:
+    """Versions 8 (windows regrouped), 9 (windows redealt) and 10 (window swaps) changed
+    image-text plans under a two-term cost model only: an older state of a text config resumes; one naming a two-term
     model is refused, since its position in the old plan cannot be replayed."""
     assert parse_state(state(version=version)) == parse_state(state())
     two_term = ReaderConfig.build(**{**CONFIG.flat(), "cost_model": "qwen2-vl-2b"})

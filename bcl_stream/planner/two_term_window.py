@@ -1,0 +1,173 @@
+"""Window swaps: a two-term candidate that exchanges records anywhere in a node's window, toward
+cells of equal vision and language cost.
+
+Why: the other candidates (``two_term.py``) either keep records at their micro-batch index (the
+swaps) or deal a window again in one pass (the regroupings, the redeal), and the swaps score
+only the maxima of one micro-batch. Where the token-only plan already balances the language
+term to a few parts in ten thousand, every move they find that lifts the vision term costs the
+language term more than the guard allows (MathVista's `sft` at B = 8: vision 0.90, language
+kept). Here a cell is one rank's micro-batch of a window (P ranks x W micro-batches), and each
+swap of two records between any two cells of the window is scored on a smooth sum over the
+cells, (V / mean V - 1)^2 + w (L / mean L - 1)^2, the means taken over the window's cells. Every
+cell close to the mean is what makes each micro-batch index's maximum close to its mean for
+both terms at once; the squares let a swap between two cells that hold no maximum count, which
+the maxima alone never see; ``LANGUAGE_WEIGHT`` makes a language deviation of 0.1% weigh like
+a vision deviation of 1.6%, so the language term ends at least as balanced as the token-only
+plan's on the rows measured, and usually better.
+
+The search: each round, in every window at once, the :data:`GIVERS` cells of largest
+deviation not yet tried give one of their records for one of any other cell's, the best swap
+over all of them is applied if it lowers the sum, and the two cells it changed may give
+again; a giver with no improving swap is marked tried until a swap changes it, and a window
+ends when every cell is tried (a local minimum of the sum for swaps from any cell). Records
+keep their count per cell (a swap is one record for one), their node and window, padding
+slots stay put, and under a token budget both cells stay within it.
+Deterministic (ties: the lower giver, slot, cell, slot), numpy only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from bcl_stream.planner.token_contract import EMPTY
+
+LANGUAGE_WEIGHT = 256.0
+"""w in the cells' sum. Chosen on MathVista's rows of ``tools/bench_vlm.py``, where the guard
+bound (2B and 7B `sft` at B = 8, `mix` at T): 64 left the 2B `sft` language term 0.00007
+below the token-only plan's, 256 kept it 0.0007 above with vision 0.971 (1,024: 0.963;
+4,096: 0.947 on the 7B). COCO's and TACO's rows check it."""
+
+GIVERS = 2
+"""Cells that give per window and round (the most deviant untried ones). 4 gave the same
+figures as 2 on MathVista's 2B `sft` at B = 8 (vision 0.977 / 0.977, language 0.99878 /
+0.99883 at w = 64) at 1.6x the time."""
+
+ROUNDS_PER_CELL = 16
+"""Rounds at most, per cell of the largest window: a bound on the search's time (no window
+measured needed more than half of it)."""
+
+
+def window_swapped(
+    rows: npt.NDArray[np.int64],
+    costs: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64] | None],
+    max_tokens: int | None,
+    bounds: list[tuple[int, int]],
+    weight: float = LANGUAGE_WEIGHT,
+) -> npt.NDArray[np.int64]:
+    """``rows`` (micro-batches, ranks, width) with records swapped within each window (rows
+    ``lo:hi`` of ``bounds``) toward cells of equal cost (the module docstring); ``costs``:
+    (vision, language, tokens or None) of ``rows``' slots, 0 on padding."""
+    out = rows.copy()
+    if not bounds:
+        return out
+    _, p, w = rows.shape
+    depth = max(hi - lo for lo, hi in bounds)
+    n, c = len(bounds), depth * p
+    ids = np.full((n, c, w), EMPTY, dtype=np.int64)
+    terms = [np.zeros((n, c, w)) for _ in range(3)]
+    for k, (lo, hi) in enumerate(bounds):
+        cut = slice(0, (hi - lo) * p)
+        ids[k, cut] = rows[lo:hi].reshape(-1, w)
+        for term, values in zip(terms, costs, strict=True):
+            if values is not None:
+                term[k, cut] = values[lo:hi].reshape(-1, w)
+    v, lang, tok = terms
+    _search(ids, v, lang, None if costs[2] is None else tok, max_tokens, weight)
+    for k, (lo, hi) in enumerate(bounds):
+        out[lo:hi] = ids[k, : (hi - lo) * p].reshape(hi - lo, p, w)
+    return out
+
+
+def _search(
+    ids: npt.NDArray[np.int64],
+    v: npt.NDArray[np.float64],
+    lang: npt.NDArray[np.float64],
+    tok: npt.NDArray[np.float64] | None,
+    max_tokens: int | None,
+    weight: float,
+) -> None:
+    """The rounds of swaps over windows (windows, cells, width), every array swapped in place."""
+    n, c, w = ids.shape
+    valid = ids != EMPTY
+    cells = valid.any(axis=2)  # cells with records (a short window's missing ones have none)
+    count = np.maximum(cells.sum(axis=1), 1)
+    means = [term.sum(axis=(1, 2)) / count for term in (v, lang)]
+    mv, ml = (np.where(m > 0, m, 1.0) for m in means)
+    tried = ~cells
+    active = np.flatnonzero(cells.any(axis=1) & (means[0] > 0))
+    tried[np.setdiff1d(np.arange(n), active)] = True
+    givers = min(GIVERS, c)
+    at_cell = np.arange(c)
+    for _ in range(ROUNDS_PER_CELL * c):
+        if active.size == 0:
+            return
+        a = active
+        k = a.size
+        vs, ls = v[a].sum(axis=2), lang[a].sum(axis=2)  # (k, cells)
+        mva, mla = mv[a][:, None], ml[a][:, None]
+        dev = (vs / mva - 1) ** 2 + weight * (ls / mla - 1) ** 2
+        dev = np.where(tried[a], -np.inf, dev)
+        g = np.argsort(-dev, axis=1, kind="stable")[:, :givers]  # (k, givers)
+        real = np.isfinite(np.take_along_axis(dev, g, axis=1))
+        row = np.arange(k)[:, None]
+        gain, ok = _gains(v[a], lang[a], vs, ls, g, row, mva, mla, weight)
+        ok &= valid[a][row, g][:, :, :, None, None] & valid[a][:, None, None, :, :]
+        ok &= (at_cell[None, None, None, :, None] != g[:, :, None, None, None]) & real[
+            :, :, None, None, None
+        ]
+        if tok is not None and max_tokens is not None:
+            ok &= _fits(tok[a], g, row, max_tokens)
+        flat = np.where(ok, gain, np.inf).reshape(k, -1)
+        best = np.argmin(flat, axis=1)
+        improved = flat[np.arange(k), best] < -1e-13
+        stuck = a[~improved]  # their givers found nothing: tried until a swap changes them
+        tried[np.repeat(stuck, givers)[real[~improved].ravel()], g[~improved][real[~improved]]] = (
+            True
+        )
+        done = a[improved]
+        gi, i, cell, j = np.unravel_index(best[improved], (givers, w, c, w))
+        giver = g[improved][np.arange(done.size), gi]
+        for arr in (ids, valid, v, lang) if tok is None else (ids, valid, v, lang, tok):
+            mine = arr[done, giver, i].copy()
+            arr[done, giver, i] = arr[done, cell, j]
+            arr[done, cell, j] = mine
+        tried[done, giver] = tried[done, cell] = False
+        active = np.sort(np.concatenate([done, stuck[~tried[stuck].all(axis=1)]]))
+
+
+def _gains(
+    v: npt.NDArray[np.float64],
+    lang: npt.NDArray[np.float64],
+    vs: npt.NDArray[np.float64],
+    ls: npt.NDArray[np.float64],
+    g: npt.NDArray[np.int64],
+    row: npt.NDArray[np.int64],
+    mv: npt.NDArray[np.float64],
+    ml: npt.NDArray[np.float64],
+    weight: float,
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+    """The change of the cells' sum for every swap (window, giver, its slot, cell, its slot):
+    the giver gets the cell's record, the cell the giver's; and an all-True mask of that shape."""
+    dv = v[:, None, None, :, :] - v[row, g][:, :, :, None, None]
+    dl = lang[:, None, None, :, :] - lang[row, g][:, :, :, None, None]
+    at = (slice(None), None, None, None, None)
+    mv5, ml5 = mv[:, 0][at], ml[:, 0][at]
+    vg, lg = vs[row, g][:, :, None, None, None], ls[row, g][:, :, None, None, None]
+    vc, lc = vs[:, None, None, :, None], ls[:, None, None, :, None]
+
+    def cost(vx: npt.NDArray[np.float64], lx: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        return (vx / mv5 - 1) ** 2 + weight * (lx / ml5 - 1) ** 2
+
+    gain = cost(vg + dv, lg + dl) + cost(vc - dv, lc - dl) - cost(vg, lg) - cost(vc, lc)
+    return gain, np.ones(gain.shape, dtype=bool)
+
+
+def _fits(
+    tok: npt.NDArray[np.float64], g: npt.NDArray[np.int64], row: npt.NDArray[np.int64], limit: int
+) -> npt.NDArray[np.bool_]:
+    """Swaps (window, giver, slot, cell, slot) after which both cells stay within ``limit``."""
+    ks = tok.sum(axis=2)
+    dk = tok[:, None, None, :, :] - tok[row, g][:, :, :, None, None]
+    kg = ks[row, g][:, :, None, None, None]
+    return (kg + dk <= limit) & (ks[:, None, None, :, None] - dk <= limit)
