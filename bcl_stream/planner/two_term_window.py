@@ -33,19 +33,19 @@ import numpy.typing as npt
 from bcl_stream.planner.token_contract import EMPTY
 
 LANGUAGE_WEIGHT = 256.0
-"""w in the cells' sum. Chosen on MathVista's rows of ``tools/bench_vlm.py``, where the guard
-bound (2B and 7B `sft` at B = 8, `mix` at T): 64 left the 2B `sft` language term 0.00007
-below the token-only plan's, 256 kept it 0.0007 above with vision 0.971 (1,024: 0.963;
-4,096: 0.947 on the 7B). COCO's and TACO's rows check it."""
+"""w in the cells' sum. Chosen in exploratory runs on MathVista's rows of
+``tools/bench_vlm.py`` where the guard bound (`sft` at B = 8, `mix` at T; no committed command
+reproduces those runs, so no figures here): at 64 the 2B `sft` row's language term ended just
+below the token-only plan's, at 256 above it with vision over 0.95, and 1,024 and 4,096 kept
+the language term and gave up vision. COCO's and TACO's rows check it."""
 
 GIVERS = 2
-"""Cells that give per window and round (the most deviant untried ones). 4 gave the same
-figures as 2 on MathVista's 2B `sft` at B = 8 (vision 0.977 / 0.977, language 0.99878 /
-0.99883 at w = 64) at 1.6x the time."""
+"""Cells that give per window and round (the most deviant untried ones): 4 gave no better
+figures on MathVista's 2B `sft` at B = 8 in an exploratory run, at 1.6x the time."""
 
 ROUNDS_PER_CELL = 16
-"""Rounds at most, per cell of the largest window: a bound on the search's time (no window
-measured needed more than half of it)."""
+"""Rounds at most, per cell of the largest window: a bound on the search's time. On
+MathVista's 2B `sft` at B = 8, 12 and 32 gave the same figures as 16 (8 slightly lower)."""
 
 
 def window_swapped(
