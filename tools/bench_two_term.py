@@ -11,7 +11,8 @@ the median of ``--repeats`` runs on one process:
   same planner the readers walk: they plan that term, then refine);
 - ``refine_us_per_record``: ``refine_two_terms`` on that plan as the readers run it (the
   ``guarded`` rule: the plan, three regroupings and the redeal of each window, each refined by
-  free swaps, chosen under the guard of 16-window units; repaired or capped where a unit fails);
+  free swaps, and its window swaps, refined by capped ones, chosen under the guard of 16-window
+  units; repaired or capped where a unit fails);
 - ``in_place_us_per_record``: the ``in_place`` rule alone (no regrouping; free swaps, capped
   again for a node whose free swaps left either term worse balanced), the node's whole plan one
   unit, as the reference below decides;

@@ -12,7 +12,7 @@ transformers' defaults: min_pixels 3136, max_pixels 1,003,520):
 - MathVista testmini's 1,000 images (``bcl_bench/data/mathvista_testmini_sizes.csv``:
   diagrams, charts, documents and photos, 24 to 5,092 patches), held out whole from the
   window regrouping (added after it was chosen on rows of COCO and TACO), then looked at to
-  choose the redeal and the budgeted choice (``planner/two_term.py``).
+  choose the redeal, the budgeted choice and the window swaps (``planner/two_term.py``).
 
 Text lengths, three workloads:
 
@@ -50,8 +50,9 @@ budget (T = 16,384 tokens, image tokens included):
   what the readers yield under a two-term cost model, with ``vision_ceiling``: the most vision
   efficiency any exchange of records between the ranks of its micro-batches could reach
   (records are whole);
-- ``bcl_two_term_packs_whole``: the refinement without the redeal (a micro-batch's records
-  stay together; the last release's candidates, chosen as this release chooses);
+- ``bcl_two_term_packs_whole``: the refinement without the redeal and the window swaps (a
+  micro-batch's records stay together; the candidates of two releases ago, chosen as this
+  release chooses);
 - ``bcl_two_term_in_place``: without regrouping a window's micro-batches either
   (``planner/two_term_regroup.py``): records stay at their micro-batch index (the candidates
   of the readers' rule before the regrouping); its ``vision_ceiling`` is the one regrouping

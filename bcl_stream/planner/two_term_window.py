@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.planner.token_contract import EMPTY
+from bcl_stream.planner.two_term_swaps import fits
 
 LANGUAGE_WEIGHT = 256.0
 """w in the cells' sum. Chosen in exploratory runs on MathVista's rows of
@@ -42,6 +43,9 @@ the language term and gave up vision. COCO's and TACO's rows check it."""
 GIVERS = 2
 """Cells that give per window and round (the most deviant untried ones): 4 gave no better
 figures on MathVista's 2B `sft` at B = 8 in an exploratory run, at 1.6x the time."""
+
+MIN_GAIN = 1e-13
+"""The least fall of the cells' sum a swap must bring (below it the window's search ends)."""
 
 ROUNDS_PER_CELL = 16
 """Rounds at most, per cell of the largest window: a bound on the search's time. On
@@ -111,16 +115,17 @@ def _search(
         g = np.argsort(-dev, axis=1, kind="stable")[:, :givers]  # (k, givers)
         real = np.isfinite(np.take_along_axis(dev, g, axis=1))
         row = np.arange(k)[:, None]
-        gain, ok = _gains(v[a], lang[a], vs, ls, g, row, mva, mla, weight)
-        ok &= valid[a][row, g][:, :, :, None, None] & valid[a][:, None, None, :, :]
+        gain = _gains(v[a], lang[a], vs, ls, g, row, mva, mla, weight)
+        ok = valid[a][row, g][:, :, :, None, None] & valid[a][:, None, None, :, :]
         ok &= (at_cell[None, None, None, :, None] != g[:, :, None, None, None]) & real[
             :, :, None, None, None
         ]
-        if tok is not None and max_tokens is not None:
-            ok &= _fits(tok[a], g, row, max_tokens)
+        if tok is not None and max_tokens is not None:  # each (window, giver) one block
+            blocks = np.repeat(tok[a], givers, axis=0)
+            ok &= fits(blocks, g.ravel(), max_tokens).reshape(ok.shape)
         flat = np.where(ok, gain, np.inf).reshape(k, -1)
         best = np.argmin(flat, axis=1)
-        improved = flat[np.arange(k), best] < -1e-13
+        improved = flat[np.arange(k), best] < -MIN_GAIN
         stuck = a[~improved]  # their givers found nothing: tried until a swap changes them
         tried[np.repeat(stuck, givers)[real[~improved].ravel()], g[~improved][real[~improved]]] = (
             True
@@ -146,9 +151,9 @@ def _gains(
     mv: npt.NDArray[np.float64],
     ml: npt.NDArray[np.float64],
     weight: float,
-) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+) -> npt.NDArray[np.float64]:
     """The change of the cells' sum for every swap (window, giver, its slot, cell, its slot):
-    the giver gets the cell's record, the cell the giver's; and an all-True mask of that shape."""
+    the giver gets the cell's record, the cell the giver's."""
     dv = v[:, None, None, :, :] - v[row, g][:, :, :, None, None]
     dl = lang[:, None, None, :, :] - lang[row, g][:, :, :, None, None]
     at = (slice(None), None, None, None, None)
@@ -159,15 +164,4 @@ def _gains(
     def cost(vx: npt.NDArray[np.float64], lx: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         return (vx / mv5 - 1) ** 2 + weight * (lx / ml5 - 1) ** 2
 
-    gain = cost(vg + dv, lg + dl) + cost(vc - dv, lc - dl) - cost(vg, lg) - cost(vc, lc)
-    return gain, np.ones(gain.shape, dtype=bool)
-
-
-def _fits(
-    tok: npt.NDArray[np.float64], g: npt.NDArray[np.int64], row: npt.NDArray[np.int64], limit: int
-) -> npt.NDArray[np.bool_]:
-    """Swaps (window, giver, slot, cell, slot) after which both cells stay within ``limit``."""
-    ks = tok.sum(axis=2)
-    dk = tok[:, None, None, :, :] - tok[row, g][:, :, :, None, None]
-    kg = ks[row, g][:, :, None, None, None]
-    return (kg + dk <= limit) & (ks[:, None, None, :, None] - dk <= limit)
+    return cost(vg + dv, lg + dl) + cost(vc - dv, lc - dl) - cost(vg, lg) - cost(vc, lc)
