@@ -131,10 +131,9 @@ class PlanKnobs:
     """Image-text data under a two-term cost model only: how far, relative, the refinement
     that balances the vision encoder (``planner/two_term.py``) may let either term's sum of
     per-micro-batch maxima end above the token-only plan's. 0 never leaves the language term
-    (or the vision term) balanced worse than a loader balancing tokens alone; 0.001 lifted
-    vision efficiency from 0.80 to 0.996 on MathVista's image-text mix at T = 16,384 for at
-    most 0.0002 of language efficiency (``tools/bench_vlm.py``, docs/vlm.md). Text-only plans
-    ignore it."""
+    (or the vision term) balanced worse than a loader balancing tokens alone. On the image-text
+    rows of ``tools/bench_vlm.py`` 0.001 bought at most 0.008 of vision efficiency for up to
+    0.001 of language efficiency (docs/vlm.md). Text-only plans ignore it."""
     contract: str = "pack"
     """What a micro-batch holds (``planner/contracts.py``): ``pack``, exactly B records;
     ``step``, exactly G*B per rank and optimizer step, the step's records re-cut into G
