@@ -27,11 +27,13 @@ Deterministic (ties: the lower giver, slot, cell, slot), numpy only.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.planner.token_contract import EMPTY
-from bcl_stream.planner.two_term_swaps import fits
+from bcl_stream.planner.two_term_swaps import CHUNK_ELEMENTS, fits
 
 LANGUAGE_WEIGHT = 256.0
 """w in the cells' sum. Chosen in exploratory runs on MathVista's rows of
@@ -91,54 +93,80 @@ def _search(
     max_tokens: int | None,
     weight: float,
 ) -> None:
-    """The rounds of swaps over windows (windows, cells, width), every array swapped in place."""
+    """The rounds of swaps over windows (windows, cells, width), every array swapped in place;
+    each round scores the active windows in chunks of at most ``CHUNK_ELEMENTS`` candidate
+    swaps (windows are independent, so the chunks change nothing but the memory held)."""
     n, c, w = ids.shape
     valid = ids != EMPTY
     cells = valid.any(axis=2)  # cells with records (a short window's missing ones have none)
     count = np.maximum(cells.sum(axis=1), 1)
     means = [term.sum(axis=(1, 2)) / count for term in (v, lang)]
-    mv, ml = (np.where(m > 0, m, 1.0) for m in means)
+    scale = (np.where(means[0] > 0, means[0], 1.0), np.where(means[1] > 0, means[1], 1.0))
     tried = ~cells
     active = np.flatnonzero(cells.any(axis=1) & (means[0] > 0))
     tried[np.setdiff1d(np.arange(n), active)] = True
     givers = min(GIVERS, c)
-    at_cell = np.arange(c)
+    step = max(1, CHUNK_ELEMENTS // (givers * w * c * w))
+    state = _State(ids, valid, v, lang, tok, tried, scale)
     for _ in range(ROUNDS_PER_CELL * c):
         if active.size == 0:
             return
-        a = active
-        k = a.size
-        vs, ls = v[a].sum(axis=2), lang[a].sum(axis=2)  # (k, cells)
-        mva, mla = mv[a][:, None], ml[a][:, None]
-        dev = (vs / mva - 1) ** 2 + weight * (ls / mla - 1) ** 2
-        dev = np.where(tried[a], -np.inf, dev)
-        g = np.argsort(-dev, axis=1, kind="stable")[:, :givers]  # (k, givers)
-        real = np.isfinite(np.take_along_axis(dev, g, axis=1))
-        row = np.arange(k)[:, None]
-        gain = _gains(v[a], lang[a], vs, ls, g, row, mva, mla, weight)
-        ok = valid[a][row, g][:, :, :, None, None] & valid[a][:, None, None, :, :]
-        ok &= (at_cell[None, None, None, :, None] != g[:, :, None, None, None]) & real[
-            :, :, None, None, None
+        kept = [
+            _round(state, active[lo : lo + step], givers, max_tokens, weight)
+            for lo in range(0, active.size, step)
         ]
-        if tok is not None and max_tokens is not None:  # each (window, giver) one block
-            blocks = np.repeat(tok[a], givers, axis=0)
-            ok &= fits(blocks, g.ravel(), max_tokens).reshape(ok.shape)
-        flat = np.where(ok, gain, np.inf).reshape(k, -1)
-        best = np.argmin(flat, axis=1)
-        improved = flat[np.arange(k), best] < -MIN_GAIN
-        stuck = a[~improved]  # their givers found nothing: tried until a swap changes them
-        tried[np.repeat(stuck, givers)[real[~improved].ravel()], g[~improved][real[~improved]]] = (
-            True
-        )
-        done = a[improved]
-        gi, i, cell, j = np.unravel_index(best[improved], (givers, w, c, w))
-        giver = g[improved][np.arange(done.size), gi]
-        for arr in (ids, valid, v, lang) if tok is None else (ids, valid, v, lang, tok):
-            mine = arr[done, giver, i].copy()
-            arr[done, giver, i] = arr[done, cell, j]
-            arr[done, cell, j] = mine
-        tried[done, giver] = tried[done, cell] = False
-        active = np.sort(np.concatenate([done, stuck[~tried[stuck].all(axis=1)]]))
+        active = np.sort(np.concatenate(kept))
+
+
+class _State(NamedTuple):
+    """The search's arrays (windows, cells, width) and per-window means (the costs' scale)."""
+
+    ids: npt.NDArray[np.int64]
+    valid: npt.NDArray[np.bool_]
+    v: npt.NDArray[np.float64]
+    lang: npt.NDArray[np.float64]
+    tok: npt.NDArray[np.float64] | None
+    tried: npt.NDArray[np.bool_]
+    scale: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]
+
+
+def _round(
+    s: _State, a: npt.NDArray[np.int64], givers: int, max_tokens: int | None, weight: float
+) -> npt.NDArray[np.int64]:
+    """One round on windows ``a``: the best swap from each window's most deviant untried
+    cells applied where it lowers the sum, those cells marked tried where none does; returns
+    the windows still searching."""
+    v, lang, tok, valid, tried = s.v, s.lang, s.tok, s.valid, s.tried
+    k, c, w = a.size, v.shape[1], v.shape[2]
+    vs, ls = v[a].sum(axis=2), lang[a].sum(axis=2)  # (k, cells)
+    mva, mla = s.scale[0][a][:, None], s.scale[1][a][:, None]
+    dev = (vs / mva - 1) ** 2 + weight * (ls / mla - 1) ** 2
+    dev = np.where(tried[a], -np.inf, dev)
+    g = np.argsort(-dev, axis=1, kind="stable")[:, :givers]  # (k, givers)
+    real = np.isfinite(np.take_along_axis(dev, g, axis=1))
+    row = np.arange(k)[:, None]
+    gain = _gains(v[a], lang[a], vs, ls, g, row, mva, mla, weight)
+    ok = valid[a][row, g][:, :, :, None, None] & valid[a][:, None, None, :, :]
+    ok &= (np.arange(c)[None, None, None, :, None] != g[:, :, None, None, None]) & real[
+        :, :, None, None, None
+    ]
+    if tok is not None and max_tokens is not None:  # each (window, giver) one block
+        blocks = np.repeat(tok[a], givers, axis=0)
+        ok &= fits(blocks, g.ravel(), max_tokens).reshape(ok.shape)
+    flat = np.where(ok, gain, np.inf).reshape(k, -1)
+    best = np.argmin(flat, axis=1)
+    improved = flat[np.arange(k), best] < -MIN_GAIN
+    stuck = a[~improved]  # their givers found nothing: tried until a swap changes them
+    tried[np.repeat(stuck, givers)[real[~improved].ravel()], g[~improved][real[~improved]]] = True
+    done = a[improved]
+    gi, i, cell, j = np.unravel_index(best[improved], (givers, w, c, w))
+    giver = g[improved][np.arange(done.size), gi]
+    for arr in (s.ids, valid, v, lang) if tok is None else (s.ids, valid, v, lang, tok):
+        mine = arr[done, giver, i].copy()
+        arr[done, giver, i] = arr[done, cell, j]
+        arr[done, cell, j] = mine
+    tried[done, giver] = tried[done, cell] = False
+    return np.concatenate([done, stuck[~tried[stuck].all(axis=1)]])
 
 
 def _gains(
