@@ -15,6 +15,8 @@ returns the windows' figures from the swapped costs.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
@@ -87,12 +89,6 @@ class Swaps:
         ids[at], v[at], lang[at] = part, pv, pl
         return window_figures(v, lang, self.unit, self.n_windows)
 
-    def figures(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
-        """:func:`window_figures` of ``ids``."""
-        v, lang, _ = self.gathered(ids)
-        assert v is not None and lang is not None
-        return window_figures(v, lang, self.unit, self.n_windows)
-
 
 def refine_chunk(
     ids: npt.NDArray[np.int64],
@@ -123,11 +119,23 @@ def refine_chunk(
         )  # fmt: skip
         improved, a, i, b, j = found
         rows = active[improved]
-        for arr in (ids, valid, v, lang) if tok is None else (ids, valid, v, lang, tok):
-            mine = arr[rows, a, i].copy()
-            arr[rows, a, i] = arr[rows, b, j]
-            arr[rows, b, j] = mine
+        swap_slots((ids, v, lang, tok), (rows, a, i), (rows, b, j))
         active = rows
+
+
+def swap_slots(
+    arrays: tuple[npt.NDArray[Any] | None, ...],
+    first: tuple[npt.NDArray[Any], ...],
+    second: tuple[npt.NDArray[Any], ...],
+) -> None:
+    """Exchange the slots at ``first`` and ``second`` (index tuples) in every array given (None:
+    skipped). Only records are swapped, never padding, so the padding mask stays as it is."""
+    for arr in arrays:
+        if arr is None:
+            continue
+        mine = arr[first].copy()
+        arr[first] = arr[second]
+        arr[second] = mine
 
 
 def best_swaps(

@@ -33,7 +33,8 @@ import numpy as np
 import numpy.typing as npt
 
 from bcl_stream.planner.token_contract import EMPTY
-from bcl_stream.planner.two_term_swaps import CHUNK_ELEMENTS, fits
+from bcl_stream.planner.two_term_regroup import SlotCosts
+from bcl_stream.planner.two_term_swaps import CHUNK_ELEMENTS, fits, swap_slots
 
 LANGUAGE_WEIGHT = 256.0
 """w in the cells' sum. Chosen in exploratory runs on MathVista's rows of
@@ -50,13 +51,14 @@ MIN_GAIN = 1e-13
 """The least fall of the cells' sum a swap must bring (below it the window's search ends)."""
 
 ROUNDS_PER_CELL = 16
-"""Rounds at most, per cell of the largest window: a bound on the search's time. On
-MathVista's 2B `sft` at B = 8, 12 and 32 gave the same figures as 16 (8 slightly lower)."""
+"""Rounds at most, per cell of the largest window: a bound on the search's time. In an
+exploratory run on MathVista's 2B `sft` at B = 8, 12 and 32 gave the same figures as 16 and 8
+slightly lower ones."""
 
 
 def window_swapped(
     rows: npt.NDArray[np.int64],
-    costs: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64] | None],
+    costs: SlotCosts,
     max_tokens: int | None,
     bounds: list[tuple[int, int]],
     weight: float = LANGUAGE_WEIGHT,
@@ -71,15 +73,16 @@ def window_swapped(
     depth = max(hi - lo for lo, hi in bounds)
     n, c = len(bounds), depth * p
     ids = np.full((n, c, w), EMPTY, dtype=np.int64)
-    terms = [np.zeros((n, c, w)) for _ in range(3)]
+    terms = [None if values is None else np.zeros((n, c, w)) for values in costs]
     for k, (lo, hi) in enumerate(bounds):
         cut = slice(0, (hi - lo) * p)
         ids[k, cut] = rows[lo:hi].reshape(-1, w)
         for term, values in zip(terms, costs, strict=True):
-            if values is not None:
+            if term is not None and values is not None:
                 term[k, cut] = values[lo:hi].reshape(-1, w)
     v, lang, tok = terms
-    _search(ids, v, lang, None if costs[2] is None else tok, max_tokens, weight)
+    assert v is not None and lang is not None
+    _search(ids, v, lang, tok, max_tokens, weight)
     for k, (lo, hi) in enumerate(bounds):
         out[lo:hi] = ids[k, : (hi - lo) * p].reshape(hi - lo, p, w)
     return out
@@ -161,10 +164,7 @@ def _round(
     done = a[improved]
     gi, i, cell, j = np.unravel_index(best[improved], (givers, w, c, w))
     giver = g[improved][np.arange(done.size), gi]
-    for arr in (s.ids, valid, v, lang) if tok is None else (s.ids, valid, v, lang, tok):
-        mine = arr[done, giver, i].copy()
-        arr[done, giver, i] = arr[done, cell, j]
-        arr[done, cell, j] = mine
+    swap_slots((s.ids, v, lang, tok), (done, giver, i), (done, cell, j))
     tried[done, giver] = tried[done, cell] = False
     return np.concatenate([done, stuck[~tried[stuck].all(axis=1)]])
 
